@@ -1,0 +1,58 @@
+# The torchbuild toolchain image: compilers, CMake, Ninja, ccache, Python with PyTorch's
+# build requirements, the profile's BLAS/MPI/CUDA packages, and torchbuild itself.
+# Every ARG is filled from the resolved profile by `invoke image`; do not edit values here.
+ARG BASE_IMAGE=ubuntu:24.04
+FROM ${BASE_IMAGE}
+
+ARG PYTHON_VERSION=3.12
+# Space-separated apt packages computed from the profile (compiler, BLAS, MPI, CUDA, extras).
+ARG APT_PACKAGES=""
+# Space-separated pip requirements (PyTorch's build requirements for this torch version).
+ARG PYTHON_PACKAGES=""
+# "--system-site-packages" or empty.
+ARG VENV_FLAGS=""
+# Extra apt options, e.g. -o Acquire::Check-Valid-Until=false for snapshot mirrors.
+ARG APT_OPTIONS=""
+
+ENV DEBIAN_FRONTEND=noninteractive \
+    LANG=C.UTF-8 \
+    LC_ALL=C.UTF-8 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+# Site CA certificates from the profile's ca_certificates (often none).
+COPY certs/ /usr/local/share/ca-certificates/torchbuild/
+
+# hadolint ignore=DL3008,SC2086
+RUN apt-get ${APT_OPTIONS} update \
+ && apt-get ${APT_OPTIONS} install -y --no-install-recommends \
+      ca-certificates git patch make pkg-config ccache cmake ninja-build \
+      "python${PYTHON_VERSION}" "python${PYTHON_VERSION}-dev" "python${PYTHON_VERSION}-venv" \
+      ${APT_PACKAGES} \
+ && update-ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+# pip and requests use the system trust store, so site CAs apply to them too.
+ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
+    REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
+    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
+
+# The build venv: `python3` in the image is the profile's Python.
+# hadolint ignore=DL3013,SC2086
+RUN "python${PYTHON_VERSION}" -m venv ${VENV_FLAGS} /opt/venv \
+ && /opt/venv/bin/python -m pip install --upgrade pip \
+ && if [ -n "${PYTHON_PACKAGES}" ]; then /opt/venv/bin/python -m pip install ${PYTHON_PACKAGES}; fi
+ENV VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:${PATH}
+
+# torchbuild itself, so `torchbuild build` runs inside the image (and the SIF).
+COPY torchbuild-src /opt/torchbuild-src
+RUN python -m pip install /opt/torchbuild-src \
+ && torchbuild --version
+
+# Builds run as the caller's uid with HOME inside the cache mount.
+ENV HOME=/cache/home \
+    CCACHE_DIR=/cache/ccache
+WORKDIR /src
+CMD ["torchbuild", "--help"]

@@ -1,0 +1,133 @@
+"""Local Debian base images made with debootstrap, for sites (and CI) without registry access."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import TextIO
+
+from .arch import Arch
+from .engine import Engine
+from .errors import BaseImageError, ToolMissing
+from .image import LABEL_PREFIX, check_platform
+
+BASE_REPO = "torchbuild/base"
+DEFAULT_COMPONENTS = ("main", "contrib", "non-free")
+_APT_CONF = "/etc/apt/apt.conf.d/99torchbuild"
+
+_SCRATCH_DOCKERFILE = """FROM scratch
+ADD rootfs.tar /
+CMD ["/bin/bash"]
+"""
+
+
+def base_tag(suite: str, arch: Arch) -> str:
+    return f"{BASE_REPO}:{suite}-{arch.value}"
+
+
+def binfmt_ready(arch: Arch, binfmt_dir: Path = Path("/proc/sys/fs/binfmt_misc")) -> bool:
+    """True when foreign binaries of arch run here (native, or a qemu-user binfmt entry enabled)."""
+    if arch is Arch.host():
+        return True
+    entry = binfmt_dir / arch.qemu_binfmt
+    try:
+        return entry.read_text().splitlines()[0].strip() == "enabled"
+    except (OSError, IndexError):
+        return False
+
+
+def _preflight(arch: Arch) -> str:
+    debootstrap = shutil.which("debootstrap")
+    if debootstrap is None:
+        raise ToolMissing("debootstrap is not installed", hint="apt-get install debootstrap (as root)")
+    if os.geteuid() != 0:
+        raise BaseImageError("debootstrap must run as root", hint="rerun with sudo, or use a registry base image")
+    if not binfmt_ready(arch):
+        raise ToolMissing(
+            f"cannot run {arch} binaries on this {Arch.host()} host (no {arch.qemu_binfmt} binfmt entry)",
+            hint="apt-get install qemu-user-static binfmt-support && update-binfmts --enable",
+        )
+    return debootstrap
+
+
+def _skip_devices(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    """Device nodes under /dev are the engine's business, not the image's."""
+    return None if info.ischr() or info.isblk() else info
+
+
+def make_base_image(
+    engine: Engine,
+    *,
+    suite: str,
+    arch: Arch,
+    work_dir: Path,
+    mirror: str | None = None,
+    components: tuple[str, ...] = DEFAULT_COMPONENTS,
+    ignore_valid_until: bool = False,
+    rebuild: bool = False,
+    out: TextIO = sys.stdout,
+) -> tuple[str, bool]:
+    """debootstrap suite for arch and import it as torchbuild/base:<suite>-<arch>.
+
+    Returns (tag, made): made is False when the image already existed. The root filesystem
+    lives in a temporary directory under work_dir and is removed whatever happens.
+    """
+    tag = base_tag(suite, arch)
+    if not rebuild and engine.image_attrs(tag) is not None:
+        return tag, False
+    debootstrap = _preflight(arch)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"rootfs-{suite}-{arch}-", dir=work_dir) as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        cmd = [
+            debootstrap,
+            "--variant=minbase",
+            f"--arch={arch.debian_arch}",
+            f"--components={','.join(components)}",
+            suite,
+            str(rootfs),
+        ]
+        if mirror:
+            cmd.append(mirror)
+        print(f"$ {' '.join(cmd)}", file=out, flush=True)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
+        (Path(tmp) / "debootstrap.log").write_text(proc.stdout)
+        for line in proc.stdout.splitlines()[-5:]:
+            print(f"  {line}", file=out)
+        if proc.returncode != 0:
+            last = proc.stdout.strip().splitlines()[-1:] or ["(no output)"]
+            raise BaseImageError(f"debootstrap {suite} ({arch.debian_arch}) failed: {last[0]}")
+        if ignore_valid_until:  # snapshot mirrors serve Release files past their Valid-Until
+            conf = rootfs / _APT_CONF.lstrip("/")
+            conf.write_text('Acquire::Check-Valid-Until "false";\n')
+        # an empty apt cache keeps the image small; the toolchain recipe runs apt-get update
+        shutil.rmtree(rootfs / "var/cache/apt/archives", ignore_errors=True)
+        (rootfs / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
+        with tarfile.open(Path(tmp) / "rootfs.tar", "w") as tar:
+            tar.add(rootfs, arcname=".", filter=_skip_devices)
+        shutil.rmtree(rootfs)
+        (Path(tmp) / "Dockerfile").write_text(_SCRATCH_DOCKERFILE)
+        (Path(tmp) / ".dockerignore").write_text("rootfs\ndebootstrap.log\n")
+        print(f"importing as {tag} ({arch.docker_platform})", file=out, flush=True)
+        engine.build(
+            Path(tmp),
+            tag=tag,
+            labels={
+                f"{LABEL_PREFIX}.base-suite": suite,
+                f"{LABEL_PREFIX}.arch": arch.value,
+                f"{LABEL_PREFIX}.base-mirror": mirror or "debootstrap default",
+            },
+            platform=arch.docker_platform,
+            log=work_dir / f"base-{suite}-{arch}.log",
+            out=out,
+        )
+    check_platform(engine, tag, arch)
+    print(f"{tag} ready in {time.monotonic() - start:.0f} s", file=out)
+    return tag, True

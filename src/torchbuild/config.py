@@ -1,0 +1,482 @@
+"""Profiles: load -> merge (defaults < extends chain < profile < --set) -> validate -> BuildSpec.
+
+configs/defaults.yaml declares every key (type, default, doc). A profile is a flat YAML
+mapping of those keys plus an optional ``extends:`` naming another profile (by name or
+path). ``--set key=value`` overrides one key; ``--set switches.USE_MPI=1`` sets one entry of
+a map. The result is a frozen :class:`BuildSpec`; nothing after resolution reads YAML or
+the environment again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Union
+
+import yaml
+
+from .arch import Arch
+from .errors import ProfileError
+
+DEFAULT_PROFILE = "cpu"
+_CUDA_ARCH_RE = re.compile(r"\d+\.\d+a?(\+PTX)?")
+_PROFILE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def data_dir() -> Path:
+    """Directory holding configs/ and containers/ (installed package or source checkout)."""
+    here = Path(__file__).resolve().parent
+    if (here / "configs" / "defaults.yaml").is_file():  # installed wheel
+        return here
+    return here.parents[1]  # source checkout: src/torchbuild -> repo root
+
+
+def defaults_file() -> Path:
+    return data_dir() / "configs" / "defaults.yaml"
+
+
+def profiles_dir() -> Path:
+    return data_dir() / "configs" / "profiles"
+
+
+# --------------------------------------------------------------------------- schema
+
+
+@dataclasses.dataclass(frozen=True)
+class KeySpec:
+    name: str
+    type: str
+    default: Any
+    doc: str
+    choices: tuple[str, ...] = ()
+    pattern: str | None = None
+    key_pattern: str | None = None
+
+
+_TYPES = ("str", "int", "bool", "number", "list", "map", "jobs", "cuda_arch_list")
+
+
+@functools.lru_cache(maxsize=None)
+def schema() -> Mapping[str, KeySpec]:
+    """Every allowed key, read once from configs/defaults.yaml."""
+    path = defaults_file()
+    raw = yaml.safe_load(path.read_text())
+    keys: dict[str, KeySpec] = {}
+    for name, entry in raw.items():
+        if entry.get("type") not in _TYPES or "doc" not in entry or "default" not in entry:
+            raise ProfileError(f"{path}: key {name!r} needs type (one of {_TYPES}), default and doc")
+        keys[name] = KeySpec(
+            name=name,
+            type=entry["type"],
+            default=entry["default"],
+            doc=entry["doc"],
+            choices=tuple(entry.get("choices", ())),
+            pattern=entry.get("pattern"),
+            key_pattern=entry.get("key_pattern"),
+        )
+    # the defaults must themselves be valid, or every profile would inherit an error
+    for key in keys.values():
+        _coerce(key, key.default, f"{path}")
+    return MappingProxyType(keys)
+
+
+# --------------------------------------------------------------------------- BuildSpec
+
+StrMap = Mapping[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildSpec:
+    """A resolved, validated profile. Field names are exactly the keys of defaults.yaml."""
+
+    profile: str
+    description: str
+    torch_version: str
+    torch_repo: str
+    torch_ref: str
+    local_version: str
+    patches: str
+    arch: Arch
+    base_image: str
+    python_version: str
+    compiler: str
+    compiler_version: str
+    apt_packages: tuple[str, ...]
+    python_packages: tuple[str, ...]
+    python_system_site_packages: bool
+    ca_certificates: tuple[str, ...]
+    image_name: str
+    cuda_version: str
+    cuda_arch_list: tuple[str, ...]
+    cuda_home: str
+    cuda_packages: tuple[str, ...]
+    cuda_flags: tuple[str, ...]
+    nvcc_threads: int
+    blas: str
+    mkl_threading: str
+    mpi: str
+    distributed: tuple[str, ...]
+    system_nccl: bool
+    switches: StrMap
+    cflags: tuple[str, ...]
+    cxxflags: tuple[str, ...]
+    ldflags: tuple[str, ...]
+    env: StrMap
+    max_jobs: Union[str, int]
+    mem_per_job_gb: float
+    cache_dir: str
+    ccache_size: str
+    # where each key's value came from ("defaults.yaml", "gh200.yaml:12", "--set"); not hashed
+    origins: StrMap = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    # -- derived facts (one place each)
+    @property
+    def cuda(self) -> bool:
+        return bool(self.cuda_version)
+
+    @property
+    def git_ref(self) -> str:
+        return self.torch_ref or f"v{self.torch_version}"
+
+    @property
+    def build_version(self) -> str:
+        """PYTORCH_BUILD_VERSION: the version the wheel will carry."""
+        if self.local_version:
+            return f"{self.torch_version}+{self.local_version}"
+        return self.torch_version
+
+    @property
+    def image_tag(self) -> str:
+        return f"{self.image_name}:{self.profile}-{self.torch_version}-{self.arch.value}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data in defaults.yaml key order (plus profile), for printing and hashing."""
+        out: dict[str, Any] = {"profile": self.profile}
+        for name in schema():
+            value = getattr(self, name)
+            if isinstance(value, Arch):
+                value = value.value
+            elif isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            out[name] = value
+        return out
+
+    @property
+    def hash(self) -> str:
+        """sha256 of the resolved profile; recorded in image labels and manifests."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- loading
+
+
+@dataclasses.dataclass
+class _Layer:
+    """One source of values: a YAML file or the command line."""
+
+    label: str  # shown in messages: a path, or "--set"
+    values: dict[str, Any]
+    lines: dict[str, int]
+
+    def where(self, key: str) -> str:
+        line = self.lines.get(key)
+        return f"{self.label}:{line}" if line else self.label
+
+
+def _read_yaml(path: Path) -> _Layer:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read profile: {exc.strerror}") from exc
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ProfileError(f"{where}: not valid YAML: {problem}") from exc
+    if data is None:
+        return _Layer(str(path), {}, {})
+    if not isinstance(data, dict) or not isinstance(node, yaml.MappingNode):
+        raise ProfileError(f"{path}: a profile must be a mapping of key: value")
+    lines = {k.value: k.start_mark.line + 1 for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
+    return _Layer(str(path), data, lines)
+
+
+def available_profiles(search_dirs: Sequence[Path] = ()) -> list[str]:
+    names: set[str] = set()
+    for d in [*search_dirs, profiles_dir()]:
+        if d.is_dir():
+            names.update(p.stem for p in d.glob("*.yaml"))
+    return sorted(names)
+
+
+def find_profile(ref: str, search_dirs: Sequence[Path] = (), relative_to: Path | None = None) -> Path:
+    """A profile by name (searched in search_dirs, then configs/profiles) or by path."""
+    looks_like_path = ref.endswith((".yaml", ".yml")) or "/" in ref
+    if looks_like_path:
+        p = Path(ref).expanduser()
+        if not p.is_absolute() and relative_to is not None and (relative_to / p).is_file():
+            p = relative_to / p
+        if p.is_file():
+            return p.resolve()
+        raise ProfileError(f"profile file {ref} does not exist", hint="pass a path to a .yaml file or a profile name")
+    dirs = [*(([relative_to]) if relative_to else []), *search_dirs, profiles_dir()]
+    for d in dirs:
+        p = d / f"{ref}.yaml"
+        if p.is_file():
+            return p.resolve()
+    names = available_profiles(search_dirs)
+    close = difflib.get_close_matches(ref, names, n=1)
+    suggestion = f"; did you mean {close[0]!r}?" if close else ""
+    raise ProfileError(
+        f"no profile named {ref!r}{suggestion}",
+        hint=f"available profiles: {', '.join(names)} (or pass a path to a .yaml file)",
+    )
+
+
+def _profile_chain(path: Path, search_dirs: Sequence[Path]) -> list[_Layer]:
+    """[base-most, ..., path] following extends:, refusing cycles."""
+    chain: list[_Layer] = []
+    seen: list[Path] = []
+    current: Path | None = path
+    while current is not None:
+        if current in seen:
+            cycle = " -> ".join(str(p) for p in [*seen, current])
+            raise ProfileError(f"profiles extend each other in a cycle: {cycle}", hint="remove one extends:")
+        seen.append(current)
+        layer = _read_yaml(current)
+        parent = layer.values.pop("extends", None)
+        chain.append(layer)
+        if parent is None:
+            current = None
+        elif not isinstance(parent, str):
+            raise ProfileError(f"{layer.where('extends')}: extends must be a profile name or path")
+        else:
+            current = find_profile(parent, search_dirs, relative_to=current.parent)
+    chain.reverse()
+    return chain
+
+
+def parse_set(items: Iterable[str]) -> _Layer:
+    """Turn ``--set key=value`` strings into a layer; values are parsed by the key's type."""
+    keys = schema()
+    values: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ProfileError(f"--set {item!r}: expected key=value", hint="e.g. --set python_version=3.12")
+        key, _, raw = item.partition("=")
+        key = key.strip()
+        top, dot, sub = key.partition(".")
+        spec = keys.get(top)
+        if spec is None:
+            raise ProfileError(f"--set: unknown key {top!r}{_suggest(top)}")
+        if dot:
+            if spec.type != "map":
+                raise ProfileError(f"--set {key}: {top!r} is a {spec.type}, not a map; write --set {top}=...")
+            values.setdefault(top, {})[sub] = raw
+        else:
+            values[top] = _parse_cli_value(spec, raw)
+    return _Layer("--set", values, {})
+
+
+def _parse_cli_value(spec: KeySpec, raw: str) -> Any:
+    raw = raw.strip()
+    if spec.type in ("list", "cuda_arch_list"):
+        if raw.startswith("["):
+            return yaml.safe_load(raw)
+        return [part.strip() for part in re.split(r"[;,]", raw) if part.strip()]
+    if spec.type == "map":
+        return yaml.safe_load(raw) if raw else {}
+    if spec.type in ("int", "number", "bool"):
+        return yaml.safe_load(raw)
+    return raw  # str and jobs stay text: "3.10" must not become 3.1
+
+
+def _suggest(key: str) -> str:
+    close = difflib.get_close_matches(key, list(schema()), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _coerce(spec: KeySpec, value: Any, where: str) -> Any:
+    """Check one value against its KeySpec and return it in canonical form."""
+
+    def bad(problem: str, hint: str | None = None) -> ProfileError:
+        return ProfileError(f"{where}: key {spec.name!r}: {problem}", hint=hint)
+
+    def check_text(v: Any, what: str) -> str:
+        if isinstance(v, bool) or v is None:
+            raise bad(f"{what} must be text, got {v!r}")
+        if isinstance(v, float):
+            raise bad(f"{what} {v!r} was read as a number", hint=f"quote it in YAML: '{v}'")
+        if isinstance(v, int):
+            v = str(v)
+        if not isinstance(v, str):
+            raise bad(f"{what} must be text, got {type(v).__name__}")
+        if spec.choices and v not in spec.choices:
+            close = difflib.get_close_matches(v, spec.choices, n=1)
+            sugg = f"; did you mean {close[0]!r}?" if close else ""
+            shown = ", ".join(repr(c) for c in spec.choices)
+            raise bad(f"{v!r} is not allowed{sugg}", hint=f"valid values: {shown}")
+        if spec.pattern is not None and not re.fullmatch(spec.pattern, v):
+            raise bad(f"{v!r} is malformed (expected to match {spec.pattern})")
+        return v
+
+    t = spec.type
+    if t == "str":
+        return check_text(value, "value")
+    if t == "bool":
+        if not isinstance(value, bool):
+            raise bad(f"expected true or false, got {value!r}")
+        return value
+    if t == "int":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise bad(f"expected a whole number >= 0, got {value!r}")
+        return value
+    if t == "number":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise bad(f"expected a number > 0, got {value!r}")
+        return float(value)
+    if t == "jobs":
+        if value == "auto":
+            return value
+        if isinstance(value, str) and value.isdigit():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise bad(f"expected auto or a whole number >= 1, got {value!r}")
+        return value
+    if t == "list":
+        if not isinstance(value, list):
+            raise bad(f"expected a list, got {value!r}", hint="write a YAML list: [a, b]")
+        return tuple(check_text(v, "item") for v in value)
+    if t == "cuda_arch_list":
+        if isinstance(value, str):
+            value = [v for v in re.split(r"[;, ]", value) if v]
+        if not isinstance(value, list):
+            raise bad(f"expected a list of GPU architectures, got {value!r}")
+        out = []
+        for v in value:
+            text = str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+            if not isinstance(text, str) or not _CUDA_ARCH_RE.fullmatch(text):
+                raise bad(
+                    f"{v!r} is not a CUDA architecture",
+                    hint="write major.minor with an optional a or +PTX suffix: 8.0, 9.0a, 9.0+PTX",
+                )
+            out.append(text)
+        return tuple(out)
+    if t == "map":
+        if not isinstance(value, dict):
+            raise bad(f"expected a mapping, got {value!r}")
+        result: dict[str, str] = {}
+        for k, v in value.items():
+            if not isinstance(k, str) or (spec.key_pattern and not re.fullmatch(spec.key_pattern, k)):
+                raise bad(f"entry name {k!r} is not allowed (must match {spec.key_pattern})")
+            if isinstance(v, bool):
+                v = "1" if v else "0"
+            elif isinstance(v, (int, float)):
+                v = str(v)
+            elif not isinstance(v, str):
+                raise bad(f"entry {k!r} must be text or a number, got {v!r}")
+            result[k] = v
+        return MappingProxyType(result)
+    raise AssertionError(t)  # pragma: no cover - schema() rejects unknown types
+
+
+def _check_keys(layer: _Layer) -> None:
+    for key in layer.values:
+        if key not in schema():
+            where = layer.where(key)
+            raise ProfileError(
+                f"{where}: unknown key {key!r}{_suggest(key)}",
+                hint="every key is listed with its doc in configs/defaults.yaml (`invoke config --keys`)",
+            )
+
+
+def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], host: Arch) -> None:
+    """Rules that involve more than one key; the message names where the later key was set."""
+
+    def fail(key: str, problem: str, hint: str) -> None:
+        raise ProfileError(f"{where[key]}: key {key!r}: {problem}", hint=hint)
+
+    cuda = bool(values["cuda_version"])
+    arch = host if values["arch"] == "host" else Arch(values["arch"])
+    if values["cuda_arch_list"] and not cuda:
+        fail("cuda_arch_list", "set, but cuda_version is empty", "set cuda_version (e.g. 12.6) or clear cuda_arch_list")
+    if cuda and not values["cuda_arch_list"]:
+        fail("cuda_version", "CUDA build without cuda_arch_list", 'set cuda_arch_list, e.g. ["8.0", "9.0"]')
+    if "nccl" in values["distributed"] and not cuda:
+        fail("distributed", "nccl needs a CUDA build", "drop nccl from distributed or set cuda_version")
+    if values["system_nccl"] and "nccl" not in values["distributed"]:
+        fail("system_nccl", "true, but nccl is not in distributed", "add nccl to distributed")
+    if "mpi" in values["distributed"] and values["mpi"] == "none":
+        fail("distributed", "mpi backend requested but mpi is none", "set mpi: openmpi, mpich or system")
+    if values["mkl_threading"] and values["blas"] != "mkl":
+        fail("mkl_threading", f"only applies with blas: mkl (blas is {values['blas']})", "remove mkl_threading")
+    if values["blas"] == "mkl" and arch is Arch.AARCH64:
+        fail("blas", "MKL exists only for x86_64", "use openblas or nvpl on aarch64")
+    if values["blas"] == "nvpl" and arch is Arch.X86_64:
+        fail("blas", "NVPL exists only for aarch64", "use mkl or openblas on x86_64")
+    if not _PROFILE_NAME_RE.fullmatch(values["profile"]):
+        fail("profile", "profile names may use letters, digits, '.', '_' and '-'", "rename the file")
+
+
+def resolve(
+    profile: str = DEFAULT_PROFILE,
+    overrides: Iterable[str] = (),
+    *,
+    arch: str | None = None,
+    search_dirs: Sequence[Path] = (),
+    host: Arch | None = None,
+) -> BuildSpec:
+    """Resolve a profile (name or path) with --set overrides into a frozen BuildSpec."""
+    keys = schema()
+    host = host or Arch.host()
+    path = find_profile(profile, search_dirs)
+    layers = _profile_chain(path, search_dirs)
+    cli = parse_set(overrides)
+    if arch is not None:
+        cli.values["arch"] = Arch.parse(arch).value if arch != "host" else "host"
+    layers.append(cli)
+
+    merged: dict[str, Any] = {k: s.default for k, s in keys.items()}
+    origins: dict[str, str] = {k: "defaults.yaml" for k in keys}
+    for layer in layers:
+        _check_keys(layer)
+        for key, value in layer.values.items():
+            where = layer.where(key)
+            if keys[key].type == "map" and isinstance(value, dict) and isinstance(merged[key], Mapping):
+                value = {**merged[key], **value}  # maps merge entry by entry
+            merged[key] = _coerce(keys[key], value, where)
+            origins[key] = where
+    merged["profile"] = path.stem
+    origins["profile"] = str(path)
+    _cross_check(merged, origins, host)
+    if merged["arch"] == "host":
+        merged["arch"] = host.value
+    merged["arch"] = Arch(merged["arch"])
+    return BuildSpec(**merged, origins=MappingProxyType(origins))
+
+
+def describe_keys() -> str:
+    """The key reference as Markdown rows (used by `invoke config --keys` and the README)."""
+    rows = ["| key | type | default | description |", "|---|---|---|---|"]
+    for k in schema().values():
+        shown = [json.dumps(c) if not c else c for c in k.choices]
+        kind = k.type + (f" ({' · '.join(shown)})" if shown else "")
+        default = json.dumps(k.default)
+        rows.append(f"| `{k.name}` | {kind} | `{default}` | {k.doc} |")
+    return "\n".join(rows)

@@ -1,0 +1,155 @@
+"""The Docker engine, through docker-py: connect, build images with streamed output, inspect."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+from .errors import EngineUnavailable, ImageBuildFailed
+
+try:  # docker-py is a host dependency; the code inside the image never connects to an engine
+    import docker
+    import docker.errors
+except ImportError:  # pragma: no cover - exercised only without docker-py
+    docker = None
+
+
+def engine_address() -> str:
+    return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+
+
+@dataclasses.dataclass
+class Engine:
+    """A reachable Docker engine."""
+
+    client: Any  # docker.DockerClient
+
+    @classmethod
+    def connect(cls, timeout: int = 600) -> Engine:
+        if docker is None:
+            raise EngineUnavailable("docker-py is not installed", hint="pip install docker")
+        try:
+            # version="auto": negotiate, so old engines (Debian's 20.10 speaks API 1.41) work
+            client = docker.from_env(version="auto", timeout=timeout)
+            client.ping()
+        except docker.errors.DockerException as exc:
+            raise EngineUnavailable(f"Docker engine not reachable at {engine_address()}: {_short(exc)}") from exc
+        return cls(client)
+
+    def version(self) -> dict[str, Any]:
+        return dict(self.client.version())
+
+    def image_attrs(self, ref: str) -> dict[str, Any] | None:
+        """`docker image inspect` of ref, or None when there is no such image."""
+        try:
+            return dict(self.client.api.inspect_image(ref))
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.APIError as exc:
+            if exc.status_code == 404:
+                return None
+            raise
+
+    def pull(self, ref: str, platform: str | None, out: TextIO = sys.stdout) -> None:
+        repo, tag = _split_ref(ref)
+        print(f"pulling {ref} ({platform or 'default platform'})", file=out, flush=True)
+        try:
+            for chunk in self.client.api.pull(repo, tag=tag, platform=platform, stream=True, decode=True):
+                if "error" in chunk:
+                    raise ImageBuildFailed(f"cannot pull {ref}: {chunk['error']}", hint=_PULL_HINT)
+        except docker.errors.APIError as exc:
+            raise ImageBuildFailed(f"cannot pull {ref}: {_short(exc)}", hint=_PULL_HINT) from exc
+
+    def build(
+        self,
+        context: Path,
+        *,
+        tag: str,
+        dockerfile: str = "Dockerfile",
+        buildargs: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        platform: str | None = None,
+        nocache: bool = False,
+        log: Path,
+        out: TextIO = sys.stdout,
+    ) -> str:
+        """Build context/dockerfile into tag; stream every line to out and to log; return the id.
+
+        Intermediate containers are removed even when a step fails (forcerm), so a failed
+        build leaves no container behind.
+        """
+        log.parent.mkdir(parents=True, exist_ok=True)
+        image_id = ""
+        tail: list[str] = []
+        start = time.monotonic()
+        with log.open("w") as logf:
+            try:
+                stream = self.client.api.build(
+                    path=str(context),
+                    dockerfile=dockerfile,
+                    tag=tag,
+                    buildargs=dict(buildargs or {}),
+                    labels=dict(labels or {}),
+                    platform=platform,
+                    nocache=nocache,
+                    rm=True,
+                    forcerm=True,
+                    pull=False,
+                    decode=True,
+                )
+                for chunk in _chunks(stream):
+                    if "stream" in chunk:
+                        text = chunk["stream"]
+                        logf.write(text)
+                        logf.flush()
+                        for line in text.splitlines():
+                            if line.strip():
+                                tail = (tail + [line])[-15:]
+                                print(f"  {line}", file=out, flush=True)
+                    if "aux" in chunk and "ID" in chunk["aux"]:
+                        image_id = chunk["aux"]["ID"]
+                    if "error" in chunk:
+                        logf.write(f"ERROR: {chunk['error']}\n")
+                        raise ImageBuildFailed(
+                            f"building {tag} failed after {time.monotonic() - start:.0f} s: "
+                            f"{chunk['error'].strip()} (full log: {log})"
+                        )
+            except docker.errors.APIError as exc:
+                raise ImageBuildFailed(f"building {tag} failed: {_short(exc)} (full log: {log})") from exc
+        if not image_id:
+            attrs = self.image_attrs(tag)
+            image_id = attrs["Id"] if attrs else ""
+        return image_id
+
+
+_PULL_HINT = (
+    "check registry access; without one, make a local base with `invoke base-image` "
+    "and use it with --set base_image=torchbuild/base:<suite>-<arch>"
+)
+
+
+def _split_ref(ref: str) -> tuple[str, str | None]:
+    """'ubuntu:24.04' -> ('ubuntu', '24.04'); a registry port is not a tag; digests stay whole."""
+    if "@" in ref:
+        return ref, None
+    name = ref.split("/")[-1]
+    if ":" in name:
+        repo, _, tag = ref.rpartition(":")
+        return repo, tag
+    return ref, "latest"
+
+
+def _chunks(stream: Iterator[Any]) -> Iterator[dict[str, Any]]:
+    for chunk in stream:
+        if isinstance(chunk, dict):
+            yield chunk
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

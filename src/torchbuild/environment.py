@@ -1,0 +1,96 @@
+"""The environment a PyTorch build sees, computed once from the BuildSpec.
+
+The same function serves the in-container build, the native build and `invoke config`,
+so what is printed is what the build gets.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from .config import BuildSpec
+
+# PyTorch's BLAS variable (cmake/Dependencies.cmake) for each blas choice
+BLAS_NAMES = {
+    "mkl": "MKL",
+    "openblas": "OpenBLAS",
+    "nvpl": "NVPL",
+    "blis": "BLIS",
+    "eigen": "Eigen",
+    "generic": "Generic",
+}
+
+CCACHE_SLOPPINESS = "pch_defines,time_macros,include_file_mtime,include_file_ctime"
+
+
+def compilers(spec: BuildSpec) -> tuple[str, str]:
+    """(CC, CXX) executable names for the profile's compiler."""
+    suffix = f"-{spec.compiler_version}" if spec.compiler_version else ""
+    if spec.compiler == "clang":
+        return f"clang{suffix}", f"clang++{suffix}"
+    return f"gcc{suffix}", f"g++{suffix}"
+
+
+def _flag(on: bool) -> str:
+    return "1" if on else "0"
+
+
+def build_env(spec: BuildSpec, *, cache_root: str, jobs: int) -> dict[str, str]:
+    """Variables exported to setup.py/CMake, in the order they are printed.
+
+    ``cache_root`` is where the cache directory is seen by the build (``/cache`` inside the
+    container, the host cache_dir natively); ``jobs`` comes from the jobs planner.
+    """
+    cc, cxx = compilers(spec)
+    env: dict[str, str] = {
+        "PYTORCH_BUILD_VERSION": spec.build_version,
+        "PYTORCH_BUILD_NUMBER": "1",
+        "MAX_JOBS": str(jobs),
+        "CC": cc,
+        "CXX": cxx,
+        "CMAKE_C_COMPILER_LAUNCHER": "ccache",
+        "CMAKE_CXX_COMPILER_LAUNCHER": "ccache",
+        "USE_CUDA": _flag(spec.cuda),
+    }
+    if spec.cuda:
+        nvcc_flags = list(spec.cuda_flags)
+        if spec.nvcc_threads:
+            nvcc_flags += ["--threads", str(spec.nvcc_threads)]
+        env.update(
+            {
+                "CUDA_HOME": spec.cuda_home,
+                "CUDACXX": f"{spec.cuda_home}/bin/nvcc",
+                "TORCH_CUDA_ARCH_LIST": ";".join(spec.cuda_arch_list),
+                "CMAKE_CUDA_COMPILER_LAUNCHER": "ccache",
+            }
+        )
+        if nvcc_flags:
+            env["TORCH_NVCC_FLAGS"] = shlex.join(nvcc_flags)
+    env["BLAS"] = BLAS_NAMES[spec.blas]
+    if spec.mkl_threading:
+        env["MKL_THREADING"] = spec.mkl_threading
+    env["USE_DISTRIBUTED"] = _flag(bool(spec.distributed))
+    for backend in ("gloo", "nccl", "mpi", "ucc"):
+        env[f"USE_{backend.upper()}"] = _flag(backend in spec.distributed)
+    if "nccl" in spec.distributed:
+        env["USE_SYSTEM_NCCL"] = _flag(spec.system_nccl)
+    for var, flags in (("CFLAGS", spec.cflags), ("CXXFLAGS", spec.cxxflags), ("LDFLAGS", spec.ldflags)):
+        if flags:
+            env[var] = shlex.join(flags)
+    env.update(
+        {
+            "CCACHE_DIR": f"{cache_root}/ccache",
+            "CCACHE_MAXSIZE": spec.ccache_size,
+            "CCACHE_COMPRESS": "1",
+            "CCACHE_SLOPPINESS": CCACHE_SLOPPINESS,
+            "PIP_CACHE_DIR": f"{cache_root}/pip",
+        }
+    )
+    env.update(spec.switches)  # explicit switches win over derived values
+    env.update(spec.env)
+    return env
+
+
+def format_env(env: dict[str, str]) -> str:
+    """``KEY=value`` lines, shell-quoted where needed, so they can be pasted into a shell."""
+    return "\n".join(f"{k}={shlex.quote(v)}" for k, v in env.items())

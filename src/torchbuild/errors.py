@@ -1,0 +1,89 @@
+"""Named failures. Each carries an exit code and one line on what to do next.
+
+The top-level handlers (invoke tasks and the ``torchbuild`` console script) print
+``error: <message>`` and ``hint: <hint>`` and exit with ``exit_code``; a traceback is
+shown only with ``--debug`` (invoke) or ``TORCHBUILD_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import ClassVar
+
+
+class TorchbuildError(Exception):
+    """Base class: a failure the user can act on."""
+
+    exit_code: ClassVar[int] = 1
+    default_hint: ClassVar[str] = "run with --debug for a traceback"
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint if hint is not None else self.default_hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ProfileError(TorchbuildError):
+    """A profile or --set override is invalid (unknown key, wrong type, bad value)."""
+
+    exit_code = 2
+    default_hint = "run `invoke config --keys` to list every key with its type and allowed values"
+
+
+class EngineUnavailable(TorchbuildError):
+    """The Docker engine cannot be reached."""
+
+    exit_code = 3
+    default_hint = (
+        "start the engine (`sudo systemctl start docker`, or `sudo dockerd &`) "
+        "or point DOCKER_HOST at a running one; `invoke doctor` checks the host"
+    )
+
+
+class ImageBuildFailed(TorchbuildError):
+    """``docker build`` of a toolchain or base image failed."""
+
+    exit_code = 4
+    default_hint = "read the build log named above; fix the profile (packages, base image) and rerun"
+
+
+class ToolMissing(TorchbuildError):
+    """A host program the task needs is not installed."""
+
+    exit_code = 5
+    default_hint = "install it with your package manager, then rerun; `invoke doctor` lists what is missing"
+
+
+class BaseImageError(TorchbuildError):
+    """Making a local Debian base image (debootstrap + import) failed."""
+
+    exit_code = 6
+    default_hint = "check the mirror and suite (`--mirror`, `--suite`); debootstrap needs root"
+
+
+class ImageNotFound(TorchbuildError):
+    """A build needs a toolchain image that has not been built."""
+
+    exit_code = 7
+    default_hint = "build it first with `invoke image --profile <profile> --arch <arch>`"
+
+
+def debug_enabled() -> bool:
+    """True when the user asked for tracebacks (invoke --debug or TORCHBUILD_DEBUG=1)."""
+    if os.environ.get("TORCHBUILD_DEBUG", "") not in ("", "0"):
+        return True
+    return logging.getLogger().isEnabledFor(logging.DEBUG)
+
+
+def report(err: TorchbuildError) -> int:
+    """Print a named error the way every entry point does; return its exit code."""
+    name = type(err).__name__
+    print(f"error: {name}: {err.message}", file=sys.stderr)
+    if err.hint:
+        print(f"hint: {err.hint}", file=sys.stderr)
+    return err.exit_code

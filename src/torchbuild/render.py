@@ -1,0 +1,55 @@
+"""Text and JSON views of a resolved profile (shared by `invoke config` and `torchbuild config`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .config import BuildSpec
+from .environment import build_env, format_env
+from .jobs import HostResources, plan_jobs
+
+CONTAINER_CACHE = "/cache"
+
+
+def config_data(spec: BuildSpec, host: HostResources | None = None) -> dict[str, Any]:
+    host = host or HostResources.detect()
+    plan = plan_jobs(spec.max_jobs, spec.mem_per_job_gb, host)
+    env = build_env(spec, cache_root=CONTAINER_CACHE, jobs=plan.jobs)
+    return {
+        "profile": spec.profile,
+        "profile_file": spec.origins.get("profile", ""),
+        "hash": spec.hash,
+        "image": spec.image_tag,
+        "build_version": spec.build_version,
+        "values": spec.to_dict(),
+        "origins": dict(spec.origins),
+        "jobs_reason": plan.reason,
+        "env": env,
+    }
+
+
+def config_text(spec: BuildSpec, host: HostResources | None = None) -> str:
+    data = config_data(spec, host)
+    values: dict[str, Any] = data["values"]
+    origins: dict[str, str] = data["origins"]
+    rows = [(f"{k}: {json.dumps(v)}", _short_origin(origins.get(k, ""))) for k, v in values.items() if k != "profile"]
+    width = min(max(len(r[0]) for r in rows), 70)
+    lines = [
+        f"# profile {spec.profile} ({data['profile_file']})",
+        *([f"# {spec.description}"] if spec.description else []),
+        f"# sha256 {data['hash']}",
+        f"# image {data['image']}, wheel version {data['build_version']}",
+        *(f"{text:<{width}}  # {origin}" for text, origin in rows),
+        "",
+        f"# environment the build sees (in the container, cache at {CONTAINER_CACHE};",
+        f"# MAX_JOBS {data['jobs_reason']}; replanned where the build runs)",
+        format_env(data["env"]),
+    ]
+    return "\n".join(lines)
+
+
+def _short_origin(origin: str) -> str:
+    """'/long/path/configs/profiles/gh200.yaml:12' -> 'gh200.yaml:12'."""
+    return Path(origin).name if "/" in origin else origin

@@ -1,0 +1,11 @@
+"""The invoke Collection; tasks.py at the repository root only imports `ns` from here."""
+
+from __future__ import annotations
+
+from invoke import Collection
+
+from .config import config
+from .doctor import doctor
+from .image import base_image, image
+
+ns = Collection(config, image, base_image, doctor)

@@ -1,0 +1,17 @@
+"""invoke doctor: what this host can do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from invoke import Context, task
+
+from ..doctor import render, run_checks
+from .common import handles_errors
+
+
+@task(help={"cache_dir": "cache directory whose free space is reported (default ~/.cache/torchbuild)"})
+@handles_errors
+def doctor(c: Context, cache_dir: str = "~/.cache/torchbuild") -> None:
+    """Report engine, BuildKit, Apptainer, qemu binfmt, cores, memory, disk and GPU; a verdict per task."""
+    print(render(*run_checks(Path(cache_dir).expanduser())))

@@ -1,0 +1,89 @@
+"""invoke image / base-image: toolchain images and local Debian base images."""
+
+from __future__ import annotations
+
+from invoke import Context, task
+
+from ..arch import Arch
+from ..baseimage import DEFAULT_COMPONENTS, make_base_image
+from ..config import DEFAULT_PROFILE
+from ..engine import Engine
+from ..image import build_image
+from .common import HELP, cache_root, handles_errors, spec_from
+
+
+@task(
+    help={
+        **HELP,
+        "rebuild": "rebuild from scratch (no layer cache), even when the image is current",
+        "pull": "pull the base image again before building",
+        "apt_option": "extra apt-get option inside the build (repeatable), e.g. -o Acquire::Check-Valid-Until=false",
+    },
+    iterable=["set_", "apt_option"],
+)
+@handles_errors
+def image(
+    c: Context,
+    profile: str = DEFAULT_PROFILE,
+    arch: str = "",
+    set_: list[str] | None = None,
+    rebuild: bool = False,
+    pull: bool = False,
+    apt_option: list[str] | None = None,
+) -> None:
+    """Build the Docker toolchain image for a profile (a cache hit when nothing changed)."""
+    spec = spec_from(profile, set_, arch)
+    engine = Engine.connect()
+    result = build_image(
+        spec,
+        engine,
+        logs_dir=cache_root(spec) / "logs",
+        rebuild=rebuild,
+        pull=pull,
+        apt_options=apt_option or [],
+    )
+    state = "up to date (cache hit)" if result.cached else "built"
+    print(f"{result.tag} {state}: {result.image_id[:19]} in {result.seconds:.1f} s")
+    if result.log:
+        print(f"build log: {result.log}")
+
+
+@task(
+    name="base-image",
+    help={
+        "suite": "Debian suite: bookworm, trixie, sid (default trixie)",
+        "arch": "x86_64 or aarch64 (a foreign arch needs qemu-user binfmt)",
+        "mirror": "Debian mirror URL (default: debootstrap's own default)",
+        "components": f"archive components, comma-separated (default {','.join(DEFAULT_COMPONENTS)})",
+        "ignore_valid_until": "let apt in the image accept expired Release files (snapshot mirrors)",
+        "rebuild": "make it again even if the tag exists",
+        "cache_dir": "where the temporary root filesystem is made (default ~/.cache/torchbuild)",
+    },
+)
+@handles_errors
+def base_image(
+    c: Context,
+    suite: str = "trixie",
+    arch: str = "",
+    mirror: str = "",
+    components: str = ",".join(DEFAULT_COMPONENTS),
+    ignore_valid_until: bool = False,
+    rebuild: bool = False,
+    cache_dir: str = "~/.cache/torchbuild",
+) -> None:
+    """Make a local Debian base image (debootstrap + import) for hosts without registry access."""
+    from pathlib import Path
+
+    target = Arch.parse(arch) if arch else Arch.host()
+    engine = Engine.connect()
+    tag, made = make_base_image(
+        engine,
+        suite=suite,
+        arch=target,
+        work_dir=Path(cache_dir).expanduser() / "rootfs",
+        mirror=mirror or None,
+        components=tuple(x for x in components.split(",") if x),
+        ignore_valid_until=ignore_valid_until,
+        rebuild=rebuild,
+    )
+    print(f"{tag} {'made' if made else 'already present (use --rebuild to make it again)'}")
