@@ -25,7 +25,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # Site CA certificates from the profile's ca_certificates (often none).
 COPY certs/ /usr/local/share/ca-certificates/torchbuild/
 
-# hadolint ignore=DL3008,SC2086
+# hadolint ignore=SC2086
 RUN apt-get ${APT_OPTIONS} update \
  && apt-get ${APT_OPTIONS} install -y --no-install-recommends \
       ca-certificates git patch make pkg-config ccache cmake ninja-build \
@@ -39,7 +39,7 @@ ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
     SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 
 # The build venv: `python3` in the image is the profile's Python.
-# hadolint ignore=DL3013,SC2086
+# hadolint ignore=SC2086
 RUN "python${PYTHON_VERSION}" -m venv ${VENV_FLAGS} /opt/venv \
  && /opt/venv/bin/python -m pip install --upgrade pip \
  && if [ -n "${PYTHON_PACKAGES}" ]; then /opt/venv/bin/python -m pip install ${PYTHON_PACKAGES}; fi

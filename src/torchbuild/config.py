@@ -63,7 +63,7 @@ class KeySpec:
 _TYPES = ("str", "int", "bool", "number", "list", "map", "jobs", "cuda_arch_list")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def schema() -> Mapping[str, KeySpec]:
     """Every allowed key, read once from configs/defaults.yaml."""
     path = defaults_file()
@@ -475,7 +475,7 @@ def describe_keys() -> str:
     """The key reference as Markdown rows (used by `invoke config --keys` and the README)."""
     rows = ["| key | type | default | description |", "|---|---|---|---|"]
     for k in schema().values():
-        shown = [json.dumps(c) if not c else c for c in k.choices]
+        shown = [c or json.dumps(c) for c in k.choices]
         kind = k.type + (f" ({' · '.join(shown)})" if shown else "")
         default = json.dumps(k.default)
         rows.append(f"| `{k.name}` | {kind} | `{default}` | {k.doc} |")

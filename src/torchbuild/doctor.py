@@ -66,14 +66,24 @@ def run_checks(cache_dir: Path) -> tuple[list[Check], list[Verdict]]:
         engine = Engine.connect(timeout=10)
         v = engine.version()
         engine_ok = True
-        checks.append(Check("docker engine", True, f"{v.get('Version')} (API {v.get('ApiVersion')}) at {engine_address()}"))
+        checks.append(
+            Check("docker engine", True, f"{v.get('Version')} (API {v.get('ApiVersion')}) at {engine_address()}")
+        )
         buildkit = _version_of(["docker", "buildx", "version"])
     except EngineUnavailable as exc:
         checks.append(Check("docker engine", False, f"{exc.message}; {exc.hint}"))
-    checks.append(Check("buildkit (docker buildx)", buildkit is not None, buildkit or "not found (classic builder only)"))
+    checks.append(
+        Check("buildkit (docker buildx)", buildkit is not None, buildkit or "not found (classic builder only)")
+    )
 
     apptainer = _version_of(["apptainer", "--version"]) or _version_of(["singularity", "--version"])
-    checks.append(Check("apptainer/singularity", apptainer is not None, apptainer or "not found (SIFs are built in a builder container)"))
+    checks.append(
+        Check(
+            "apptainer/singularity",
+            apptainer is not None,
+            apptainer or "not found (SIFs are built in a builder container)",
+        )
+    )
 
     emu = binfmt_ready(foreign)
     checks.append(
@@ -86,13 +96,17 @@ def run_checks(cache_dir: Path) -> tuple[list[Check], list[Verdict]]:
         )
     )
     debootstrap = shutil.which("debootstrap")
-    checks.append(Check("debootstrap", debootstrap is not None, debootstrap or "not found: apt-get install debootstrap"))
+    checks.append(
+        Check("debootstrap", debootstrap is not None, debootstrap or "not found: apt-get install debootstrap")
+    )
     is_root = os.geteuid() == 0
     checks.append(Check("root", is_root, "yes" if is_root else "no (base-image needs root)"))
 
     res = HostResources.detect()
     checks.append(Check("cores", True, str(res.cores)))
-    checks.append(Check("memory", res.memory_bytes >= 8 * GiB, f"{res.memory_bytes / GiB:.1f} GiB ({res.memory_source})"))
+    checks.append(
+        Check("memory", res.memory_bytes >= 8 * GiB, f"{res.memory_bytes / GiB:.1f} GiB ({res.memory_source})")
+    )
     probe = cache_dir if cache_dir.exists() else next(p for p in [cache_dir, *cache_dir.parents] if p.exists())
     free = shutil.disk_usage(probe).free
     checks.append(Check("free disk", free >= 40 * GiB, f"{free / GiB:.0f} GiB at {probe} (a CUDA build needs ~40 GiB)"))
@@ -112,12 +126,16 @@ def run_checks(cache_dir: Path) -> tuple[list[Check], list[Verdict]]:
         Verdict(
             "base-image",
             engine_ok and debootstrap is not None and is_root,
-            "engine, debootstrap, root" if engine_ok and debootstrap and is_root else "needs engine, debootstrap and root",
+            "engine, debootstrap, root"
+            if engine_ok and debootstrap and is_root
+            else "needs engine, debootstrap and root",
         ),
         Verdict(
             "sif",
             apptainer is not None or engine_ok,
-            "apptainer on host" if apptainer else ("builder container" if engine_ok else "needs apptainer or an engine"),
+            "apptainer on host"
+            if apptainer
+            else ("builder container" if engine_ok else "needs apptainer or an engine"),
         ),
     ]
     return checks, verdicts

@@ -85,7 +85,6 @@ class Engine:
         """
         log.parent.mkdir(parents=True, exist_ok=True)
         image_id = ""
-        tail: list[str] = []
         start = time.monotonic()
         with log.open("w") as logf:
             try:
@@ -109,7 +108,6 @@ class Engine:
                         logf.flush()
                         for line in text.splitlines():
                             if line.strip():
-                                tail = (tail + [line])[-15:]
                                 print(f"  {line}", file=out, flush=True)
                     if "aux" in chunk and "ID" in chunk["aux"]:
                         image_id = chunk["aux"]["ID"]

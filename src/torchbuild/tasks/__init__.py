@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from invoke import Collection
+from invoke.collection import Collection
 
 from .config import config
 from .doctor import doctor

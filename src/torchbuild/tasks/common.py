@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from invoke import Exit
+from invoke.exceptions import Exit
 
 from ..config import DEFAULT_PROFILE, BuildSpec, resolve
 from ..errors import TorchbuildError, debug_enabled, report

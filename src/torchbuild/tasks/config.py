@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from invoke import Context, task
+from invoke.context import Context
+from invoke.tasks import task
 
 from ..config import DEFAULT_PROFILE, available_profiles, describe_keys
 from ..render import config_data, config_text

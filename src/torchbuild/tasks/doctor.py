@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from invoke import Context, task
+from invoke.context import Context
+from invoke.tasks import task
 
 from ..doctor import render, run_checks
 from .common import handles_errors

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from invoke import Context, task
+from invoke.context import Context
+from invoke.tasks import task
 
 from ..arch import Arch
 from ..baseimage import DEFAULT_COMPONENTS, make_base_image

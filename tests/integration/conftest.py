@@ -1,0 +1,54 @@
+"""Fixtures that drive the real Docker engine. No mocks: an unreachable engine fails the run."""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+
+import pytest
+
+from torchbuild.arch import Arch
+from torchbuild.baseimage import make_base_image
+from torchbuild.engine import Engine
+from torchbuild.errors import EngineUnavailable
+
+# Suite of the local base image the tests build on (no registry here: shared/TESTBED.md).
+SUITE = os.environ.get("TORCHBUILD_TEST_SUITE", "trixie")
+SUITE_PYTHON = {"bookworm": "3.11", "trixie": "3.13"}
+
+
+@pytest.fixture(scope="session")
+def engine() -> Engine:
+    try:
+        return Engine.connect()
+    except EngineUnavailable as exc:
+        pytest.fail(f"integration tests need a Docker engine: {exc.message} ({exc.hint})")
+
+
+@pytest.fixture(scope="session")
+def test_cache(tmp_path_factory) -> Path:
+    return Path(os.environ.get("TORCHBUILD_TEST_CACHE", tmp_path_factory.mktemp("cache")))
+
+
+@pytest.fixture(scope="session")
+def local_base(engine: Engine, test_cache: Path) -> str:
+    """torchbuild/base:<suite>-x86_64, made with the product's own base-image code if missing."""
+    tag, _ = make_base_image(
+        engine,
+        suite=SUITE,
+        arch=Arch.X86_64,
+        work_dir=test_cache / "rootfs",
+        ignore_valid_until=True,  # snapshot mirrors serve expired Release files
+    )
+    return tag
+
+
+@pytest.fixture(scope="session")
+def site_overrides(local_base: str) -> list[str]:
+    """--set options that point the cpu profile at the local base (and this host's local CAs)."""
+    sets = [f"base_image={local_base}", f"python_version={SUITE_PYTHON[SUITE]}"]
+    certs = sorted(glob.glob("/usr/local/share/ca-certificates/*.crt"))
+    if certs:  # a TLS-inspecting proxy between us and PyPI needs its CA inside the image
+        sets.append("ca_certificates=" + ",".join(certs))
+    return sets

@@ -1,0 +1,87 @@
+"""The command lines a user types, run as subprocesses (no engine needed)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+from helpers import FIXTURES, REPO, run_invoke
+
+from torchbuild import __version__, errors
+from torchbuild.config import available_profiles, describe_keys, schema
+from torchbuild.tasks import ns
+
+
+def test_invoke_list_shows_every_task_with_help():
+    res = run_invoke("--list")
+    assert res.returncode == 0, res.stderr
+    listed = dict(re.findall(r"^  (\S+)\s+(\S.*)$", res.stdout, re.M))
+    assert set(listed) == set(ns.task_names), listed
+    assert all(len(help_) > 10 for help_ in listed.values())
+
+
+def test_config_gh200_shows_arch_list_and_flags():
+    res = run_invoke("config", "--profile", "gh200")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert "TORCH_CUDA_ARCH_LIST=9.0" in lines
+    assert "CXXFLAGS='-ffunction-sections -fdata-sections -flax-vector-conversions -Wno-nonnull'" in lines
+    assert "USE_PRIORITIZED_TEXT_FOR_LD=1" in lines
+    assert "PYTORCH_BUILD_VERSION=2.6.0+gh200" in lines
+
+
+def test_config_json_is_machine_readable():
+    res = run_invoke("config", "--profile", "cuda", "--format", "json", "--set", "max_jobs=7")
+    data = json.loads(res.stdout)
+    assert data["env"]["MAX_JOBS"] == "7"
+    assert data["origins"]["max_jobs"] == "--set"
+    assert data["values"]["cuda_arch_list"] == ["8.0", "9.0"]
+
+
+def test_misspelled_key_exits_nonzero_with_file_and_suggestion():
+    profile = FIXTURES / "profiles" / "typo.yaml"
+    res = run_invoke("config", "--profile", str(profile))
+    assert res.returncode == 2
+    assert f"{profile}:3" in res.stderr
+    assert "did you mean 'cuda_arch_list'" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert res.stderr.count("\n") == 2  # error line + hint line
+
+
+def test_engine_unavailable_is_named_with_a_hint():
+    res = run_invoke("image", env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+    assert res.returncode == 3
+    assert "EngineUnavailable" in res.stderr and "/nonexistent/docker.sock" in res.stderr
+    assert res.stderr.splitlines()[-1].startswith("hint: start the engine")
+    assert "Traceback" not in res.stderr
+
+
+def test_debug_shows_the_traceback():
+    res = run_invoke("--debug", "config", "--profile", "nope")
+    assert res.returncode != 0 and "Traceback" in res.stderr
+
+
+def test_console_script_version_and_config():
+    out = subprocess.run(
+        [sys.executable, "-m", "torchbuild.cli", "--version"], capture_output=True, text=True, cwd=REPO, check=True
+    )
+    assert out.stdout.strip() == f"torchbuild {__version__}"
+    bad = subprocess.run(
+        [sys.executable, "-m", "torchbuild.cli", "config", "--set", "arch=sparc"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "ProfileError" in bad.stderr
+
+
+def test_readme_documents_every_key_task_and_profile():
+    readme = (REPO / "README.md").read_text()
+    assert describe_keys() in readme, "README key reference is stale: paste `invoke config --keys` into it"
+    for key in schema():
+        assert f"`{key}`" in readme, f"README lacks profile key {key}"
+    for task in ns.task_names:
+        assert f"invoke {task}" in readme, f"README lacks an example of invoke {task}"
+    for profile in available_profiles():
+        assert f"`{profile}`" in readme, f"README lacks profile {profile}"
+    for cls in errors.TorchbuildError.__subclasses__():
+        assert f"| `{cls.__name__}` | {cls.exit_code} |" in readme, f"README lacks {cls.__name__}"
