@@ -30,6 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--format", choices=["text", "json"], default="text")
     c.add_argument("--keys", action="store_true", help="list every profile key with its doc")
     sub.add_parser("doctor", help="report what this host can do")
+    b = sub.add_parser("build-inside", help="run a build request written by `invoke build` (used in the container)")
+    b.add_argument("request", help="path to the request JSON")
     return p
 
 
@@ -52,6 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(render(*run_checks(Path.home() / ".cache" / "torchbuild")))
             return 0
+        if args.command == "build-inside":
+            from .build import main_inside
+
+            return main_inside(args.request)
         _parser().print_help()
         return 0
     except TorchbuildError as err:

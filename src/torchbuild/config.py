@@ -129,6 +129,8 @@ class BuildSpec:
     cxxflags: tuple[str, ...]
     ldflags: tuple[str, ...]
     env: StrMap
+    preflight_targets: tuple[str, ...]
+    canaries: tuple[str, ...]
     max_jobs: Union[str, int]
     mem_per_job_gb: float
     cache_dir: str
@@ -469,6 +471,18 @@ def resolve(
         merged["arch"] = host.value
     merged["arch"] = Arch(merged["arch"])
     return BuildSpec(**merged, origins=MappingProxyType(origins))
+
+
+def spec_from_dict(data: Mapping[str, Any], label: str = "spec") -> BuildSpec:
+    """Rebuild a BuildSpec from BuildSpec.to_dict() output (the request a container receives)."""
+    keys = schema()
+    missing = set(keys) - set(data)
+    unknown = set(data) - set(keys) - {"profile"}
+    if missing or unknown:
+        raise ProfileError(f"{label}: keys missing {sorted(missing)} / unknown {sorted(unknown)}")
+    values: dict[str, Any] = {k: _coerce(keys[k], data[k], label) for k in keys}
+    values["arch"] = Arch(values["arch"])
+    return BuildSpec(profile=str(data["profile"]), **values, origins=MappingProxyType({"profile": label}))
 
 
 def describe_keys() -> str:

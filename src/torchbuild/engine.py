@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
@@ -123,6 +125,55 @@ class Engine:
             attrs = self.image_attrs(tag)
             image_id = attrs["Id"] if attrs else ""
         return image_id
+
+    def run(
+        self,
+        image: str,
+        command: list[str],
+        *,
+        mounts: Mapping[str, str],
+        user: str,
+        environment: Mapping[str, str],
+        workdir: str,
+        out: TextIO = sys.stdout,
+        platform: str | None = None,
+        memory_limit: str | None = None,
+    ) -> int:
+        """Run command in a fresh container named torchbuild-<uuid>; stream its output; return its exit code.
+
+        mounts maps host paths to container paths (read-write bind mounts, nothing else). The
+        container is removed on every way out of this function: success, failure, Ctrl-C.
+        """
+        name = f"torchbuild-{uuid.uuid4().hex[:12]}"
+        container = None
+        try:
+            container = self.client.containers.create(
+                image,
+                command,
+                name=name,
+                user=user,
+                environment=dict(environment),
+                working_dir=workdir,
+                volumes={host: {"bind": inside, "mode": "rw"} for host, inside in mounts.items()},
+                labels={"org.torchbuild.run": "1"},
+                platform=platform,
+                mem_limit=memory_limit,
+                memswap_limit=memory_limit,
+                detach=True,
+            )
+            container.start()
+            for chunk in container.logs(stream=True, follow=True):
+                out.write(chunk.decode(errors="replace"))
+                out.flush()
+            result = container.wait()
+            return int(result.get("StatusCode", 1))
+        finally:
+            if container is not None:
+                with contextlib.suppress(docker.errors.NotFound):
+                    container.remove(force=True)
+
+    def state(self, name_or_id: str) -> dict[str, Any]:
+        return dict(self.client.api.inspect_container(name_or_id)["State"])
 
 
 _PULL_HINT = (

@@ -87,3 +87,31 @@ def report(err: TorchbuildError) -> int:
     if err.hint:
         print(f"hint: {err.hint}", file=sys.stderr)
     return err.exit_code
+
+
+class SourceError(TorchbuildError):
+    """Fetching or unpacking the PyTorch source failed."""
+
+    exit_code = 8
+    default_hint = "check --source (URL, directory, tarball or .dsc) and the ref"
+
+
+class PatchConflict(TorchbuildError):
+    """A patch of the series does not apply; the tree was left untouched."""
+
+    exit_code = 9
+    default_hint = "refresh the patch for this version, or build with --set patches=none"
+
+
+class BuildFailed(TorchbuildError):
+    """The compile (or the wheel step) failed."""
+
+    exit_code = 10
+    default_hint = "read the log named above; `invoke build --preflight` finds toolchain errors in minutes"
+
+
+class BuildInterrupted(TorchbuildError):
+    """The build was interrupted (Ctrl-C or SIGTERM); its container and partial wheel are gone."""
+
+    exit_code = 130
+    default_hint = "rerun the same command to resume: finished objects are reused from the build tree and ccache"

@@ -69,7 +69,7 @@ def build_args(spec: BuildSpec, apt_options: Iterable[str] = ()) -> dict[str, st
     }
 
 
-_SOURCE_PARTS = ("pyproject.toml", "README.md", "src", "configs", "containers")
+_SOURCE_PARTS = ("pyproject.toml", "README.md", "src", "configs", "containers", "patches")
 
 
 def _copy_tree(root: Path, dest: Path) -> None:

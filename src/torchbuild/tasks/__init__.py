@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from invoke.collection import Collection
 
+from .build import build, patches, source
 from .config import config
 from .doctor import doctor
 from .image import base_image, image
 
-ns = Collection(config, image, base_image, doctor)
+ns = Collection(config, image, base_image, build, source, patches, doctor)

@@ -1,0 +1,413 @@
+"""The build itself. The same code runs inside the toolchain container (`torchbuild build-inside`)
+and natively on a login node (`invoke build` without --in-container).
+
+A BuildRequest is plain data (JSON) so the host can hand it to the container; everything the
+build does is decided by it and the host facts read here (cores, memory limit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from . import __version__
+from .config import BuildSpec, spec_from_dict
+from .environment import build_env, compilers, format_env
+from .errors import BuildFailed
+from .jobs import HostResources, plan_jobs
+
+PARTIAL_PREFIX = ".partial-"
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildRequest:
+    spec: BuildSpec
+    source: str  # the tree as the build sees it (/src in the container)
+    out_dir: str  # where the wheel, manifest and logs go (/out in the container)
+    cache_root: str  # ccache, pip cache, HOME (/cache in the container)
+    preflight: bool = False
+    clean: bool = False  # remove the build tree first
+    jobs: int = 0  # 0: plan from the profile and this machine
+    targets: tuple[str, ...] = ()  # preflight targets; empty: the profile's
+    canaries: tuple[str, ...] = ()  # preflight canaries; empty: the profile's
+    provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # source, patches, image
+    run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    def to_json(self) -> str:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["spec"] = self.spec.to_dict()
+        d["provenance"] = dict(self.provenance)
+        d["targets"], d["canaries"] = list(self.targets), list(self.canaries)
+        return json.dumps(d, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> BuildRequest:
+        d = json.loads(text)
+        d["spec"] = spec_from_dict(d["spec"], "build request")
+        d["targets"] = tuple(d["targets"])
+        d["canaries"] = tuple(d["canaries"])
+        return cls(**d)
+
+
+class Tee:
+    """Write to the terminal (or container log stream) and the log file at once."""
+
+    def __init__(self, log: Path, out: TextIO) -> None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.file = log.open("a", buffering=1)
+        self.out = out
+
+    def write(self, text: str) -> None:
+        self.file.write(text)
+        self.out.write(text)
+        self.out.flush()
+
+    def line(self, text: str = "") -> None:
+        self.write(text + "\n")
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def first_line(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    if shutil.which(cmd[0], path=(env or os.environ).get("PATH")) is None:
+        return ""
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, env=dict(env) if env else None, check=False)
+    lines = (proc.stdout or proc.stderr).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def toolchain_versions(spec: BuildSpec, env: Mapping[str, str]) -> dict[str, str]:
+    cc, cxx = compilers(spec)
+    versions = {
+        "cc": first_line([cc, "--version"], env),
+        "cxx": first_line([cxx, "--version"], env),
+        "python": sys.version.split()[0],
+        "cmake": first_line(["cmake", "--version"], env),
+        "ninja": first_line(["ninja", "--version"], env),
+        "ccache": first_line(["ccache", "--version"], env),
+    }
+    if spec.cuda:
+        nvcc = env.get("CUDACXX", "nvcc")
+        proc = (
+            subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=False)
+            if shutil.which(nvcc)
+            else None
+        )
+        versions["nvcc"] = proc.stdout.strip().splitlines()[-1] if proc and proc.returncode == 0 else "not found"
+    return versions
+
+
+def ccache_stats(env: Mapping[str, str]) -> dict[str, int]:
+    """ccache's counters (ccache >= 4.4 `--print-stats`), {} when unavailable."""
+    proc = subprocess.run(["ccache", "--print-stats"], capture_output=True, text=True, env=dict(env), check=False)
+    stats: dict[str, int] = {}
+    if proc.returncode == 0:
+        for line in proc.stdout.splitlines():
+            key, _, value = line.partition("\t")
+            if value.strip().isdigit():
+                stats[key] = int(value)
+    return stats
+
+
+def hit_rate(stats: Mapping[str, int]) -> tuple[int, int, float]:
+    """(hits, misses, rate) of compilations ccache saw since its counters were zeroed."""
+    hits = stats.get("direct_cache_hit", 0) + stats.get("preprocessed_cache_hit", 0)
+    misses = stats.get("cache_miss", 0)
+    total = hits + misses
+    return hits, misses, (hits / total if total else 0.0)
+
+
+def run_logged(cmd: Sequence[str], *, cwd: str, env: Mapping[str, str], tee: Tee, what: str) -> float:
+    """Run cmd streaming its output into tee; BuildFailed on a non-zero exit. Returns seconds."""
+    tee.line(f"$ {' '.join(cmd)}")
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        list(cmd), cwd=cwd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    )
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            tee.write(line)
+        rc = proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    took = time.monotonic() - start
+    if rc != 0:
+        raise BuildFailed(f"{what} failed (exit {rc}) after {took:.0f} s; log: {tee.file.name}")
+    return took
+
+
+def _peak_run(cmd: Sequence[str], *, cwd: str, env: Mapping[str, str], tee: Tee, what: str) -> tuple[float, int]:
+    """Like run_logged, and also the peak RSS (bytes) of the largest process it ran."""
+    tee.line(f"$ {' '.join(cmd)}")
+    start = time.monotonic()
+    proc = subprocess.Popen(list(cmd), cwd=cwd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    for raw in proc.stdout:
+        tee.write(raw.decode(errors="replace"))
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    took = time.monotonic() - start
+    if proc.returncode != 0:
+        raise BuildFailed(f"{what} failed (exit {proc.returncode}); log: {tee.file.name}")
+    return took, usage.ru_maxrss * 1024
+
+
+def build_dir(source: str) -> Path:
+    return Path(source) / "build"
+
+
+def configure(source: str, env: Mapping[str, str], tee: Tee) -> float:
+    """CMake configure the way the wheel build would: setup.py --cmake-only, else plain CMake."""
+    src = Path(source)
+    if (src / "setup.py").is_file():
+        return run_logged(
+            [sys.executable, "setup.py", "build", "--cmake-only"], cwd=source, env=env, tee=tee, what="configure"
+        )
+    return run_logged(
+        ["cmake", "-S", source, "-B", str(build_dir(source)), "-G", "Ninja"],
+        cwd=source,
+        env=env,
+        tee=tee,
+        what="configure",
+    )
+
+
+def object_target(source: str, file: str, env: Mapping[str, str]) -> str:
+    """The ninja target that compiles one source file (e.g. .../int4mm_kernel.cpp.o)."""
+    proc = subprocess.run(
+        ["ninja", "-C", str(build_dir(source)), "-t", "targets", "all"],
+        capture_output=True,
+        text=True,
+        env=dict(env),
+        check=False,
+    )
+    wanted = Path(file).name + ".o"
+    for line in proc.stdout.splitlines():
+        target = line.split(":", 1)[0]
+        if target.endswith("/" + wanted) and Path(file).parent.as_posix() in target:
+            return target
+    for line in proc.stdout.splitlines():
+        target = line.split(":", 1)[0]
+        if target.endswith("/" + wanted):
+            return target
+    raise BuildFailed(
+        f"canary {file}: no object target for it in {build_dir(source)}/build.ninja", hint="check the path in canaries"
+    )
+
+
+@dataclasses.dataclass
+class Outcome:
+    kind: str  # wheel | preflight
+    wheel: Path | None
+    manifest: Path
+    log: Path
+    seconds: float
+    jobs: int
+    ccache: tuple[int, int, float]
+    canaries: list[dict[str, Any]]
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f"{PARTIAL_PREFIX}{path.name}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
+    """Build a wheel (or run a preflight) as the request says; write manifest and log to out_dir."""
+    spec = req.spec
+    started, t0 = _now(), time.monotonic()
+    out_dir = Path(req.out_dir)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    log = out_dir / "logs" / f"{'preflight' if req.preflight else 'build'}-{spec.profile}-{stamp}-{req.run_id}.log"
+    tee = Tee(log, out)
+    try:
+        host = HostResources.detect()
+        plan = plan_jobs(req.jobs or spec.max_jobs, spec.mem_per_job_gb, host)
+        env_vars = build_env(spec, cache_root=req.cache_root, jobs=plan.jobs)
+        for d in (env_vars["CCACHE_DIR"], env_vars["PIP_CACHE_DIR"]):
+            Path(d).mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **env_vars}
+        tee.line(f"torchbuild {__version__}: {'preflight' if req.preflight else 'wheel build'} of {req.source}")
+        tee.line(f"profile {spec.profile} (sha256 {spec.hash[:16]}), version {spec.build_version}")
+        tee.line(f"jobs: {plan.jobs} ({'--jobs' if req.jobs else plan.reason})")
+        tee.line("environment:")
+        for line in format_env(env_vars).splitlines():
+            tee.line(f"  {line}")
+        versions = toolchain_versions(spec, env)
+        if req.clean and build_dir(req.source).exists():
+            tee.line(f"removing {build_dir(req.source)} (--clean)")
+            shutil.rmtree(build_dir(req.source))
+        subprocess.run(["ccache", "--zero-stats"], env=env, capture_output=True, check=False)
+        wheel: Path | None = None
+        canaries: list[dict[str, Any]] = []
+        if req.preflight:
+            configure(req.source, env, tee)
+            targets = list(req.targets or spec.preflight_targets)
+            if targets:
+                run_logged(
+                    ["cmake", "--build", str(build_dir(req.source)), "--target", *targets, "--", f"-j{plan.jobs}"],
+                    cwd=req.source,
+                    env=env,
+                    tee=tee,
+                    what=f"building {' '.join(targets)}",
+                )
+            for canary in req.canaries or spec.canaries:
+                target = object_target(req.source, canary, env)
+                secs, peak = _peak_run(
+                    ["ninja", "-C", str(build_dir(req.source)), target],
+                    cwd=req.source,
+                    env=env,
+                    tee=tee,
+                    what=f"canary {canary}",
+                )
+                canaries.append({"file": canary, "seconds": round(secs, 2), "peak_rss_bytes": peak})
+        else:
+            wheel = _build_wheel(req, env, tee)
+        stats = hit_rate(ccache_stats(env))
+        seconds = time.monotonic() - t0
+        manifest = _write_manifest(
+            req, versions, env_vars, plan.jobs, plan.reason, started, seconds, wheel, stats, canaries, log
+        )
+        _summary(tee, req, wheel, manifest, seconds, plan.jobs, stats, canaries, log)
+        return Outcome(
+            "preflight" if req.preflight else "wheel", wheel, manifest, log, seconds, plan.jobs, stats, canaries
+        )
+    finally:
+        tee.close()
+
+
+def _build_wheel(req: BuildRequest, env: Mapping[str, str], tee: Tee) -> Path:
+    """pip wheel --no-build-isolation into a partial directory, then rename into out_dir."""
+    out_dir = Path(req.out_dir)
+    partial = Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{req.run_id}-", dir=out_dir))
+    try:
+        run_logged(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-build-isolation",
+                "--no-deps",
+                "-v",
+                "-w",
+                str(partial),
+                req.source,
+            ],
+            cwd=req.source,
+            env=env,
+            tee=tee,
+            what="pip wheel",
+        )
+        wheels = sorted(partial.glob("*.whl"))
+        if len(wheels) != 1:
+            raise BuildFailed(f"pip wheel produced {len(wheels)} wheels in {partial}; expected one")
+        final = out_dir / wheels[0].name
+        os.replace(wheels[0], final)
+        return final
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def _write_manifest(
+    req: BuildRequest,
+    versions: Mapping[str, str],
+    env_vars: Mapping[str, str],
+    jobs: int,
+    jobs_reason: str,
+    started: str,
+    seconds: float,
+    wheel: Path | None,
+    ccache: tuple[int, int, float],
+    canaries: list[dict[str, Any]],
+    log: Path,
+) -> Path:
+    spec = req.spec
+    data: dict[str, Any] = {
+        "torchbuild_version": __version__,
+        "kind": "preflight" if req.preflight else "wheel",
+        "run_id": req.run_id,
+        "profile": spec.profile,
+        "profile_hash": spec.hash,
+        "resolved_profile": spec.to_dict(),
+        **dict(req.provenance),
+        "toolchain": dict(versions),
+        "environment": dict(env_vars),
+        "jobs": {"max_jobs": jobs, "reason": jobs_reason},
+        "started": started,
+        "finished": _now(),
+        "duration_s": round(seconds, 1),
+        "ccache": {"hits": ccache[0], "misses": ccache[1], "hit_rate": round(ccache[2], 4)},
+        "log": log.name,
+    }
+    if wheel is not None:
+        data["wheel"] = {"name": wheel.name, "sha256": sha256_of(wheel), "size": wheel.stat().st_size}
+        path = Path(req.out_dir) / f"{wheel.name}.manifest.json"
+    else:
+        data["preflight"] = {"targets": list(req.targets or spec.preflight_targets), "canaries": canaries}
+        path = Path(req.out_dir) / f"preflight-{spec.profile}-{req.run_id}.manifest.json"
+    _atomic_write(path, json.dumps(data, indent=2) + "\n")
+    return path
+
+
+def _summary(
+    tee: Tee,
+    req: BuildRequest,
+    wheel: Path | None,
+    manifest: Path,
+    seconds: float,
+    jobs: int,
+    ccache: tuple[int, int, float],
+    canaries: list[dict[str, Any]],
+    log: Path,
+) -> None:
+    rows: list[tuple[str, str, str]] = []
+    if wheel is not None:
+        rows.append((wheel.name, f"{wheel.stat().st_size / 1e6:.1f} MB", sha256_of(wheel)[:16]))
+    rows.append((manifest.name, f"{manifest.stat().st_size / 1e3:.1f} kB", sha256_of(manifest)[:16]))
+    width = max(len(r[0]) for r in rows)
+    tee.line("")
+    tee.line(f"{'artifact':<{width}}  {'size':>10}  sha256")
+    for name, size, digest in rows:
+        tee.line(f"{name:<{width}}  {size:>10}  {digest}")
+    for c in canaries:
+        tee.line(f"canary {c['file']}: {c['seconds']:.1f} s, peak {c['peak_rss_bytes'] / 2**20:.0f} MiB")
+    hits, misses, rate = ccache
+    tee.line(f"ccache: {hits} hits, {misses} misses, hit rate {rate:.0%}")
+    tee.line(f"duration {seconds:.1f} s with {jobs} jobs; log: {log}")
+
+
+def main_inside(request_file: str) -> int:
+    """Entry point of `torchbuild build-inside REQUEST.json` in the container."""
+    req = BuildRequest.from_json(Path(request_file).read_text())
+    run_build(req)
+    return 0

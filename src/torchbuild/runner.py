@@ -1,0 +1,198 @@
+"""Host side of `invoke build` and `invoke source`: get the tree, patch it, then run the build
+in the toolchain container (or natively) with the source, cache and output mounted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+from .build import PARTIAL_PREFIX, BuildRequest, Outcome, run_build
+from .config import BuildSpec
+from .engine import Engine
+from .errors import BuildFailed, BuildInterrupted
+from .image import LABEL_PREFIX, require_image
+from .patches import ApplyResult, Series, apply_series, load_series
+from .source import SourceInfo, describe_dir, fetch_git, looks_like_url, unpack_archive
+
+CONTAINER_SRC, CONTAINER_CACHE, CONTAINER_OUT = "/src", "/cache", "/out"
+
+
+def cache_dir(spec: BuildSpec) -> Path:
+    return Path(spec.cache_dir).expanduser()
+
+
+def default_tree(spec: BuildSpec, ref: str) -> Path:
+    safe = ref.replace("/", "_")
+    return cache_dir(spec) / "src" / f"pytorch-{safe}"
+
+
+def get_source(
+    spec: BuildSpec, source: str = "", ref: str = "", dest: str = "", out: TextIO = sys.stdout
+) -> SourceInfo:
+    """--source as given: a git URL, a directory, a tarball or .dsc; empty means the profile's repo."""
+    cache = cache_dir(spec)
+    ref = ref or spec.git_ref
+    if not source or looks_like_url(source):
+        url = source or spec.torch_repo
+        tree = Path(dest).expanduser() if dest else default_tree(spec, ref)
+        if tree.is_dir():
+            print(f"using existing checkout {tree} (`invoke source --update` refreshes a branch)", file=out)
+            return dataclasses.replace(describe_dir(tree), kind="git", ref=ref)
+        return fetch_git(url, ref, tree, cache, out=out)
+    path = Path(source).expanduser().resolve()
+    if path.is_dir():
+        return describe_dir(path)
+    return unpack_archive(path, Path(dest).expanduser() if dest else cache / "src", out=out)
+
+
+def patch_tree(spec: BuildSpec, tree: Path) -> tuple[Series, ApplyResult]:
+    series = load_series(spec.patches, spec.torch_version)
+    return series, apply_series(tree, series)
+
+
+def provenance(info: SourceInfo, series: Series, result: ApplyResult) -> dict[str, Any]:
+    return {
+        "source": info.to_dict(),
+        "patches": {
+            "series": str(series.directory) if series.directory else None,
+            "checksum": series.checksum,
+            "patches": [p.to_dict() for p in series.patches],
+            "applied_now": list(result.applied),
+            "already_applied": list(result.skipped),
+        },
+    }
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a batch system ending the job) unwinds like Ctrl-C, so cleanup runs."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _remove_partials(out_dir: Path, run_id: str) -> None:
+    for p in out_dir.glob(f"{PARTIAL_PREFIX}{run_id}*"):
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+def caller_user() -> str:
+    return f"{os.getuid()}:{os.getgid()}"
+
+
+def build_in_container(
+    engine: Engine,
+    req: BuildRequest,
+    *,
+    host_source: Path,
+    host_out: Path,
+    host_cache: Path,
+    user: str = "",
+    memory_limit: str | None = None,
+    out: TextIO = sys.stdout,
+) -> Outcome:
+    """Run `torchbuild build-inside` in the profile's image with source, cache and out mounted."""
+    spec = req.spec
+    attrs = require_image(spec, engine)
+    labels = (attrs.get("Config") or {}).get("Labels") or {}  # type: ignore[attr-defined]
+    req = dataclasses.replace(
+        req,
+        source=CONTAINER_SRC,
+        out_dir=CONTAINER_OUT,
+        cache_root=CONTAINER_CACHE,
+        provenance={
+            **req.provenance,
+            "image": {
+                "tag": spec.image_tag,
+                "id": attrs.get("Id"),
+                "profile_hash": labels.get(f"{LABEL_PREFIX}.profile-hash"),
+            },
+            "engine": "docker",
+        },
+    )
+    for d in (host_out, host_cache / "home", host_cache / "ccache", host_cache / "pip", host_out / ".torchbuild"):
+        d.mkdir(parents=True, exist_ok=True)
+    request_file = host_out / ".torchbuild" / f"request-{req.run_id}.json"
+    request_file.write_text(req.to_json())
+    env = {
+        "HOME": f"{CONTAINER_CACHE}/home",
+        # the tree belongs to the caller, not to the container's user table
+        "GIT_CONFIG_COUNT": "1",
+        "GIT_CONFIG_KEY_0": "safe.directory",
+        "GIT_CONFIG_VALUE_0": "*",
+        "PYTHONUNBUFFERED": "1",
+    }
+    try:
+        with sigterm_as_interrupt():
+            rc = engine.run(
+                spec.image_tag,
+                ["torchbuild", "build-inside", f"{CONTAINER_OUT}/.torchbuild/{request_file.name}"],
+                mounts={
+                    str(host_source): CONTAINER_SRC,
+                    str(host_cache): CONTAINER_CACHE,
+                    str(host_out): CONTAINER_OUT,
+                },
+                user=user or caller_user(),
+                environment=env,
+                workdir=CONTAINER_SRC,
+                platform=spec.arch.docker_platform,
+                memory_limit=memory_limit,
+                out=out,
+            )
+    except KeyboardInterrupt:
+        _remove_partials(host_out, req.run_id)
+        raise BuildInterrupted("build interrupted; its container was removed and no wheel was written") from None
+    finally:
+        request_file.unlink(missing_ok=True)
+    if rc != 0:
+        _remove_partials(host_out, req.run_id)
+        raise BuildFailed(f"the build in {spec.image_tag} exited with {rc}; the log is in {host_out / 'logs'}")
+    return _outcome_from_out(host_out, req)
+
+
+def _outcome_from_out(host_out: Path, req: BuildRequest) -> Outcome:
+    """Find what the container wrote: the manifest of this run names the wheel and the log."""
+    for manifest in host_out.glob("*.manifest.json"):
+        data = json.loads(manifest.read_text())
+        if data.get("run_id") != req.run_id:
+            continue
+        wheel = host_out / data["wheel"]["name"] if "wheel" in data else None
+        cc = data["ccache"]
+        return Outcome(
+            data["kind"],
+            wheel,
+            manifest,
+            host_out / "logs" / data["log"],
+            data["duration_s"],
+            data["jobs"]["max_jobs"],
+            (cc["hits"], cc["misses"], cc["hit_rate"]),
+            data.get("preflight", {}).get("canaries", []),
+        )
+    raise BuildFailed(f"the build finished but wrote no manifest for run {req.run_id} in {host_out}")
+
+
+def build_native(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
+    """The same build on this machine (a login node with modules loaded)."""
+    Path(req.out_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        with sigterm_as_interrupt():
+            return run_build(dataclasses.replace(req, provenance={**req.provenance, "engine": "native"}), out=out)
+    except KeyboardInterrupt:
+        _remove_partials(Path(req.out_dir), req.run_id)
+        raise BuildInterrupted("build interrupted; no wheel was written") from None

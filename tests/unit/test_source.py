@@ -1,0 +1,164 @@
+"""Clone logic against local git repositories with submodules over file:// (no GitHub here)."""
+
+from __future__ import annotations
+
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from torchbuild.errors import SourceError
+from torchbuild.source import describe_dir, fetch_git, mirror_path, unpack_archive, update_tree
+
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.invalid",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.invalid",
+}
+
+
+def git(*args: str, cwd: Path) -> str:
+    import os
+
+    out = subprocess.run(
+        ["git", "-c", "protocol.file.allow=always", *args],
+        cwd=cwd,
+        env={**os.environ, **GIT_ENV},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def commit_file(repo: Path, name: str, text: str, msg: str) -> str:
+    (repo / name).write_text(text)
+    git("add", name, cwd=repo)
+    git("commit", "-q", "-m", msg, cwd=repo)
+    return git("rev-parse", "HEAD", cwd=repo)
+
+
+@pytest.fixture
+def upstream(tmp_path):
+    """A 'pytorch' repo with a nested submodule chain (third_party/lib -> inner), two tags, a branch."""
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    git("init", "-q", "-b", "main", cwd=inner)
+    commit_file(inner, "inner.txt", "inner v1\n", "inner")
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    git("init", "-q", "-b", "main", cwd=lib)
+    commit_file(lib, "lib.txt", "lib v1\n", "lib")
+    git("submodule", "add", "-q", inner.as_uri(), "inner", cwd=lib)
+    git("commit", "-q", "-m", "add inner", cwd=lib)
+    top = tmp_path / "pytorch"
+    top.mkdir()
+    git("init", "-q", "-b", "main", cwd=top)
+    commit_file(top, "setup.py", "# v1\n", "v1")
+    git("submodule", "add", "-q", lib.as_uri(), "third_party/lib", cwd=top)
+    git("commit", "-q", "-m", "add lib", cwd=top)
+    git("tag", "v1.0.0", cwd=top)
+    commit_file(top, "setup.py", "# v2\n", "v2")
+    git("tag", "v2.0.0", cwd=top)
+    return top
+
+
+def test_clone_tag_with_nested_submodules_through_a_mirror(upstream, tmp_path):
+    cache = tmp_path / "cache"
+    info = fetch_git(upstream.as_uri(), "v1.0.0", tmp_path / "src1", cache)
+    assert (info.path / "setup.py").read_text() == "# v1\n"
+    assert (info.path / "third_party/lib/lib.txt").read_text() == "lib v1\n"
+    assert (info.path / "third_party/lib/inner/inner.txt").read_text() == "inner v1\n"
+    assert info.commit == git("rev-parse", "v1.0.0", cwd=upstream)
+    assert {p for p, _ in info.submodules} == {"third_party/lib", "third_party/lib/inner"}
+    assert (mirror_path(cache, upstream.as_uri()) / "HEAD").is_file()
+    # origin points at the real upstream, not at the cache
+    assert git("config", "--get", "remote.origin.url", cwd=info.path) == upstream.as_uri()
+
+
+def test_second_clone_at_another_tag_reuses_the_mirror(upstream, tmp_path):
+    cache = tmp_path / "cache"
+    fetch_git(upstream.as_uri(), "v1.0.0", tmp_path / "a", cache)
+    mirror = mirror_path(cache, upstream.as_uri())
+    inode_before = (mirror / "objects").stat().st_ino
+    info = fetch_git(upstream.as_uri(), "v2.0.0", tmp_path / "b", cache)
+    assert (info.path / "setup.py").read_text() == "# v2\n"
+    assert (mirror / "objects").stat().st_ino == inode_before  # updated in place, not cloned again
+    alternates = (info.path / ".git/objects/info/alternates").read_text()
+    assert str(mirror) in alternates  # objects borrowed, not copied
+
+
+def test_clone_by_commit_and_branch(upstream, tmp_path):
+    sha = git("rev-parse", "v1.0.0", cwd=upstream)
+    assert fetch_git(upstream.as_uri(), sha, tmp_path / "c", tmp_path / "cache").commit == sha
+    br = fetch_git(upstream.as_uri(), "main", tmp_path / "d", tmp_path / "cache")
+    assert br.commit == git("rev-parse", "main", cwd=upstream)
+
+
+def test_shallow_clone_without_cache(upstream, tmp_path):
+    info = fetch_git(upstream.as_uri(), "v2.0.0", tmp_path / "s", None)
+    assert git("rev-parse", "--is-shallow-repository", cwd=info.path) == "true"
+    assert (info.path / "third_party/lib/inner/inner.txt").is_file()
+
+
+def test_bad_ref_leaves_nothing_behind(upstream, tmp_path):
+    dest = tmp_path / "bad"
+    with pytest.raises(SourceError, match="checkout"):
+        fetch_git(upstream.as_uri(), "v9.9.9", dest, tmp_path / "cache")
+    assert not dest.exists()
+    assert not list(tmp_path.glob(".bad.partial*"))
+
+
+def test_existing_destination_is_refused(upstream, tmp_path):
+    (tmp_path / "x").mkdir()
+    with pytest.raises(SourceError, match="already exists"):
+        fetch_git(upstream.as_uri(), "v1.0.0", tmp_path / "x", None)
+
+
+def test_update_brings_branch_and_submodules_to_head(upstream, tmp_path):
+    info = fetch_git(upstream.as_uri(), "main", tmp_path / "u", tmp_path / "cache")
+    lib = Path(upstream.parent / "lib")
+    commit_file(lib, "lib.txt", "lib v2\n", "lib v2")
+    git("-C", "third_party/lib", "fetch", "-q", cwd=upstream)
+    git("-C", "third_party/lib", "checkout", "-q", "origin/main", cwd=upstream)
+    git("add", "third_party/lib", cwd=upstream)
+    git("commit", "-q", "-m", "bump lib", cwd=upstream)
+    new = update_tree(info.path)
+    assert new.commit == git("rev-parse", "main", cwd=upstream)
+    assert (info.path / "third_party/lib/lib.txt").read_text() == "lib v2\n"
+
+
+def test_update_refuses_a_detached_tag(upstream, tmp_path):
+    info = fetch_git(upstream.as_uri(), "v1.0.0", tmp_path / "t", None)
+    with pytest.raises(SourceError, match="detached"):
+        update_tree(info.path)
+
+
+def test_tarball_is_unpacked_once_with_its_sha256(tmp_path):
+    tree = tmp_path / "pytorch-v2.6.0"
+    tree.mkdir()
+    (tree / "setup.py").write_text("# x\n")
+    tarball = tmp_path / "pytorch-v2.6.0.tar.gz"
+    with tarfile.open(tarball, "w:gz") as tar:
+        tar.add(tree, arcname="pytorch-v2.6.0")
+    info = unpack_archive(tarball, tmp_path / "srcs")
+    assert (info.path / "setup.py").read_text() == "# x\n"
+    assert info.kind == "tarball" and len(info.sha256) == 64
+    assert unpack_archive(tarball, tmp_path / "srcs").path == info.path
+
+
+def test_tarball_escaping_the_tree_is_refused(tmp_path):
+    evil = tmp_path / "evil.tar"
+    (tmp_path / "f").write_text("x")
+    with tarfile.open(evil, "w") as tar:
+        tar.add(tmp_path / "f", arcname="../../escape")
+    with pytest.raises(SourceError, match="unsafe"):
+        unpack_archive(evil, tmp_path / "srcs")
+    assert not list((tmp_path / "srcs").glob("evil*"))
+
+
+def test_local_dir_must_look_like_a_python_project(tmp_path):
+    with pytest.raises(SourceError, match=r"neither setup\.py nor pyproject\.toml"):
+        describe_dir(tmp_path)
