@@ -269,8 +269,13 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
         subprocess.run(["ccache", "--zero-stats"], env=env, capture_output=True, check=False)
         wheel: Path | None = None
         canaries: list[dict[str, Any]] = []
+        phases: dict[str, float] = {}
         if req.preflight:
-            configure(req.source, env, tee)
+            phases["configure_s"] = round(configure(req.source, env, tee), 1)
+            # CMake's try_compile checks run in randomly named directories and can never hit
+            # the cache: count hits from here on, over the compiles that can
+            subprocess.run(["ccache", "--zero-stats"], env=env, capture_output=True, check=False)
+            t_targets = time.monotonic()
             targets = list(req.targets or spec.preflight_targets)
             if targets:
                 run_logged(
@@ -280,6 +285,7 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
                     tee=tee,
                     what=f"building {' '.join(targets)}",
                 )
+            phases["targets_s"] = round(time.monotonic() - t_targets, 1)
             for canary in req.canaries or spec.canaries:
                 target = object_target(req.source, canary, env)
                 secs, peak = _peak_run(
@@ -295,7 +301,7 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
         stats = hit_rate(ccache_stats(env))
         seconds = time.monotonic() - t0
         manifest = _write_manifest(
-            req, versions, env_vars, plan.jobs, plan.reason, started, seconds, wheel, stats, canaries, log
+            req, versions, env_vars, plan.jobs, plan.reason, started, seconds, wheel, stats, canaries, phases, log
         )
         _summary(tee, req, wheel, manifest, seconds, plan.jobs, stats, canaries, log)
         return Outcome(
@@ -349,6 +355,7 @@ def _write_manifest(
     wheel: Path | None,
     ccache: tuple[int, int, float],
     canaries: list[dict[str, Any]],
+    phases: Mapping[str, float],
     log: Path,
 ) -> Path:
     spec = req.spec
@@ -373,7 +380,11 @@ def _write_manifest(
         data["wheel"] = {"name": wheel.name, "sha256": sha256_of(wheel), "size": wheel.stat().st_size}
         path = Path(req.out_dir) / f"{wheel.name}.manifest.json"
     else:
-        data["preflight"] = {"targets": list(req.targets or spec.preflight_targets), "canaries": canaries}
+        data["preflight"] = {
+            "targets": list(req.targets or spec.preflight_targets),
+            "canaries": canaries,
+            **phases,
+        }
         path = Path(req.out_dir) / f"preflight-{spec.profile}-{req.run_id}.manifest.json"
     _atomic_write(path, json.dumps(data, indent=2) + "\n")
     return path

@@ -96,6 +96,18 @@ def caller_user() -> str:
     return f"{os.getuid()}:{os.getgid()}"
 
 
+def _make_dirs_for(user: str, *dirs: Path) -> None:
+    """Create dirs the container writes to; when root runs a build as another user (--user),
+    hand the new directories to that user so the build can write them."""
+    uid, _, gid = user.partition(":")
+    for d in dirs:
+        missing = [p for p in [d, *d.parents] if not p.exists()]
+        d.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0 and uid.isdigit() and int(uid) != 0:
+            for p in missing:
+                os.chown(p, int(uid), int(gid or uid))
+
+
 def build_in_container(
     engine: Engine,
     req: BuildRequest,
@@ -126,8 +138,10 @@ def build_in_container(
             "engine": "docker",
         },
     )
-    for d in (host_out, host_cache / "home", host_cache / "ccache", host_cache / "pip", host_out / ".torchbuild"):
-        d.mkdir(parents=True, exist_ok=True)
+    user = user or caller_user()
+    _make_dirs_for(
+        user, host_out, host_cache / "home", host_cache / "ccache", host_cache / "pip", host_out / ".torchbuild"
+    )
     request_file = host_out / ".torchbuild" / f"request-{req.run_id}.json"
     request_file.write_text(req.to_json())
     env = {
@@ -148,7 +162,7 @@ def build_in_container(
                     str(host_cache): CONTAINER_CACHE,
                     str(host_out): CONTAINER_OUT,
                 },
-                user=user or caller_user(),
+                user=user,
                 environment=env,
                 workdir=CONTAINER_SRC,
                 platform=spec.arch.docker_platform,

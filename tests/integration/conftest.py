@@ -7,9 +7,11 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers import run_invoke, set_args
 
 from torchbuild.arch import Arch
 from torchbuild.baseimage import make_base_image
+from torchbuild.config import resolve
 from torchbuild.engine import Engine
 from torchbuild.errors import EngineUnavailable
 
@@ -45,10 +47,21 @@ def local_base(engine: Engine, test_cache: Path) -> str:
 
 
 @pytest.fixture(scope="session")
-def site_overrides(local_base: str) -> list[str]:
-    """--set options that point the cpu profile at the local base (and this host's local CAs)."""
-    sets = [f"base_image={local_base}", f"python_version={SUITE_PYTHON[SUITE]}"]
+def site_certs() -> list[str]:
+    """This host's locally added CAs: a TLS-inspecting proxy between us and PyPI needs them."""
     certs = sorted(glob.glob("/usr/local/share/ca-certificates/*.crt"))
-    if certs:  # a TLS-inspecting proxy between us and PyPI needs its CA inside the image
-        sets.append("ca_certificates=" + ",".join(certs))
-    return sets
+    return ["ca_certificates=" + ",".join(certs)] if certs else []
+
+
+@pytest.fixture(scope="session")
+def site_overrides(local_base: str, site_certs: list[str]) -> list[str]:
+    """--set options that point the cpu profile at the local base (and this host's local CAs)."""
+    return [f"base_image={local_base}", f"python_version={SUITE_PYTHON[SUITE]}", *site_certs]
+
+
+@pytest.fixture(scope="session")
+def cpu_image(engine, site_overrides):
+    """The cpu profile image, built through the CLI a user types; returns (spec, first run output)."""
+    res = run_invoke("image", "--profile", "cpu", "--arch", "x86_64", *set_args(site_overrides))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+    return resolve("cpu", site_overrides, arch="x86_64"), res.stdout

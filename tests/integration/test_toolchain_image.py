@@ -10,18 +10,8 @@ from helpers import run_invoke, set_args
 
 from torchbuild import __version__
 from torchbuild.arch import Arch
-from torchbuild.config import resolve
 
 pytestmark = pytest.mark.docker
-
-
-@pytest.fixture(scope="module")
-def cpu_image(engine, site_overrides):
-    """Build the cpu profile image through the CLI a user types; return (spec, first run output)."""
-    res = run_invoke("image", "--profile", "cpu", "--arch", "x86_64", *set_args(site_overrides))
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
-    spec = resolve("cpu", site_overrides, arch="x86_64")
-    return spec, res.stdout
 
 
 def run_in(engine, tag: str, *cmd: str) -> str:

@@ -85,3 +85,20 @@ def test_readme_documents_every_key_task_and_profile():
         assert f"`{profile}`" in readme, f"README lacks profile {profile}"
     for cls in errors.TorchbuildError.__subclasses__():
         assert f"| `{cls.__name__}` | {cls.exit_code} |" in readme, f"README lacks {cls.__name__}"
+
+
+def test_patch_conflict_from_the_command_line_leaves_the_tree_as_it_was(tmp_path):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "setup.py").write_text("print('hello')\n")
+    series = tmp_path / "series"
+    series.mkdir()
+    (series / "01-bad.patch").write_text(
+        "Does not match.\n\ndiff --git a/setup.py b/setup.py\n--- a/setup.py\n+++ b/setup.py\n"
+        "@@ -1 +1 @@\n-print('goodbye')\n+print('bye')\n"
+    )
+    before = {p.name: p.read_bytes() for p in tree.iterdir()}
+    res = run_invoke("source", "--source", str(tree), "--set", f"patches={series}")
+    assert res.returncode == 9, res.stdout + res.stderr
+    assert "PatchConflict" in res.stderr and "01-bad.patch" in res.stderr and "setup.py:1" in res.stderr
+    assert {p.name: p.read_bytes() for p in tree.iterdir()} == before
