@@ -82,3 +82,16 @@ def test_missing_base_image_fails_named_and_leaves_no_container(engine, site_ove
     assert "ImageBuildFailed" in res.stderr and "no-such-suite" in res.stderr
     assert "invoke base-image" in res.stderr
     assert {c.id for c in engine.client.containers.list(all=True)} == before
+
+
+def test_doctor_sees_the_engine_and_judges_each_task(engine):
+    res = run_invoke("doctor")
+    assert res.returncode == 0, res.stderr
+    assert "ok  docker engine" in res.stdout and engine.version()["Version"] in res.stdout
+    verdicts = {
+        task: ln.strip().startswith("ready")
+        for ln in res.stdout.splitlines()
+        for task in ("image --arch x86_64", "base-image", "sif", "config")
+        if task in ln and ln.strip().startswith(("ready", "NOT READY"))
+    }
+    assert verdicts == {"image --arch x86_64": True, "base-image": True, "sif": True, "config": True}
