@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -25,7 +26,7 @@ from typing import Any, TextIO
 from . import __version__
 from .config import BuildSpec, spec_from_dict
 from .environment import build_env, compilers, format_env
-from .errors import BuildFailed
+from .errors import BuildFailed, ToolMissing
 from .jobs import HostResources, plan_jobs
 
 PARTIAL_PREFIX = ".partial-"
@@ -311,8 +312,27 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
         tee.close()
 
 
+def check_wheel_tools(source: str) -> None:
+    """--no-build-isolation builds with this Python's packages: say what is missing up front."""
+    if not (Path(source) / "setup.py").is_file():
+        return
+    missing = []
+    if importlib.util.find_spec("setuptools") is None:
+        missing.append("setuptools")
+    elif (
+        importlib.util.find_spec("setuptools.command.bdist_wheel") is None and importlib.util.find_spec("wheel") is None
+    ):
+        missing.append("wheel")  # setuptools < 70.1 needs the wheel package for bdist_wheel
+    if missing:
+        raise ToolMissing(
+            f"{sys.executable} lacks {', '.join(missing)}, which a setup.py build needs",
+            hint=f"{sys.executable} -m pip install {' '.join(missing)} (with the rest of PyTorch's requirements.txt)",
+        )
+
+
 def _build_wheel(req: BuildRequest, env: Mapping[str, str], tee: Tee) -> Path:
     """pip wheel --no-build-isolation into a partial directory, then rename into out_dir."""
+    check_wheel_tools(req.source)
     out_dir = Path(req.out_dir)
     partial = Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{req.run_id}-", dir=out_dir))
     try:

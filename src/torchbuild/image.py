@@ -210,9 +210,14 @@ def build_image(
 def require_image(spec: BuildSpec, engine: Engine) -> dict[str, object]:
     """The inspect data of spec's toolchain image, or ImageNotFound with the command to build it."""
     attrs = engine.image_attrs(spec.image_tag)
+    hint = f"build it with `invoke image --profile {spec.profile} --arch {spec.arch}`"
     if attrs is None:
+        raise ImageNotFound(f"toolchain image {spec.image_tag} does not exist", hint=hint)
+    labels = (attrs.get("Config") or {}).get("Labels") or {}
+    built_with = labels.get(f"{LABEL_PREFIX}.version")
+    if built_with != __version__:  # the build request format belongs to one torchbuild version
         raise ImageNotFound(
-            f"toolchain image {spec.image_tag} does not exist",
-            hint=f"build it with `invoke image --profile {spec.profile} --arch {spec.arch}`",
+            f"toolchain image {spec.image_tag} carries torchbuild {built_with}, this is {__version__}",
+            hint=hint.replace("build it", "rebuild it"),
         )
     return attrs

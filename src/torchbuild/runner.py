@@ -74,17 +74,20 @@ def provenance(info: SourceInfo, series: Series, result: ApplyResult) -> dict[st
 
 
 @contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a batch system ending the job) unwinds like Ctrl-C, so cleanup runs."""
+def interrupts_unwind() -> Iterator[None]:
+    """SIGINT and SIGTERM (Ctrl-C, a batch system ending the job) unwind as KeyboardInterrupt,
+    so cleanup runs. SIGINT is set explicitly: a process started in the background by a
+    non-interactive shell inherits SIGINT ignored, and Python then never raises for it."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _remove_partials(out_dir: Path, run_id: str) -> None:
@@ -153,7 +156,7 @@ def build_in_container(
         "PYTHONUNBUFFERED": "1",
     }
     try:
-        with sigterm_as_interrupt():
+        with interrupts_unwind():
             rc = engine.run(
                 spec.image_tag,
                 ["torchbuild", "build-inside", f"{CONTAINER_OUT}/.torchbuild/{request_file.name}"],
@@ -205,7 +208,7 @@ def build_native(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
     """The same build on this machine (a login node with modules loaded)."""
     Path(req.out_dir).mkdir(parents=True, exist_ok=True)
     try:
-        with sigterm_as_interrupt():
+        with interrupts_unwind():
             return run_build(dataclasses.replace(req, provenance={**req.provenance, "engine": "native"}), out=out)
     except KeyboardInterrupt:
         _remove_partials(Path(req.out_dir), req.run_id)

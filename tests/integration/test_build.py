@@ -135,6 +135,9 @@ def test_sigint_removes_the_container_and_leaves_no_wheel(engine, cpu_image, sit
     finally:
         if proc.poll() is None:
             proc.kill()
+            for c in run_containers(engine):
+                if c.id not in before:
+                    c.remove(force=True)
     assert proc.returncode == 130, stdout[-2000:] + stderr
     assert "BuildInterrupted" in stderr
     assert {c.id for c in run_containers(engine)} == before

@@ -1,0 +1,64 @@
+"""invoke build without --in-container: the same build code on this machine (a login node).
+
+Needs a host compiler, cmake, ninja and ccache (.ci/run installs them)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers import FIXTURES, run_invoke, set_args
+
+pytestmark = pytest.mark.skipif(
+    not all(shutil.which(t) for t in ("g++", "cmake", "ninja", "ccache")),
+    reason="native builds need g++, cmake, ninja and ccache on PATH",
+)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    t = tmp_path / "minitorch"
+    shutil.copytree(FIXTURES / "minitorch", t, ignore=shutil.ignore_patterns("build", "*.so", "_version.py"))
+    return t
+
+
+def test_native_wheel_and_preflight_with_a_canary(tree, tmp_path):
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    sets = set_args([f"cache_dir={cache}", "patches=none", "local_version=native"])
+    res = run_invoke("build", "--source", str(tree), "--out", str(out), *sets)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+    assert "PYTORCH_BUILD_VERSION=2.6.0+native" in res.stdout
+    (wheel,) = out.glob("minitorch-2.6.0+native-*.whl")
+    manifest = json.loads((out / f"{wheel.name}.manifest.json").read_text())
+    assert manifest["engine"] == "native" and "image" not in manifest
+    assert manifest["environment"]["CCACHE_DIR"] == f"{cache}/ccache"
+
+    pre = run_invoke(
+        "build", "--preflight", "--clean", "--canary", "csrc/ops.cpp", "--source", str(tree), "--out", str(out), *sets
+    )
+    assert pre.returncode == 0, pre.stdout[-3000:] + pre.stderr
+    line = next(ln for ln in pre.stdout.splitlines() if ln.startswith("manifest: "))
+    data = json.loads(Path(line.split(": ", 1)[1]).read_text())
+    (canary,) = data["preflight"]["canaries"]
+    assert canary["file"] == "csrc/ops.cpp" and canary["seconds"] > 0 and canary["peak_rss_bytes"] > 1 << 20
+    assert data["preflight"]["targets"] == ["c10"]
+    # c10 was compiled by the wheel build before: --clean removed build/, ccache had it
+    assert data["ccache"]["hits"] >= 1
+    assert "canary csrc/ops.cpp:" in pre.stdout
+
+
+def test_unknown_canary_is_named(tree, tmp_path):
+    res = run_invoke(
+        "build",
+        "--preflight",
+        "--canary",
+        "csrc/nope.cpp",
+        "--source",
+        str(tree),
+        "--out",
+        str(tmp_path / "o"),
+        *set_args([f"cache_dir={tmp_path / 'c'}", "patches=none"]),
+    )
+    assert res.returncode == 10 and "canary csrc/nope.cpp" in res.stderr
