@@ -8,6 +8,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# Suite of the local base images the integration tests build on (no registry here).
+SUITE = os.environ.get("TORCHBUILD_TEST_SUITE", "trixie")
+SUITE_PYTHON = {"bookworm": "3.11", "trixie": "3.13"}[SUITE]
 FIXTURES = REPO / "tests" / "fixtures"
 
 

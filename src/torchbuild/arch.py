@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import platform
+from pathlib import Path
 
 from .errors import ProfileError
 
@@ -48,3 +49,14 @@ class Arch(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+def binfmt_ready(arch: Arch, binfmt_dir: Path = Path("/proc/sys/fs/binfmt_misc")) -> bool:
+    """True when foreign binaries of arch run here (native, or a qemu-user binfmt entry enabled)."""
+    if arch is Arch.host():
+        return True
+    entry = binfmt_dir / arch.qemu_binfmt
+    try:
+        return entry.read_text().splitlines()[0].strip() == "enabled"
+    except (OSError, IndexError):
+        return False

@@ -15,7 +15,7 @@ from typing import TextIO
 from .arch import Arch
 from .engine import Engine
 from .errors import BaseImageError, ToolMissing
-from .image import LABEL_PREFIX, check_platform
+from .image import LABEL_PREFIX, check_platform, require_emulation
 
 BASE_REPO = "torchbuild/base"
 DEFAULT_COMPONENTS = ("main", "contrib", "non-free")
@@ -31,28 +31,13 @@ def base_tag(suite: str, arch: Arch) -> str:
     return f"{BASE_REPO}:{suite}-{arch.value}"
 
 
-def binfmt_ready(arch: Arch, binfmt_dir: Path = Path("/proc/sys/fs/binfmt_misc")) -> bool:
-    """True when foreign binaries of arch run here (native, or a qemu-user binfmt entry enabled)."""
-    if arch is Arch.host():
-        return True
-    entry = binfmt_dir / arch.qemu_binfmt
-    try:
-        return entry.read_text().splitlines()[0].strip() == "enabled"
-    except (OSError, IndexError):
-        return False
-
-
 def _preflight(arch: Arch) -> str:
     debootstrap = shutil.which("debootstrap")
     if debootstrap is None:
         raise ToolMissing("debootstrap is not installed", hint="apt-get install debootstrap (as root)")
     if os.geteuid() != 0:
         raise BaseImageError("debootstrap must run as root", hint="rerun with sudo, or use a registry base image")
-    if not binfmt_ready(arch):
-        raise ToolMissing(
-            f"cannot run {arch} binaries on this {Arch.host()} host (no {arch.qemu_binfmt} binfmt entry)",
-            hint="apt-get install qemu-user-static binfmt-support && update-binfmts --enable",
-        )
+    require_emulation(arch)
     return debootstrap
 
 

@@ -194,7 +194,8 @@ def configure(source: str, env: Mapping[str, str], tee: Tee) -> float:
 
 
 def object_target(source: str, file: str, env: Mapping[str, str]) -> str:
-    """The ninja target that compiles one source file (e.g. .../int4mm_kernel.cpp.o)."""
+    """The ninja target that compiles one source file: .../Foo.cpp.o, or for ATen's per-CPU-
+    capability kernels (native/cpu/*.cpp) the DEFAULT variant .../Foo.cpp.DEFAULT.cpp.o."""
     proc = subprocess.run(
         ["ninja", "-C", str(build_dir(source)), "-t", "targets", "all"],
         capture_output=True,
@@ -202,17 +203,17 @@ def object_target(source: str, file: str, env: Mapping[str, str]) -> str:
         env=dict(env),
         check=False,
     )
-    wanted = Path(file).name + ".o"
-    for line in proc.stdout.splitlines():
-        target = line.split(":", 1)[0]
-        if target.endswith("/" + wanted) and Path(file).parent.as_posix() in target:
-            return target
-    for line in proc.stdout.splitlines():
-        target = line.split(":", 1)[0]
-        if target.endswith("/" + wanted):
-            return target
+    targets = [line.split(":", 1)[0] for line in proc.stdout.splitlines()]
+    rel = Path(file).as_posix()
+    for suffix in (".o", ".DEFAULT.cpp.o"):
+        matches = [t for t in targets if t.endswith("/" + Path(rel).name + suffix)]
+        # prefer the target whose path carries the file's directory (two files may share a name)
+        best = [t for t in matches if Path(rel).parent.as_posix() in t] or matches
+        if best:
+            return best[0]
     raise BuildFailed(
-        f"canary {file}: no object target for it in {build_dir(source)}/build.ninja", hint="check the path in canaries"
+        f"canary {file}: no object target for it in {build_dir(source)}/build.ninja",
+        hint="give the path relative to the source tree, of a file this configuration compiles",
     )
 
 

@@ -158,6 +158,11 @@ class BuildSpec:
     def image_tag(self) -> str:
         return f"{self.image_name}:{self.profile}-{self.torch_version}-{self.arch.value}"
 
+    @property
+    def manifest_tag(self) -> str:
+        """The multi-arch manifest list that --push publishes over the per-arch tags."""
+        return f"{self.image_name}:{self.profile}-{self.torch_version}"
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data in defaults.yaml key order (plus profile), for printing and hashing."""
         out: dict[str, Any] = {"profile": self.profile}

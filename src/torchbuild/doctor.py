@@ -8,8 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .arch import Arch
-from .baseimage import binfmt_ready
+from .arch import Arch, binfmt_ready
 from .engine import Engine, engine_address
 from .errors import EngineUnavailable
 from .jobs import GiB, HostResources

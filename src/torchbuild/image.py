@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import TextIO
 
 from . import __version__
-from .arch import Arch
+from .arch import Arch, binfmt_ready
 from .config import BuildSpec, data_dir
 from .engine import Engine
 from .environment import compilers
-from .errors import ImageBuildFailed, ImageNotFound
+from .errors import ImageBuildFailed, ImageNotFound, ToolMissing
 
 LABEL_PREFIX = "org.torchbuild"
 DOCKERFILE = "toolchain.Dockerfile"
@@ -153,6 +153,15 @@ def inputs_hash(spec: BuildSpec, context: Path, args: dict[str, str], base_id: s
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def require_emulation(arch: Arch) -> None:
+    """A foreign-arch image builds only where the host can run its binaries (qemu-user binfmt)."""
+    if not binfmt_ready(arch):
+        raise ToolMissing(
+            f"cannot build a {arch} image on this {Arch.host()} host: no {arch.qemu_binfmt} binfmt entry",
+            hint="apt-get install qemu-user-static binfmt-support && update-binfmts --enable (see `invoke doctor`)",
+        )
+
+
 def check_platform(engine: Engine, ref: str, arch: Arch) -> None:
     attrs = engine.image_attrs(ref)
     got = attrs.get("Architecture") if attrs else None
@@ -176,6 +185,7 @@ def build_image(
     """Build (or find current) the toolchain image for spec; a rerun with nothing changed is a hit."""
     start = time.monotonic()
     platform = spec.arch.docker_platform
+    require_emulation(spec.arch)
     if pull or engine.image_attrs(spec.base_image) is None:
         engine.pull(spec.base_image, platform, out=out)
     check_platform(engine, spec.base_image, spec.arch)
@@ -221,3 +231,35 @@ def require_image(spec: BuildSpec, engine: Engine) -> dict[str, object]:
             hint=hint.replace("build it", "rebuild it"),
         )
     return attrs
+
+
+def manifest_commands(specs: list[BuildSpec]) -> list[list[str]]:
+    """docker CLI calls that publish one manifest list over the pushed per-arch images."""
+    tags = [s.image_tag for s in specs]
+    target = specs[0].manifest_tag
+    cmds = [["docker", "manifest", "create", "--amend", target, *tags]]
+    for s in specs:
+        cmds.append(
+            ["docker", "manifest", "annotate", "--os", "linux", "--arch", s.arch.docker_arch, target, s.image_tag]
+        )
+    cmds.append(["docker", "manifest", "push", "--purge", target])
+    return cmds
+
+
+def push_images(engine: Engine, specs: list[BuildSpec], out: TextIO = sys.stdout) -> str:
+    """Push each per-arch image, then a manifest list naming them all; returns the list's tag."""
+    import subprocess
+
+    hint = "set image_name to a registry path (registry.example.org/group/toolchain) and `docker login` to it"
+    for s in specs:
+        repo, _, tag = s.image_tag.rpartition(":")
+        print(f"pushing {s.image_tag}", file=out, flush=True)
+        for chunk in engine.client.api.push(repo, tag=tag, stream=True, decode=True):
+            if isinstance(chunk, dict) and "error" in chunk:
+                raise ImageBuildFailed(f"pushing {s.image_tag} failed: {chunk['error']}", hint=hint)
+    for cmd in manifest_commands(specs):
+        print(f"$ {' '.join(cmd)}", file=out, flush=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise ImageBuildFailed(f"{' '.join(cmd[:3])} failed: {proc.stderr.strip()[-300:]}", hint=hint)
+    return specs[0].manifest_tag

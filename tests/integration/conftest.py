@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 from pathlib import Path
 
 import pytest
-from helpers import run_invoke, set_args
+from helpers import FIXTURES, SUITE, SUITE_PYTHON, run_invoke, set_args
 
 from torchbuild.arch import Arch
 from torchbuild.baseimage import make_base_image
 from torchbuild.config import resolve
 from torchbuild.engine import Engine
 from torchbuild.errors import EngineUnavailable
-
-# Suite of the local base image the tests build on (no registry here: shared/TESTBED.md).
-SUITE = os.environ.get("TORCHBUILD_TEST_SUITE", "trixie")
-SUITE_PYTHON = {"bookworm": "3.11", "trixie": "3.13"}
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +53,7 @@ def site_certs() -> list[str]:
 @pytest.fixture(scope="session")
 def site_overrides(local_base: str, site_certs: list[str]) -> list[str]:
     """--set options that point the cpu profile at the local base (and this host's local CAs)."""
-    return [f"base_image={local_base}", f"python_version={SUITE_PYTHON[SUITE]}", *site_certs]
+    return [f"base_image={local_base}", f"python_version={SUITE_PYTHON}", *site_certs]
 
 
 @pytest.fixture(scope="session")
@@ -65,3 +62,12 @@ def cpu_image(engine, site_overrides):
     res = run_invoke("image", "--profile", "cpu", "--arch", "x86_64", *set_args(site_overrides))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
     return resolve("cpu", site_overrides, arch="x86_64"), res.stdout
+
+
+@pytest.fixture(scope="session")
+def debian_dsc(engine, local_base, test_cache):
+    """Debian trixie's pytorch 2.6.0+dfsg .dsc (downloaded once per test cache)."""
+    sys.path.insert(0, str(FIXTURES))
+    from debian_source import fetch_debian_pytorch
+
+    return fetch_debian_pytorch(engine, local_base, test_cache / "debian-src")

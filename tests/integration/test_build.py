@@ -150,14 +150,6 @@ def test_missing_image_is_named(engine, site_overrides, workspace):
     assert res.returncode == 7 and "ImageNotFound" in res.stderr and "invoke image" in res.stderr
 
 
-@pytest.fixture(scope="session")
-def debian_dsc(engine, local_base, test_cache):
-    sys.path.insert(0, str(FIXTURES))
-    from debian_source import fetch_debian_pytorch
-
-    return fetch_debian_pytorch(engine, local_base, test_cache / "debian-src")
-
-
 @pytest.mark.slow
 def test_real_pytorch_preflight_and_ccache_reuse(engine, local_base, site_certs, debian_dsc, tmp_path):
     """Debian's de-vendored PyTorch 2.6: configure + c10 in a tool-built image, twice."""

@@ -5,7 +5,7 @@ import pytest
 from torchbuild.arch import Arch
 from torchbuild.config import resolve
 from torchbuild.errors import ImageBuildFailed
-from torchbuild.image import apt_packages, build_args, inputs_hash, labels, make_context, tree_digest
+from torchbuild.image import apt_packages, build_args, inputs_hash, labels, make_context, manifest_commands, tree_digest
 
 
 def test_apt_packages_follow_the_profile():
@@ -75,3 +75,19 @@ def test_labels_record_profile_hash_and_versions():
     assert lab["org.torchbuild.profile-hash"] == spec.hash
     assert lab["org.torchbuild.base-image"] == "ubuntu:24.04"
     assert lab["org.torchbuild.arch"] == Arch.X86_64.value
+
+
+def test_push_publishes_a_manifest_list_over_both_arches():
+    specs = [resolve("gh200", ["image_name=registry.example.org/hpc/toolchain"], arch=a) for a in ("x86_64", "aarch64")]
+    cmds = manifest_commands(specs)
+    target = "registry.example.org/hpc/toolchain:gh200-2.6.0"
+    assert cmds[0] == [
+        "docker",
+        "manifest",
+        "create",
+        "--amend",
+        target,
+        "registry.example.org/hpc/toolchain:gh200-2.6.0-x86_64",
+        "registry.example.org/hpc/toolchain:gh200-2.6.0-aarch64",
+    ]
+    assert cmds[2][5:7] == ["--arch", "arm64"] and cmds[-1] == ["docker", "manifest", "push", "--purge", target]

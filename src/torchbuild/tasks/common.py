@@ -17,7 +17,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 HELP = {
     "profile": f"profile name (configs/profiles) or path to a .yaml file; default {DEFAULT_PROFILE}",
     "set_": "override a profile key: --set key=value (repeatable; maps: --set switches.USE_MPI=1)",
-    "arch": "target architecture: x86_64 or aarch64 (default: the profile's, else this host's)",
+    "arch": "target architecture: x86_64 or aarch64 (default: the profile's, else this host's); image takes all",
 }
 
 

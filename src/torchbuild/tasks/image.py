@@ -9,7 +9,7 @@ from ..arch import Arch
 from ..baseimage import DEFAULT_COMPONENTS, make_base_image
 from ..config import DEFAULT_PROFILE
 from ..engine import Engine
-from ..image import build_image
+from ..image import build_image, push_images
 from .common import HELP, cache_root, handles_errors, spec_from
 
 
@@ -19,6 +19,7 @@ from .common import HELP, cache_root, handles_errors, spec_from
         "rebuild": "rebuild from scratch (no layer cache), even when the image is current",
         "pull": "pull the base image again before building",
         "apt_option": "extra apt-get option inside the build (repeatable), e.g. -o Acquire::Check-Valid-Until=false",
+        "push": "push the images and a multi-arch manifest list <image_name>:<profile>-<torch_version>",
     },
     iterable=["set_", "apt_option"],
 )
@@ -31,22 +32,27 @@ def image(
     rebuild: bool = False,
     pull: bool = False,
     apt_option: list[str] | None = None,
+    push: bool = False,
 ) -> None:
-    """Build the Docker toolchain image for a profile (a cache hit when nothing changed)."""
-    spec = spec_from(profile, set_, arch)
+    """Build the Docker toolchain image for a profile and arch (--arch all: both); a cache hit when nothing changed."""
+    arches = [a.value for a in Arch] if arch == "all" else [arch]
+    specs = [spec_from(profile, set_, a) for a in arches]
     engine = Engine.connect()
-    result = build_image(
-        spec,
-        engine,
-        logs_dir=cache_root(spec) / "logs",
-        rebuild=rebuild,
-        pull=pull,
-        apt_options=apt_option or [],
-    )
-    state = "up to date (cache hit)" if result.cached else "built"
-    print(f"{result.tag} {state}: {result.image_id[:19]} in {result.seconds:.1f} s")
-    if result.log:
-        print(f"build log: {result.log}")
+    for spec in specs:
+        result = build_image(
+            spec,
+            engine,
+            logs_dir=cache_root(spec) / "logs",
+            rebuild=rebuild,
+            pull=pull,
+            apt_options=apt_option or [],
+        )
+        state = "up to date (cache hit)" if result.cached else "built"
+        print(f"{result.tag} {state}: {result.image_id[:19]} in {result.seconds:.1f} s")
+        if result.log:
+            print(f"build log: {result.log}")
+    if push:
+        print(f"pushed {push_images(engine, specs)} ({', '.join(s.arch.value for s in specs)})")
 
 
 @task(
