@@ -41,3 +41,10 @@ def integration(session: nox.Session) -> None:
     real PyTorch preflight) and native builds on this host."""
     session.install("-e", ".[test]")
     session.run("pytest", "tests/integration", *session.posargs)
+
+
+@nox.session(tags=["slow"], default=False)
+def slow(session: nox.Session) -> None:
+    """Tens of minutes: the aarch64 canary (int4mm_kernel.cpp of real PyTorch 2.6, gh200 flags) under qemu."""
+    session.install("-e", ".[test]")
+    session.run("pytest", "tests/slow", "-s", *session.posargs)
