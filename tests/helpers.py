@@ -31,3 +31,11 @@ def run_invoke(*args: str, env: dict[str, str] | None = None, timeout: int = 180
 def set_args(overrides: list[str]) -> list[str]:
     """["k=v", ...] -> ["--set", "k=v", ...]"""
     return [arg for item in overrides for arg in ("--set", item)]
+
+
+def manifest_of(stdout: str) -> dict:
+    """The manifest named by the `manifest: PATH` line `invoke build` prints at the end."""
+    import json
+
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("manifest: "))
+    return json.loads(Path(line.split(": ", 1)[1]).read_text())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import hashlib
 import importlib.util
 import json
 import os
@@ -28,6 +27,7 @@ from .config import BuildSpec, spec_from_dict
 from .environment import build_env, compilers, format_env
 from .errors import BuildFailed, ToolMissing
 from .jobs import HostResources, plan_jobs
+from .source import sha256_file
 
 PARTIAL_PREFIX = ".partial-"
 
@@ -235,14 +235,6 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
     """Build a wheel (or run a preflight) as the request says; write manifest and log to out_dir."""
     spec = req.spec
@@ -398,7 +390,7 @@ def _write_manifest(
         "log": log.name,
     }
     if wheel is not None:
-        data["wheel"] = {"name": wheel.name, "sha256": sha256_of(wheel), "size": wheel.stat().st_size}
+        data["wheel"] = {"name": wheel.name, "sha256": sha256_file(wheel), "size": wheel.stat().st_size}
         path = Path(req.out_dir) / f"{wheel.name}.manifest.json"
     else:
         data["preflight"] = {
@@ -424,8 +416,8 @@ def _summary(
 ) -> None:
     rows: list[tuple[str, str, str]] = []
     if wheel is not None:
-        rows.append((wheel.name, f"{wheel.stat().st_size / 1e6:.1f} MB", sha256_of(wheel)[:16]))
-    rows.append((manifest.name, f"{manifest.stat().st_size / 1e3:.1f} kB", sha256_of(manifest)[:16]))
+        rows.append((wheel.name, f"{wheel.stat().st_size / 1e6:.1f} MB", sha256_file(wheel)[:16]))
+    rows.append((manifest.name, f"{manifest.stat().st_size / 1e3:.1f} kB", sha256_file(manifest)[:16]))
     width = max(len(r[0]) for r in rows)
     tee.line("")
     tee.line(f"{'artifact':<{width}}  {'size':>10}  sha256")

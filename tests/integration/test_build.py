@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, REPO, run_invoke, set_args
+from helpers import FIXTURES, REPO, manifest_of, run_invoke, set_args
 
-from torchbuild.build import sha256_of
+from torchbuild.source import sha256_file
 
 pytestmark = pytest.mark.docker
 
@@ -83,7 +83,7 @@ def test_fixture_wheel_end_to_end(engine, cpu_image, site_overrides, workspace):
     ]
     wheel = wheels[0]
     manifest = json.loads((out / f"{wheel.name}.manifest.json").read_text())
-    assert manifest["wheel"] == {"name": wheel.name, "sha256": sha256_of(wheel), "size": wheel.stat().st_size}
+    assert manifest["wheel"] == {"name": wheel.name, "sha256": sha256_file(wheel), "size": wheel.stat().st_size}
     assert manifest["source"]["kind"] == "dir" and manifest["source"]["path"] == str(tree)
     assert manifest["image"]["tag"] == spec.image_tag
     assert manifest["image"]["id"] == engine.image_attrs(spec.image_tag)["Id"]
@@ -173,7 +173,7 @@ def test_real_pytorch_preflight_and_ccache_reuse(engine, local_base, site_certs,
     first = run_invoke(*common, *sets)
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr
     assert "USE_SYSTEM_LIBS=ON" in first.stdout
-    m1 = _preflight_manifest(out, first.stdout)
+    m1 = manifest_of(first.stdout)
     assert m1["preflight"]["targets"] == ["c10"]
     tree = Path(m1["source"]["path"])
     assert list((tree / "build" / "lib").glob("libc10.so*"))
@@ -184,13 +184,8 @@ def test_real_pytorch_preflight_and_ccache_reuse(engine, local_base, site_certs,
 
     second = run_invoke(*common, "--clean", *sets)
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr
-    m2 = _preflight_manifest(out, second.stdout)
+    m2 = manifest_of(second.stdout)
     assert m2["patches"]["already_applied"] == ["01-cuda-aware-mpi-fallback.patch"]
     assert m2["patches"]["applied_now"] == []
     assert m2["ccache"]["hit_rate"] >= 0.90, m2["ccache"]
     assert "ccache: " in second.stdout and "hit rate" in second.stdout
-
-
-def _preflight_manifest(out: Path, stdout: str) -> dict:
-    line = next(ln for ln in stdout.splitlines() if ln.startswith("manifest: "))
-    return json.loads(Path(line.split(": ", 1)[1]).read_text())

@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, run_invoke, set_args
+from helpers import FIXTURES, manifest_of, run_invoke, set_args
 
 from torchbuild.config import resolve
 
@@ -66,8 +65,7 @@ def test_real_pytorch_cuda_preflight(engine, local_base, site_certs, debian_dsc,
     assert pre.returncode == 0, pre.stdout[-5000:] + pre.stderr
     assert "USE_CUDA=1" in pre.stdout and "TORCH_CUDA_ARCH_LIST=9.0" in pre.stdout
     assert "-- CUDA detected: 12.4" in pre.stdout or "CUDA 12.4" in pre.stdout
-    line = next(ln for ln in pre.stdout.splitlines() if ln.startswith("manifest: "))
-    data = json.loads(Path(line.split(": ", 1)[1]).read_text())
+    data = manifest_of(pre.stdout)
     assert data["preflight"]["targets"] == ["c10", "c10_cuda"]
     assert "release 12.4" in data["toolchain"]["nvcc"]
     (canary,) = data["preflight"]["canaries"]

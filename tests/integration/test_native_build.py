@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, run_invoke, set_args
+from helpers import FIXTURES, manifest_of, run_invoke, set_args
 
 pytestmark = pytest.mark.skipif(
     not all(shutil.which(t) for t in ("g++", "cmake", "ninja", "ccache")),
@@ -39,8 +38,7 @@ def test_native_wheel_and_preflight_with_a_canary(tree, tmp_path):
         "build", "--preflight", "--clean", "--canary", "csrc/ops.cpp", "--source", str(tree), "--out", str(out), *sets
     )
     assert pre.returncode == 0, pre.stdout[-3000:] + pre.stderr
-    line = next(ln for ln in pre.stdout.splitlines() if ln.startswith("manifest: "))
-    data = json.loads(Path(line.split(": ", 1)[1]).read_text())
+    data = manifest_of(pre.stdout)
     (canary,) = data["preflight"]["canaries"]
     assert canary["file"] == "csrc/ops.cpp" and canary["seconds"] > 0 and canary["peak_rss_bytes"] > 1 << 20
     assert data["preflight"]["targets"] == ["c10"]

@@ -3,12 +3,11 @@ arm64 image under qemu-user emulation. Takes tens of minutes on 2 cores: `nox -s
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, SUITE, run_invoke, set_args
+from helpers import FIXTURES, SUITE, manifest_of, run_invoke, set_args
 
 from torchbuild.arch import Arch
 from torchbuild.baseimage import make_base_image
@@ -53,8 +52,7 @@ def test_int4mm_canary_compiles_for_aarch64_with_gh200_flags(tmp_path_factory):
     )
     assert pre.returncode == 0, pre.stdout[-5000:] + pre.stderr
     assert "-flax-vector-conversions" in pre.stdout
-    line = next(ln for ln in pre.stdout.splitlines() if ln.startswith("manifest: "))
-    data = json.loads(Path(line.split(": ", 1)[1]).read_text())
+    data = manifest_of(pre.stdout)
     (canary,) = data["preflight"]["canaries"]
     assert canary["file"] == "aten/src/ATen/native/cpu/int4mm_kernel.cpp" and canary["seconds"] > 0
     assert data["resolved_profile"]["arch"] == "aarch64"
