@@ -64,7 +64,7 @@ def test_real_pytorch_cuda_preflight(engine, local_base, site_certs, debian_dsc,
     )
     assert pre.returncode == 0, pre.stdout[-5000:] + pre.stderr
     assert "USE_CUDA=1" in pre.stdout and "TORCH_CUDA_ARCH_LIST=9.0" in pre.stdout
-    assert "-- CUDA detected: 12.4" in pre.stdout or "CUDA 12.4" in pre.stdout
+    assert "PyTorch: CUDA detected: 12.4" in pre.stdout
     data = manifest_of(pre.stdout)
     assert data["preflight"]["targets"] == ["c10", "c10_cuda"]
     assert "release 12.4" in data["toolchain"]["nvcc"]
