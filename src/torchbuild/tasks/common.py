@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 from invoke.exceptions import Exit
@@ -38,7 +37,3 @@ def handles_errors(fn: F) -> F:
 
 def spec_from(profile: str, set_: list[str] | None, arch: str | None) -> BuildSpec:
     return resolve(profile or DEFAULT_PROFILE, set_ or [], arch=arch or None)
-
-
-def cache_root(spec: BuildSpec) -> Path:
-    return Path(spec.cache_dir).expanduser()

@@ -10,7 +10,8 @@ from ..baseimage import DEFAULT_COMPONENTS, make_base_image
 from ..config import DEFAULT_PROFILE
 from ..engine import Engine
 from ..image import build_image, push_images
-from .common import HELP, cache_root, handles_errors, spec_from
+from ..runner import cache_dir
+from .common import HELP, handles_errors, spec_from
 
 
 @task(
@@ -42,7 +43,7 @@ def image(
         result = build_image(
             spec,
             engine,
-            logs_dir=cache_root(spec) / "logs",
+            logs_dir=cache_dir(spec) / "logs",
             rebuild=rebuild,
             pull=pull,
             apt_options=apt_option or [],
