@@ -80,7 +80,7 @@ def run_checks(cache_dir: Path) -> tuple[list[Check], list[Verdict]]:
         Check(
             "apptainer/singularity",
             apptainer is not None,
-            apptainer or "not found (SIFs are built in a builder container)",
+            apptainer or "not found",
         )
     )
 
@@ -114,6 +114,12 @@ def run_checks(cache_dir: Path) -> tuple[list[Check], list[Verdict]]:
     compilers = _version_of(["g++", "--version"]) or _version_of(["clang++", "--version"])
     checks.append(Check("host compiler", compilers is not None, compilers or "none (only needed for native builds)"))
 
+    native_missing = [t for t in ("cmake", "ninja", "ccache") if shutil.which(t) is None]
+    if compilers is None:
+        native_missing.insert(0, "g++ or clang++")
+    native_missing = [t for t in ("cmake", "ninja", "ccache") if shutil.which(t) is None]
+    if compilers is None:
+        native_missing.insert(0, "g++ or clang++")
     verdicts = [
         Verdict("config", True, "always available"),
         Verdict(f"image --arch {host}", engine_ok, "engine reachable" if engine_ok else "needs a Docker engine"),
@@ -130,11 +136,14 @@ def run_checks(cache_dir: Path) -> tuple[list[Check], list[Verdict]]:
             else "needs engine, debootstrap and root",
         ),
         Verdict(
-            "sif",
-            apptainer is not None or engine_ok,
-            "apptainer on host"
-            if apptainer
-            else ("builder container" if engine_ok else "needs apptainer or an engine"),
+            "build --in-container",
+            engine_ok,
+            "engine reachable (the profile's image must be built)" if engine_ok else "needs a Docker engine",
+        ),
+        Verdict(
+            "build (native)",
+            not native_missing,
+            "compiler, cmake, ninja, ccache on PATH" if not native_missing else f"missing: {', '.join(native_missing)}",
         ),
     ]
     return checks, verdicts

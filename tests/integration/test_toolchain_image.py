@@ -91,7 +91,7 @@ def test_doctor_sees_the_engine_and_judges_each_task(engine):
     verdicts = {
         task: ln.strip().startswith("ready")
         for ln in res.stdout.splitlines()
-        for task in ("image --arch x86_64", "base-image", "sif", "config")
+        for task in ("image --arch x86_64", "base-image", "build --in-container", "config")
         if task in ln and ln.strip().startswith(("ready", "NOT READY"))
     }
-    assert verdicts == {"image --arch x86_64": True, "base-image": True, "sif": True, "config": True}
+    assert verdicts == {"image --arch x86_64": True, "base-image": True, "build --in-container": True, "config": True}
