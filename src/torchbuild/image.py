@@ -233,17 +233,39 @@ def require_image(spec: BuildSpec, engine: Engine) -> dict[str, object]:
     return attrs
 
 
-def manifest_commands(specs: list[BuildSpec]) -> list[list[str]]:
+def manifest_commands(specs: list[BuildSpec], insecure: bool = False) -> list[list[str]]:
     """docker CLI calls that publish one manifest list over the pushed per-arch images."""
     tags = [s.image_tag for s in specs]
     target = specs[0].manifest_tag
-    cmds = [["docker", "manifest", "create", "--amend", target, *tags]]
+    flag = ["--insecure"] if insecure else []
+    cmds = [["docker", "manifest", "create", *flag, "--amend", target, *tags]]
     for s in specs:
         cmds.append(
             ["docker", "manifest", "annotate", "--os", "linux", "--arch", s.arch.docker_arch, target, s.image_tag]
         )
-    cmds.append(["docker", "manifest", "push", "--purge", target])
+    cmds.append(["docker", "manifest", "push", *flag, "--purge", target])
     return cmds
+
+
+def registry_is_insecure(engine: Engine, image_name: str) -> bool:
+    """True when the engine talks plain HTTP to the image's registry (127.0.0.0/8 by default)."""
+    import ipaddress
+
+    host = image_name.split("/", 1)[0] if "/" in image_name else ""
+    if not host or ("." not in host and ":" not in host and host != "localhost"):
+        return False  # Docker Hub
+    config = engine.client.info().get("RegistryConfig") or {}
+    index = (config.get("IndexConfigs") or {}).get(host)
+    if index is not None:
+        return not index.get("Secure", True)
+    name = host.rsplit(":", 1)[0]
+    if name == "localhost":
+        return True
+    try:
+        addr = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return any(addr in ipaddress.ip_network(c) for c in config.get("InsecureRegistryCIDRs") or [])
 
 
 def push_images(engine: Engine, specs: list[BuildSpec], out: TextIO = sys.stdout) -> str:
@@ -257,7 +279,7 @@ def push_images(engine: Engine, specs: list[BuildSpec], out: TextIO = sys.stdout
         for chunk in engine.client.api.push(repo, tag=tag, stream=True, decode=True):
             if isinstance(chunk, dict) and "error" in chunk:
                 raise ImageBuildFailed(f"pushing {s.image_tag} failed: {chunk['error']}", hint=hint)
-    for cmd in manifest_commands(specs):
+    for cmd in manifest_commands(specs, insecure=registry_is_insecure(engine, specs[0].image_name)):
         print(f"$ {' '.join(cmd)}", file=out, flush=True)
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:

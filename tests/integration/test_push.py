@@ -1,0 +1,69 @@
+"""--push against a real registry (Debian's docker-registry on loopback): per-arch images and a
+multi-arch manifest list that names amd64 and arm64."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+from helpers import SUITE
+
+from torchbuild.arch import Arch
+from torchbuild.baseimage import base_tag
+from torchbuild.config import resolve
+from torchbuild.image import push_images
+
+pytestmark = [pytest.mark.docker, pytest.mark.emulation]
+
+
+@pytest.fixture
+def registry(tmp_path):
+    exe = shutil.which("docker-registry")
+    if exe is None:
+        pytest.fail("the push test needs Debian's docker-registry (apt-get install docker-registry)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = tmp_path / "registry.yml"
+    config.write_text(
+        f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'data'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n"
+    )
+    proc = subprocess.Popen([exe, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(50):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_push_publishes_a_multi_arch_manifest_list(engine, local_base, registry):
+    arm_base = base_tag(SUITE, Arch.AARCH64)
+    if engine.image_attrs(arm_base) is None:
+        pytest.fail(f"{arm_base} is made by test_aarch64.py, which runs first")
+    image_name = f"{registry}/tb/toolchain"
+    specs = [resolve("cpu", [f"image_name={image_name}"], arch=a.value) for a in Arch]
+    # stand-ins for the per-arch toolchain images: the local bases (small, right architecture)
+    for spec, source in zip(specs, (local_base, arm_base)):
+        repo, _, tag = spec.image_tag.rpartition(":")
+        engine.client.api.tag(source, repo, tag)
+    try:
+        target = push_images(engine, specs)
+    finally:
+        for spec in specs:
+            engine.client.api.remove_image(spec.image_tag)
+    assert target == f"{image_name}:cpu-2.6.0"
+    raw = subprocess.run(
+        ["docker", "manifest", "inspect", "--insecure", target], capture_output=True, text=True, check=True
+    ).stdout
+    platforms = {(m["platform"]["os"], m["platform"]["architecture"]) for m in json.loads(raw)["manifests"]}
+    assert platforms == {("linux", "amd64"), ("linux", "arm64")}
