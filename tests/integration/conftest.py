@@ -44,6 +44,15 @@ def local_base(engine: Engine, test_cache: Path) -> str:
 
 
 @pytest.fixture(scope="session")
+def arm64_base(engine: Engine, test_cache: Path) -> str:
+    """torchbuild/base:<suite>-aarch64, debootstrapped under qemu-user emulation if missing."""
+    tag, _ = make_base_image(
+        engine, suite=SUITE, arch=Arch.AARCH64, work_dir=test_cache / "rootfs", ignore_valid_until=True
+    )
+    return tag
+
+
+@pytest.fixture(scope="session")
 def site_certs() -> list[str]:
     """This host's locally added CAs: a TLS-inspecting proxy between us and PyPI needs them."""
     certs = sorted(glob.glob("/usr/local/share/ca-certificates/*.crt"))

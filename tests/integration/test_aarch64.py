@@ -5,22 +5,12 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import SUITE, SUITE_PYTHON, run_invoke, set_args
+from helpers import SUITE_PYTHON, run_invoke, set_args
 
 from torchbuild import __version__
-from torchbuild.arch import Arch
-from torchbuild.baseimage import make_base_image
 from torchbuild.config import resolve
 
 pytestmark = [pytest.mark.docker, pytest.mark.emulation]
-
-
-@pytest.fixture(scope="module")
-def arm64_base(engine, test_cache):
-    tag, _ = make_base_image(
-        engine, suite=SUITE, arch=Arch.AARCH64, work_dir=test_cache / "rootfs", ignore_valid_until=True
-    )
-    return tag
 
 
 def sh(engine, tag, *cmd):

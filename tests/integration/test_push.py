@@ -10,10 +10,8 @@ import subprocess
 import time
 
 import pytest
-from helpers import SUITE
 
 from torchbuild.arch import Arch
-from torchbuild.baseimage import base_tag
 from torchbuild.config import resolve
 from torchbuild.image import push_images
 
@@ -46,14 +44,11 @@ def registry(tmp_path):
         proc.wait(timeout=30)
 
 
-def test_push_publishes_a_multi_arch_manifest_list(engine, local_base, registry):
-    arm_base = base_tag(SUITE, Arch.AARCH64)
-    if engine.image_attrs(arm_base) is None:
-        pytest.fail(f"{arm_base} is made by test_aarch64.py, which runs first")
+def test_push_publishes_a_multi_arch_manifest_list(engine, local_base, arm64_base, registry):
     image_name = f"{registry}/tb/toolchain"
     specs = [resolve("cpu", [f"image_name={image_name}"], arch=a.value) for a in Arch]
     # stand-ins for the per-arch toolchain images: the local bases (small, right architecture)
-    for spec, source in zip(specs, (local_base, arm_base)):
+    for spec, source in zip(specs, (local_base, arm64_base)):
         repo, _, tag = spec.image_tag.rpartition(":")
         engine.client.api.tag(source, repo, tag)
     try:
