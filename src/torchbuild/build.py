@@ -111,7 +111,9 @@ def toolchain_versions(spec: BuildSpec, env: Mapping[str, str]) -> dict[str, str
             if shutil.which(nvcc)
             else None
         )
-        versions["nvcc"] = proc.stdout.strip().splitlines()[-1] if proc and proc.returncode == 0 else "not found"
+        lines = proc.stdout.strip().splitlines() if proc and proc.returncode == 0 else []
+        # "Cuda compilation tools, release 12.4, V12.4.131"
+        versions["nvcc"] = next((ln for ln in lines if "release" in ln), lines[-1] if lines else "not found")
     return versions
 
 
