@@ -39,3 +39,29 @@ def manifest_of(stdout: str) -> dict:
 
     line = next(ln for ln in stdout.splitlines() if ln.startswith("manifest: "))
     return json.loads(Path(line.split(": ", 1)[1]).read_text())
+
+
+def image_ok(profile: str, sets: list[str], timeout: int = 3600) -> None:
+    """`invoke image --profile PROFILE SETS`, which must succeed."""
+    res = run_invoke("image", "--profile", profile, *sets, timeout=timeout)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+
+
+def preflight_ok(profile: str, source: Path, out: Path, sets: list[str], *extra: str, timeout: int = 3600):
+    """`invoke build --in-container --preflight ...`, which must succeed: (stdout, manifest)."""
+    res = run_invoke(
+        "build",
+        "--in-container",
+        "--preflight",
+        "--profile",
+        profile,
+        "--source",
+        str(source),
+        "--out",
+        str(out),
+        *extra,
+        *sets,
+        timeout=timeout,
+    )
+    assert res.returncode == 0, res.stdout[-5000:] + res.stderr
+    return res.stdout, manifest_of(res.stdout)

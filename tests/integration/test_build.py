@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, REPO, manifest_of, run_invoke, set_args
+from helpers import FIXTURES, REPO, image_ok, preflight_ok, run_invoke, set_args
 
 from torchbuild.source import sha256_file
 
@@ -155,25 +155,9 @@ def test_real_pytorch_preflight_and_ccache_reuse(engine, local_base, site_certs,
     """Debian's de-vendored PyTorch 2.6: configure + c10 in a tool-built image, twice."""
     profile = str(FIXTURES / "profiles" / "debian-pytorch-2.6.yaml")
     sets = set_args([f"base_image={local_base}", *site_certs, f"cache_dir={tmp_path / 'cache'}"])
-    res = run_invoke("image", "--profile", profile, *sets)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
-    out = tmp_path / "out"
-    common = [
-        "build",
-        "--in-container",
-        "--preflight",
-        "--profile",
-        profile,
-        "--source",
-        str(debian_dsc),
-        "--out",
-        str(out),
-    ]
-
-    first = run_invoke(*common, *sets)
-    assert first.returncode == 0, first.stdout[-4000:] + first.stderr
-    assert "USE_SYSTEM_LIBS=ON" in first.stdout
-    m1 = manifest_of(first.stdout)
+    image_ok(profile, sets)
+    first_out, m1 = preflight_ok(profile, debian_dsc, tmp_path / "out", sets)
+    assert "USE_SYSTEM_LIBS=ON" in first_out
     assert m1["preflight"]["targets"] == ["c10"]
     tree = Path(m1["source"]["path"])
     assert list((tree / "build" / "lib").glob("libc10.so*"))
@@ -182,10 +166,8 @@ def test_real_pytorch_preflight_and_ccache_reuse(engine, local_base, site_certs,
     assert m1["patches"]["applied_now"] == ["01-cuda-aware-mpi-fallback.patch"]
     assert "MPICH_GPU_SUPPORT_ENABLED" in (tree / "torch/csrc/distributed/c10d/ProcessGroupMPI.cpp").read_text()
 
-    second = run_invoke(*common, "--clean", *sets)
-    assert second.returncode == 0, second.stdout[-4000:] + second.stderr
-    m2 = manifest_of(second.stdout)
+    second_out, m2 = preflight_ok(profile, debian_dsc, tmp_path / "out", sets, "--clean")
     assert m2["patches"]["already_applied"] == ["01-cuda-aware-mpi-fallback.patch"]
     assert m2["patches"]["applied_now"] == []
     assert m2["ccache"]["hit_rate"] >= 0.90, m2["ccache"]
-    assert "ccache: " in second.stdout and "hit rate" in second.stdout
+    assert "ccache: " in second_out and "hit rate" in second_out

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, manifest_of, run_invoke, set_args
+from helpers import FIXTURES, image_ok, preflight_ok, run_invoke, set_args
 
 from torchbuild.config import resolve
 
@@ -47,25 +47,10 @@ def test_offline_cuda_image_compiles_for_sm90(engine, cuda_image, tmp_path):
 def test_real_pytorch_cuda_preflight(engine, local_base, site_certs, debian_dsc, tmp_path):
     profile = str(FIXTURES / "profiles" / "debian-pytorch-2.6-cuda.yaml")
     sets = set_args([f"base_image={local_base}", *site_certs, f"cache_dir={tmp_path / 'cache'}"])
-    res = run_invoke("image", "--profile", profile, *sets)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
-    out = tmp_path / "out"
-    pre = run_invoke(
-        "build",
-        "--in-container",
-        "--preflight",
-        "--profile",
-        profile,
-        "--source",
-        str(debian_dsc),
-        "--out",
-        str(out),
-        *sets,
-    )
-    assert pre.returncode == 0, pre.stdout[-5000:] + pre.stderr
-    assert "USE_CUDA=1" in pre.stdout and "TORCH_CUDA_ARCH_LIST=9.0" in pre.stdout
-    assert "PyTorch: CUDA detected: 12.4" in pre.stdout
-    data = manifest_of(pre.stdout)
+    image_ok(profile, sets)
+    stdout, data = preflight_ok(profile, debian_dsc, tmp_path / "out", sets)
+    assert "USE_CUDA=1" in stdout and "TORCH_CUDA_ARCH_LIST=9.0" in stdout
+    assert "PyTorch: CUDA detected: 12.4" in stdout
     assert data["preflight"]["targets"] == ["c10", "c10_cuda"]
     assert "release 12.4" in data["toolchain"]["nvcc"]
     (canary,) = data["preflight"]["canaries"]

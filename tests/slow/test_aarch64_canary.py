@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, SUITE, manifest_of, run_invoke, set_args
+from helpers import FIXTURES, SUITE, image_ok, preflight_ok, set_args
 
 from torchbuild.arch import Arch
 from torchbuild.baseimage import make_base_image
@@ -34,25 +34,9 @@ def test_int4mm_canary_compiles_for_aarch64_with_gh200_flags(tmp_path_factory):
             *(["ca_certificates=" + ",".join(map(str, certs))] if certs else []),
         ]
     )
-    res = run_invoke("image", "--profile", profile, *sets, timeout=7200)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
-    out = cache / "out"
-    pre = run_invoke(
-        "build",
-        "--in-container",
-        "--preflight",
-        "--profile",
-        profile,
-        "--source",
-        str(dsc),
-        "--out",
-        str(out),
-        *sets,
-        timeout=7200,
-    )
-    assert pre.returncode == 0, pre.stdout[-5000:] + pre.stderr
-    assert "-flax-vector-conversions" in pre.stdout
-    data = manifest_of(pre.stdout)
+    image_ok(profile, sets, timeout=7200)
+    stdout, data = preflight_ok(profile, dsc, cache / "out", sets, timeout=7200)
+    assert "-flax-vector-conversions" in stdout
     (canary,) = data["preflight"]["canaries"]
     assert canary["file"] == "aten/src/ATen/native/cpu/int4mm_kernel.cpp" and canary["seconds"] > 0
     assert data["resolved_profile"]["arch"] == "aarch64"
