@@ -219,16 +219,13 @@ def object_target(source: str, file: str, env: Mapping[str, str]) -> str:
     )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Outcome:
-    kind: str  # wheel | preflight
-    wheel: Path | None
+    """Where a build's results are; everything else about it is in the manifest."""
+
+    wheel: Path | None  # None for a preflight
     manifest: Path
     log: Path
-    seconds: float
-    jobs: int
-    ccache: tuple[int, int, float]
-    canaries: list[dict[str, Any]]
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -300,9 +297,7 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
             req, versions, env_vars, plan.jobs, plan.reason, started, seconds, wheel, stats, canaries, phases, log
         )
         _summary(tee, req, wheel, manifest, seconds, plan.jobs, stats, canaries, log)
-        return Outcome(
-            "preflight" if req.preflight else "wheel", wheel, manifest, log, seconds, plan.jobs, stats, canaries
-        )
+        return Outcome(wheel, manifest, log)
     finally:
         tee.close()
 

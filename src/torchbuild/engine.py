@@ -172,9 +172,6 @@ class Engine:
                 with contextlib.suppress(docker.errors.NotFound):
                     container.remove(force=True)
 
-    def state(self, name_or_id: str) -> dict[str, Any]:
-        return dict(self.client.api.inspect_container(name_or_id)["State"])
-
 
 _PULL_HINT = (
     "check registry access; without one, make a local base with `invoke base-image` "

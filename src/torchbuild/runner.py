@@ -190,17 +190,7 @@ def _outcome_from_out(host_out: Path, req: BuildRequest) -> Outcome:
         if data.get("run_id") != req.run_id:
             continue
         wheel = host_out / data["wheel"]["name"] if "wheel" in data else None
-        cc = data["ccache"]
-        return Outcome(
-            data["kind"],
-            wheel,
-            manifest,
-            host_out / "logs" / data["log"],
-            data["duration_s"],
-            data["jobs"]["max_jobs"],
-            (cc["hits"], cc["misses"], cc["hit_rate"]),
-            data.get("preflight", {}).get("canaries", []),
-        )
+        return Outcome(wheel, manifest, host_out / "logs" / data["log"])
     raise BuildFailed(f"the build finished but wrote no manifest for run {req.run_id} in {host_out}")
 
 
