@@ -113,6 +113,7 @@ class BuildSpec:
     python_system_site_packages: bool
     ca_certificates: tuple[str, ...]
     image_name: str
+    sif_builder_base: str
     cuda_version: str
     cuda_arch_list: tuple[str, ...]
     cuda_home: str

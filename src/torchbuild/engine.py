@@ -126,6 +126,15 @@ class Engine:
             image_id = attrs["Id"] if attrs else ""
         return image_id
 
+    def save(self, ref: str, dest: Path) -> int:
+        """`docker save ref > dest` (a docker-archive), streamed to disk; returns its size."""
+        size = 0
+        with dest.open("wb") as f:
+            for chunk in self.client.api.get_image(ref):
+                f.write(chunk)
+                size += len(chunk)
+        return size
+
     def run(
         self,
         image: str,
@@ -138,29 +147,44 @@ class Engine:
         out: TextIO = sys.stdout,
         platform: str | None = None,
         memory_limit: str | None = None,
+        cap_add: list[str] | None = None,
+        devices: list[str] | None = None,
+        security_opt: list[str] | None = None,
     ) -> int:
         """Run command in a fresh container named torchbuild-<uuid>; stream its output; return its exit code.
 
         mounts maps host paths to container paths (read-write bind mounts, nothing else). The
         container is removed on every way out of this function: success, failure, Ctrl-C.
+        cap_add, devices and security_opt are for the apptainer-builder only (never --privileged).
         """
         name = f"torchbuild-{uuid.uuid4().hex[:12]}"
-        container = None
+        api = self.client.api
+        cid = None
         try:
-            container = self.client.containers.create(
+            host_config = api.create_host_config(
+                binds={host: {"bind": inside, "mode": "rw"} for host, inside in mounts.items()},
+                mem_limit=memory_limit,
+                memswap_limit=memory_limit,
+                cap_add=cap_add,
+                devices=devices,
+                security_opt=[o for o in security_opt or [] if o != UNMASK] or None,
+            )
+            if UNMASK in (security_opt or []):
+                # the CLI's --security-opt systempaths=unconfined; docker-py has no parameter for it
+                host_config["MaskedPaths"], host_config["ReadonlyPaths"] = [], []
+            created = api.create_container(
                 image,
                 command,
                 name=name,
                 user=user,
                 environment=dict(environment),
                 working_dir=workdir,
-                volumes={host: {"bind": inside, "mode": "rw"} for host, inside in mounts.items()},
                 labels={"org.torchbuild.run": "1"},
+                host_config=host_config,
                 platform=platform,
-                mem_limit=memory_limit,
-                memswap_limit=memory_limit,
-                detach=True,
             )
+            cid = created["Id"]
+            container = self.client.containers.get(cid)
             container.start()
             for chunk in container.logs(stream=True, follow=True):
                 out.write(chunk.decode(errors="replace"))
@@ -168,10 +192,12 @@ class Engine:
             result = container.wait()
             return int(result.get("StatusCode", 1))
         finally:
-            if container is not None:
+            if cid is not None:
                 with contextlib.suppress(docker.errors.NotFound):
-                    container.remove(force=True)
+                    api.remove_container(cid, force=True)
 
+
+UNMASK = "systempaths=unconfined"
 
 _PULL_HINT = (
     "check registry access; without one, make a local base with `invoke base-image` "

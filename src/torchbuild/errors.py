@@ -110,6 +110,20 @@ class BuildFailed(TorchbuildError):
     default_hint = "read the log named above; `invoke build --preflight` finds toolchain errors in minutes"
 
 
+class SifError(TorchbuildError):
+    """Converting an image to a SIF, or running one, failed."""
+
+    exit_code = 11
+    default_hint = "read the log named above; `invoke doctor` shows whether Apptainer or a Docker engine is usable"
+
+
+class InsufficientSpace(TorchbuildError):
+    """A step would run out of disk: refused before it starts, so nothing is left half written."""
+
+    exit_code = 12
+    default_hint = "free disk space, or point cache_dir (--set cache_dir=...) or --out at a larger file system"
+
+
 class BuildInterrupted(TorchbuildError):
     """The build was interrupted (Ctrl-C or SIGTERM); its container and partial wheel are gone."""
 

@@ -99,10 +99,13 @@ def tree_digest(root: Path) -> str:
     return h.hexdigest()
 
 
-def make_context(spec: BuildSpec, dest: Path) -> None:
-    """Lay out the docker build context: the Dockerfile, site CA certificates, torchbuild's source."""
+def make_context(spec: BuildSpec, dest: Path, dockerfile: str = DOCKERFILE, extra: Iterable[str] = ()) -> None:
+    """Lay out a docker build context: the Dockerfile, extra files from containers/, site CA
+    certificates and torchbuild's source."""
     root = data_dir()
-    shutil.copy2(root / "containers" / DOCKERFILE, dest / "Dockerfile")
+    shutil.copy2(root / "containers" / dockerfile, dest / "Dockerfile")
+    for name in extra:
+        shutil.copy2(root / "containers" / name, dest / name)
     (dest / ".dockerignore").write_text("**/__pycache__\n**/*.pyc\n")
     certs = dest / "certs"
     certs.mkdir()
@@ -144,10 +147,10 @@ def labels(spec: BuildSpec, inputs_hash: str, base_id: str) -> dict[str, str]:
     }
 
 
-def inputs_hash(spec: BuildSpec, context: Path, args: dict[str, str], base_id: str) -> str:
+def inputs_hash(arch: Arch, context: Path, args: dict[str, str], base_id: str) -> str:
     """Everything that decides the image's content; equal hash means the image is current."""
     blob = json.dumps(
-        {"args": args, "base_id": base_id, "context": tree_digest(context), "platform": spec.arch.docker_platform},
+        {"args": args, "base_id": base_id, "context": tree_digest(context), "platform": arch.docker_platform},
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -194,7 +197,7 @@ def build_image(
     with tempfile.TemporaryDirectory(prefix="torchbuild-ctx-") as tmp:
         ctx = Path(tmp)
         make_context(spec, ctx)
-        digest = inputs_hash(spec, ctx, args, base_id)
+        digest = inputs_hash(spec.arch, ctx, args, base_id)
         current = engine.image_attrs(spec.image_tag)
         current_labels = ((current or {}).get("Config") or {}).get("Labels") or {}
         if not rebuild and current_labels.get(f"{LABEL_PREFIX}.inputs-hash") == digest:

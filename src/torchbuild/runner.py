@@ -55,6 +55,38 @@ def get_source(
     return unpack_archive(path, Path(dest).expanduser() if dest else cache / "src", out=out)
 
 
+def prepare(
+    spec: BuildSpec,
+    *,
+    source: str,
+    ref: str,
+    out_dir: Path,
+    cache_root: Path,
+    out: TextIO = sys.stdout,
+    **options: Any,
+) -> BuildRequest:
+    """Get and patch the tree, then describe the build (options: BuildRequest's preflight,
+    clean, jobs, targets, canaries)."""
+    info = get_source(spec, source, ref, out=out)
+    series, result = patch_tree(spec, info.path)
+    if series.directory is None:
+        print("patches: none for this version", file=out)
+    else:
+        print(
+            f"patches from {series.directory}: {len(result.applied)} applied, "
+            f"{len(result.skipped)} already in the tree",
+            file=out,
+        )
+    return BuildRequest(
+        spec=spec,
+        source=str(info.path),
+        out_dir=str(out_dir),
+        cache_root=str(cache_root),
+        provenance=provenance(info, series, result),
+        **options,
+    )
+
+
 def patch_tree(spec: BuildSpec, tree: Path) -> tuple[Series, ApplyResult]:
     series = load_series(spec.patches, spec.torch_version)
     return series, apply_series(tree, series)
@@ -90,7 +122,7 @@ def interrupts_unwind() -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def _remove_partials(out_dir: Path, run_id: str) -> None:
+def remove_partials(out_dir: Path, run_id: str) -> None:
     for p in out_dir.glob(f"{PARTIAL_PREFIX}{run_id}*"):
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
@@ -99,7 +131,7 @@ def caller_user() -> str:
     return f"{os.getuid()}:{os.getgid()}"
 
 
-def _make_dirs_for(user: str, *dirs: Path) -> None:
+def make_dirs_for(user: str, *dirs: Path) -> None:
     """Create dirs the container writes to; when root runs a build as another user (--user),
     hand the new directories to that user so the build can write them."""
     uid, _, gid = user.partition(":")
@@ -142,7 +174,7 @@ def build_in_container(
         },
     )
     user = user or caller_user()
-    _make_dirs_for(
+    make_dirs_for(
         user, host_out, host_cache / "home", host_cache / "ccache", host_cache / "pip", host_out / ".torchbuild"
     )
     request_file = host_out / ".torchbuild" / f"request-{req.run_id}.json"
@@ -173,17 +205,17 @@ def build_in_container(
                 out=out,
             )
     except KeyboardInterrupt:
-        _remove_partials(host_out, req.run_id)
+        remove_partials(host_out, req.run_id)
         raise BuildInterrupted("build interrupted; its container was removed and no wheel was written") from None
     finally:
         request_file.unlink(missing_ok=True)
     if rc != 0:
-        _remove_partials(host_out, req.run_id)
+        remove_partials(host_out, req.run_id)
         raise BuildFailed(f"the build in {spec.image_tag} exited with {rc}; the log is in {host_out / 'logs'}")
-    return _outcome_from_out(host_out, req)
+    return outcome_from_out(host_out, req)
 
 
-def _outcome_from_out(host_out: Path, req: BuildRequest) -> Outcome:
+def outcome_from_out(host_out: Path, req: BuildRequest) -> Outcome:
     """Find what the container wrote: the manifest of this run names the wheel and the log."""
     for manifest in host_out.glob("*.manifest.json"):
         data = json.loads(manifest.read_text())
@@ -194,12 +226,16 @@ def _outcome_from_out(host_out: Path, req: BuildRequest) -> Outcome:
     raise BuildFailed(f"the build finished but wrote no manifest for run {req.run_id} in {host_out}")
 
 
-def build_native(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
-    """The same build on this machine (a login node with modules loaded)."""
+def build_native(
+    req: BuildRequest, out: TextIO = sys.stdout, engine: str = "native", image: dict[str, Any] | None = None
+) -> Outcome:
+    """The same build in this process: natively on a login node (modules loaded), or by
+    `torchbuild build` inside the image or a SIF (engine and image say which, for the manifest)."""
     Path(req.out_dir).mkdir(parents=True, exist_ok=True)
+    prov = {**req.provenance, "engine": engine, **({"image": image} if image else {})}
     try:
         with interrupts_unwind():
-            return run_build(dataclasses.replace(req, provenance={**req.provenance, "engine": "native"}), out=out)
+            return run_build(dataclasses.replace(req, provenance=prov), out=out)
     except KeyboardInterrupt:
-        _remove_partials(Path(req.out_dir), req.run_id)
+        remove_partials(Path(req.out_dir), req.run_id)
         raise BuildInterrupted("build interrupted; no wheel was written") from None

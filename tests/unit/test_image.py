@@ -59,14 +59,14 @@ def test_inputs_hash_ignores_build_switches_but_not_image_inputs(tmp_path):
     ctx.mkdir()
     base = resolve("cpu")
     make_context(base, ctx)
-    h = inputs_hash(base, ctx, build_args(base), "sha256:base")
+    h = inputs_hash(base.arch, ctx, build_args(base), "sha256:base")
     switched = resolve("cpu", ["switches.USE_MAGMA=0"])
-    assert inputs_hash(switched, ctx, build_args(switched), "sha256:base") == h
+    assert inputs_hash(switched.arch, ctx, build_args(switched), "sha256:base") == h
     more = resolve("cpu", ["apt_packages=libnuma-dev"])
-    assert inputs_hash(more, ctx, build_args(more), "sha256:base") != h
-    assert inputs_hash(base, ctx, build_args(base), "sha256:newbase") != h
+    assert inputs_hash(more.arch, ctx, build_args(more), "sha256:base") != h
+    assert inputs_hash(base.arch, ctx, build_args(base), "sha256:newbase") != h
     other_arch = resolve("cpu", arch="aarch64")
-    assert inputs_hash(other_arch, ctx, build_args(other_arch), "sha256:base") != h
+    assert inputs_hash(other_arch.arch, ctx, build_args(other_arch), "sha256:base") != h
 
 
 def test_labels_record_profile_hash_and_versions():

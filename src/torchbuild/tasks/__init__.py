@@ -8,5 +8,6 @@ from .build import build, patches, source
 from .config import config
 from .doctor import doctor
 from .image import base_image, image
+from .sif import sif
 
-ns = Collection(config, image, base_image, build, source, patches, doctor)
+ns = Collection(config, image, base_image, sif, build, source, patches, doctor)

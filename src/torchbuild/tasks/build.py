@@ -7,10 +7,10 @@ from pathlib import Path
 from invoke.context import Context
 from invoke.tasks import task
 
-from ..build import BuildRequest
 from ..config import DEFAULT_PROFILE
+from ..errors import ProfileError
 from ..patches import load_series
-from ..runner import build_in_container, build_native, cache_dir, get_source, patch_tree, provenance
+from ..runner import build_in_container, build_native, cache_dir, get_source, patch_tree, prepare
 from ..source import update_tree
 from .common import HELP, handles_errors, spec_from
 
@@ -20,7 +20,11 @@ SOURCE_HELP = "git URL, local tree, tarball or Debian .dsc (default: the profile
 @task(
     help={
         **HELP,
-        "in_container": "build inside the profile's toolchain image (default: natively, on this machine)",
+        "in_container": "build inside the profile's toolchain image or SIF (default: natively, on this machine)",
+        "engine": "with --in-container: docker (the toolchain image) or apptainer (the SIF from `invoke sif`)",
+        "sif": "with --engine apptainer: the SIF (default ./torch-build-<profile>-<arch>.sif)",
+        "apptainer": "with --engine apptainer: auto (this host's apptainer, else the builder container), host, docker",
+        "nv": "with --engine apptainer: pass --nv (NVIDIA driver and GPUs into the SIF; for GPU nodes)",
         "source": SOURCE_HELP,
         "ref": "git tag, branch or commit (default: the profile's torch_ref, else v<torch_version>)",
         "out": "output directory for the wheel, its manifest and logs (default ./out)",
@@ -29,7 +33,7 @@ SOURCE_HELP = "git URL, local tree, tarball or Debian .dsc (default: the profile
         "canary": "preflight canary source file (repeatable; default: the profile's canaries)",
         "clean": "remove the tree's build/ directory first (ccache still helps)",
         "jobs": "parallel compile jobs (default: planned from cores and memory)",
-        "user": "uid:gid the container runs as (default: yours)",
+        "user": "uid:gid the container runs as (default: yours; docker engine only)",
         "memory": "memory limit of the build container, e.g. 8g (default: none)",
     },
     iterable=["set_", "target", "canary"],
@@ -41,6 +45,10 @@ def build(
     arch: str = "",
     set_: list[str] | None = None,
     in_container: bool = False,
+    engine: str = "docker",
+    sif: str = "",
+    apptainer: str = "auto",
+    nv: bool = False,
     source: str = "",
     ref: str = "",
     out: str = "out",
@@ -54,29 +62,44 @@ def build(
 ) -> None:
     """Fetch and patch the source, then build a wheel (or --preflight) with a manifest and a log."""
     spec = spec_from(profile, set_, arch)
-    info = get_source(spec, source, ref)
-    series, result = patch_tree(spec, info.path)
-    _print_patches(series.directory, result.applied, result.skipped)
+    if engine not in ("docker", "apptainer"):
+        raise ProfileError(f"unknown --engine {engine!r}", hint="use --engine docker or --engine apptainer")
+    if (engine != "docker" or sif or nv) and not in_container:
+        raise ProfileError("--engine, --sif and --nv choose a container", hint="add --in-container")
     out_dir = Path(out).expanduser().resolve()
-    req = BuildRequest(
-        spec=spec,
-        source=str(info.path),
-        out_dir=str(out_dir),
-        cache_root=str(cache_dir(spec)),
+    req = prepare(
+        spec,
+        source=source,
+        ref=ref,
+        out_dir=out_dir,
+        cache_root=cache_dir(spec),
         preflight=preflight,
         clean=clean,
         jobs=jobs,
         targets=tuple(target or ()),
         canaries=tuple(canary or ()),
-        provenance=provenance(info, series, result),
     )
-    if in_container:
+    tree = Path(req.source)
+    if in_container and engine == "apptainer":
+        from ..sif import build_with_sif, default_sif, locate
+
+        outcome = build_with_sif(
+            locate(spec, apptainer),
+            Path(sif).expanduser() if sif else default_sif(spec),
+            req,
+            host_source=tree,
+            host_out=out_dir,
+            host_cache=cache_dir(spec),
+            nv=nv,
+            memory_limit=memory or None,
+        )
+    elif in_container:
         from ..engine import Engine
 
         outcome = build_in_container(
             Engine.connect(),
             req,
-            host_source=info.path,
+            host_source=tree,
             host_out=out_dir,
             host_cache=cache_dir(spec),
             user=user,

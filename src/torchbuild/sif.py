@@ -1,0 +1,620 @@
+"""Apptainer: convert a built toolchain image into a SIF, and run builds from SIFs.
+
+The SIF is made from the Docker image that `invoke image` built (a docker-archive written by
+`docker save`), never by re-running the recipe. A small definition file adds what Docker
+images do not carry: the runscript (the `torchbuild` CLI), `%environment` (the profile's
+runtime environment), `%labels` (the image id it came from) and `%help` (the binds).
+
+Apptainer is reached one of two ways, chosen by `locate()`:
+
+* HostApptainer: `apptainer` (or `singularity`) on PATH, as on an HPC node.
+* DockerApptainer: the apptainer-builder container on a Docker host without Apptainer
+  (containers/apptainer-builder.Dockerfile). It gets the few privileges unprivileged Apptainer
+  needs (SYS_ADMIN, /dev/fuse, unconfined seccomp/AppArmor/system paths; never --privileged),
+  runs as the caller, and sees every host path it needs at the same path, so one command line
+  means the same thing both ways.
+
+spython drives `inspect` on the host. Builds and runs do not go through spython's build() and
+run(): build() defaults to sudo, their streaming reads stderr only at the end (Apptainer
+reports progress on stderr, and a full stderr pipe stalls it), environ= replaces the whole
+environment, and the child cannot be stopped on Ctrl-C. `_stream` runs the same command lines
+with both streams merged, the environment extended rather than replaced, and the child
+terminated on interrupt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO, cast
+
+import yaml
+
+from . import __version__
+from .arch import Arch
+from .build import BuildRequest, Outcome
+from .config import DEFAULT_PROFILE, BuildSpec
+from .engine import Engine
+from .environment import build_env
+from .errors import BuildFailed, BuildInterrupted, ImageNotFound, InsufficientSpace, SifError, ToolMissing
+from .image import LABEL_PREFIX, inputs_hash, make_context, require_image
+from .runner import (
+    CONTAINER_CACHE,
+    CONTAINER_OUT,
+    CONTAINER_SRC,
+    cache_dir,
+    caller_user,
+    interrupts_unwind,
+    make_dirs_for,
+    outcome_from_out,
+    remove_partials,
+)
+
+DEFAULT_SIF = "torch-build.sif"
+BUILDER_REPO = "torchbuild/apptainer-builder"
+BUILDER_DOCKERFILE = "apptainer-builder.Dockerfile"
+BUILDER_ENTRYPOINT = "apptainer-entrypoint.sh"
+TORCHBUILD_EXE = "/opt/venv/bin/torchbuild"
+BAKED_PROFILES = "/opt/torchbuild/profiles"
+SIF_LABEL = f"{LABEL_PREFIX}.sif"
+# What unprivileged Apptainer needs inside a Docker container (shared/TESTBED.md); no --privileged.
+BUILDER_CAPS = ["SYS_ADMIN"]
+BUILDER_DEVICES = ["/dev/fuse:/dev/fuse:rwm"]
+BUILDER_SECURITY = ["seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined"]
+# docker save writes the layers (about the image size), Apptainer extracts them again into
+# APPTAINER_TMPDIR (about the image size) and squashes them (measured: SIF = 0.40 x image).
+CACHE_FACTOR, OUT_FACTOR = 2.6, 0.6
+
+
+def sif_filename(spec: BuildSpec) -> str:
+    return f"torch-build-{spec.profile}-{spec.arch.value}.sif"
+
+
+def default_sif(spec: BuildSpec, directory: Path = Path()) -> Path:
+    return directory / sif_filename(spec)
+
+
+def baked_profile_path(spec: BuildSpec) -> str:
+    return f"{BAKED_PROFILES}/{spec.profile}.yaml"
+
+
+def baked_profile(spec: BuildSpec) -> str:
+    """The resolved profile as a complete profile file: resolving it again gives the same hash."""
+    data = {k: v for k, v in spec.to_dict().items() if k != "profile"}
+    header = f"# profile {spec.profile} as resolved by torchbuild {__version__} (sha256 {spec.hash})\n"
+    return header + yaml.safe_dump(data, sort_keys=False)
+
+
+def runtime_env(spec: BuildSpec) -> dict[str, str]:
+    """%environment: the environment the profile's build sees, with the cache at /cache.
+    MAX_JOBS is left out: it is planned on the node that runs the build."""
+    env = build_env(spec, cache_root="/cache", jobs=1)
+    env.pop("MAX_JOBS")
+    return {"TORCHBUILD_PROFILE": baked_profile_path(spec), **env}
+
+
+def help_text(spec: BuildSpec) -> str:
+    return f"""torchbuild toolchain SIF: profile {spec.profile} (PyTorch {spec.torch_version}, {spec.arch.value},
+Python {spec.python_version}{", CUDA " + spec.cuda_version if spec.cuda else ""}). The runscript is the torchbuild CLI.
+
+Binds (--bind HOST:CONTAINER,...):
+  /src    the PyTorch source tree, read-write (patches are applied there, build/ is written there)
+  /cache  ccache, pip cache and logs; keep it between runs so rebuilds hit ccache
+  /out    optional: wheel, manifest and logs (default: ./out in the current directory)
+
+Examples:
+  apptainer run --bind $PWD/pytorch:/src,$HOME/.cache/torchbuild:/cache torch-build.sif build --preflight
+  apptainer run --bind $PWD/pytorch:/src,$HOME/.cache/torchbuild:/cache,$PWD/out:/out torch-build.sif build
+  apptainer run --nv --bind ... torch-build.sif build    # GPU node: --nv brings in the NVIDIA driver
+  apptainer run torch-build.sif build --help             # every build option
+  apptainer run torch-build.sif config                   # the baked profile and its environment
+"""
+
+
+def definition(spec: BuildSpec, *, archive: Path, profile_file: Path, image_id: str) -> str:
+    """The definition file: bootstrap from the docker-archive, add metadata only (no %post)."""
+    for p in (archive, profile_file):
+        if any(c.isspace() for c in str(p)):
+            raise SifError(
+                f"{p}: Apptainer definition files cannot name paths with whitespace",
+                hint="set cache_dir to a path without spaces (--set cache_dir=...)",
+            )
+    env = "\n".join(f"    export {k}={shlex.quote(v)}" for k, v in runtime_env(spec).items())
+    labels = {
+        f"{SIF_LABEL}.image": spec.image_tag,
+        f"{SIF_LABEL}.image-id": image_id,
+        f"{SIF_LABEL}.profile-hash": spec.hash,
+        f"{SIF_LABEL}.torchbuild-version": __version__,
+    }
+    label_lines = "\n".join(f"    {k} {v}" for k, v in labels.items())
+    help_lines = "\n".join(f"    {line}" if line else "" for line in help_text(spec).splitlines())
+    return f"""Bootstrap: docker-archive
+From: {archive}
+
+%files
+    {profile_file} {baked_profile_path(spec)}
+
+%environment
+{env}
+
+%labels
+{label_lines}
+
+%runscript
+    exec {TORCHBUILD_EXE} "$@"
+
+%help
+{help_lines}
+"""
+
+
+# --------------------------------------------------------------------------- reaching apptainer
+
+
+def _stream(cmd: Sequence[str], env: Mapping[str, str], out: TextIO, log: Path | None) -> int:
+    """Run cmd with stdout and stderr merged and streamed line by line to out (and log).
+    The environment is os.environ plus env. Ctrl-C or SIGTERM stops the child before unwinding."""
+    logf = log.open("a") if log else None
+    proc = subprocess.Popen(
+        list(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **env},
+        text=True,
+        errors="replace",
+        bufsize=1,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(line)
+            out.flush()
+            if logf:
+                logf.write(line)
+        return proc.wait()
+    except BaseException:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+    finally:
+        if logf:
+            logf.close()
+
+
+class Apptainer:
+    """Where Apptainer runs. call() streams output and returns the exit code."""
+
+    description = "apptainer"
+    run_flags: tuple[str, ...] = ()  # flags every exec/run needs here
+
+    def call(
+        self,
+        args: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        paths: Iterable[Path] = (),
+        out: TextIO = sys.stdout,
+        log: Path | None = None,
+        memory_limit: str | None = None,
+    ) -> int:
+        raise NotImplementedError
+
+    def labels(self, sif: Path) -> dict[str, str]:
+        raise NotImplementedError
+
+
+class HostApptainer(Apptainer):
+    def __init__(self, exe: str) -> None:
+        self.exe = exe
+        self.description = f"{Path(exe).name} on this host ({exe})"
+
+    def call(
+        self,
+        args: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        paths: Iterable[Path] = (),
+        out: TextIO = sys.stdout,
+        log: Path | None = None,
+        memory_limit: str | None = None,
+    ) -> int:
+        if memory_limit:
+            raise SifError(
+                "--memory needs the apptainer-builder container",
+                hint="on a node, the batch allocation limits memory",
+            )
+        return _stream([self.exe, *args], env or {}, out, log)
+
+    def labels(self, sif: Path) -> dict[str, str]:
+        """`inspect --labels` through spython's client where its `singularity` name exists."""
+        if shutil.which("singularity"):
+            from spython.main import Client
+
+            data = Client.inspect(image=str(sif), json=True, quiet=True)
+            labels = (((data or {}).get("data") or {}).get("attributes") or {}).get("labels")
+            if isinstance(labels, dict):
+                return {str(k): str(v) for k, v in labels.items()}
+        proc = subprocess.run(
+            [self.exe, "inspect", "--json", "--labels", str(sif)], capture_output=True, text=True, check=False
+        )
+        if proc.returncode != 0:
+            raise SifError(f"cannot inspect {sif}: {proc.stderr.strip()[-300:]}")
+        return {str(k): str(v) for k, v in json.loads(proc.stdout)["data"]["attributes"]["labels"].items()}
+
+
+class DockerApptainer(Apptainer):
+    run_flags = ("--userns",)  # setuid mode cannot work in a container
+
+    def __init__(self, engine: Engine, tag: str, home: Path) -> None:
+        self.engine, self.tag, self.home = engine, tag, home
+        self.description = f"the apptainer-builder container ({tag})"
+
+    def call(
+        self,
+        args: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        paths: Iterable[Path] = (),
+        out: TextIO = sys.stdout,
+        log: Path | None = None,
+        memory_limit: str | None = None,
+        command: Sequence[str] = ("apptainer",),
+    ) -> int:
+        self.home.mkdir(parents=True, exist_ok=True)
+        mounts = {str(p): str(p) for p in {Path(p).resolve() for p in [*paths, self.home]}}
+        sink = cast(TextIO, _LogTee(out, log)) if log else out
+        return self.engine.run(
+            self.tag,
+            [*command, *args],
+            mounts=mounts,
+            user="0:0",  # the entrypoint drops to TORCHBUILD_UID:TORCHBUILD_GID at once
+            environment={
+                **(env or {}),
+                "HOME": str(self.home),
+                "TORCHBUILD_UID": str(os.getuid()),
+                "TORCHBUILD_GID": str(os.getgid()),
+            },
+            workdir=str(self.home),
+            out=sink,
+            memory_limit=memory_limit,
+            cap_add=BUILDER_CAPS,
+            devices=BUILDER_DEVICES,
+            security_opt=BUILDER_SECURITY,
+        )
+
+    def labels(self, sif: Path) -> dict[str, str]:
+        buf = io.StringIO()
+        rc = self.call([str(sif)], paths=[sif.parent], out=buf, command=("torchbuild", "sif-labels"))
+        for line in buf.getvalue().splitlines():
+            if line.startswith(LABELS_PREFIX):
+                return dict(json.loads(line[len(LABELS_PREFIX) :]))
+        raise SifError(f"cannot inspect {sif} (exit {rc}): {buf.getvalue().strip()[-300:]}")
+
+
+LABELS_PREFIX = "labels: "
+
+
+class _LogTee(io.TextIOBase):
+    def __init__(self, out: TextIO, log: Path) -> None:
+        self.out, self.log = out, log.open("a")
+
+    def write(self, text: str) -> int:
+        self.out.write(text)
+        self.out.flush()
+        self.log.write(text)
+        self.log.flush()
+        return len(text)
+
+
+def host_apptainer() -> str | None:
+    return shutil.which("apptainer") or shutil.which("singularity")
+
+
+def builder_tag(arch: Arch | None = None) -> str:
+    return f"{BUILDER_REPO}:{__version__}-{(arch or Arch.host()).value}"
+
+
+def ensure_builder(spec: BuildSpec, engine: Engine, *, rebuild: bool = False, out: TextIO = sys.stdout) -> str:
+    """The apptainer-builder image for this host's arch, built on first use (then a label check)."""
+    tag = builder_tag()
+    arch = Arch.host()
+    if engine.image_attrs(spec.sif_builder_base) is None:
+        engine.pull(spec.sif_builder_base, arch.docker_platform, out=out)
+    base_id = (engine.image_attrs(spec.sif_builder_base) or {}).get("Id", "")
+    args = {"BASE_IMAGE": spec.sif_builder_base}
+    with tempfile.TemporaryDirectory(prefix="torchbuild-builder-") as tmp:
+        ctx = Path(tmp)
+        make_context(spec, ctx, dockerfile=BUILDER_DOCKERFILE, extra=[BUILDER_ENTRYPOINT])
+        digest = inputs_hash(arch, ctx, args, base_id)
+        current = ((engine.image_attrs(tag) or {}).get("Config") or {}).get("Labels") or {}
+        if not rebuild and current.get(f"{LABEL_PREFIX}.inputs-hash") == digest:
+            return tag
+        log = cache_dir(spec) / "logs" / f"apptainer-builder-{time.strftime('%Y%m%d-%H%M%S')}.log"
+        print(f"building {tag} from {spec.sif_builder_base}", file=out, flush=True)
+        engine.build(
+            ctx,
+            tag=tag,
+            buildargs=args,
+            labels={
+                "org.opencontainers.image.title": "torchbuild apptainer-builder",
+                f"{LABEL_PREFIX}.version": __version__,
+                f"{LABEL_PREFIX}.inputs-hash": digest,
+            },
+            platform=arch.docker_platform,
+            nocache=rebuild,
+            log=log,
+            out=out,
+        )
+    return tag
+
+
+def locate(
+    spec: BuildSpec, mode: str = "auto", engine: Callable[[], Engine] = Engine.connect, out: TextIO = sys.stdout
+) -> Apptainer:
+    """auto: the host's apptainer if there is one, else the builder container; host or docker: only that."""
+    if mode not in ("auto", "host", "docker"):
+        raise SifError(f"unknown apptainer mode {mode!r}", hint="use --apptainer auto, host or docker")
+    exe = host_apptainer() if mode != "docker" else None
+    if exe:
+        return HostApptainer(exe)
+    if mode == "host":
+        raise ToolMissing(
+            "neither apptainer nor singularity is on PATH",
+            hint="`module load apptainer`, or use --apptainer docker on a host with a Docker engine",
+        )
+    eng = engine()
+    return DockerApptainer(eng, ensure_builder(spec, eng, out=out), cache_dir(spec) / "apptainer" / "home")
+
+
+# --------------------------------------------------------------------------- conversion
+
+
+def space_needed(image_size: int, cache: Path, out_dir: Path) -> dict[Path, int]:
+    """Bytes needed per file system (keyed by an existing path on it) for one conversion."""
+    need: dict[int, tuple[Path, int]] = {}
+    for path, n in ((cache, int(image_size * CACHE_FACTOR)), (out_dir, int(image_size * OUT_FACTOR))):
+        probe = _existing(path)
+        dev = probe.stat().st_dev
+        prev = need.get(dev, (probe, 0))
+        need[dev] = (prev[0], prev[1] + n)
+    return dict(need.values())
+
+
+def check_space(needs: Mapping[Path, int], free: Callable[[Path], int] = lambda p: shutil.disk_usage(p).free) -> None:
+    for path, n in needs.items():
+        have = free(path)
+        if have < n:
+            raise InsufficientSpace(
+                f"converting needs {n / 2**30:.1f} GiB free on the file system of {path}, "
+                f"which has {have / 2**30:.1f} GiB; nothing was written"
+            )
+
+
+def _existing(path: Path) -> Path:
+    for p in [path, *path.parents]:
+        if p.exists():
+            return p
+    return Path("/")
+
+
+@dataclasses.dataclass(frozen=True)
+class SifResult:
+    path: Path
+    cached: bool
+    seconds: float
+    size: int
+    image_size: int
+    save_seconds: float = 0.0
+    build_seconds: float = 0.0
+    log: Path | None = None
+
+
+def build_sif(
+    spec: BuildSpec,
+    engine: Engine,
+    apptainer: Apptainer,
+    out_dir: Path,
+    *,
+    rebuild: bool = False,
+    out: TextIO = sys.stdout,
+) -> SifResult:
+    """Convert spec's toolchain image into out_dir/torch-build-<profile>-<arch>.sif.
+
+    Nothing changes when the SIF already comes from the current image (a label check). The SIF
+    is written under a temporary name and renamed into place, so a failed or interrupted
+    conversion leaves the previous SIF (or none), never a partial one.
+    """
+    start = time.monotonic()
+    attrs = require_image(spec, engine)
+    image_id, image_size = str(attrs["Id"]), int(attrs.get("Size") or 0)  # type: ignore[call-overload]
+    out_dir = out_dir.resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    final = out_dir / sif_filename(spec)
+    if final.exists() and not rebuild:
+        labels = apptainer.labels(final)
+        if labels.get(f"{SIF_LABEL}.image-id") == image_id and labels.get(f"{LABEL_PREFIX}.version") == __version__:
+            _link_default(spec, final)
+            return SifResult(final, True, time.monotonic() - start, final.stat().st_size, image_size)
+    root = (cache_dir(spec) / "apptainer").resolve()
+    check_space(space_needed(image_size, root, out_dir))
+    run_id = uuid.uuid4().hex[:12]
+    work = root / "work" / run_id
+    partial = out_dir / f".{final.name}.partial-{run_id}"
+    log = cache_dir(spec) / "logs" / f"sif-{spec.profile}-{spec.arch.value}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {}
+    for var in ("CACHEDIR", "TMPDIR"):
+        d = root / var.lower()
+        d.mkdir(parents=True, exist_ok=True)
+        env[f"APPTAINER_{var}"] = env[f"SINGULARITY_{var}"] = str(d)
+    try:
+        with interrupts_unwind():
+            work.mkdir(parents=True)
+            t0 = time.monotonic()
+            print(f"saving {spec.image_tag} ({image_size / 2**30:.2f} GiB) to {work}", file=out, flush=True)
+            archive = work / "image.tar"
+            engine.save(spec.image_tag, archive)
+            save_seconds = time.monotonic() - t0
+            profile_file = work / f"{spec.profile}.yaml"
+            profile_file.write_text(baked_profile(spec))
+            deffile = work / "torch-build.def"
+            deffile.write_text(definition(spec, archive=archive, profile_file=profile_file, image_id=image_id))
+            print(f"converting with {apptainer.description}", file=out, flush=True)
+            t1 = time.monotonic()
+            rc = apptainer.call(
+                ["build", "--force", str(partial), str(deffile)], env=env, paths=[root, out_dir], out=out, log=log
+            )
+            build_seconds = time.monotonic() - t1
+            if rc != 0 or not partial.is_file():
+                raise SifError(f"apptainer build exited with {rc} (log: {log})")
+            os.replace(partial, final)
+    except KeyboardInterrupt:
+        raise BuildInterrupted(f"conversion interrupted; no {final.name} was written") from None
+    finally:
+        partial.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
+    _link_default(spec, final)
+    return SifResult(
+        final, False, time.monotonic() - start, final.stat().st_size, image_size, save_seconds, build_seconds, log
+    )
+
+
+def _link_default(spec: BuildSpec, final: Path) -> None:
+    """torch-build.sif names the default profile's SIF for this host (a hard link, replaced atomically)."""
+    if spec.profile != DEFAULT_PROFILE or spec.arch != Arch.host():
+        return
+    link = final.parent / DEFAULT_SIF
+    tmp = final.parent / f".{DEFAULT_SIF}.partial-{uuid.uuid4().hex[:8]}"
+    try:
+        os.link(final, tmp)
+    except OSError:
+        shutil.copy2(final, tmp)
+    os.replace(tmp, link)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def check_sif(spec: BuildSpec, apptainer: Apptainer, sif: Path) -> dict[str, str]:
+    """The SIF's labels, once it is known to hold spec's profile for this torchbuild version."""
+    hint = f"make it with `invoke sif --profile {spec.profile} --arch {spec.arch}`"
+    if not sif.is_file():
+        raise ImageNotFound(f"SIF {sif} does not exist", hint=hint)
+    labels = apptainer.labels(sif)
+    for key, want in (("profile", spec.profile), ("arch", spec.arch.value), ("version", __version__)):
+        got = labels.get(f"{LABEL_PREFIX}.{key}")
+        if got != want:
+            raise ImageNotFound(f"{sif} has {key} {got!r}, this build needs {want!r}", hint=hint)
+    return labels
+
+
+def run_args(
+    sif: Path, binds: Mapping[Path, str], command: Sequence[str], *, flags: Sequence[str] = (), nv: bool = False
+) -> list[str]:
+    """`apptainer run` arguments: a clean environment (host modules must not leak into the
+    build), the binds, --nv for GPU nodes."""
+    args = ["run", *flags, "--cleanenv"]
+    if nv:
+        args.append("--nv")
+    args += ["--bind", ",".join(f"{host}:{inside}" for host, inside in binds.items())]
+    args += ["--env", "PYTHONUNBUFFERED=1", str(sif), *command]
+    return args
+
+
+def sif_labels_main(sif: str) -> int:
+    """`torchbuild sif-labels SIF` (in the apptainer-builder): one line of JSON for DockerApptainer."""
+    exe = host_apptainer()
+    if not exe:
+        raise ToolMissing("apptainer is not installed here")
+    print(LABELS_PREFIX + json.dumps(HostApptainer(exe).labels(Path(sif))), flush=True)
+    return 0
+
+
+def inside_sif() -> dict[str, Any] | None:
+    """Provenance when this process runs in a SIF: its path (as mounted) and torchbuild labels."""
+    path = os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER")
+    if not path:
+        return None
+    labels: dict[str, str] = {}
+    with_labels = Path("/.singularity.d/labels.json")
+    if with_labels.is_file():
+        labels = json.loads(with_labels.read_text())
+    return {
+        "sif": path,
+        "image_id": labels.get(f"{SIF_LABEL}.image-id"),
+        "profile_hash": labels.get(f"{LABEL_PREFIX}.profile-hash"),
+    }
+
+
+def build_with_sif(
+    apptainer: Apptainer,
+    sif: Path,
+    req: BuildRequest,
+    *,
+    host_source: Path,
+    host_out: Path,
+    host_cache: Path,
+    nv: bool = False,
+    memory_limit: str | None = None,
+    out: TextIO = sys.stdout,
+) -> Outcome:
+    """`invoke build --in-container --engine apptainer`: the request of the Docker path, run by
+    the SIF's runscript with source, cache and out bound at /src, /cache and /out."""
+    spec = req.spec
+    sif = sif.resolve()
+    labels = check_sif(spec, apptainer, sif)
+    req = dataclasses.replace(
+        req,
+        source=CONTAINER_SRC,
+        out_dir=CONTAINER_OUT,
+        cache_root=CONTAINER_CACHE,
+        provenance={
+            **req.provenance,
+            "image": {
+                "sif": str(sif),
+                "image_id": labels.get(f"{SIF_LABEL}.image-id"),
+                "profile_hash": labels.get(f"{LABEL_PREFIX}.profile-hash"),
+            },
+            "engine": "apptainer",
+        },
+    )
+    user = caller_user()
+    make_dirs_for(user, host_out / ".torchbuild", host_cache / "ccache", host_cache / "pip")
+    request_file = host_out / ".torchbuild" / f"request-{req.run_id}.json"
+    request_file.write_text(req.to_json())
+    binds = {host_source: CONTAINER_SRC, host_cache: CONTAINER_CACHE, host_out: CONTAINER_OUT}
+    args = run_args(
+        sif,
+        binds,
+        ["build-inside", f"{CONTAINER_OUT}/.torchbuild/{request_file.name}"],
+        flags=apptainer.run_flags,
+        nv=nv,
+    )
+    try:
+        with interrupts_unwind():
+            rc = apptainer.call(args, paths=[*binds, sif.parent], out=out, memory_limit=memory_limit)
+    except KeyboardInterrupt:
+        remove_partials(host_out, req.run_id)
+        raise BuildInterrupted("build interrupted; apptainer was stopped and no wheel was written") from None
+    finally:
+        request_file.unlink(missing_ok=True)
+    if rc != 0:
+        remove_partials(host_out, req.run_id)
+        raise BuildFailed(f"the build in {sif.name} exited with {rc}; the log is in {host_out / 'logs'}")
+    return outcome_from_out(host_out, req)
