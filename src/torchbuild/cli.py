@@ -27,7 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command")
     c = sub.add_parser("config", help="print the resolved profile and the environment the build sees")
-    c.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name or path to a .yaml file")
+    c.add_argument("--profile", default=None, help="profile name or .yaml (default: $TORCHBUILD_PROFILE, else cpu)")
     c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     c.add_argument("--arch", default=None)
     c.add_argument("--format", choices=["text", "json"], default="text")
@@ -68,6 +68,11 @@ EPILOG = """inside a SIF (the runscript is this CLI), bind the tree, the cache a
 `apptainer run-help torch-build.sif` shows the SIF's profile."""
 
 
+def _profile(given: str | None) -> str:
+    """--profile, else the profile baked into the image or SIF ($TORCHBUILD_PROFILE), else the default."""
+    return given or os.environ.get("TORCHBUILD_PROFILE") or DEFAULT_PROFILE
+
+
 def _writable_dir(path: str) -> bool:
     return os.path.isdir(path) and os.access(path, os.W_OK)
 
@@ -80,7 +85,7 @@ def _build_here(args: argparse.Namespace) -> int:
     from .runner import build_native, prepare
     from .sif import inside_sif
 
-    spec = resolve(args.profile or os.environ.get("TORCHBUILD_PROFILE") or DEFAULT_PROFILE, args.overrides)
+    spec = resolve(_profile(args.profile), args.overrides)
     source = args.source
     if source is None:
         if not Path("/src/setup.py").is_file():
@@ -118,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.keys:
                 print(describe_keys())
                 return 0
-            spec = resolve(args.profile, args.overrides, arch=args.arch)
+            spec = resolve(_profile(args.profile), args.overrides, arch=args.arch)
             print(json.dumps(config_data(spec), indent=2) if args.format == "json" else config_text(spec))
             return 0
         if args.command == "doctor":

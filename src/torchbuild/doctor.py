@@ -80,9 +80,10 @@ def run_checks(cache_dir: Path) -> tuple[list[Check], list[Verdict]]:
         Check(
             "apptainer/singularity",
             apptainer is not None,
-            apptainer or "not found",
+            apptainer or "not found (sif and --engine apptainer use the apptainer-builder container)",
         )
     )
+    fuse = Path("/dev/fuse").exists()
 
     emu = binfmt_ready(foreign)
     checks.append(
@@ -117,9 +118,6 @@ def run_checks(cache_dir: Path) -> tuple[list[Check], list[Verdict]]:
     native_missing = [t for t in ("cmake", "ninja", "ccache") if shutil.which(t) is None]
     if compilers is None:
         native_missing.insert(0, "g++ or clang++")
-    native_missing = [t for t in ("cmake", "ninja", "ccache") if shutil.which(t) is None]
-    if compilers is None:
-        native_missing.insert(0, "g++ or clang++")
     verdicts = [
         Verdict("config", True, "always available"),
         Verdict(f"image --arch {host}", engine_ok, "engine reachable" if engine_ok else "needs a Docker engine"),
@@ -139,6 +137,15 @@ def run_checks(cache_dir: Path) -> tuple[list[Check], list[Verdict]]:
             "build --in-container",
             engine_ok,
             "engine reachable (the profile's image must be built)" if engine_ok else "needs a Docker engine",
+        ),
+        Verdict(
+            "sif, build --engine apptainer",
+            apptainer is not None or (engine_ok and fuse),
+            f"this host's {apptainer}"
+            if apptainer
+            else "the apptainer-builder container (engine + /dev/fuse)"
+            if engine_ok and fuse
+            else "needs apptainer, or a Docker engine and /dev/fuse",
         ),
         Verdict(
             "build (native)",

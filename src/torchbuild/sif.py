@@ -444,7 +444,6 @@ def build_sif(
     attrs = require_image(spec, engine)
     image_id, image_size = str(attrs["Id"]), int(attrs.get("Size") or 0)  # type: ignore[call-overload]
     out_dir = out_dir.resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
     final = out_dir / sif_filename(spec)
     if final.exists() and not rebuild:
         labels = apptainer.labels(final)
@@ -453,6 +452,7 @@ def build_sif(
             return SifResult(final, True, time.monotonic() - start, final.stat().st_size, image_size)
     root = (cache_dir(spec) / "apptainer").resolve()
     check_space(space_needed(image_size, root, out_dir))
+    out_dir.mkdir(parents=True, exist_ok=True)
     run_id = uuid.uuid4().hex[:12]
     work = root / "work" / run_id
     partial = out_dir / f".{final.name}.partial-{run_id}"
@@ -500,6 +500,8 @@ def _link_default(spec: BuildSpec, final: Path) -> None:
     if spec.profile != DEFAULT_PROFILE or spec.arch != Arch.host():
         return
     link = final.parent / DEFAULT_SIF
+    if link.exists() and os.path.samefile(link, final):
+        return  # (rename(2) over another link to the same file does nothing and keeps the source)
     tmp = final.parent / f".{DEFAULT_SIF}.partial-{uuid.uuid4().hex[:8]}"
     try:
         os.link(final, tmp)

@@ -80,3 +80,12 @@ def debian_dsc(engine, local_base, test_cache):
     from debian_source import fetch_debian_pytorch
 
     return fetch_debian_pytorch(engine, local_base, test_cache / "debian-src")
+
+
+@pytest.fixture(scope="session")
+def sid_base(engine: Engine, test_cache: Path) -> str:
+    """torchbuild/base:sid-x86_64: Apptainer is packaged in Debian sid only."""
+    tag, _ = make_base_image(
+        engine, suite="sid", arch=Arch.X86_64, work_dir=test_cache / "rootfs", ignore_valid_until=True
+    )
+    return tag

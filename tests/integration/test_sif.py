@@ -1,0 +1,222 @@
+"""Apptainer SIFs from toolchain images: real Apptainer 1.4 in the apptainer-builder container
+(this host has no Apptainer of its own), real Docker engine, real PyTorch 2.6 source."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import FIXTURES, REPO, image_ok, manifest_of, run_invoke, set_args
+
+from torchbuild import __version__
+from torchbuild.config import resolve
+from torchbuild.runner import cache_dir
+from torchbuild.sif import DockerApptainer, locate
+
+pytestmark = [pytest.mark.docker, pytest.mark.apptainer]
+
+
+def run_containers(engine):
+    return engine.client.containers.list(all=True, filters={"label": "org.torchbuild.run=1"})
+
+
+def call(apptainer: DockerApptainer, args: list[str], paths: list[Path]) -> tuple[int, str]:
+    buf = io.StringIO()
+    rc = apptainer.call(args, paths=paths, out=buf)
+    return rc, buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def cpu_sif(engine, cpu_image, site_overrides, sid_base, tmp_path_factory):
+    """`invoke sif` of the cpu image, as a user types it; returns (spec, sif, first output, builder)."""
+    spec, _ = cpu_image
+    sets = [*site_overrides, f"sif_builder_base={sid_base}"]
+    out = tmp_path_factory.mktemp("sif")
+    res = run_invoke(
+        "sif", "--profile", "cpu", "--arch", "x86_64", "--apptainer", "docker", "--out", str(out), *set_args(sets)
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+    spec = resolve("cpu", sets, arch="x86_64")
+    apptainer = locate(spec, "docker")
+    assert isinstance(apptainer, DockerApptainer)
+    return spec, out / "torch-build-cpu-x86_64.sif", res.stdout, apptainer, sets
+
+
+def test_sif_runs_python_and_torchbuild(engine, cpu_sif):
+    _spec, sif, first, apptainer, _ = cpu_sif
+    assert sif.is_file() and "written in" in first
+    # the default profile's SIF is also torch-build.sif (the same file, not a copy)
+    assert (sif.parent / "torch-build.sif").stat().st_ino == sif.stat().st_ino
+    assert not list(sif.parent.glob(".*partial*")), "a partial SIF was left behind"
+    rc, text = call(apptainer, ["exec", "--userns", str(sif), "python3", "--version"], [sif.parent])
+    assert rc == 0 and re.search(r"^Python 3\.13\.\d+$", text, re.M), text
+    rc, text = call(apptainer, ["exec", "--userns", str(sif), "torchbuild", "--version"], [sif.parent])
+    assert rc == 0 and f"torchbuild {__version__}" in text, text
+    # the runscript is the torchbuild CLI, and its help explains the binds
+    rc, text = call(apptainer, ["run", "--userns", str(sif), "--help"], [sif.parent])
+    assert rc == 0 and "SRC:/src,CACHE:/cache" in text and "--nv" in text, text
+    # no builder container outlives its command
+    assert not run_containers(engine)
+
+
+def test_sif_carries_profile_environment_and_labels(engine, cpu_sif):
+    spec, sif, _, apptainer, _ = cpu_sif
+    labels = apptainer.labels(sif)
+    image = engine.image_attrs(spec.image_tag)
+    assert labels["org.torchbuild.sif.image-id"] == image["Id"]
+    assert labels["org.torchbuild.profile-hash"] == image["Config"]["Labels"]["org.torchbuild.profile-hash"]
+    assert labels["org.torchbuild.sif.profile-hash"] == spec.hash
+    assert labels["org.torchbuild.version"] == __version__
+    # %environment: the profile's build environment, even under --cleanenv
+    rc, text = call(apptainer, ["exec", "--userns", "--cleanenv", str(sif), "env"], [sif.parent])
+    env = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    assert env["TORCHBUILD_PROFILE"] == "/opt/torchbuild/profiles/cpu.yaml"
+    assert env["USE_CUDA"] == "0" and env["BLAS"] == "OpenBLAS" and env["CCACHE_DIR"] == "/cache/ccache"
+    # the baked profile resolves to the very profile the image was made from
+    rc, text = call(apptainer, ["run", "--userns", str(sif), "config", "--format", "json"], [sif.parent])
+    assert rc == 0, text
+    data = json.loads(text[text.index("{") :])
+    assert data["profile"] == "cpu" and data["hash"] == spec.hash
+
+
+def test_sif_rerun_is_a_cache_hit(cpu_sif, site_overrides):
+    _spec, sif, _, _, sets = cpu_sif
+    before = sif.stat().st_mtime_ns
+    res = run_invoke("sif", "--profile", "cpu", "--arch", "x86_64", "--out", str(sif.parent), *set_args(sets))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "up to date" in res.stdout and sif.stat().st_mtime_ns == before
+
+
+def test_sif_interrupted_leaves_the_old_sif_and_no_container(engine, cpu_sif):
+    """Ctrl-C while Apptainer converts: exit 130, the builder container is gone, no partial file,
+    and the SIF from before is untouched."""
+    spec, sif, _, _, sets = cpu_sif
+    before = sif.stat().st_mtime_ns
+    args = ["sif", "--profile", "cpu", "--arch", "x86_64", "--out", str(sif.parent), "--rebuild", *set_args(sets)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "invoke", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not run_containers(engine):  # the conversion container starts after docker save
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the conversion never started"
+            time.sleep(0.5)
+        time.sleep(3)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "BuildInterrupted" in stderr, stdout[-2000:] + stderr
+    assert not run_containers(engine)
+    assert not list(sif.parent.glob(".*partial*")), list(sif.parent.iterdir())
+    assert sif.stat().st_mtime_ns == before
+    assert not list((cache_dir(spec) / "apptainer" / "work").iterdir()), "the docker-archive was left behind"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_sif_refuses_when_space_is_short(cpu_sif, tmp_path):
+    """A cache on a 64 MiB file system cannot hold the conversion: refused up front, nothing written."""
+    _spec, _sif, _, _, sets = cpu_sif
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(small)], check=True)
+    try:
+        res = run_invoke(
+            "sif",
+            "--profile",
+            "cpu",
+            "--arch",
+            "x86_64",
+            "--out",
+            str(small / "out"),
+            "--rebuild",
+            *set_args([*sets, f"cache_dir={small / 'cache'}"]),
+        )
+        assert res.returncode == 12 and "InsufficientSpace" in res.stderr, res.stdout + res.stderr
+        assert "GiB free on the file system of" in res.stderr
+        assert list(small.iterdir()) == [], "the refused conversion wrote something"
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
+@pytest.mark.slow
+def test_sif_runs_real_pytorch_preflight_and_reuses_ccache(
+    engine, local_base, sid_base, site_certs, debian_dsc, tmp_path
+):
+    """Debian's PyTorch 2.6 source: the preflight by `apptainer run ... build --preflight` as a
+    user types it, then again by `invoke build --engine apptainer --clean`, hitting the ccache
+    the first run filled through the /cache bind."""
+    profile = str(FIXTURES / "profiles" / "debian-pytorch-2.6.yaml")
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    sets = [f"base_image={local_base}", *site_certs, f"cache_dir={cache}", f"sif_builder_base={sid_base}"]
+    image_ok(profile, set_args(sets))
+    res = run_invoke("sif", "--profile", profile, "--out", str(tmp_path), *set_args(sets))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+    sif = tmp_path / "torch-build-debian-pytorch-2.6-x86_64.sif"
+    res = run_invoke(
+        "source",
+        "--profile",
+        profile,
+        "--source",
+        str(debian_dsc),
+        "--dest",
+        str(tmp_path / "src"),
+        "--no-patch",
+        *set_args(sets),
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+    tree = Path(res.stdout.strip().splitlines()[-1].split(" (")[0])
+    assert (tree / "setup.py").is_file()
+    out.mkdir()
+    cache.mkdir(exist_ok=True)
+
+    apptainer = locate(resolve(profile, sets), "docker")
+    rc, text = call(
+        apptainer,
+        ["run", "--userns", "--bind", f"{tree}:/src,{cache}:/cache,{out}:/out", str(sif), "build", "--preflight"],
+        [tree, cache, out, tmp_path],
+    )
+    assert rc == 0, text[-5000:]
+    # the SIF prints the manifest's path as it sees it: /out/<name>
+    printed = next(ln for ln in text.splitlines() if ln.startswith("manifest: /out/"))
+    m1 = json.loads((out / Path(printed.split(": ", 1)[1]).name).read_text())
+    assert m1["engine"] == "apptainer" and m1["image"]["sif"] == str(sif)
+    assert m1["preflight"]["targets"] == ["c10"] and list((tree / "build" / "lib").glob("libc10.so*"))
+    assert m1["patches"]["applied_now"] == ["01-cuda-aware-mpi-fallback.patch"]  # patched inside the SIF
+    assert not run_containers(engine)
+
+    res = run_invoke(
+        "build",
+        "--in-container",
+        "--engine",
+        "apptainer",
+        "--sif",
+        str(sif),
+        "--apptainer",
+        "docker",
+        "--preflight",
+        "--clean",
+        "--profile",
+        profile,
+        "--source",
+        str(tree),
+        "--out",
+        str(out),
+        *set_args(sets),
+        timeout=3600,
+    )
+    assert res.returncode == 0, res.stdout[-5000:] + res.stderr
+    m2 = manifest_of(res.stdout)
+    assert m2["engine"] == "apptainer" and m2["run_id"] != m1["run_id"]
+    assert m2["ccache"]["hit_rate"] >= 0.90, m2["ccache"]
+    assert not run_containers(engine)
