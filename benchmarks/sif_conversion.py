@@ -38,7 +38,7 @@ def main() -> None:
     engine = Engine.connect()
     apptainer = locate(spec, args.apptainer, engine=lambda: engine)
     image_size = int(require_image(spec, engine)["Size"])  # type: ignore[call-overload]
-    work = cache_dir(spec) / "apptainer" / "bench"
+    work = cache_dir(spec).resolve() / "apptainer" / "bench"
     work.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work) as tmp:
         tmpdir = Path(tmp)
@@ -54,13 +54,13 @@ def main() -> None:
             plain = tmpdir / "plain.sif"
             t1 = time.monotonic()
             rc = apptainer.call(
-                ["build", str(plain), f"docker-archive://{tmpdir / 'image.tar'}"], env=env, paths=[tmpdir], out=sink
+                ["build", str(plain), f"docker-archive://{tmpdir / 'image.tar'}"], env=env, paths=[root], out=sink
             )
             built = time.monotonic() - t1
         finally:
             sink.close()
         if rc != 0 or not plain.is_file():
-            sys.exit(f"plain apptainer build failed ({rc}); see {tmpdir / 'output.log'}")
+            sys.exit(f"plain apptainer build failed ({rc}):\n{(tmpdir / 'output.log').read_text()[-3000:]}")
         plain_total = saved + built
         print(f"image {spec.image_tag}: {image_size / 2**20:.0f} MiB; apptainer: {apptainer.description}")
         print(
