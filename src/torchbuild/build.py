@@ -18,15 +18,27 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from . import __version__
 from .config import BuildSpec, spec_from_dict
 from .environment import build_env, compilers, format_env
-from .errors import BuildFailed, ToolMissing
-from .jobs import HostResources, plan_jobs
+from .errors import BuildFailed, OutOfMemory, ToolMissing
+from .jobs import (
+    HostResources,
+    JobPlan,
+    Peaks,
+    cgroup_peak,
+    fewer_jobs,
+    load_measured,
+    peaks_file,
+    plan_jobs,
+    record_measured,
+)
+from .progress import OomWatch, Progress
+from .report import write_report
 from .source import sha256_file
 
 PARTIAL_PREFIX = ".partial-"
@@ -44,6 +56,7 @@ class BuildRequest:
     targets: tuple[str, ...] = ()  # preflight targets; empty: the profile's
     canaries: tuple[str, ...] = ()  # preflight canaries; empty: the profile's
     provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # source, patches, image
+    progress: str = "auto"  # bar, lines, raw; auto: bar on a terminal, else lines
     run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def to_json(self) -> str:
@@ -65,20 +78,22 @@ class BuildRequest:
 class Tee:
     """Write to the terminal (or container log stream) and the log file at once."""
 
-    def __init__(self, log: Path, out: TextIO) -> None:
+    def __init__(self, log: Path, out: TextIO, progress: str = "raw") -> None:
         log.parent.mkdir(parents=True, exist_ok=True)
         self.file = log.open("a", buffering=1)
         self.out = out
+        self.progress = Progress(out, progress)
 
     def write(self, text: str) -> None:
         self.file.write(text)
-        self.out.write(text)
+        self.progress.write(text)
         self.out.flush()
 
     def line(self, text: str = "") -> None:
         self.write(text + "\n")
 
     def close(self) -> None:
+        self.progress.finish()
         self.file.close()
 
 
@@ -137,23 +152,33 @@ def hit_rate(stats: Mapping[str, int]) -> tuple[int, int, float]:
     return hits, misses, (hits / total if total else 0.0)
 
 
-def run_logged(cmd: Sequence[str], *, cwd: str, env: Mapping[str, str], tee: Tee, what: str) -> float:
-    """Run cmd streaming its output into tee; BuildFailed on a non-zero exit. Returns seconds."""
+def _run(
+    cmd: Sequence[str], *, cwd: str, env: Mapping[str, str], tee: Tee, watch: OomWatch | None = None
+) -> tuple[int, float, int]:
+    """Run cmd with its output streamed into tee (and watch); (exit code, seconds, peak RSS of
+    the largest process it ran, compilers included, in bytes). The child dies with us."""
     tee.line(f"$ {' '.join(cmd)}")
     start = time.monotonic()
-    proc = subprocess.Popen(
-        list(cmd), cwd=cwd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
-    )
+    proc = subprocess.Popen(list(cmd), cwd=cwd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert proc.stdout is not None
     try:
-        for line in proc.stdout:
+        for raw in proc.stdout:
+            line = raw.decode(errors="replace")
             tee.write(line)
-        rc = proc.wait()
+            if watch is not None:
+                watch.feed(line)
+        _, status, usage = os.wait4(proc.pid, 0)
     except BaseException:
         proc.kill()
         proc.wait()
         raise
-    took = time.monotonic() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, time.monotonic() - start, usage.ru_maxrss * 1024
+
+
+def run_logged(cmd: Sequence[str], *, cwd: str, env: Mapping[str, str], tee: Tee, what: str) -> float:
+    """Run cmd streaming its output into tee; BuildFailed on a non-zero exit. Returns seconds."""
+    rc, took, _ = _run(cmd, cwd=cwd, env=env, tee=tee)
     if rc != 0:
         raise BuildFailed(f"{what} failed (exit {rc}) after {took:.0f} s; log: {tee.file.name}")
     return took
@@ -161,18 +186,68 @@ def run_logged(cmd: Sequence[str], *, cwd: str, env: Mapping[str, str], tee: Tee
 
 def _peak_run(cmd: Sequence[str], *, cwd: str, env: Mapping[str, str], tee: Tee, what: str) -> tuple[float, int]:
     """Like run_logged, and also the peak RSS (bytes) of the largest process it ran."""
-    tee.line(f"$ {' '.join(cmd)}")
-    start = time.monotonic()
-    proc = subprocess.Popen(list(cmd), cwd=cwd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert proc.stdout is not None
-    for raw in proc.stdout:
-        tee.write(raw.decode(errors="replace"))
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    took = time.monotonic() - start
-    if proc.returncode != 0:
-        raise BuildFailed(f"{what} failed (exit {proc.returncode}); log: {tee.file.name}")
-    return took, usage.ru_maxrss * 1024
+    rc, took, peak = _run(cmd, cwd=cwd, env=env, tee=tee)
+    if rc != 0:
+        raise BuildFailed(f"{what} failed (exit {rc}); log: {tee.file.name}")
+    return took, peak
+
+
+@dataclasses.dataclass
+class JobsUsed:
+    """The jobs a build started with, what it ended with, and every out-of-memory retry."""
+
+    start: int
+    current: int
+    retries: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+def run_compile(
+    cmd_for: Callable[[int], Sequence[str]],
+    *,
+    cwd: str,
+    env_for: Callable[[int], Mapping[str, str]],
+    tee: Tee,
+    what: str,
+    jobs: JobsUsed,
+) -> float:
+    """Run a compile step; when the OOM killer takes a compiler (or the step), resume the same
+    build tree with half the jobs (ninja rebuilds only what did not finish), down to one job,
+    then OutOfMemory with the peak seen."""
+    total = 0.0
+    while True:
+        watch = OomWatch()
+        rc, took, peak = _run(cmd_for(jobs.current), cwd=cwd, env=env_for(jobs.current), tee=tee, watch=watch)
+        total += took
+        if rc == 0:
+            return total
+        evidence = watch.evidence or (f"exit {rc} (SIGKILL)" if rc in (137, -9) else None)
+        if evidence is None:
+            raise BuildFailed(f"{what} failed (exit {rc}) after {took:.0f} s; log: {tee.file.name}")
+        cg_peak = cgroup_peak()
+        peak_text = f"largest process {peak / 2**30:.2f} GiB" + (
+            f", cgroup peak {cg_peak / 2**30:.2f} GiB" if cg_peak else ""
+        )
+        if jobs.current == 1:
+            raise OutOfMemory(
+                f"{what} ran out of memory even with 1 job ({evidence}; {peak_text}); log: {tee.file.name}"
+            )
+        nxt = fewer_jobs(jobs.current)
+        jobs.retries.append(
+            {
+                "step": what,
+                "jobs": jobs.current,
+                "next_jobs": nxt,
+                "evidence": evidence,
+                "peak_rss_bytes": peak,
+                "cgroup_peak_bytes": cg_peak,
+                "seconds": round(took, 1),
+            }
+        )
+        tee.line(
+            f"torchbuild: out of memory in {what} with {jobs.current} jobs ({evidence}; {peak_text}); "
+            f"resuming the same build tree with {nxt} jobs (retry {len(jobs.retries)})"
+        )
+        jobs.current = nxt
 
 
 def build_dir(source: str) -> Path:
@@ -241,17 +316,17 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
     out_dir = Path(req.out_dir)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     log = out_dir / "logs" / f"{'preflight' if req.preflight else 'build'}-{spec.profile}-{stamp}-{req.run_id}.log"
-    tee = Tee(log, out)
+    tee = Tee(log, out, req.progress)
     try:
         host = HostResources.detect()
-        plan = plan_jobs(req.jobs or spec.max_jobs, spec.mem_per_job_gb, host)
-        env_vars = build_env(spec, cache_root=req.cache_root, jobs=plan.jobs)
+        plan = plan_for(req, host)
+        env_vars = build_env(spec, cache_root=req.cache_root, jobs=plan.jobs, nvcc_threads=plan.nvcc_threads or None)
         for d in (env_vars["CCACHE_DIR"], env_vars["PIP_CACHE_DIR"]):
             Path(d).mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **env_vars}
         tee.line(f"torchbuild {__version__}: {'preflight' if req.preflight else 'wheel build'} of {req.source}")
         tee.line(f"profile {spec.profile} (sha256 {spec.hash[:16]}), version {spec.build_version}")
-        tee.line(f"jobs: {plan.jobs} ({'--jobs' if req.jobs else plan.reason})")
+        tee.line(f"jobs: {plan.jobs} ({plan.reason})")
         tee.line("environment:")
         for line in format_env(env_vars).splitlines():
             tee.line(f"  {line}")
@@ -263,22 +338,37 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
         wheel: Path | None = None
         canaries: list[dict[str, Any]] = []
         phases: dict[str, float] = {}
+        jobs = JobsUsed(plan.jobs, plan.jobs)
+
+        def env_for(n: int) -> dict[str, str]:
+            return {**env, "MAX_JOBS": str(n)}
+
         if req.preflight:
             phases["configure_s"] = round(configure(req.source, env, tee), 1)
             # CMake's try_compile checks run in randomly named directories and can never hit
             # the cache: count hits from here on, over the compiles that can
             subprocess.run(["ccache", "--zero-stats"], env=env, capture_output=True, check=False)
-            t_targets = time.monotonic()
             targets = list(req.targets or spec.preflight_targets)
             if targets:
-                run_logged(
-                    ["cmake", "--build", str(build_dir(req.source)), "--target", *targets, "--", f"-j{plan.jobs}"],
-                    cwd=req.source,
-                    env=env,
-                    tee=tee,
-                    what=f"building {' '.join(targets)}",
+                phases["targets_s"] = round(
+                    run_compile(
+                        lambda n: [
+                            "cmake",
+                            "--build",
+                            str(build_dir(req.source)),
+                            "--target",
+                            *targets,
+                            "--",
+                            f"-j{n}",
+                        ],
+                        cwd=req.source,
+                        env_for=env_for,
+                        tee=tee,
+                        what=f"building {' '.join(targets)}",
+                        jobs=jobs,
+                    ),
+                    1,
                 )
-            phases["targets_s"] = round(time.monotonic() - t_targets, 1)
             for canary in req.canaries or spec.canaries:
                 target = object_target(req.source, canary, env)
                 secs, peak = _peak_run(
@@ -289,17 +379,56 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
                     what=f"canary {canary}",
                 )
                 canaries.append({"file": canary, "seconds": round(secs, 2), "peak_rss_bytes": peak})
+            if canaries:
+                measured = record_measured(peaks_file(req.cache_root, spec.hash), canaries)
+                tee.line(f"canary peaks recorded for the next plans: {_fmt_peaks(measured)}")
         else:
-            wheel = _build_wheel(req, env, tee)
+            wheel = _build_wheel(req, env_for, tee, jobs)
         stats = hit_rate(ccache_stats(env))
+        report = _report(req, log, tee)
         seconds = time.monotonic() - t0
         manifest = _write_manifest(
-            req, versions, env_vars, plan.jobs, plan.reason, started, seconds, wheel, stats, canaries, phases, log
+            req, versions, env_vars, plan, jobs, started, seconds, wheel, stats, canaries, phases, log, report
         )
-        _summary(tee, req, wheel, manifest, seconds, plan.jobs, stats, canaries, log)
+        _summary(tee, req, wheel, manifest, seconds, jobs, stats, canaries, log, report)
         return Outcome(wheel, manifest, log)
     finally:
         tee.close()
+
+
+def plan_for(req: BuildRequest, host: HostResources) -> JobPlan:
+    """The jobs plan: --jobs, else the profile's max_jobs, with per-job peaks measured on this
+    profile's canaries (in the cache) where there are some."""
+    spec = req.spec
+    peaks = Peaks.defaults(spec.mem_per_job_gb, spec.mem_per_cuda_job_gb).with_measured(
+        load_measured(peaks_file(req.cache_root, spec.hash))
+    )
+    if req.jobs:
+        return JobPlan(req.jobs, f"--jobs {req.jobs}", spec.nvcc_threads)
+    return plan_jobs(
+        spec.max_jobs,
+        spec.mem_per_job_gb,
+        host,
+        cuda=spec.cuda,
+        peaks=peaks,
+        nvcc_threads=spec.nvcc_threads,
+        cuda_archs=len(spec.cuda_arch_list),
+    )
+
+
+def _fmt_peaks(measured: Mapping[str, int]) -> str:
+    return ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in measured.items()) or "none"
+
+
+def _report(req: BuildRequest, log: Path, tee: Tee) -> dict[str, str] | None:
+    """report-<run>.txt and .png next to the log, from the tree's .ninja_log (if ninja ran)."""
+    ninja_log = build_dir(req.source) / ".ninja_log"
+    if not ninja_log.is_file():
+        return None
+    txt, png, rep = write_report(ninja_log, log.parent / f"report-{req.spec.profile}-{req.run_id}")
+    if rep.slowest:
+        tee.line(f"slowest translation unit: {rep.slowest[0].output} ({rep.slowest[0].seconds:.1f} s)")
+    return {"text": txt.name, "png": png.name}
 
 
 def check_wheel_tools(source: str) -> None:
@@ -320,14 +449,15 @@ def check_wheel_tools(source: str) -> None:
         )
 
 
-def _build_wheel(req: BuildRequest, env: Mapping[str, str], tee: Tee) -> Path:
-    """pip wheel --no-build-isolation into a partial directory, then rename into out_dir."""
+def _build_wheel(req: BuildRequest, env_for: Callable[[int], Mapping[str, str]], tee: Tee, jobs: JobsUsed) -> Path:
+    """pip wheel --no-build-isolation into a partial directory, then rename into out_dir; an
+    out-of-memory kill resumes it with fewer jobs (MAX_JOBS) in the same build tree."""
     check_wheel_tools(req.source)
     out_dir = Path(req.out_dir)
     partial = Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{req.run_id}-", dir=out_dir))
     try:
-        run_logged(
-            [
+        run_compile(
+            lambda n: [
                 sys.executable,
                 "-m",
                 "pip",
@@ -340,9 +470,10 @@ def _build_wheel(req: BuildRequest, env: Mapping[str, str], tee: Tee) -> Path:
                 req.source,
             ],
             cwd=req.source,
-            env=env,
+            env_for=env_for,
             tee=tee,
             what="pip wheel",
+            jobs=jobs,
         )
         wheels = sorted(partial.glob("*.whl"))
         if len(wheels) != 1:
@@ -358,8 +489,8 @@ def _write_manifest(
     req: BuildRequest,
     versions: Mapping[str, str],
     env_vars: Mapping[str, str],
-    jobs: int,
-    jobs_reason: str,
+    plan: JobPlan,
+    jobs: JobsUsed,
     started: str,
     seconds: float,
     wheel: Path | None,
@@ -367,6 +498,7 @@ def _write_manifest(
     canaries: list[dict[str, Any]],
     phases: Mapping[str, float],
     log: Path,
+    report: Mapping[str, str] | None,
 ) -> Path:
     spec = req.spec
     data: dict[str, Any] = {
@@ -379,12 +511,19 @@ def _write_manifest(
         **dict(req.provenance),
         "toolchain": dict(versions),
         "environment": dict(env_vars),
-        "jobs": {"max_jobs": jobs, "reason": jobs_reason},
+        "jobs": {
+            "max_jobs": jobs.start,
+            "final_jobs": jobs.current,
+            "reason": plan.reason,
+            "nvcc_threads": plan.nvcc_threads,
+            "retries": jobs.retries,
+        },
         "started": started,
         "finished": _now(),
         "duration_s": round(seconds, 1),
         "ccache": {"hits": ccache[0], "misses": ccache[1], "hit_rate": round(ccache[2], 4)},
         "log": log.name,
+        "report": dict(report) if report else None,
     }
     if wheel is not None:
         data["wheel"] = {"name": wheel.name, "sha256": sha256_file(wheel), "size": wheel.stat().st_size}
@@ -406,10 +545,11 @@ def _summary(
     wheel: Path | None,
     manifest: Path,
     seconds: float,
-    jobs: int,
+    jobs: JobsUsed,
     ccache: tuple[int, int, float],
     canaries: list[dict[str, Any]],
     log: Path,
+    report: Mapping[str, str] | None,
 ) -> None:
     rows: list[tuple[str, str, str]] = []
     if wheel is not None:
@@ -420,11 +560,23 @@ def _summary(
     tee.line(f"{'artifact':<{width}}  {'size':>10}  sha256")
     for name, size, digest in rows:
         tee.line(f"{name:<{width}}  {size:>10}  {digest}")
-    for c in canaries:
-        tee.line(f"canary {c['file']}: {c['seconds']:.1f} s, peak {c['peak_rss_bytes'] / 2**20:.0f} MiB")
     hits, misses, rate = ccache
-    tee.line(f"ccache: {hits} hits, {misses} misses, hit rate {rate:.0%}")
-    tee.line(f"duration {seconds:.1f} s with {jobs} jobs; log: {log}")
+    used = str(jobs.start) if jobs.current == jobs.start else f"{jobs.start} -> {jobs.current}"
+    facts = [
+        ("duration", f"{seconds:.1f} s"),
+        ("jobs used", used),
+        ("OOM retries", str(len(jobs.retries))),
+        ("ccache hit rate", f"{rate:.0%} ({hits} hits, {misses} misses)"),
+        *[
+            (f"canary {c['file']}", f"{c['seconds']:.1f} s, peak {c['peak_rss_bytes'] / 2**20:.0f} MiB")
+            for c in canaries
+        ],
+        ("log", str(log)),
+        *([("report", f"{log.parent / report['text']}, {log.parent / report['png']}")] if report else []),
+    ]
+    kw = max(len(k) for k, _ in facts)
+    for key, value in facts:
+        tee.line(f"{key:<{kw}}  {value}")
 
 
 def main_inside(request_file: str) -> int:

@@ -52,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--canary", action="append", default=[], help="preflight canary source file (repeatable)")
     w.add_argument("--clean", action="store_true", help="remove the tree's build/ directory first")
     w.add_argument("--jobs", type=int, default=0, help="parallel compile jobs (default: planned)")
+    w.add_argument("--progress", choices=["auto", "bar", "lines", "raw"], default="auto", help="build output")
     s = sub.add_parser("sif-labels", help=argparse.SUPPRESS)
     s.add_argument("sif")
     b = sub.add_parser("build-inside", help="run a build request written by `invoke build` (used in the container)")
@@ -107,6 +108,7 @@ def _build_here(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         targets=tuple(args.target),
         canaries=tuple(args.canary),
+        progress=args.progress,
     )
     sif = inside_sif()
     outcome = build_native(req, engine="apptainer" if sif else "native", image=sif)

@@ -134,6 +134,7 @@ class BuildSpec:
     canaries: tuple[str, ...]
     max_jobs: Union[str, int]
     mem_per_job_gb: float
+    mem_per_cuda_job_gb: float
     cache_dir: str
     ccache_size: str
     # where each key's value came from ("defaults.yaml", "gh200.yaml:12", "--set"); not hashed

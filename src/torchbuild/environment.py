@@ -35,11 +35,12 @@ def _flag(on: bool) -> str:
     return "1" if on else "0"
 
 
-def build_env(spec: BuildSpec, *, cache_root: str, jobs: int) -> dict[str, str]:
+def build_env(spec: BuildSpec, *, cache_root: str, jobs: int, nvcc_threads: int | None = None) -> dict[str, str]:
     """Variables exported to setup.py/CMake, in the order they are printed.
 
     ``cache_root`` is where the cache directory is seen by the build (``/cache`` inside the
-    container, the host cache_dir natively); ``jobs`` comes from the jobs planner.
+    container, the host cache_dir natively); ``jobs`` and ``nvcc_threads`` come from the jobs
+    planner (None: the profile's nvcc_threads).
     """
     cc, cxx = compilers(spec)
     env: dict[str, str] = {
@@ -54,8 +55,9 @@ def build_env(spec: BuildSpec, *, cache_root: str, jobs: int) -> dict[str, str]:
     }
     if spec.cuda:
         nvcc_flags = list(spec.cuda_flags)
-        if spec.nvcc_threads:
-            nvcc_flags += ["--threads", str(spec.nvcc_threads)]
+        threads = spec.nvcc_threads if nvcc_threads is None else nvcc_threads
+        if threads:
+            nvcc_flags += ["--threads", str(threads)]
         env.update(
             {
                 "CUDA_HOME": spec.cuda_home,

@@ -124,6 +124,15 @@ class InsufficientSpace(TorchbuildError):
     default_hint = "free disk space, or point cache_dir (--set cache_dir=...) or --out at a larger file system"
 
 
+class OutOfMemory(TorchbuildError):
+    """Compilers were killed for memory even with one job."""
+
+    exit_code = 13
+    default_hint = (
+        "give the build more memory (a bigger node, --memory, a larger Slurm --mem), or build fewer CUDA archs"
+    )
+
+
 class BuildInterrupted(TorchbuildError):
     """The build was interrupted (Ctrl-C or SIGTERM); its container and partial wheel are gone."""
 

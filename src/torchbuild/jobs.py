@@ -1,12 +1,26 @@
-"""How many compile jobs a build may run: from cores, usable memory and per-job peak memory."""
+"""How many compile jobs a build may run: from cores, the memory the build may use, and the
+peak memory of one compile job.
+
+Memory is the smallest of: MemAvailable, the cgroup limit (inside a container or a Slurm job
+with cgroup confinement) and the Slurm allocation (SLURM_MEM_PER_NODE, or SLURM_MEM_PER_CPU x
+SLURM_CPUS_ON_NODE). Cores are the CPU affinity, bounded by SLURM_CPUS_ON_NODE.
+Per-job peaks start from the profile (mem_per_job_gb for C++, mem_per_cuda_job_gb for CUDA
+builds, where flash-attention kernels need about 5 GB) and are replaced by the peaks measured
+on preflight canaries once there are some (`Peaks`).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 GiB = 1024**3
+# measured peaks are raised by this margin: a canary is one file, the build has many
+PEAK_MARGIN = 1.25
+MAX_NVCC_THREADS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -14,20 +28,45 @@ class HostResources:
     cores: int
     memory_bytes: int  # memory the build may use
     memory_source: str  # where memory_bytes was read from
+    cores_source: str = "CPU affinity"
 
     @classmethod
-    def detect(cls) -> HostResources:
+    def detect(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        cgroup_root: Path = Path("/sys/fs/cgroup"),
+        meminfo: Path = Path("/proc/meminfo"),
+    ) -> HostResources:
+        env = os.environ if environ is None else environ
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        mem, source = _memory_limit()
-        return cls(cores=cores, memory_bytes=mem, memory_source=source)
+        cores_source = "CPU affinity"
+        slurm_cpus = _int(env.get("SLURM_CPUS_ON_NODE"))
+        if slurm_cpus and slurm_cpus < cores:
+            cores, cores_source = slurm_cpus, "SLURM_CPUS_ON_NODE"
+        candidates: list[tuple[int, str]] = []
+        avail = mem_available(meminfo)
+        if avail:
+            candidates.append((avail, "MemAvailable"))
+        limit = cgroup_limit(cgroup_root)
+        if limit is not None:
+            candidates.append((limit, "cgroup memory limit"))
+        slurm = slurm_memory(env)
+        if slurm is not None:
+            candidates.append(slurm)
+        mem, source = min(candidates) if candidates else (0, "unknown")
+        return cls(cores=cores, memory_bytes=mem, memory_source=source, cores_source=cores_source)
+
+
+def _int(text: str | None) -> int | None:
+    text = (text or "").strip()
+    return int(text) if text.isdigit() else None
 
 
 def _read_int(path: Path) -> int | None:
     try:
-        text = path.read_text().strip()
+        return _int(path.read_text())
     except OSError:
         return None
-    return int(text) if text.isdigit() else None
 
 
 def mem_available(meminfo: Path = Path("/proc/meminfo")) -> int:
@@ -51,28 +90,121 @@ def cgroup_limit(root: Path = Path("/sys/fs/cgroup")) -> int | None:
     return None
 
 
-def _memory_limit() -> tuple[int, str]:
-    avail = mem_available()
-    limit = cgroup_limit()
-    if limit is not None and (avail == 0 or limit < avail):
-        return limit, "cgroup memory limit"
-    return avail, "MemAvailable"
+def cgroup_peak(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """The cgroup's high-water mark (v2 memory.peak, v1 max_usage_in_bytes), if the kernel has one."""
+    return _read_int(root / "memory.peak") or _read_int(root / "memory" / "memory.max_usage_in_bytes")
+
+
+def slurm_memory(env: Mapping[str, str]) -> tuple[int, str] | None:
+    """The job's memory from Slurm's variables (megabytes), if this runs in a Slurm allocation."""
+    per_node = _int(env.get("SLURM_MEM_PER_NODE"))
+    if per_node:
+        return per_node * 2**20, "SLURM_MEM_PER_NODE"
+    per_cpu = _int(env.get("SLURM_MEM_PER_CPU"))
+    cpus = _int(env.get("SLURM_CPUS_ON_NODE")) or _int(env.get("SLURM_CPUS_PER_TASK"))
+    if per_cpu and cpus:
+        return per_cpu * cpus * 2**20, "SLURM_MEM_PER_CPU x SLURM_CPUS_ON_NODE"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Peaks:
+    """Peak memory of one compile job, per kind ("cxx", "cuda"), and where each came from."""
+
+    cxx: int
+    cuda: int
+    source: str = "profile defaults"
+
+    @classmethod
+    def defaults(cls, mem_per_job_gb: float, mem_per_cuda_job_gb: float) -> Peaks:
+        return cls(int(mem_per_job_gb * GiB), int(mem_per_cuda_job_gb * GiB))
+
+    def with_measured(self, measured: Mapping[str, int]) -> Peaks:
+        """Measured canary peaks (bytes, per kind) replace the defaults, with PEAK_MARGIN."""
+        cxx = int(measured["cxx"] * PEAK_MARGIN) if measured.get("cxx") else self.cxx
+        cuda = int(measured["cuda"] * PEAK_MARGIN) if measured.get("cuda") else self.cuda
+        kinds = [k for k in ("cxx", "cuda") if measured.get(k)]
+        if not kinds:
+            return self
+        return Peaks(cxx, cuda, f"measured on canaries ({', '.join(kinds)}) x {PEAK_MARGIN}")
+
+
+def canary_kind(file: str) -> str:
+    return "cuda" if file.endswith((".cu", ".cuh")) else "cxx"
+
+
+def peaks_file(cache_root: str | Path, profile_hash: str) -> Path:
+    return Path(cache_root) / "peaks" / f"{profile_hash[:16]}.json"
+
+
+def load_measured(path: Path) -> dict[str, int]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: int(v) for k, v in data.items() if k in ("cxx", "cuda") and isinstance(v, int)}
+
+
+def record_measured(path: Path, canaries: list[dict[str, object]]) -> dict[str, int]:
+    """Keep the largest peak per kind from these canaries (and earlier ones) for later plans."""
+    measured = load_measured(path)
+    for c in canaries:
+        kind, peak = canary_kind(str(c["file"])), c.get("peak_rss_bytes")
+        if isinstance(peak, int) and peak > measured.get(kind, 0):
+            measured[kind] = peak
+    if measured:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(measured, indent=2))
+        os.replace(tmp, path)
+    return measured
 
 
 @dataclasses.dataclass(frozen=True)
 class JobPlan:
     jobs: int
     reason: str
+    nvcc_threads: int = 0  # 0: leave nvcc's default
 
 
-def plan_jobs(max_jobs: str | int, mem_per_job_gb: float, host: HostResources) -> JobPlan:
-    """MAX_JOBS for a build: a fixed number, or the smaller of cores and memory / per-job peak."""
+def plan_jobs(
+    max_jobs: str | int,
+    mem_per_job_gb: float,
+    host: HostResources,
+    *,
+    cuda: bool = False,
+    peaks: Peaks | None = None,
+    nvcc_threads: int = 0,
+    cuda_archs: int = 1,
+) -> JobPlan:
+    """MAX_JOBS for a build: a fixed number, or the smaller of cores and memory / per-job peak.
+    For CUDA builds the CUDA peak decides; nvcc --threads (which compiles a file's archs in
+    parallel) gets the cores that memory leaves idle, at most one per arch and 4, unless the
+    profile fixes nvcc_threads. The CUDA peak is per nvcc call as measured, threads included."""
+    peaks = peaks or Peaks.defaults(mem_per_job_gb, 5.0)
     if max_jobs != "auto":
-        return JobPlan(int(max_jobs), "fixed by max_jobs")
-    by_mem = int(host.memory_bytes // int(mem_per_job_gb * GiB)) if mem_per_job_gb > 0 else host.cores
+        jobs = int(max_jobs)
+        threads = nvcc_threads if cuda else 0
+        return JobPlan(jobs, f"fixed: {jobs} jobs", threads)
+    peak = max(peaks.cxx, peaks.cuda) if cuda else peaks.cxx
+    by_mem = int(host.memory_bytes // peak) if peak > 0 else host.cores
     jobs = max(1, min(host.cores, by_mem))
+    limit = "cores" if host.cores <= by_mem else "memory"
     reason = (
-        f"auto: {host.cores} cores, {host.memory_bytes / GiB:.1f} GiB ({host.memory_source}) "
-        f"/ {mem_per_job_gb:g} GiB per job -> {jobs}"
+        f"auto: {host.cores} cores ({host.cores_source}), {host.memory_bytes / GiB:.1f} GiB "
+        f"({host.memory_source}) / {peak / GiB:.2f} GiB per {'CUDA ' if cuda else ''}job "
+        f"({peaks.source}) -> {jobs} jobs, limited by {limit}"
     )
-    return JobPlan(jobs, reason)
+    threads = 0
+    if cuda:
+        if nvcc_threads:
+            threads = nvcc_threads
+        else:
+            threads = max(1, min(MAX_NVCC_THREADS, max(1, cuda_archs), host.cores // jobs))
+            reason += f"; nvcc --threads {threads} ({host.cores // jobs} idle cores per job, {cuda_archs} archs)"
+    return JobPlan(jobs, reason, threads)
+
+
+def fewer_jobs(jobs: int) -> int:
+    """The next attempt after an out-of-memory kill: half as many jobs, at least one."""
+    return max(1, jobs // 2)

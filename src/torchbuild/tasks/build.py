@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from invoke.context import Context
@@ -10,6 +11,7 @@ from invoke.tasks import task
 from ..config import DEFAULT_PROFILE
 from ..errors import ProfileError
 from ..patches import load_series
+from ..progress import MODES
 from ..runner import build_in_container, build_native, cache_dir, get_source, patch_tree, prepare
 from ..source import update_tree
 from .common import HELP, handles_errors, spec_from
@@ -35,6 +37,7 @@ SOURCE_HELP = "git URL, local tree, tarball or Debian .dsc (default: the profile
         "jobs": "parallel compile jobs (default: planned from cores and memory)",
         "user": "uid:gid the container runs as (default: yours; docker engine only)",
         "memory": "memory limit of the build container, e.g. 8g (default: none)",
+        "progress": "bar (a terminal), lines (a progress line every 30 s, for CI logs), raw (every line); default auto",
     },
     iterable=["set_", "target", "canary"],
 )
@@ -59,11 +62,16 @@ def build(
     jobs: int = 0,
     user: str = "",
     memory: str = "",
+    progress: str = "auto",
 ) -> None:
     """Fetch and patch the source, then build a wheel (or --preflight) with a manifest and a log."""
     spec = spec_from(profile, set_, arch)
     if engine not in ("docker", "apptainer"):
         raise ProfileError(f"unknown --engine {engine!r}", hint="use --engine docker or --engine apptainer")
+    if progress not in MODES:
+        raise ProfileError(f"unknown --progress {progress!r}", hint=f"use one of {', '.join(MODES)}")
+    if progress == "auto":  # decided here: inside a container stdout is never a terminal
+        progress = "bar" if sys.stdout.isatty() else "lines"
     if (engine != "docker" or sif or nv) and not in_container:
         raise ProfileError("--engine, --sif and --nv choose a container", hint="add --in-container")
     out_dir = Path(out).expanduser().resolve()
@@ -78,6 +86,7 @@ def build(
         jobs=jobs,
         targets=tuple(target or ()),
         canaries=tuple(canary or ()),
+        progress=progress,
     )
     tree = Path(req.source)
     if in_container and engine == "apptainer":

@@ -1,0 +1,242 @@
+"""The jobs planner (cores, memory from MemAvailable / cgroup / Slurm, per-kind peaks), OOM
+detection, the retry loop, progress output and the .ninja_log report."""
+
+from __future__ import annotations
+
+import io
+import struct
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+from torchbuild.build import JobsUsed, Tee, run_compile
+from torchbuild.errors import BuildFailed, OutOfMemory
+from torchbuild.jobs import GiB, HostResources, Peaks, fewer_jobs, load_measured, plan_jobs, record_measured
+from torchbuild.progress import Progress, oom_evidence
+from torchbuild.report import read_ninja_log, render_png, source_dir, summarize, write_report
+
+
+def host(cores: int, mem_gib: float) -> HostResources:
+    return HostResources(cores=cores, memory_bytes=int(mem_gib * GiB), memory_source="test")
+
+
+def test_cpu_plan_from_cores_memory_and_cxx_peak():
+    plan = plan_jobs("auto", 1.5, host(64, 30))
+    assert plan.jobs == 20 and "limited by memory" in plan.reason and plan.nvcc_threads == 0
+    assert "64 cores" in plan.reason and "30.0 GiB (test)" in plan.reason and "1.50 GiB per job" in plan.reason
+    cores_bound = plan_jobs("auto", 1.5, host(8, 500))
+    assert cores_bound.jobs == 8 and "limited by cores" in cores_bound.reason
+    assert plan_jobs("auto", 1.5, host(8, 0.5)).jobs == 1  # never zero
+    assert plan_jobs(5, 1.5, host(8, 0.5)).jobs == 5  # a fixed max_jobs wins
+
+
+def test_cuda_plan_uses_the_cuda_peak_and_gives_idle_cores_to_nvcc():
+    peaks = Peaks.defaults(1.5, 5.0)
+    # 40 GiB / 5 GiB per CUDA job = 8 jobs on 32 cores: 4 idle cores per job, 2 archs -> 2 threads
+    plan = plan_jobs("auto", 1.5, host(32, 40), cuda=True, peaks=peaks, cuda_archs=2)
+    assert (plan.jobs, plan.nvcc_threads) == (8, 2)
+    assert "per CUDA job" in plan.reason and "nvcc --threads 2" in plan.reason
+    # the same for 5 archs: threads capped at 4
+    assert plan_jobs("auto", 1.5, host(32, 40), cuda=True, peaks=peaks, cuda_archs=5).nvcc_threads == 4
+    # plenty of memory: all cores are jobs, nvcc gets one thread
+    roomy = plan_jobs("auto", 1.5, host(72, 480), cuda=True, peaks=peaks, cuda_archs=1)
+    assert (roomy.jobs, roomy.nvcc_threads) == (72, 1)
+    # the profile's nvcc_threads wins
+    assert plan_jobs("auto", 1.5, host(32, 40), cuda=True, peaks=peaks, nvcc_threads=3).nvcc_threads == 3
+
+
+def test_measured_canary_peaks_replace_the_defaults(tmp_path):
+    path = tmp_path / "peaks" / "abc.json"
+    assert load_measured(path) == {}
+    record_measured(path, [{"file": "a.cpp", "peak_rss_bytes": 2 * GiB}, {"file": "k.cu", "peak_rss_bytes": 8 * GiB}])
+    record_measured(path, [{"file": "b.cpp", "peak_rss_bytes": GiB}])  # a smaller peak does not lower it
+    assert load_measured(path) == {"cxx": 2 * GiB, "cuda": 8 * GiB}
+    peaks = Peaks.defaults(1.5, 5.0).with_measured(load_measured(path))
+    assert peaks.cxx == int(2 * GiB * 1.25) and peaks.cuda == 10 * GiB and "measured" in peaks.source
+    plan = plan_jobs("auto", 1.5, host(64, 30), peaks=peaks)
+    assert plan.jobs == 12 and "measured on canaries" in plan.reason  # 30 / 2.5
+
+
+def test_slurm_allocation_bounds_cores_and_memory(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemAvailable:   100000000 kB\n")
+    env = {"SLURM_CPUS_ON_NODE": "1", "SLURM_MEM_PER_NODE": "4096"}
+    res = HostResources.detect(env, cgroup_root=tmp_path / "none", meminfo=meminfo)
+    assert res.cores == 1 and res.cores_source == "SLURM_CPUS_ON_NODE"
+    assert res.memory_bytes == 4 * GiB and res.memory_source == "SLURM_MEM_PER_NODE"
+    per_cpu = HostResources.detect(
+        {"SLURM_CPUS_ON_NODE": "1", "SLURM_MEM_PER_CPU": "2048"}, cgroup_root=tmp_path / "none", meminfo=meminfo
+    )
+    assert per_cpu.memory_bytes == 2 * GiB and "SLURM_MEM_PER_CPU" in per_cpu.memory_source
+
+
+def test_the_smallest_memory_source_wins(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemAvailable:   8388608 kB\n")  # 8 GiB
+    cg = tmp_path / "cg"
+    cg.mkdir()
+    (cg / "memory.max").write_text(str(3 * GiB))
+    res = HostResources.detect({}, cgroup_root=cg, meminfo=meminfo)
+    assert (res.memory_bytes, res.memory_source) == (3 * GiB, "cgroup memory limit")
+    (cg / "memory.max").write_text("max\n")
+    res = HostResources.detect({"SLURM_MEM_PER_NODE": "16384"}, cgroup_root=cg, meminfo=meminfo)
+    assert (res.memory_bytes, res.memory_source) == (8 * GiB, "MemAvailable")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "c++: fatal error: Killed signal terminated program cc1plus",
+        "nvcc error   : 'cicc' died due to signal 9 (Kill signal)",
+        "nvcc error   : 'ptxas' died due to signal 9 (Kill signal)",
+        "g++: internal compiler error: Killed (program cc1plus)",
+        "collect2: fatal error: ld terminated with signal 9 [Killed]",
+        "cc1plus: out of memory allocating 65536 bytes after a total of 1234 bytes",
+        "virtual memory exhausted: Cannot allocate memory",
+        "clang++: error: unable to execute command: Killed",
+    ],
+)
+def test_oom_messages_are_recognised(line):
+    assert oom_evidence(line)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "error: 'foo' was not declared in this scope",
+        "[12/345] Building CXX object killed_test.cpp.o",
+        "ninja: build stopped",
+    ],
+)
+def test_other_failures_are_not_oom(line):
+    assert oom_evidence(line) is None
+
+
+def _fake_compiler(tmp_path: Path) -> Path:
+    """Fails like an OOM-killed g++ while MAX_JOBS > 1, succeeds with 1; logs each call."""
+    script = tmp_path / "fake"
+    script.write_text(
+        f"""#!{sys.executable}
+import os, sys
+open({str(tmp_path / "calls")!r}, 'a').write(os.environ['MAX_JOBS'] + '\\n')
+if int(os.environ['MAX_JOBS']) > 1:
+    print('c++: fatal error: Killed signal terminated program cc1plus', flush=True)
+    sys.exit(1)
+print('[3/3] Linking', flush=True)
+"""
+    )
+    script.chmod(0o755)
+    return script
+
+
+def test_oom_retries_halve_the_jobs_down_to_one(tmp_path):
+    fake = _fake_compiler(tmp_path)
+    tee = Tee(tmp_path / "log", io.StringIO(), "raw")
+    jobs = JobsUsed(8, 8)
+    run_compile(
+        lambda n: [str(fake)], cwd=str(tmp_path), env_for=lambda n: {"MAX_JOBS": str(n)}, tee=tee, what="x", jobs=jobs
+    )
+    tee.close()
+    assert (tmp_path / "calls").read_text().split() == ["8", "4", "2", "1"]
+    assert jobs.current == 1 and [r["jobs"] for r in jobs.retries] == [8, 4, 2]
+    assert all("Killed signal terminated program cc1plus" in r["evidence"] for r in jobs.retries)
+    assert (tmp_path / "log").read_text().count("torchbuild: out of memory in x") == 3
+
+
+def test_oom_with_one_job_is_named_and_other_failures_are_not_retried(tmp_path):
+    script = tmp_path / "always"
+    script.write_text(f"#!{sys.executable}\nprint('cc1plus: out of memory allocating 8 bytes'); raise SystemExit(1)\n")
+    script.chmod(0o755)
+    tee = Tee(tmp_path / "log", io.StringIO(), "raw")
+    with pytest.raises(OutOfMemory, match="even with 1 job"):
+        run_compile(
+            lambda n: [str(script)], cwd=str(tmp_path), env_for=lambda n: {}, tee=tee, what="x", jobs=JobsUsed(2, 2)
+        )
+    broken = tmp_path / "broken"
+    broken.write_text(f"#!{sys.executable}\nprint('error: expected ;'); raise SystemExit(1)\n")
+    broken.chmod(0o755)
+    jobs = JobsUsed(4, 4)
+    with pytest.raises(BuildFailed):
+        run_compile(lambda n: [str(broken)], cwd=str(tmp_path), env_for=lambda n: {}, tee=tee, what="x", jobs=jobs)
+    assert jobs.retries == [] and jobs.current == 4
+    tee.close()
+    assert fewer_jobs(3) == 1 and fewer_jobs(1) == 1
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_lines_mode_prints_periodic_progress_with_rate_and_eta():
+    out, clock = io.StringIO(), _Clock()
+    p = Progress(out, "lines", interval=30, clock=clock)
+    p.write("-- Configuring done\n")
+    for i in range(1, 101):
+        clock.t += 1.0
+        p.write(f"[{i}/100] Building CXX object f{i}.o\n")
+    p.finish()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "-- Configuring done"
+    progress = [ln for ln in lines if ln.startswith("progress: ")]
+    assert 3 <= len(progress) <= 6, progress  # the first, every 30 s, the last
+    assert progress[-1].startswith("progress: 100/100 (100%)")
+    assert "1.00/s" in progress[1] and "ETA" in progress[1]
+    assert not any("Building CXX" in ln for ln in lines)  # ninja lines are in the log only
+
+
+def test_bar_mode_redraws_one_line_and_keeps_other_output():
+    out, clock = io.StringIO(), _Clock()
+    p = Progress(out, "bar", clock=clock)
+    for i in range(1, 5):
+        clock.t += 2
+        p.write(f"[{i}/4] cc\n")
+        if i == 2:
+            p.write("warning: unused variable\n")
+    p.finish()
+    text = out.getvalue()
+    assert "\r[" in text and "4/4 (100%)" in text and "warning: unused variable\n" in text
+    assert text.endswith("\n")
+
+
+NINJA_LOG = """# ninja log v5
+0\t1500\t0\tc10/CMakeFiles/c10.dir/core/TensorImpl.cpp.o\tabc
+0\t9000\t0\tcaffe2/CMakeFiles/torch_cpu.dir/__/aten/src/ATen/native/cpu/int4mm_kernel.cpp.DEFAULT.cpp.o\tdef
+100\t2100\t0\tcaffe2/CMakeFiles/torch_cpu.dir/__/aten/src/ATen/native/Foo.cpp.o\tghi
+2100\t2200\t0\tlib/libc10.so\tjkl
+0\t500\t0\tc10/CMakeFiles/c10.dir/core/TensorImpl.cpp.o\tabc
+"""
+
+
+def test_ninja_log_report(tmp_path):
+    log = tmp_path / ".ninja_log"
+    log.write_text(NINJA_LOG)
+    steps = read_ninja_log(log)
+    assert len(steps) == 4  # the rebuilt TensorImpl counts once, with its latest time
+    rep = summarize(steps)
+    assert rep.compile_steps == 3
+    assert rep.slowest[0].output.endswith("int4mm_kernel.cpp.DEFAULT.cpp.o") and rep.slowest[0].seconds == 9.0
+    assert rep.per_dir[0] == ("aten/src/ATen/native/cpu", 9.0, 1)
+    assert ("c10/core", 0.5, 1) in rep.per_dir
+    assert source_dir("caffe2/CMakeFiles/torch_cpu.dir/__/aten/src/ATen/native/Foo.cpp.o") == "aten/src/ATen/native"
+    txt, png, _ = write_report(log, tmp_path / "report")
+    assert "int4mm_kernel" in txt.read_text() and "aten/src/ATen/native/cpu" in txt.read_text()
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert width == 1000 and height > 100
+    # the image is not blank: the bars are drawn in colour
+    idat = data[data.index(b"IDAT") + 4 : data.index(b"IEND") - 8]
+    raw = zlib.decompress(idat)
+    assert len(raw) == height * (1 + 3 * width)
+    assert bytes((52, 101, 164)) in raw and bytes((206, 92, 0)) in raw
+
+
+def test_png_of_an_empty_report_is_valid():
+    data = render_png(summarize([]))
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data.endswith(b"IEND\xaeB`\x82")
