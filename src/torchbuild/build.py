@@ -57,6 +57,7 @@ class BuildRequest:
     canaries: tuple[str, ...] = ()  # preflight canaries; empty: the profile's
     provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # source, patches, image
     progress: str = "auto"  # bar, lines, raw; auto: bar on a terminal, else lines
+    oom_retry: bool = True  # resume with fewer jobs after an out-of-memory kill
     run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def to_json(self) -> str:
@@ -209,6 +210,7 @@ def run_compile(
     tee: Tee,
     what: str,
     jobs: JobsUsed,
+    retry: bool = True,
 ) -> float:
     """Run a compile step; when the OOM killer takes a compiler (or the step), resume the same
     build tree with half the jobs (ninja rebuilds only what did not finish), down to one job,
@@ -227,9 +229,10 @@ def run_compile(
         peak_text = f"largest process {peak / 2**30:.2f} GiB" + (
             f", cgroup peak {cg_peak / 2**30:.2f} GiB" if cg_peak else ""
         )
-        if jobs.current == 1:
+        if jobs.current == 1 or not retry:
             raise OutOfMemory(
-                f"{what} ran out of memory even with 1 job ({evidence}; {peak_text}); log: {tee.file.name}"
+                f"{what} ran out of memory with {jobs.current} jobs ({evidence}; {peak_text}); log: {tee.file.name}",
+                hint=None if retry else "drop --no-retry to resume with fewer jobs automatically",
             )
         nxt = fewer_jobs(jobs.current)
         jobs.retries.append(
@@ -366,6 +369,7 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
                         tee=tee,
                         what=f"building {' '.join(targets)}",
                         jobs=jobs,
+                        retry=req.oom_retry,
                     ),
                     1,
                 )
@@ -474,6 +478,7 @@ def _build_wheel(req: BuildRequest, env_for: Callable[[int], Mapping[str, str]],
             tee=tee,
             what="pip wheel",
             jobs=jobs,
+            retry=req.oom_retry,
         )
         wheels = sorted(partial.glob("*.whl"))
         if len(wheels) != 1:

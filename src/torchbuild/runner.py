@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from .build import PARTIAL_PREFIX, BuildRequest, Outcome, run_build
 from .config import BuildSpec
 from .engine import Engine
-from .errors import BuildFailed, BuildInterrupted
+from .errors import BuildFailed, BuildInterrupted, OutOfMemory, TorchbuildError
 from .image import LABEL_PREFIX, require_image
 from .patches import ApplyResult, Series, apply_series, load_series
 from .source import SourceInfo, describe_dir, fetch_git, looks_like_url, unpack_archive
@@ -211,8 +211,21 @@ def build_in_container(
         request_file.unlink(missing_ok=True)
     if rc != 0:
         remove_partials(host_out, req.run_id)
-        raise BuildFailed(f"the build in {spec.image_tag} exited with {rc}; the log is in {host_out / 'logs'}")
+        raise failure(rc, spec.image_tag, host_out)
     return outcome_from_out(host_out, req)
+
+
+def failure(rc: int, where: str, host_out: Path) -> TorchbuildError:
+    """The host's error for a build that exited rc in a container or SIF (its own error was
+    printed above by the build itself)."""
+    logs = host_out / "logs"
+    if rc == OutOfMemory.exit_code:
+        return OutOfMemory(f"the build in {where} ran out of memory at its last retry; the log is in {logs}")
+    if rc in (137, -9):
+        return OutOfMemory(
+            f"the build in {where} was killed (exit {rc}, SIGKILL: out of memory?); the log is in {logs}"
+        )
+    return BuildFailed(f"the build in {where} exited with {rc}; the log is in {logs}")
 
 
 def outcome_from_out(host_out: Path, req: BuildRequest) -> Outcome:

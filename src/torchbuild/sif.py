@@ -47,7 +47,7 @@ from .build import BuildRequest, Outcome
 from .config import DEFAULT_PROFILE, BuildSpec
 from .engine import Engine
 from .environment import build_env
-from .errors import BuildFailed, BuildInterrupted, ImageNotFound, InsufficientSpace, SifError, ToolMissing
+from .errors import BuildInterrupted, ImageNotFound, InsufficientSpace, SifError, ToolMissing
 from .image import LABEL_PREFIX, inputs_hash, make_context, require_image
 from .runner import (
     CONTAINER_CACHE,
@@ -55,6 +55,7 @@ from .runner import (
     CONTAINER_SRC,
     cache_dir,
     caller_user,
+    failure,
     interrupts_unwind,
     make_dirs_for,
     outcome_from_out,
@@ -618,5 +619,5 @@ def build_with_sif(
         request_file.unlink(missing_ok=True)
     if rc != 0:
         remove_partials(host_out, req.run_id)
-        raise BuildFailed(f"the build in {sif.name} exited with {rc}; the log is in {host_out / 'logs'}")
+        raise failure(rc, sif.name, host_out)
     return outcome_from_out(host_out, req)

@@ -150,7 +150,7 @@ def test_oom_with_one_job_is_named_and_other_failures_are_not_retried(tmp_path):
     script.write_text(f"#!{sys.executable}\nprint('cc1plus: out of memory allocating 8 bytes'); raise SystemExit(1)\n")
     script.chmod(0o755)
     tee = Tee(tmp_path / "log", io.StringIO(), "raw")
-    with pytest.raises(OutOfMemory, match="even with 1 job"):
+    with pytest.raises(OutOfMemory, match="out of memory with 1 jobs"):
         run_compile(
             lambda n: [str(script)], cwd=str(tmp_path), env_for=lambda n: {}, tee=tee, what="x", jobs=JobsUsed(2, 2)
         )

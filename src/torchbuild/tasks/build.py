@@ -37,6 +37,7 @@ SOURCE_HELP = "git URL, local tree, tarball or Debian .dsc (default: the profile
         "jobs": "parallel compile jobs (default: planned from cores and memory)",
         "user": "uid:gid the container runs as (default: yours; docker engine only)",
         "memory": "memory limit of the build container, e.g. 8g (default: none)",
+        "no_retry": "fail with OutOfMemory at the first out-of-memory kill instead of resuming with fewer jobs",
         "progress": "bar (a terminal), lines (a progress line every 30 s, for CI logs), raw (every line); default auto",
     },
     iterable=["set_", "target", "canary"],
@@ -63,6 +64,7 @@ def build(
     user: str = "",
     memory: str = "",
     progress: str = "auto",
+    no_retry: bool = False,
 ) -> None:
     """Fetch and patch the source, then build a wheel (or --preflight) with a manifest and a log."""
     spec = spec_from(profile, set_, arch)
@@ -87,6 +89,7 @@ def build(
         targets=tuple(target or ()),
         canaries=tuple(canary or ()),
         progress=progress,
+        oom_retry=not no_retry,
     )
     tree = Path(req.source)
     if in_container and engine == "apptainer":
