@@ -108,7 +108,7 @@ def write_report(ninja_log: Path, dest_stem: Path) -> tuple[Path, Path, Report]:
 # 3x5 glyphs, one string of 15 cells per character (rows top to bottom); lowercase is drawn
 # as uppercase, anything missing as '?'.
 _FONT = {
-    "a": ".#.#.####.##.#.",
+    "a": ".#.#.#####.##.#",
     "b": "##.#.###.#.###.",
     "c": ".###..#..#...##",
     "d": "##.#.##.##.###.",
@@ -226,6 +226,7 @@ def render_png(report: Report, width: int = 1000) -> bytes:
             w = max(1, int(bar_max * value / top))
             canvas.rect(bar_x, y + 2, w, row_h - 4, color)
             canvas.text(bar_x + w + 6, y + 4, f"{value:.1f}")
+            y += row_h
         canvas.rect(pad, y + row_h // 2, width - 2 * pad, 1, _GREY)
         y += row_h
     return canvas.png()

@@ -235,6 +235,9 @@ def test_ninja_log_report(tmp_path):
     raw = zlib.decompress(idat)
     assert len(raw) == height * (1 + 3 * width)
     assert bytes((52, 101, 164)) in raw and bytes((206, 92, 0)) in raw
+    # one bar per unit, each on its own rows (3 units x bars 12 px high at least)
+    rows = [raw[i * (1 + 3 * width) : (i + 1) * (1 + 3 * width)] for i in range(height)]
+    assert sum(bytes((52, 101, 164)) in r for r in rows) >= 3 * 12
 
 
 def test_png_of_an_empty_report_is_valid():
