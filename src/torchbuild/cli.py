@@ -53,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--clean", action="store_true", help="remove the tree's build/ directory first")
     w.add_argument("--jobs", type=int, default=0, help="parallel compile jobs (default: planned)")
     w.add_argument("--progress", choices=["auto", "bar", "lines", "raw"], default="auto", help="build output")
+    v = sub.add_parser("verify-inside", help="run a verify request written by `invoke verify` (used in the image)")
+    v.add_argument("request", help="path to the request JSON")
     s = sub.add_parser("sif-labels", help=argparse.SUPPRESS)
     s.add_argument("sif")
     b = sub.add_parser("build-inside", help="run a build request written by `invoke build` (used in the container)")
@@ -137,6 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "build":
             return _build_here(args)
+        if args.command == "verify-inside":
+            from .verify import main_inside as verify_main
+
+            return verify_main(args.request)
         if args.command == "sif-labels":
             from .sif import sif_labels_main
 

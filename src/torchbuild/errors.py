@@ -133,6 +133,13 @@ class OutOfMemory(TorchbuildError):
     )
 
 
+class VerifyFailed(TorchbuildError):
+    """A built wheel (or installed torch) failed a verification check."""
+
+    exit_code = 14
+    default_hint = "the table above names each failed check; the JSON report has the details"
+
+
 class BuildInterrupted(TorchbuildError):
     """The build was interrupted (Ctrl-C or SIGTERM); its container and partial wheel are gone."""
 

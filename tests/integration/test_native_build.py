@@ -5,6 +5,7 @@ Needs a host compiler, cmake, ninja and ccache (.ci/run installs them)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -44,7 +45,9 @@ def test_native_wheel_and_preflight_with_a_canary(tree, tmp_path):
     assert data["preflight"]["targets"] == ["c10"]
     # c10 was compiled by the wheel build before: --clean removed build/, ccache had it
     assert data["ccache"]["hits"] >= 1
-    assert "canary csrc/ops.cpp:" in pre.stdout
+    # the summary names the canary with its time and peak, and where the peaks went for the next plans
+    assert re.search(r"^canary csrc/ops\.cpp +[\d.]+ s, peak \d+ MiB$", pre.stdout, re.M), pre.stdout[-1500:]
+    assert "canary peaks recorded for the next plans: cxx" in pre.stdout
 
 
 def test_unknown_canary_is_named(tree, tmp_path):

@@ -9,5 +9,6 @@ from .config import config
 from .doctor import doctor
 from .image import base_image, image
 from .sif import sif
+from .verify import verify
 
-ns = Collection(config, image, base_image, sif, build, source, patches, doctor)
+ns = Collection(config, image, base_image, sif, build, verify, source, patches, doctor)

@@ -1,0 +1,247 @@
+"""Verify what was built: the wheel's tags against this interpreter and machine, its version
+against the profile, and that it installs into a fresh venv and works there.
+
+`verify_here()` runs where the wheel is meant to run (in the toolchain image, or natively);
+`invoke verify` calls it through `torchbuild verify-inside` in a container or directly.
+For torch, the probe checks import, `torch.__version__`, the build configuration against the
+profile (MPI, gloo, CUDA and its arch list, BLAS, OpenMP), a tensor op and an autograd step,
+a 2-process gloo all_reduce and broadcast, and CUDA when a GPU is visible (skipped otherwise).
+Any other package is imported and its `__version__` compared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .config import BuildSpec
+
+WHEEL_RE = re.compile(
+    r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-(?P<build>\d[^-]*))?-(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # pass, fail, skip
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+
+def parse_wheel_name(name: str) -> dict[str, str]:
+    m = WHEEL_RE.match(name)
+    if not m:
+        raise ValueError(f"{name} is not a wheel file name (name-version-python-abi-platform.whl)")
+    return {k: v for k, v in m.groupdict().items() if v is not None}
+
+
+def tag_checks(wheel_name: str, expect_version: str, machine: str | None = None) -> list[Check]:
+    """Version and python/abi/platform tags of a wheel file name against this interpreter."""
+    tags = parse_wheel_name(wheel_name)
+    py = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    machine = machine or platform.machine()
+    checks = []
+    version = tags["version"].replace("_", "-")
+    if expect_version:
+        ok = version == expect_version
+        checks.append(Check("version", "pass" if ok else "fail", f"{version} (expected {expect_version})"))
+    py_ok = any(t in (py, "py3", f"py{sys.version_info.major}{sys.version_info.minor}") for t in tags["py"].split("."))
+    checks.append(Check("python tag", "pass" if py_ok else "fail", f"{tags['py']} (interpreter {py})"))
+    abi_ok = any(t in (py, "abi3", "none") for t in tags["abi"].split("."))
+    checks.append(Check("abi tag", "pass" if abi_ok else "fail", f"{tags['abi']} (interpreter {py})"))
+    plats = tags["plat"].split(".")
+    plat_ok = any(
+        p == "any" or (p.startswith(("linux_", "manylinux", "musllinux")) and p.endswith("_" + machine)) for p in plats
+    )
+    checks.append(Check("platform tag", "pass" if plat_ok else "fail", f"{tags['plat']} (machine {machine})"))
+    return checks
+
+
+TORCH_PROBE = r"""
+import json, os, sys, tempfile
+expect = json.loads(sys.argv[1])
+checks = []
+def check(name, ok, detail="", skip=False):
+    checks.append({"name": name, "status": "skip" if skip else ("pass" if ok else "fail"), "detail": str(detail)})
+try:
+    import torch
+except Exception as exc:
+    check("import torch", False, repr(exc)); print(json.dumps(checks)); sys.exit(0)
+check("import torch", True, torch.__file__)
+if expect["version"]:
+    check("torch.__version__", torch.__version__ == expect["version"], f"{torch.__version__} (expected {expect['version']})")
+config = torch.__config__.show()
+dist = torch.distributed.is_available()
+check("distributed", dist == expect["distributed"], f"available={dist}")
+if dist:
+    import torch.distributed as td
+    check("gloo backend", td.is_gloo_available() == expect["gloo"], f"available={td.is_gloo_available()}")
+    check("mpi backend", td.is_mpi_available() == expect["mpi"], f"available={td.is_mpi_available()}")
+cuda_built = torch.version.cuda is not None
+check("CUDA built", cuda_built == bool(expect["cuda_version"]), f"torch.version.cuda={torch.version.cuda}")
+if cuda_built and expect["cuda_arch_list"]:
+    flags = torch._C._cuda_getArchFlags() or ""
+    want = [a.replace(".", "").replace("+PTX", "") for a in expect["cuda_arch_list"]]
+    check("CUDA arch list", all(f"sm_{w}" in flags for w in want), f"{flags} (expected {want})")
+if expect["blas"]:
+    check("BLAS", expect["blas"].lower() in config.lower(), f"expected {expect['blas']} in torch.__config__.show()")
+check("OpenMP", torch.backends.openmp.is_available(), "torch.backends.openmp.is_available()")
+x = torch.arange(6.0).reshape(2, 3)
+check("tensor op", float((x @ x.T).sum()) == 94.0, "sum(x @ x.T) for x = arange(6).reshape(2, 3)")
+w = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+(w * w).sum().backward()
+check("autograd", w.grad.tolist() == [2.0, 4.0, 6.0], f"d/dw sum(w^2) = {w.grad.tolist()}")
+if dist and expect["gloo"]:
+    import torch.multiprocessing as mp
+    def work(rank, size, path, out):
+        import torch, torch.distributed as td
+        td.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=size)
+        t = torch.tensor([float(rank + 1)])
+        td.all_reduce(t)
+        b = torch.tensor([42.0 if rank == 0 else 0.0])
+        td.broadcast(b, src=0)
+        with open(f"{out}.{rank}", "w") as f:
+            f.write(json.dumps([t.item(), b.item()]))
+        td.destroy_process_group()
+    d = tempfile.mkdtemp()
+    mp.spawn(work, args=(2, os.path.join(d, "store"), os.path.join(d, "r")), nprocs=2, join=True)
+    got = [json.load(open(os.path.join(d, f"r.{r}"))) for r in range(2)]
+    check("gloo all_reduce + broadcast (2 processes)", got == [[3.0, 42.0], [3.0, 42.0]], got)
+if torch.cuda.is_available():
+    n = torch.cuda.device_count()
+    a = torch.ones(64, 64, device="cuda")
+    check("CUDA devices", n > 0, f"{n} x {torch.cuda.get_device_name(0)}")
+    check("CUDA matmul", float((a @ a).sum()) == 64.0 ** 3, "ones(64,64) @ ones(64,64)")
+else:
+    check("CUDA devices", True, "no GPU visible", skip=True)
+print(json.dumps(checks))
+"""
+
+GENERIC_PROBE = r"""
+import importlib, json, sys
+name, version = sys.argv[1], sys.argv[2]
+checks = []
+try:
+    mod = importlib.import_module(name)
+    checks.append({"name": f"import {name}", "status": "pass", "detail": mod.__file__})
+    got = getattr(mod, "__version__", None)
+    if version:
+        checks.append({"name": f"{name}.__version__", "status": "pass" if got == version else "fail",
+                       "detail": f"{got} (expected {version})"})
+except Exception as exc:
+    checks.append({"name": f"import {name}", "status": "fail", "detail": repr(exc)})
+print(json.dumps(checks))
+"""
+
+
+def _site_paths() -> list[str]:
+    """This interpreter's package directories: the fresh venv sees them for dependencies only."""
+    paths = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    return [p for p in sorted(paths) if os.path.isdir(p)]
+
+
+def _probe(python: str, name: str, spec: BuildSpec, version: str) -> list[Check]:
+    if name == "torch":
+        expect = {
+            "version": version,
+            "distributed": bool(spec.distributed),
+            "gloo": "gloo" in spec.distributed,
+            "mpi": "mpi" in spec.distributed,
+            "cuda_version": spec.cuda_version,
+            "cuda_arch_list": list(spec.cuda_arch_list),
+            "blas": {"openblas": "OpenBLAS", "mkl": "MKL", "generic": "", "eigen": "Eigen"}.get(spec.blas, spec.blas),
+        }
+        args = [python, "-c", TORCH_PROBE, json.dumps(expect)]
+    else:
+        args = [python, "-c", GENERIC_PROBE, name, version]
+    proc = subprocess.run(args, capture_output=True, text=True, check=False, cwd=tempfile.gettempdir())
+    lines = proc.stdout.strip().splitlines()
+    try:
+        return [Check(**c) for c in json.loads(lines[-1])]
+    except (IndexError, ValueError, TypeError):
+        return [Check(f"probe {name}", "fail", (proc.stdout + proc.stderr).strip()[-500:])]
+
+
+def verify_wheel(wheel: Path, spec: BuildSpec, expect_version: str) -> list[Check]:
+    """Tags, then install into a fresh venv (dependencies from this interpreter) and probe."""
+    checks = tag_checks(wheel.name, expect_version)
+    name = parse_wheel_name(wheel.name)["name"].lower()
+    with tempfile.TemporaryDirectory(prefix="torchbuild-verify-") as tmp:
+        venv = Path(tmp) / "venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        python = str(venv / "bin" / "python")
+        purelib = subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        Path(purelib, "torchbuild-deps.pth").write_text("\n".join(_site_paths()) + "\n")
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--no-index", str(wheel)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            return [*checks, Check("install into a fresh venv", "fail", proc.stderr.strip()[-500:])]
+        checks.append(Check("install into a fresh venv", "pass", wheel.name))
+        checks += _probe(python, name, spec, expect_version)
+    return checks
+
+
+def verify_installed(name: str, spec: BuildSpec, expect_version: str) -> list[Check]:
+    """The package already installed for this interpreter (e.g. a distribution's torch)."""
+    return _probe(sys.executable, name, spec, expect_version)
+
+
+def render(checks: list[Check]) -> str:
+    width = max((len(c.name) for c in checks), default=0)
+    lines = [f"  {c.status.upper():<4}  {c.name:<{width}}  {c.detail}" for c in checks]
+    failed = sum(c.status == "fail" for c in checks)
+    skipped = sum(c.status == "skip" for c in checks)
+    lines.append(f"{len(checks) - failed - skipped} passed, {failed} failed, {skipped} skipped")
+    return "\n".join(lines)
+
+
+def report(checks: list[Check], subject: str) -> dict[str, Any]:
+    return {
+        "subject": subject,
+        "ok": not any(c.status == "fail" for c in checks),
+        "checks": [c.to_dict() for c in checks],
+        "python": sys.version.split()[0],
+        "machine": platform.machine(),
+    }
+
+
+def main_inside(request_file: str) -> int:
+    """`torchbuild verify-inside REQUEST.json` (in the toolchain image): checks, table, JSON report."""
+    from .config import spec_from_dict
+    from .errors import VerifyFailed
+
+    req = json.loads(Path(request_file).read_text())
+    spec = spec_from_dict(req["spec"], "verify request")
+    if req.get("installed"):
+        subject = f"installed {req['installed']}"
+        checks = verify_installed(req["installed"], spec, req["expect_version"])
+    else:
+        subject = Path(req["wheel"]).name
+        checks = verify_wheel(Path(req["wheel"]), spec, req["expect_version"])
+    data = report(checks, subject)
+    print(f"verify {subject} ({data['machine']}, Python {data['python']}):")
+    print(render(checks))
+    if req.get("json"):
+        Path(req["json"]).write_text(json.dumps(data, indent=2) + "\n")
+        print(f"report: {req['json']}")
+    if not data["ok"]:
+        failed = ", ".join(c.name for c in checks if c.status == "fail")
+        raise VerifyFailed(f"{subject}: {failed}")
+    return 0
