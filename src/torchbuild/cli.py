@@ -52,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--canary", action="append", default=[], help="preflight canary source file (repeatable)")
     w.add_argument("--clean", action="store_true", help="remove the tree's build/ directory first")
     w.add_argument("--jobs", type=int, default=0, help="parallel compile jobs (default: planned)")
+    w.add_argument("--no-verify", action="store_true", help="skip verifying the wheel after the build")
     w.add_argument("--progress", choices=["auto", "bar", "lines", "raw"], default="auto", help="build output")
     v = sub.add_parser("verify-inside", help="run a verify request written by `invoke verify` (used in the image)")
     v.add_argument("request", help="path to the request JSON")
@@ -115,6 +116,24 @@ def _build_here(args: argparse.Namespace) -> int:
     sif = inside_sif()
     outcome = build_native(req, engine="apptainer" if sif else "native", image=sif)
     print(f"{outcome.wheel or 'preflight passed'}\nmanifest: {outcome.manifest}\nlog: {outcome.log}")
+    if outcome.wheel and not args.no_verify:
+        from .verify import main_inside as verify_main
+
+        request = outcome.wheel.parent / f".verify-{req.run_id}.json"
+        request.write_text(
+            json.dumps(
+                {
+                    "spec": spec.to_dict(),
+                    "expect_version": spec.build_version,
+                    "wheel": str(outcome.wheel),
+                    "json": f"{outcome.wheel}.verify.json",
+                }
+            )
+        )
+        try:
+            return verify_main(str(request))
+        finally:
+            request.unlink(missing_ok=True)
     return 0
 
 

@@ -94,6 +94,9 @@ def test_fixture_wheel_end_to_end(engine, cpu_image, site_overrides, workspace):
     assert manifest["resolved_profile"]["local_version"] == "tbtest"
     assert manifest["started"] <= manifest["finished"]
     assert (out / "logs" / manifest["log"]).is_file()
+    # `invoke build` verified the wheel in the image afterwards
+    verified = json.loads((out / f"{wheel.name}.verify.json").read_text())
+    assert verified["ok"] and {c["name"] for c in verified["checks"]} >= {"platform tag", "import minitorch"}
     # nothing the build wrote belongs to anyone but the caller
     for root in (out, tree, cache):
         strangers = [p for p in [root, *root.rglob("*")] if p.lstat().st_uid != OTHER_UID]

@@ -6,7 +6,7 @@ import json
 import shutil
 
 import pytest
-from helpers import manifest_of, run_invoke, set_args
+from helpers import FIXTURES, image_ok, manifest_of, run_invoke, set_args
 from test_build import build_args, workspace  # noqa: F401 - the fixture is used by name
 
 pytestmark = pytest.mark.docker
@@ -37,3 +37,31 @@ def test_verify_passes_the_wheel_and_fails_retagged_copies(engine, cpu_image, si
         checks = {c["name"]: c["status"] for c in json.loads((out / f"{copy.name}.verify.json").read_text())["checks"]}
         assert checks[failed] == "fail", checks
     assert not list(out.glob(".verify-*.json")), "request files were left behind"
+
+
+@pytest.mark.slow
+def test_verify_installed_debian_torch_with_gloo_and_mpi(engine, local_base, site_certs, tmp_path):
+    """Debian trixie's python3-torch 2.6 (built with MPI) in an image built by the tool."""
+    profile = str(FIXTURES / "profiles" / "debian-torch-installed.yaml")
+    sets = set_args([f"base_image={local_base}", *site_certs])
+    image_ok(profile, sets)
+    report = tmp_path / "torch.verify.json"
+    res = run_invoke(
+        "verify", "--installed", "torch", "--in-container", "--profile", profile, "--report", str(report), *sets,
+        timeout=900,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr
+    checks = {c["name"]: c for c in json.loads(report.read_text())["checks"]}
+    for name in (
+        "import torch",
+        "torch.__version__",
+        "mpi backend",
+        "gloo all_reduce + broadcast (2 processes)",
+        "mpi all_reduce + broadcast (mpirun -n 2)",
+        "tensor op",
+        "autograd",
+    ):
+        assert checks[name]["status"] == "pass", checks[name]
+    # both ranks saw 1 + 2 = 3 and rank 0's 42
+    assert checks["mpi all_reduce + broadcast (mpirun -n 2)"]["detail"].count("[3.0, 42.0]") == 2
+    assert checks["CUDA devices"]["status"] == "skip"

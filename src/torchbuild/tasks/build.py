@@ -37,6 +37,7 @@ SOURCE_HELP = "git URL, local tree, tarball or Debian .dsc (default: the profile
         "jobs": "parallel compile jobs (default: planned from cores and memory)",
         "user": "uid:gid the container runs as (default: yours; docker engine only)",
         "memory": "memory limit of the build container, e.g. 8g (default: none)",
+        "no_verify": "skip `invoke verify` of the wheel after the build (it runs where the build ran)",
         "no_retry": "fail with OutOfMemory at the first out-of-memory kill instead of resuming with fewer jobs",
         "progress": "bar (a terminal), lines (a progress line every 30 s, for CI logs), raw (every line); default auto",
     },
@@ -65,6 +66,7 @@ def build(
     memory: str = "",
     progress: str = "auto",
     no_retry: bool = False,
+    no_verify: bool = False,
 ) -> None:
     """Fetch and patch the source, then build a wheel (or --preflight) with a manifest and a log."""
     spec = spec_from(profile, set_, arch)
@@ -121,6 +123,13 @@ def build(
         outcome = build_native(req)
     what = outcome.wheel if outcome.wheel else "preflight passed"
     print(f"{what}\nmanifest: {outcome.manifest}\nlog: {outcome.log}")
+    if outcome.wheel and not no_verify:
+        from .verify import run_verify
+
+        where = ("apptainer" if engine == "apptainer" else "docker") if in_container else "native"
+        run_verify(
+            spec, wheel=outcome.wheel, where=where, sif=Path(sif).expanduser() if sif else None, apptainer=apptainer
+        )
 
 
 def _print_patches(directory: Path | None, applied: tuple[str, ...], skipped: tuple[str, ...]) -> None:
