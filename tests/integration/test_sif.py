@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -219,4 +220,24 @@ def test_sif_runs_real_pytorch_preflight_and_reuses_ccache(
     m2 = manifest_of(res.stdout)
     assert m2["engine"] == "apptainer" and m2["run_id"] != m1["run_id"]
     assert m2["ccache"]["hit_rate"] >= 0.90, m2["ccache"]
+    assert not run_containers(engine)
+
+
+def test_sif_builds_and_verifies_the_fixture_wheel(engine, cpu_sif, tmp_path):
+    """`invoke build --in-container --engine apptainer`: the wheel is built by the SIF's runscript
+    and then verified in the SIF."""
+    _, sif, _, _, sets = cpu_sif
+    tree = tmp_path / "minitorch"
+    shutil.copytree(FIXTURES / "minitorch", tree, ignore=shutil.ignore_patterns("build", "*.so", "_version.py"))
+    out = tmp_path / "out"
+    res = run_invoke(
+        "build", "--in-container", "--engine", "apptainer", "--apptainer", "docker", "--sif", str(sif),
+        "--profile", "cpu", "--arch", "x86_64", "--source", str(tree), "--out", str(out),
+        *set_args([*sets, f"cache_dir={tmp_path / 'cache'}", "patches=none", "local_version=tbsif"]),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr
+    m = manifest_of(res.stdout)
+    assert m["engine"] == "apptainer" and m["wheel"]["name"].startswith("minitorch-2.6.0+tbsif-cp313")
+    verified = json.loads((out / f"{m['wheel']['name']}.verify.json").read_text())
+    assert verified["ok"] and verified["python"].startswith("3.13"), verified
     assert not run_containers(engine)

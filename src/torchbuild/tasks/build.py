@@ -128,7 +128,12 @@ def build(
 
         where = ("apptainer" if engine == "apptainer" else "docker") if in_container else "native"
         run_verify(
-            spec, wheel=outcome.wheel, where=where, sif=Path(sif).expanduser() if sif else None, apptainer=apptainer
+            spec,
+            wheel=outcome.wheel,
+            where=where,
+            sif=Path(sif).expanduser() if sif else None,
+            apptainer=apptainer,
+            user=user,
         )
 
 
