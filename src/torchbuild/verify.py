@@ -107,8 +107,9 @@ WORKER = (
     "import json, os, sys, torch, torch.distributed as td; "
     "backend, rank, size, init, outdir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]; "
     "td.init_process_group(backend, init_method=init or None, rank=rank if init else -1, world_size=size if init else -1); "
-    "r = td.get_rank(); t = torch.tensor([float(r + 1)]); td.all_reduce(t); "
-    "b = torch.tensor([42.0 if r == 0 else 0.0]); td.broadcast(b, src=0); "
+    "r = td.get_rank(); dev = f'cuda:{r}' if backend == 'nccl' else 'cpu'; "
+    "t = torch.tensor([float(r + 1)], device=dev); td.all_reduce(t); "
+    "b = torch.tensor([42.0 if r == 0 else 0.0], device=dev); td.broadcast(b, src=0); "
     "open(os.path.join(outdir, f'rank{r}.json'), 'w').write(json.dumps([t.item(), b.item()])); "
     "td.destroy_process_group()"
 )
@@ -136,11 +137,50 @@ if dist and expect["mpi"] and torch.distributed.is_mpi_available():
         got = results(d)
         ok = proc.returncode == 0 and got == [[3.0, 42.0], [3.0, 42.0]]
         check("mpi all_reduce + broadcast (mpirun -n 2)", ok, got if ok else (proc.stdout + proc.stderr)[-400:])
+import glob, shutil, subprocess
+prefixes = [torch.utils.cmake_prefix_path, *glob.glob("/usr/lib/*/cmake"), "/usr/share/cmake"]
+torch_cmake = next((p for p in prefixes if glob.glob(os.path.join(p, "Torch", "TorchConfig.cmake"))), None)
+if not torch_cmake:
+    check("LibTorch C++ (find_package(Torch))", False, f"no Torch/TorchConfig.cmake under {prefixes}")
+elif not shutil.which("cmake"):
+    check("LibTorch C++ (find_package(Torch))", True, "cmake not installed here", skip=True)
+else:
+    src = tempfile.mkdtemp()
+    open(os.path.join(src, "CMakeLists.txt"), "w").write(
+        "cmake_minimum_required(VERSION 3.18)\nproject(verify CXX)\nfind_package(Torch REQUIRED)\n"
+        "add_executable(verify main.cpp)\ntarget_link_libraries(verify ${TORCH_LIBRARIES})\n"
+        "set_property(TARGET verify PROPERTY CXX_STANDARD 17)\n")
+    open(os.path.join(src, "main.cpp"), "w").write(
+        "#include <torch/torch.h>\n#include <iostream>\nint main() {\n"
+        "  auto x = torch::arange(6, torch::kFloat).reshape({2, 3});\n"
+        "  auto w = torch::ones({3}, torch::requires_grad());\n"
+        "  auto y = torch::matmul(x, w).sum(); y.backward();\n"
+        "  std::cout << \"RESULT \" << y.item<float>() << \" \" << w.grad().sum().item<float>() << std::endl;\n}\n")
+    build = os.path.join(src, "build")
+    steps = [["cmake", "-S", src, "-B", build, f"-DCMAKE_PREFIX_PATH={torch_cmake}", "-DCMAKE_BUILD_TYPE=Release"],
+             ["cmake", "--build", build, "-j2"], [os.path.join(build, "verify")]]
+    log = ""
+    for step in steps:
+        proc = subprocess.run(step, capture_output=True, text=True, timeout=900)
+        log += proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            break
+    ok = proc.returncode == 0 and "RESULT 15 15" in proc.stdout
+    check("LibTorch C++ (find_package(Torch))", ok, "compiled against " + torch_cmake + ", printed " + proc.stdout.strip() if ok else log[-400:])
 if torch.cuda.is_available():
     n = torch.cuda.device_count()
     a = torch.ones(64, 64, device="cuda")
     check("CUDA devices", n > 0, f"{n} x {torch.cuda.get_device_name(0)}")
     check("CUDA matmul", float((a @ a).sum()) == 64.0 ** 3, "ones(64,64) @ ones(64,64)")
+    if expect["nccl"]:
+        size = min(2, n)  # one rank per GPU
+        d = tempfile.mkdtemp()
+        procs = [subprocess.Popen([sys.executable, "-c", WORKER, "nccl", str(r), str(size), f"file://{d}/store", d],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(size)]
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+        want = [[float(sum(range(1, size + 1))), 42.0]] * size
+        ok = all(p.returncode == 0 for p in procs) and results(d) == want
+        check(f"nccl all_reduce + broadcast ({size} GPU processes)", ok, results(d) if ok else "".join(outs)[-400:])
 else:
     check("CUDA devices", True, "no GPU visible", skip=True)
 print(json.dumps(checks))
@@ -176,6 +216,7 @@ def _probe(python: str, name: str, spec: BuildSpec, version: str) -> list[Check]
             "distributed": bool(spec.distributed),
             "gloo": "gloo" in spec.distributed,
             "mpi": "mpi" in spec.distributed,
+            "nccl": "nccl" in spec.distributed,
             "cuda_version": spec.cuda_version,
             "cuda_arch_list": list(spec.cuda_arch_list),
             "blas": {"openblas": "OpenBLAS", "mkl": "MKL", "generic": "", "eigen": "Eigen"}.get(spec.blas, spec.blas),

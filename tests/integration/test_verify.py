@@ -58,6 +58,7 @@ def test_verify_installed_debian_torch_with_gloo_and_mpi(engine, local_base, sit
         "mpi backend",
         "gloo all_reduce + broadcast (2 processes)",
         "mpi all_reduce + broadcast (mpirun -n 2)",
+        "LibTorch C++ (find_package(Torch))",
         "tensor op",
         "autograd",
     ):
