@@ -29,12 +29,10 @@ from .errors import BuildFailed, OutOfMemory, ToolMissing
 from .jobs import (
     HostResources,
     JobPlan,
-    Peaks,
     cgroup_peak,
     fewer_jobs,
-    load_measured,
     peaks_file,
-    plan_jobs,
+    plan_for,
     record_measured,
 )
 from .progress import OomWatch, Progress
@@ -92,6 +90,9 @@ class Tee:
 
     def line(self, text: str = "") -> None:
         self.write(text + "\n")
+
+    def flush(self) -> None:
+        self.out.flush()
 
     def close(self) -> None:
         self.progress.finish()
@@ -322,7 +323,7 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
     tee = Tee(log, out, req.progress)
     try:
         host = HostResources.detect()
-        plan = plan_for(req, host)
+        plan = plan_for(spec, host, req.cache_root, req.jobs)
         env_vars = build_env(spec, cache_root=req.cache_root, jobs=plan.jobs, nvcc_threads=plan.nvcc_threads or None)
         for d in (env_vars["CCACHE_DIR"], env_vars["PIP_CACHE_DIR"]):
             Path(d).mkdir(parents=True, exist_ok=True)
@@ -398,26 +399,6 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
         return Outcome(wheel, manifest, log)
     finally:
         tee.close()
-
-
-def plan_for(req: BuildRequest, host: HostResources) -> JobPlan:
-    """The jobs plan: --jobs, else the profile's max_jobs, with per-job peaks measured on this
-    profile's canaries (in the cache) where there are some."""
-    spec = req.spec
-    peaks = Peaks.defaults(spec.mem_per_job_gb, spec.mem_per_cuda_job_gb).with_measured(
-        load_measured(peaks_file(req.cache_root, spec.hash))
-    )
-    if req.jobs:
-        return JobPlan(req.jobs, f"--jobs {req.jobs}", spec.nvcc_threads)
-    return plan_jobs(
-        spec.max_jobs,
-        spec.mem_per_job_gb,
-        host,
-        cuda=spec.cuda,
-        peaks=peaks,
-        nvcc_threads=spec.nvcc_threads,
-        cuda_archs=len(spec.cuda_arch_list),
-    )
 
 
 def _fmt_peaks(measured: Mapping[str, int]) -> str:

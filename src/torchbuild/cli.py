@@ -117,23 +117,9 @@ def _build_here(args: argparse.Namespace) -> int:
     outcome = build_native(req, engine="apptainer" if sif else "native", image=sif)
     print(f"{outcome.wheel or 'preflight passed'}\nmanifest: {outcome.manifest}\nlog: {outcome.log}")
     if outcome.wheel and not args.no_verify:
-        from .verify import main_inside as verify_main
+        from .verify import verify_in
 
-        request = outcome.wheel.parent / f".verify-{req.run_id}.json"
-        request.write_text(
-            json.dumps(
-                {
-                    "spec": spec.to_dict(),
-                    "expect_version": spec.build_version,
-                    "wheel": str(outcome.wheel),
-                    "json": f"{outcome.wheel}.verify.json",
-                }
-            )
-        )
-        try:
-            return verify_main(str(request))
-        finally:
-            request.unlink(missing_ok=True)
+        verify_in("native", spec, wheel=outcome.wheel)
     return 0
 
 

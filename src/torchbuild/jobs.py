@@ -16,6 +16,10 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import BuildSpec
 
 GiB = 1024**3
 # measured peaks are raised by this margin: a canary is one file, the build has many
@@ -203,6 +207,25 @@ def plan_jobs(
             threads = max(1, min(MAX_NVCC_THREADS, max(1, cuda_archs), host.cores // jobs))
             reason += f"; nvcc --threads {threads} ({host.cores // jobs} idle cores per job, {cuda_archs} archs)"
     return JobPlan(jobs, reason, threads)
+
+
+def plan_for(spec: BuildSpec, host: HostResources, cache_root: str | Path, jobs: int = 0) -> JobPlan:
+    """The plan a build of spec gets here: --jobs (jobs), else the profile's max_jobs, with the
+    per-job peaks measured on this profile's canaries (under cache_root) where there are some."""
+    if jobs:
+        return JobPlan(jobs, f"--jobs {jobs}", spec.nvcc_threads)
+    peaks = Peaks.defaults(spec.mem_per_job_gb, spec.mem_per_cuda_job_gb).with_measured(
+        load_measured(peaks_file(cache_root, spec.hash))
+    )
+    return plan_jobs(
+        spec.max_jobs,
+        spec.mem_per_job_gb,
+        host,
+        cuda=spec.cuda,
+        peaks=peaks,
+        nvcc_threads=spec.nvcc_threads,
+        cuda_archs=len(spec.cuda_arch_list),
+    )
 
 
 def fewer_jobs(jobs: int) -> int:

@@ -8,22 +8,14 @@ from typing import Any
 
 from .config import BuildSpec
 from .environment import build_env, format_env
-from .jobs import HostResources, Peaks, plan_jobs
+from .jobs import HostResources, plan_for
 
 CONTAINER_CACHE = "/cache"
 
 
 def config_data(spec: BuildSpec, host: HostResources | None = None) -> dict[str, Any]:
     host = host or HostResources.detect()
-    plan = plan_jobs(
-        spec.max_jobs,
-        spec.mem_per_job_gb,
-        host,
-        cuda=spec.cuda,
-        peaks=Peaks.defaults(spec.mem_per_job_gb, spec.mem_per_cuda_job_gb),
-        nvcc_threads=spec.nvcc_threads,
-        cuda_archs=len(spec.cuda_arch_list),
-    )
+    plan = plan_for(spec, host, Path(spec.cache_dir).expanduser())
     env = build_env(spec, cache_root=CONTAINER_CACHE, jobs=plan.jobs, nvcc_threads=plan.nvcc_threads or None)
     return {
         "profile": spec.profile,

@@ -10,7 +10,7 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -177,8 +177,6 @@ def build_in_container(
     make_dirs_for(
         user, host_out, host_cache / "home", host_cache / "ccache", host_cache / "pip", host_out / ".torchbuild"
     )
-    request_file = host_out / ".torchbuild" / f"request-{req.run_id}.json"
-    request_file.write_text(req.to_json())
     env = {
         "HOME": f"{CONTAINER_CACHE}/home",
         # the tree belongs to the caller, not to the container's user table
@@ -187,31 +185,43 @@ def build_in_container(
         "GIT_CONFIG_VALUE_0": "*",
         "PYTHONUNBUFFERED": "1",
     }
+    return run_request(
+        req,
+        host_out,
+        lambda inside: engine.run(
+            spec.image_tag,
+            ["torchbuild", "build-inside", inside],
+            mounts={str(host_source): CONTAINER_SRC, str(host_cache): CONTAINER_CACHE, str(host_out): CONTAINER_OUT},
+            user=user,
+            environment=env,
+            workdir=CONTAINER_SRC,
+            platform=spec.arch.docker_platform,
+            memory_limit=memory_limit,
+            out=out,
+        ),
+        where=spec.image_tag,
+        stopped="its container was removed",
+    )
+
+
+def run_request(
+    req: BuildRequest, host_out: Path, launch: Callable[[str], int], *, where: str, stopped: str
+) -> Outcome:
+    """Hand req to a container or SIF: write it to out/.torchbuild, launch(its path as seen at
+    /out) and collect what the build wrote. Ctrl-C, SIGTERM and failures leave no partial wheel."""
+    request_file = host_out / ".torchbuild" / f"request-{req.run_id}.json"
+    request_file.write_text(req.to_json())
     try:
         with interrupts_unwind():
-            rc = engine.run(
-                spec.image_tag,
-                ["torchbuild", "build-inside", f"{CONTAINER_OUT}/.torchbuild/{request_file.name}"],
-                mounts={
-                    str(host_source): CONTAINER_SRC,
-                    str(host_cache): CONTAINER_CACHE,
-                    str(host_out): CONTAINER_OUT,
-                },
-                user=user,
-                environment=env,
-                workdir=CONTAINER_SRC,
-                platform=spec.arch.docker_platform,
-                memory_limit=memory_limit,
-                out=out,
-            )
+            rc = launch(f"{CONTAINER_OUT}/.torchbuild/{request_file.name}")
     except KeyboardInterrupt:
         remove_partials(host_out, req.run_id)
-        raise BuildInterrupted("build interrupted; its container was removed and no wheel was written") from None
+        raise BuildInterrupted(f"build interrupted; {stopped} and no wheel was written") from None
     finally:
         request_file.unlink(missing_ok=True)
     if rc != 0:
         remove_partials(host_out, req.run_id)
-        raise failure(rc, spec.image_tag, host_out)
+        raise failure(rc, where, host_out)
     return outcome_from_out(host_out, req)
 
 

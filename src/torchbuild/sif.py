@@ -43,7 +43,7 @@ import yaml
 
 from . import __version__
 from .arch import Arch
-from .build import BuildRequest, Outcome
+from .build import BuildRequest, Outcome, Tee
 from .config import DEFAULT_PROFILE, BuildSpec
 from .engine import Engine
 from .environment import build_env
@@ -55,11 +55,9 @@ from .runner import (
     CONTAINER_SRC,
     cache_dir,
     caller_user,
-    failure,
     interrupts_unwind,
     make_dirs_for,
-    outcome_from_out,
-    remove_partials,
+    run_request,
 )
 
 DEFAULT_SIF = "torch-build.sif"
@@ -166,7 +164,7 @@ From: {archive}
 def _stream(cmd: Sequence[str], env: Mapping[str, str], out: TextIO, log: Path | None) -> int:
     """Run cmd with stdout and stderr merged and streamed line by line to out (and log).
     The environment is os.environ plus env. Ctrl-C or SIGTERM stops the child before unwinding."""
-    logf = log.open("a") if log else None
+    tee = Tee(log, out) if log else None
     proc = subprocess.Popen(
         list(cmd),
         stdout=subprocess.PIPE,
@@ -180,10 +178,11 @@ def _stream(cmd: Sequence[str], env: Mapping[str, str], out: TextIO, log: Path |
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
-            out.write(line)
-            out.flush()
-            if logf:
-                logf.write(line)
+            if tee:
+                tee.write(line)
+            else:
+                out.write(line)
+                out.flush()
         return proc.wait()
     except BaseException:
         proc.terminate()
@@ -194,8 +193,8 @@ def _stream(cmd: Sequence[str], env: Mapping[str, str], out: TextIO, log: Path |
             proc.wait()
         raise
     finally:
-        if logf:
-            logf.close()
+        if tee:
+            tee.close()
 
 
 class Apptainer:
@@ -278,8 +277,23 @@ class DockerApptainer(Apptainer):
         command: Sequence[str] = ("apptainer",),
     ) -> int:
         self.home.mkdir(parents=True, exist_ok=True)
+        tee = Tee(log, out) if log else None
+        try:
+            return self._run(command, args, env, paths, cast(TextIO, tee) if tee else out, memory_limit)
+        finally:
+            if tee:
+                tee.close()
+
+    def _run(
+        self,
+        command: Sequence[str],
+        args: Sequence[str],
+        env: Mapping[str, str] | None,
+        paths: Iterable[Path],
+        out: TextIO,
+        memory_limit: str | None,
+    ) -> int:
         mounts = {str(p): str(p) for p in {Path(p).resolve() for p in [*paths, self.home]}}
-        sink = cast(TextIO, _LogTee(out, log)) if log else out
         return self.engine.run(
             self.tag,
             [*command, *args],
@@ -292,7 +306,7 @@ class DockerApptainer(Apptainer):
                 "TORCHBUILD_GID": str(os.getgid()),
             },
             workdir=str(self.home),
-            out=sink,
+            out=out,
             memory_limit=memory_limit,
             cap_add=BUILDER_CAPS,
             devices=BUILDER_DEVICES,
@@ -309,18 +323,6 @@ class DockerApptainer(Apptainer):
 
 
 LABELS_PREFIX = "labels: "
-
-
-class _LogTee(io.TextIOBase):
-    def __init__(self, out: TextIO, log: Path) -> None:
-        self.out, self.log = out, log.open("a")
-
-    def write(self, text: str) -> int:
-        self.out.write(text)
-        self.out.flush()
-        self.log.write(text)
-        self.log.flush()
-        return len(text)
 
 
 def host_apptainer() -> str | None:
@@ -424,6 +426,7 @@ class SifResult:
     save_seconds: float = 0.0
     build_seconds: float = 0.0
     log: Path | None = None
+    link: Path | None = None  # torch-build.sif, for the default profile
 
 
 def build_sif(
@@ -449,8 +452,8 @@ def build_sif(
     if final.exists() and not rebuild:
         labels = apptainer.labels(final)
         if labels.get(f"{SIF_LABEL}.image-id") == image_id and labels.get(f"{LABEL_PREFIX}.version") == __version__:
-            _link_default(spec, final)
-            return SifResult(final, True, time.monotonic() - start, final.stat().st_size, image_size)
+            link = _link_default(spec, final)
+            return SifResult(final, True, time.monotonic() - start, final.stat().st_size, image_size, link=link)
     root = (cache_dir(spec) / "apptainer").resolve()
     check_space(space_needed(image_size, root, out_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -490,25 +493,27 @@ def build_sif(
     finally:
         partial.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)
-    _link_default(spec, final)
+    link = _link_default(spec, final)
     return SifResult(
-        final, False, time.monotonic() - start, final.stat().st_size, image_size, save_seconds, build_seconds, log
+        final, False, time.monotonic() - start, final.stat().st_size, image_size, save_seconds, build_seconds, log, link
     )
 
 
-def _link_default(spec: BuildSpec, final: Path) -> None:
-    """torch-build.sif names the default profile's SIF for this host (a hard link, replaced atomically)."""
+def _link_default(spec: BuildSpec, final: Path) -> Path | None:
+    """torch-build.sif names the default profile's SIF for this host (a hard link, replaced
+    atomically); returns it, or None for other profiles and arches."""
     if spec.profile != DEFAULT_PROFILE or spec.arch != Arch.host():
-        return
+        return None
     link = final.parent / DEFAULT_SIF
     if link.exists() and os.path.samefile(link, final):
-        return  # (rename(2) over another link to the same file does nothing and keeps the source)
+        return link  # (rename(2) over another link to the same file does nothing and keeps the source)
     tmp = final.parent / f".{DEFAULT_SIF}.partial-{uuid.uuid4().hex[:8]}"
     try:
         os.link(final, tmp)
     except OSError:
         shutil.copy2(final, tmp)
     os.replace(tmp, link)
+    return link
 
 
 # --------------------------------------------------------------------------- running
@@ -599,25 +604,16 @@ def build_with_sif(
     )
     user = caller_user()
     make_dirs_for(user, host_out / ".torchbuild", host_cache / "ccache", host_cache / "pip")
-    request_file = host_out / ".torchbuild" / f"request-{req.run_id}.json"
-    request_file.write_text(req.to_json())
     binds = {host_source: CONTAINER_SRC, host_cache: CONTAINER_CACHE, host_out: CONTAINER_OUT}
-    args = run_args(
-        sif,
-        binds,
-        ["build-inside", f"{CONTAINER_OUT}/.torchbuild/{request_file.name}"],
-        flags=apptainer.run_flags,
-        nv=nv,
+    return run_request(
+        req,
+        host_out,
+        lambda inside: apptainer.call(
+            run_args(sif, binds, ["build-inside", inside], flags=apptainer.run_flags, nv=nv),
+            paths=[*binds, sif.parent],
+            out=out,
+            memory_limit=memory_limit,
+        ),
+        where=sif.name,
+        stopped="apptainer was stopped",
     )
-    try:
-        with interrupts_unwind():
-            rc = apptainer.call(args, paths=[*binds, sif.parent], out=out, memory_limit=memory_limit)
-    except KeyboardInterrupt:
-        remove_partials(host_out, req.run_id)
-        raise BuildInterrupted("build interrupted; apptainer was stopped and no wheel was written") from None
-    finally:
-        request_file.unlink(missing_ok=True)
-    if rc != 0:
-        remove_partials(host_out, req.run_id)
-        raise failure(rc, sif.name, host_out)
-    return outcome_from_out(host_out, req)

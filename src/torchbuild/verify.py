@@ -20,6 +20,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -280,12 +281,28 @@ def report(checks: list[Check], subject: str) -> dict[str, Any]:
     }
 
 
-def main_inside(request_file: str) -> int:
-    """`torchbuild verify-inside REQUEST.json` (in the toolchain image): checks, table, JSON report."""
+def request(
+    spec: BuildSpec, *, wheel: Path | None, installed: str, expect_version: str, report: Path | None
+) -> dict[str, Any]:
+    """A verify request: plain data, so the image or the SIF can be handed it as JSON."""
+    req: dict[str, Any] = {
+        "spec": spec.to_dict(),
+        "expect_version": expect_version or spec.build_version,
+        "installed": installed,
+    }
+    if wheel is not None:
+        req["wheel"] = str(wheel)
+        req["json"] = str(report or Path(f"{wheel}.verify.json"))
+    elif report is not None:
+        req["json"] = str(report)
+    return req
+
+
+def run_request(req: dict[str, Any]) -> int:
+    """Run a verify request here: checks, table, JSON report; VerifyFailed on any failure."""
     from .config import spec_from_dict
     from .errors import VerifyFailed
 
-    req = json.loads(Path(request_file).read_text())
     spec = spec_from_dict(req["spec"], "verify request")
     if req.get("installed"):
         subject = f"installed {req['installed']}"
@@ -303,3 +320,71 @@ def main_inside(request_file: str) -> int:
         failed = ", ".join(c.name for c in checks if c.status == "fail")
         raise VerifyFailed(f"{subject}: {failed}")
     return 0
+
+
+def main_inside(request_file: str) -> int:
+    """`torchbuild verify-inside REQUEST.json`: the request `verify_in()` wrote for the image or SIF."""
+    return run_request(json.loads(Path(request_file).read_text()))
+
+
+def verify_in(
+    where: str,
+    spec: BuildSpec,
+    *,
+    wheel: Path | None = None,
+    installed: str = "",
+    expect_version: str = "",
+    report: Path | None = None,
+    sif: Path | None = None,
+    apptainer: str = "auto",
+    user: str = "",
+) -> None:
+    """Verify natively (this process), in the toolchain image (docker) or in the SIF (apptainer)."""
+    from .errors import ProfileError, VerifyFailed
+
+    if wheel is not None and not wheel.is_file():
+        raise ProfileError(f"--wheel {wheel}: no such file", hint="point --wheel at the .whl `invoke build` wrote")
+    req = request(spec, wheel=wheel, installed=installed, expect_version=expect_version, report=report)
+    if where == "native":
+        run_request(req)
+        return
+    # the image or SIF sees the wheel's (or the report's) directory at /out
+    host_dir = Path(req.get("wheel") or req.get("json") or Path.cwd() / "-").parent
+    for key in ("wheel", "json"):
+        if key in req:
+            req[key] = f"/out/{Path(req[key]).name}"
+    request_file = host_dir / f".verify-{uuid.uuid4().hex[:8]}.json"
+    request_file.write_text(json.dumps(req))
+    command = ["verify-inside", f"/out/{request_file.name}"]
+    try:
+        if where == "apptainer":
+            from .sif import check_sif, default_sif, locate, run_args
+
+            runner = locate(spec, apptainer)
+            image = (sif or default_sif(spec)).resolve()
+            check_sif(spec, runner, image)
+            rc = runner.call(
+                run_args(image, {host_dir: "/out"}, command, flags=runner.run_flags), paths=[host_dir, image.parent]
+            )
+            what = image.name
+        else:
+            from .engine import Engine
+            from .image import require_image
+            from .runner import caller_user
+
+            engine = Engine.connect()
+            require_image(spec, engine)
+            rc = engine.run(
+                spec.image_tag,
+                ["torchbuild", *command],
+                mounts={str(host_dir): "/out"},
+                user=user or caller_user(),
+                environment={"HOME": "/tmp", "PYTHONUNBUFFERED": "1"},
+                workdir="/tmp",
+                platform=spec.arch.docker_platform,
+            )
+            what = spec.image_tag
+    finally:
+        request_file.unlink(missing_ok=True)
+    if rc != 0:
+        raise VerifyFailed(f"verification in {what} failed (exit {rc}); the table above names the checks")

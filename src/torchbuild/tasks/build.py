@@ -124,13 +124,12 @@ def build(
     what = outcome.wheel if outcome.wheel else "preflight passed"
     print(f"{what}\nmanifest: {outcome.manifest}\nlog: {outcome.log}")
     if outcome.wheel and not no_verify:
-        from .verify import run_verify
+        from ..verify import verify_in
 
-        where = ("apptainer" if engine == "apptainer" else "docker") if in_container else "native"
-        run_verify(
+        verify_in(
+            ("apptainer" if engine == "apptainer" else "docker") if in_container else "native",
             spec,
             wheel=outcome.wheel,
-            where=where,
             sif=Path(sif).expanduser() if sif else None,
             apptainer=apptainer,
             user=user,

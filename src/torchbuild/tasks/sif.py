@@ -9,7 +9,7 @@ from invoke.tasks import task
 
 from ..config import DEFAULT_PROFILE
 from ..engine import Engine
-from ..sif import DEFAULT_SIF, build_sif, locate
+from ..sif import build_sif, locate
 from .common import HELP, handles_errors, spec_from
 
 
@@ -40,8 +40,8 @@ def sif(
     ratio = result.size / result.image_size if result.image_size else 0.0
     state = "up to date (made from the current image)" if result.cached else f"written in {result.seconds:.1f} s"
     print(f"{result.path} {state}: {result.size / 2**20:.0f} MiB, {ratio:.2f} x the image ({spec.image_tag})")
-    if (result.path.parent / DEFAULT_SIF).exists() and spec.profile == DEFAULT_PROFILE:
-        print(f"{result.path.parent / DEFAULT_SIF} -> {result.path.name}")
+    if result.link:
+        print(f"{result.link} -> {result.path.name}")
     if result.log:
         print(f"log: {result.log}")
     print(f"run it: apptainer run --bind SRC:/src,CACHE:/cache {result.path.name} build --preflight")
