@@ -7,10 +7,14 @@ shown only with ``--debug`` (invoke) or ``TORCHBUILD_DEBUG=1``.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import sys
-from typing import ClassVar
+from collections.abc import Iterator
+from pathlib import Path
+from typing import ClassVar, Union
 
 
 class TorchbuildError(Exception):
@@ -145,3 +149,93 @@ class BuildInterrupted(TorchbuildError):
 
     exit_code = 130
     default_hint = "rerun the same command to resume: finished objects are reused from the build tree and ccache"
+
+
+class UsageError(TorchbuildError):
+    """An option was given a value it cannot take, or together with one it contradicts."""
+
+    exit_code = 2
+    default_hint = "see `invoke --help <task>` for the options and their values"
+
+
+class PathError(TorchbuildError):
+    """A path the user gave (--out, --dest, cache_dir, --source...) cannot be used as asked:
+    missing, not a directory, not writable, read-only, or too long."""
+
+    exit_code = 15
+    default_hint = "choose a path you can write to (an existing, writable directory, or one that can be created)"
+
+
+class UnsafePatch(TorchbuildError):
+    """A patch would write outside the source tree (a `..` path or a symlink leading out)."""
+
+    exit_code = 16
+    default_hint = "fix the patch (paths relative to the tree, no `..`) or remove the symlink from the tree"
+
+
+class ImageOutOfDate(TorchbuildError):
+    """The toolchain image (or SIF) was built from other inputs than the profile asks for."""
+
+    exit_code = 17
+    default_hint = "rebuild it with `invoke image --profile <profile> --arch <arch>`"
+
+
+class WheelError(TorchbuildError):
+    """A file given as a wheel is not one (name or archive)."""
+
+    exit_code = 18
+    default_hint = "point --wheel at a .whl file `invoke build` wrote"
+
+
+StrPath = Union[str, "os.PathLike[str]"]
+
+_NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def os_fault(exc: OSError, path: StrPath, what: str) -> TorchbuildError:
+    """The named error for an operating-system fault met while doing `what` with `path`."""
+    p = Path(path)
+    reason = exc.strerror or type(exc).__name__
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return InsufficientSpace(f"{what}: no space left on the file system of {p}")
+    if exc.errno == errno.EROFS:
+        return PathError(f"{what}: {p} is on a read-only file system")
+    if exc.errno in _NOT_WRITABLE:
+        return PathError(
+            f"{what}: permission denied for {p}", hint="choose a directory you can write to, or fix its permissions"
+        )
+    if exc.errno == errno.ENAMETOOLONG:
+        return PathError(f"{what}: the path {p} is too long for its file system", hint="choose a shorter path")
+    if exc.errno in (errno.ENOTDIR, errno.EEXIST):
+        return PathError(
+            f"{what}: {p} (or a parent of it) exists and is not a directory", hint="choose a directory path"
+        )
+    if exc.errno == errno.EISDIR:
+        return PathError(f"{what}: {p} is a directory, a file was expected")
+    if exc.errno == errno.ENOENT:
+        return PathError(f"{what}: {p} does not exist")
+    return PathError(f"{what}: {p}: {reason}")
+
+
+@contextlib.contextmanager
+def named_os_errors(path: StrPath, what: str) -> Iterator[None]:
+    """Turn any OSError raised inside into the named error for `path` (never a traceback)."""
+    try:
+        yield
+    except TorchbuildError:
+        raise
+    except OSError as exc:
+        raise os_fault(exc, getattr(exc, "filename", None) or path, what) from exc
+
+
+def writable_dir(path: StrPath, what: str) -> Path:
+    """Create path (and its parents) if needed and check that it is a writable directory;
+    PathError or InsufficientSpace naming it otherwise. Returns the absolute path."""
+    p = Path(path).expanduser().absolute()
+    with named_os_errors(p, what):
+        if p.exists() and not p.is_dir():
+            raise PathError(f"{what}: {p} exists and is not a directory", hint="choose a directory path")
+        p.mkdir(parents=True, exist_ok=True)
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise PathError(f"{what}: {p} is not writable", hint="choose a directory you can write to")
+    return p
