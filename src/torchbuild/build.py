@@ -24,18 +24,13 @@ from typing import Any, TextIO
 
 from . import __version__
 from .config import BuildSpec, spec_from_dict
+from .console import table
 from .environment import build_env, compilers, format_env
-from .errors import BuildFailed, OutOfMemory, ToolMissing
-from .jobs import (
-    HostResources,
-    JobPlan,
-    cgroup_peak,
-    fewer_jobs,
-    peaks_file,
-    plan_for,
-    record_measured,
-)
-from .progress import OomWatch, Progress
+from .errors import BuildFailed, ToolMissing, named_os_errors
+from .jobs import HostResources, JobPlan, peaks_file, plan_for, record_measured
+from .oom import JobsUsed, run_compile, run_watched
+from .process import Finished
+from .progress import Progress
 from .report import write_report
 from .source import sha256_file
 
@@ -56,18 +51,19 @@ class BuildRequest:
     provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # source, patches, image
     progress: str = "auto"  # bar, lines, raw; auto: bar on a terminal, else lines
     oom_retry: bool = True  # resume with fewer jobs after an out-of-memory kill
+    backend: str = "native"  # which backend runs it (the environment differs; recorded as the engine)
     run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 
-    def to_json(self) -> str:
+    def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["spec"] = self.spec.to_dict()
         d["provenance"] = dict(self.provenance)
         d["targets"], d["canaries"] = list(self.targets), list(self.canaries)
-        return json.dumps(d, indent=2)
+        return d
 
     @classmethod
-    def from_json(cls, text: str) -> BuildRequest:
-        d = json.loads(text)
+    def from_dict(cls, data: Mapping[str, Any]) -> BuildRequest:
+        d = dict(data)
         d["spec"] = spec_from_dict(d["spec"], "build request")
         d["targets"] = tuple(d["targets"])
         d["canaries"] = tuple(d["canaries"])
@@ -93,6 +89,10 @@ class Tee:
 
     def flush(self) -> None:
         self.out.flush()
+
+    @property
+    def path(self) -> Path:
+        return Path(self.file.name)
 
     def close(self) -> None:
         self.progress.finish()
@@ -154,124 +154,103 @@ def hit_rate(stats: Mapping[str, int]) -> tuple[int, int, float]:
     return hits, misses, (hits / total if total else 0.0)
 
 
-def _run(
-    cmd: Sequence[str], *, cwd: str, env: Mapping[str, str], tee: Tee, watch: OomWatch | None = None
-) -> tuple[int, float, int]:
-    """Run cmd with its output streamed into tee (and watch); (exit code, seconds, peak RSS of
-    the largest process it ran, compilers included, in bytes). The child dies with us."""
-    tee.line(f"$ {' '.join(cmd)}")
-    start = time.monotonic()
-    proc = subprocess.Popen(list(cmd), cwd=cwd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert proc.stdout is not None
-    try:
-        for raw in proc.stdout:
-            line = raw.decode(errors="replace")
-            tee.write(line)
-            if watch is not None:
-                watch.feed(line)
-        _, status, usage = os.wait4(proc.pid, 0)
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, time.monotonic() - start, usage.ru_maxrss * 1024
-
-
-def run_logged(cmd: Sequence[str], *, cwd: str, env: Mapping[str, str], tee: Tee, what: str) -> float:
-    """Run cmd streaming its output into tee; BuildFailed on a non-zero exit. Returns seconds."""
-    rc, took, _ = _run(cmd, cwd=cwd, env=env, tee=tee)
-    if rc != 0:
-        raise BuildFailed(f"{what} failed (exit {rc}) after {took:.0f} s; log: {tee.file.name}")
-    return took
-
-
-def _peak_run(cmd: Sequence[str], *, cwd: str, env: Mapping[str, str], tee: Tee, what: str) -> tuple[float, int]:
-    """Like run_logged, and also the peak RSS (bytes) of the largest process it ran."""
-    rc, took, peak = _run(cmd, cwd=cwd, env=env, tee=tee)
-    if rc != 0:
-        raise BuildFailed(f"{what} failed (exit {rc}); log: {tee.file.name}")
-    return took, peak
-
-
-@dataclasses.dataclass
-class JobsUsed:
-    """The jobs a build started with, what it ended with, and every out-of-memory retry."""
-
-    start: int
-    current: int
-    retries: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-
-
-def run_compile(
-    cmd_for: Callable[[int], Sequence[str]],
+def run_logged(
+    cmd: Sequence[str],
     *,
     cwd: str,
-    env_for: Callable[[int], Mapping[str, str]],
+    env: Mapping[str, str],
     tee: Tee,
     what: str,
-    jobs: JobsUsed,
-    retry: bool = True,
-) -> float:
-    """Run a compile step; when the OOM killer takes a compiler (or the step), resume the same
-    build tree with half the jobs (ninja rebuilds only what did not finish), down to one job,
-    then OutOfMemory with the peak seen."""
-    total = 0.0
-    while True:
-        watch = OomWatch()
-        rc, took, peak = _run(cmd_for(jobs.current), cwd=cwd, env=env_for(jobs.current), tee=tee, watch=watch)
-        total += took
-        if rc == 0:
-            return total
-        evidence = watch.evidence or (f"exit {rc} (SIGKILL)" if rc in (137, -9) else None)
-        if evidence is None:
-            raise BuildFailed(f"{what} failed (exit {rc}) after {took:.0f} s; log: {tee.file.name}")
-        cg_peak = cgroup_peak()
-        peak_text = f"largest process {peak / 2**30:.2f} GiB" + (
-            f", cgroup peak {cg_peak / 2**30:.2f} GiB" if cg_peak else ""
-        )
-        if jobs.current == 1 or not retry:
-            raise OutOfMemory(
-                f"{what} ran out of memory with {jobs.current} jobs ({evidence}; {peak_text}); log: {tee.file.name}",
-                hint=None if retry else "drop --no-retry to resume with fewer jobs automatically",
-            )
-        nxt = fewer_jobs(jobs.current)
-        jobs.retries.append(
-            {
-                "step": what,
-                "jobs": jobs.current,
-                "next_jobs": nxt,
-                "evidence": evidence,
-                "peak_rss_bytes": peak,
-                "cgroup_peak_bytes": cg_peak,
-                "seconds": round(took, 1),
-            }
-        )
-        tee.line(
-            f"torchbuild: out of memory in {what} with {jobs.current} jobs ({evidence}; {peak_text}); "
-            f"resuming the same build tree with {nxt} jobs (retry {len(jobs.retries)})"
-        )
-        jobs.current = nxt
+    watch: Callable[[str], None] | None = None,
+) -> Finished:
+    """Run cmd streaming its output into tee; BuildFailed on a non-zero exit."""
+    done, _ = run_watched(cmd, cwd=cwd, env=env, sink=tee, watch=watch)
+    if done.returncode != 0:
+        raise BuildFailed(f"{what} failed (exit {done.returncode}) after {done.seconds:.0f} s; log: {tee.path}")
+    return done
 
 
 def build_dir(source: str) -> Path:
     return Path(source) / "build"
 
 
-def configure(source: str, env: Mapping[str, str], tee: Tee) -> float:
+def configure(source: str, env: Mapping[str, str], tee: Tee, watch: Callable[[str], None] | None = None) -> float:
     """CMake configure the way the wheel build would: setup.py --cmake-only, else plain CMake."""
-    src = Path(source)
-    if (src / "setup.py").is_file():
-        return run_logged(
-            [sys.executable, "setup.py", "build", "--cmake-only"], cwd=source, env=env, tee=tee, what="configure"
-        )
-    return run_logged(
-        ["cmake", "-S", source, "-B", str(build_dir(source)), "-G", "Ninja"],
-        cwd=source,
-        env=env,
-        tee=tee,
-        what="configure",
-    )
+    if (Path(source) / "setup.py").is_file():
+        cmd = [sys.executable, "setup.py", "build", "--cmake-only"]
+    else:
+        cmd = ["cmake", "-S", source, "-B", str(build_dir(source)), "-G", "Ninja"]
+    return run_logged(cmd, cwd=source, env=env, tee=tee, what="configure", watch=watch).seconds
+
+
+# --------------------------------------------------------------------------- configure stamp
+# setup.py reuses an existing CMakeCache.txt: a build with other flags on a configured tree
+# would silently compile with the old ones. The stamp records what the last configure was
+# given; a difference (or a configure that never finished) clears CMake's state first.
+
+CONFIGURE_STAMP = "torchbuild-configure.json"
+CONFIGURE_DONE = "-- Build files have been written to:"  # CMake's last line of a good configure
+_NOT_CONFIGURE_INPUTS = ("MAX_JOBS", "HOME", "PYTHONUNBUFFERED", "TMPDIR", "PIP_CACHE_DIR")
+
+
+def configure_inputs(env_vars: Mapping[str, str]) -> dict[str, str]:
+    """The part of the build environment that decides what CMake generates."""
+    return {
+        k: v
+        for k, v in sorted(env_vars.items())
+        if k not in _NOT_CONFIGURE_INPUTS and not k.startswith(("CCACHE_", "GIT_CONFIG_"))
+    }
+
+
+def _stamp(source: str) -> Path:
+    return build_dir(source) / CONFIGURE_STAMP
+
+
+def write_stamp(source: str, inputs: Mapping[str, str], complete: bool) -> None:
+    path = _stamp(source)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(path, json.dumps({"complete": complete, "inputs": dict(inputs)}, indent=2) + "\n")
+
+
+def stale_configure(source: str, inputs: Mapping[str, str]) -> str | None:
+    """Why the tree's CMake state cannot be reused with inputs, or None when it can (or there
+    is none)."""
+    if not (build_dir(source) / "CMakeCache.txt").exists():
+        return None
+    try:
+        old = json.loads(_stamp(source).read_text())
+    except (OSError, ValueError):
+        return "it was configured without a torchbuild record of its inputs"
+    if not old.get("complete"):
+        return "its last configure did not finish"
+    before: dict[str, str] = old.get("inputs") or {}
+    changed = sorted(k for k in {*before, *inputs} if before.get(k) != inputs.get(k))
+    return f"{', '.join(changed)} changed since it was configured" if changed else None
+
+
+def prepare_configure(source: str, inputs: Mapping[str, str], tee: Tee) -> None:
+    """Clear CMake's state when it is stale (saying why), then stamp the inputs as pending."""
+    reason = stale_configure(source, inputs)
+    if reason is not None:
+        b = build_dir(source)
+        tee.line(f"torchbuild: reconfiguring {b}: {reason}")
+        for name in ("CMakeCache.txt", "build.ninja"):
+            (b / name).unlink(missing_ok=True)
+        shutil.rmtree(b / "CMakeFiles", ignore_errors=True)
+        write_stamp(source, inputs, complete=False)
+    elif not _stamp(source).exists():
+        write_stamp(source, inputs, complete=False)
+
+
+class ConfigureWatch:
+    """Marks the stamp complete when CMake says it wrote the build files."""
+
+    def __init__(self, source: str, inputs: Mapping[str, str]) -> None:
+        self.source, self.inputs = source, inputs
+
+    def __call__(self, line: str) -> None:
+        if line.startswith(CONFIGURE_DONE):
+            write_stamp(self.source, self.inputs, complete=True)
 
 
 def object_target(source: str, file: str, env: Mapping[str, str]) -> str:
@@ -313,107 +292,119 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+@dataclasses.dataclass
+class Run:
+    """One build as it goes: what it was asked, where it logs, what it planned and measured."""
+
+    req: BuildRequest
+    tee: Tee
+    log: Path
+    plan: JobPlan
+    env_vars: dict[str, str]  # what torchbuild sets (printed, recorded)
+    env: dict[str, str]  # the whole environment of the build's processes
+    versions: dict[str, str]
+    jobs: JobsUsed
+    started: str
+    t0: float
+    tmp: Path  # TMPDIR of this run (pip's temporary trees), removed at the end
+    canaries: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def env_for(self, n: int) -> dict[str, str]:
+        return {**self.env, "MAX_JOBS": str(n)}
+
+
 def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
     """Build a wheel (or run a preflight) as the request says; write manifest and log to out_dir."""
-    spec = req.spec
-    started, t0 = _now(), time.monotonic()
     out_dir = Path(req.out_dir)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    log = out_dir / "logs" / f"{'preflight' if req.preflight else 'build'}-{spec.profile}-{stamp}-{req.run_id}.log"
-    tee = Tee(log, out, req.progress)
+    kind = "preflight" if req.preflight else "build"
+    log = out_dir / "logs" / f"{kind}-{req.spec.profile}-{time.strftime('%Y%m%d-%H%M%S')}-{req.run_id}.log"
+    with named_os_errors(log.parent, "writing the build log"):
+        tee = Tee(log, out, req.progress)
+    run: Run | None = None
     try:
-        host = HostResources.detect()
-        plan = plan_for(spec, host, req.cache_root, req.jobs)
-        env_vars = build_env(spec, cache_root=req.cache_root, jobs=plan.jobs, nvcc_threads=plan.nvcc_threads or None)
-        for d in (env_vars["CCACHE_DIR"], env_vars["PIP_CACHE_DIR"]):
-            Path(d).mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **env_vars}
-        tee.line(f"torchbuild {__version__}: {'preflight' if req.preflight else 'wheel build'} of {req.source}")
-        tee.line(f"profile {spec.profile} (sha256 {spec.hash[:16]}), version {spec.build_version}")
-        tee.line(f"jobs: {plan.jobs} ({plan.reason})")
-        tee.line("environment:")
-        for line in format_env(env_vars).splitlines():
-            tee.line(f"  {line}")
-        versions = toolchain_versions(spec, env)
+        run = _start(req, tee, log)
         if req.clean and build_dir(req.source).exists():
             tee.line(f"removing {build_dir(req.source)} (--clean)")
             shutil.rmtree(build_dir(req.source))
-        subprocess.run(["ccache", "--zero-stats"], env=env, capture_output=True, check=False)
-        wheel: Path | None = None
-        canaries: list[dict[str, Any]] = []
-        phases: dict[str, float] = {}
-        jobs = JobsUsed(plan.jobs, plan.jobs)
-
-        def env_for(n: int) -> dict[str, str]:
-            return {**env, "MAX_JOBS": str(n)}
-
+        inputs = configure_inputs(run.env_vars)
+        prepare_configure(req.source, inputs, tee)
+        watch = ConfigureWatch(req.source, inputs)
+        subprocess.run(["ccache", "--zero-stats"], env=run.env, capture_output=True, check=False)
         if req.preflight:
-            phases["configure_s"] = round(configure(req.source, env, tee), 1)
-            # CMake's try_compile checks run in randomly named directories and can never hit
-            # the cache: count hits from here on, over the compiles that can
-            subprocess.run(["ccache", "--zero-stats"], env=env, capture_output=True, check=False)
-            targets = list(req.targets or spec.preflight_targets)
-            if targets:
-                phases["targets_s"] = round(
-                    run_compile(
-                        lambda n: [
-                            "cmake",
-                            "--build",
-                            str(build_dir(req.source)),
-                            "--target",
-                            *targets,
-                            "--",
-                            f"-j{n}",
-                        ],
-                        cwd=req.source,
-                        env_for=env_for,
-                        tee=tee,
-                        what=f"building {' '.join(targets)}",
-                        jobs=jobs,
-                        retry=req.oom_retry,
-                    ),
-                    1,
-                )
-            for canary in req.canaries or spec.canaries:
-                target = object_target(req.source, canary, env)
-                secs, peak = _peak_run(
-                    ["ninja", "-C", str(build_dir(req.source)), target],
-                    cwd=req.source,
-                    env=env,
-                    tee=tee,
-                    what=f"canary {canary}",
-                )
-                canaries.append({"file": canary, "seconds": round(secs, 2), "peak_rss_bytes": peak})
-            if canaries:
-                measured = record_measured(peaks_file(req.cache_root, spec.hash), canaries)
-                tee.line(f"canary peaks recorded for the next plans: {_fmt_peaks(measured)}")
-        else:
-            wheel = _build_wheel(req, env_for, tee, jobs)
-        stats = hit_rate(ccache_stats(env))
-        report = _report(req, log, tee)
-        seconds = time.monotonic() - t0
-        manifest = _write_manifest(
-            req, versions, env_vars, plan, jobs, started, seconds, wheel, stats, canaries, phases, log, report
-        )
-        _summary(tee, req, wheel, manifest, seconds, jobs, stats, canaries, log, report)
-        return Outcome(wheel, manifest, log)
+            _preflight(run, watch)
+            return _finish(run, None)
+        return _finish(run, _build_wheel(run, watch))
     finally:
         tee.close()
+        if run is not None:
+            shutil.rmtree(run.tmp, ignore_errors=True)
+
+
+def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
+    """Plan the jobs, compute the environment, print both, read the tool versions."""
+    spec = req.spec
+    started, t0 = _now(), time.monotonic()
+    plan = plan_for(spec, HostResources.detect(), req.cache_root, req.jobs)
+    env_vars = build_env(
+        spec,
+        cache_root=req.cache_root,
+        jobs=plan.jobs,
+        nvcc_threads=plan.nvcc_threads or None,
+        backend=req.backend,
+    )
+    tmp = Path(req.cache_root) / "tmp" / req.run_id
+    for d in (env_vars["CCACHE_DIR"], env_vars["PIP_CACHE_DIR"], tmp):
+        with named_os_errors(d, "creating the build's cache directories"):
+            Path(d).mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **env_vars, "TMPDIR": str(tmp)}
+    tee.line(f"torchbuild {__version__}: {'preflight' if req.preflight else 'wheel build'} of {req.source}")
+    tee.line(f"profile {spec.profile} (sha256 {spec.hash[:16]}), version {spec.build_version}, on {req.backend}")
+    tee.line(f"jobs: {plan.jobs} ({plan.reason})")
+    tee.line("environment:")
+    for line in format_env(env_vars).splitlines():
+        tee.line(f"  {line}")
+    versions = toolchain_versions(spec, env)
+    return Run(req, tee, log, plan, env_vars, env, versions, JobsUsed(plan.jobs, plan.jobs), started, t0, tmp)
+
+
+def _preflight(run: Run, watch: ConfigureWatch) -> None:
+    """Configure, the preflight targets, then each canary alone (its peak memory recorded)."""
+    req, tee = run.req, run.tee
+    run.phases["configure_s"] = round(configure(req.source, run.env, tee, watch), 1)
+    # CMake's try_compile checks run in randomly named directories and can never hit the
+    # cache: count hits from here on, over the compiles that can
+    subprocess.run(["ccache", "--zero-stats"], env=run.env, capture_output=True, check=False)
+    targets = list(req.targets or req.spec.preflight_targets)
+    if targets:
+        build = str(build_dir(req.source))
+        seconds = run_compile(
+            lambda n: ["cmake", "--build", build, "--target", *targets, "--", f"-j{n}"],
+            cwd=req.source,
+            env_for=run.env_for,
+            sink=tee,
+            what=f"building {' '.join(targets)}",
+            jobs=run.jobs,
+            retry=req.oom_retry,
+        )
+        run.phases["targets_s"] = round(seconds, 1)
+    for canary in req.canaries or req.spec.canaries:
+        target = object_target(req.source, canary, run.env)
+        done = run_logged(
+            ["ninja", "-C", str(build_dir(req.source)), target],
+            cwd=req.source,
+            env=run.env,
+            tee=tee,
+            what=f"canary {canary}",
+        )
+        run.canaries.append({"file": canary, "seconds": round(done.seconds, 2), "peak_rss_bytes": done.peak_rss})
+    if run.canaries:
+        measured = record_measured(peaks_file(req.cache_root, req.spec.hash), run.canaries)
+        tee.line(f"canary peaks recorded for the next plans: {_fmt_peaks(measured)}")
 
 
 def _fmt_peaks(measured: Mapping[str, int]) -> str:
     return ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in measured.items()) or "none"
-
-
-def _report(req: BuildRequest, log: Path, tee: Tee) -> dict[str, str] | None:
-    """report-<run>.txt and .png next to the log, from the tree's .ninja_log (if ninja ran)."""
-    ninja_log = build_dir(req.source) / ".ninja_log"
-    if not ninja_log.is_file():
-        return None
-    txt, png, rep = write_report(ninja_log, log.parent / f"report-{req.spec.profile}-{req.run_id}")
-    if rep.slowest:
-        tee.line(f"slowest translation unit: {rep.slowest[0].output} ({rep.slowest[0].seconds:.1f} s)")
-    return {"text": txt.name, "png": png.name}
 
 
 def check_wheel_tools(source: str) -> None:
@@ -434,12 +425,14 @@ def check_wheel_tools(source: str) -> None:
         )
 
 
-def _build_wheel(req: BuildRequest, env_for: Callable[[int], Mapping[str, str]], tee: Tee, jobs: JobsUsed) -> Path:
+def _build_wheel(run: Run, watch: ConfigureWatch) -> Path:
     """pip wheel --no-build-isolation into a partial directory, then rename into out_dir; an
     out-of-memory kill resumes it with fewer jobs (MAX_JOBS) in the same build tree."""
+    req = run.req
     check_wheel_tools(req.source)
     out_dir = Path(req.out_dir)
-    partial = Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{req.run_id}-", dir=out_dir))
+    with named_os_errors(out_dir, "creating the wheel's partial directory"):
+        partial = Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{req.run_id}-", dir=out_dir))
     try:
         run_compile(
             lambda n: [
@@ -455,38 +448,50 @@ def _build_wheel(req: BuildRequest, env_for: Callable[[int], Mapping[str, str]],
                 req.source,
             ],
             cwd=req.source,
-            env_for=env_for,
-            tee=tee,
+            env_for=run.env_for,
+            sink=run.tee,
             what="pip wheel",
-            jobs=jobs,
+            jobs=run.jobs,
             retry=req.oom_retry,
+            watch=watch,
         )
         wheels = sorted(partial.glob("*.whl"))
         if len(wheels) != 1:
             raise BuildFailed(f"pip wheel produced {len(wheels)} wheels in {partial}; expected one")
         final = out_dir / wheels[0].name
-        os.replace(wheels[0], final)
+        with named_os_errors(final, "moving the wheel into place"):
+            os.replace(wheels[0], final)
         return final
     finally:
         shutil.rmtree(partial, ignore_errors=True)
 
 
+def _finish(run: Run, wheel: Path | None) -> Outcome:
+    """ccache's figures, the report, the manifest and the summary table."""
+    stats = hit_rate(ccache_stats(run.env))
+    report = _report(run.req, run.log, run.tee)
+    seconds = time.monotonic() - run.t0
+    with named_os_errors(run.req.out_dir, "writing the manifest"):
+        manifest = _write_manifest(run, seconds, wheel, stats, report)
+    _summary(run, wheel, manifest, seconds, stats, report)
+    return Outcome(wheel, manifest, run.log)
+
+
+def _report(req: BuildRequest, log: Path, tee: Tee) -> dict[str, str] | None:
+    """report-<run>.txt and .png next to the log, from the tree's .ninja_log (if ninja ran)."""
+    ninja_log = build_dir(req.source) / ".ninja_log"
+    if not ninja_log.is_file():
+        return None
+    txt, png, rep = write_report(ninja_log, log.parent / f"report-{req.spec.profile}-{req.run_id}")
+    if rep.slowest:
+        tee.line(f"slowest translation unit: {rep.slowest[0].output} ({rep.slowest[0].seconds:.1f} s)")
+    return {"text": txt.name, "png": png.name}
+
+
 def _write_manifest(
-    req: BuildRequest,
-    versions: Mapping[str, str],
-    env_vars: Mapping[str, str],
-    plan: JobPlan,
-    jobs: JobsUsed,
-    started: str,
-    seconds: float,
-    wheel: Path | None,
-    ccache: tuple[int, int, float],
-    canaries: list[dict[str, Any]],
-    phases: Mapping[str, float],
-    log: Path,
-    report: Mapping[str, str] | None,
+    run: Run, seconds: float, wheel: Path | None, ccache: tuple[int, int, float], report: Mapping[str, str] | None
 ) -> Path:
-    spec = req.spec
+    req, spec, jobs = run.req, run.req.spec, run.jobs
     data: dict[str, Any] = {
         "torchbuild_version": __version__,
         "kind": "preflight" if req.preflight else "wheel",
@@ -495,20 +500,21 @@ def _write_manifest(
         "profile_hash": spec.hash,
         "resolved_profile": spec.to_dict(),
         **dict(req.provenance),
-        "toolchain": dict(versions),
-        "environment": dict(env_vars),
+        "engine": req.backend,
+        "toolchain": dict(run.versions),
+        "environment": dict(run.env_vars),
         "jobs": {
             "max_jobs": jobs.start,
             "final_jobs": jobs.current,
-            "reason": plan.reason,
-            "nvcc_threads": plan.nvcc_threads,
+            "reason": run.plan.reason,
+            "nvcc_threads": run.plan.nvcc_threads,
             "retries": jobs.retries,
         },
-        "started": started,
+        "started": run.started,
         "finished": _now(),
         "duration_s": round(seconds, 1),
         "ccache": {"hits": ccache[0], "misses": ccache[1], "hit_rate": round(ccache[2], 4)},
-        "log": log.name,
+        "log": run.log.name,
         "report": dict(report) if report else None,
     }
     if wheel is not None:
@@ -517,8 +523,8 @@ def _write_manifest(
     else:
         data["preflight"] = {
             "targets": list(req.targets or spec.preflight_targets),
-            "canaries": canaries,
-            **phases,
+            "canaries": run.canaries,
+            **run.phases,
         }
         path = Path(req.out_dir) / f"preflight-{spec.profile}-{req.run_id}.manifest.json"
     _atomic_write(path, json.dumps(data, indent=2) + "\n")
@@ -526,27 +532,25 @@ def _write_manifest(
 
 
 def _summary(
-    tee: Tee,
-    req: BuildRequest,
+    run: Run,
     wheel: Path | None,
     manifest: Path,
     seconds: float,
-    jobs: JobsUsed,
     ccache: tuple[int, int, float],
-    canaries: list[dict[str, Any]],
-    log: Path,
     report: Mapping[str, str] | None,
 ) -> None:
-    rows: list[tuple[str, str, str]] = []
-    if wheel is not None:
-        rows.append((wheel.name, f"{wheel.stat().st_size / 1e6:.1f} MB", sha256_file(wheel)[:16]))
-    rows.append((manifest.name, f"{manifest.stat().st_size / 1e3:.1f} kB", sha256_file(manifest)[:16]))
-    width = max(len(r[0]) for r in rows)
-    tee.line("")
-    tee.line(f"{'artifact':<{width}}  {'size':>10}  sha256")
-    for name, size, digest in rows:
-        tee.line(f"{name:<{width}}  {size:>10}  {digest}")
+    """The artifacts (name, size, sha256) and the build's figures, as two tables."""
+    files = [f for f in (wheel, manifest) if f is not None]
+    run.tee.line("")
+    run.tee.line(
+        table(
+            ["artifact", "size", "sha256"],
+            [(f.name, f"{f.stat().st_size / 1e6:.1f} MB", sha256_file(f)[:16]) for f in files],
+            justify=["left", "right", "left"],
+        )
+    )
     hits, misses, rate = ccache
+    jobs = run.jobs
     used = str(jobs.start) if jobs.current == jobs.start else f"{jobs.start} -> {jobs.current}"
     facts = [
         ("duration", f"{seconds:.1f} s"),
@@ -555,18 +559,15 @@ def _summary(
         ("ccache hit rate", f"{rate:.0%} ({hits} hits, {misses} misses)"),
         *[
             (f"canary {c['file']}", f"{c['seconds']:.1f} s, peak {c['peak_rss_bytes'] / 2**20:.0f} MiB")
-            for c in canaries
+            for c in run.canaries
         ],
-        ("log", str(log)),
-        *([("report", f"{log.parent / report['text']}, {log.parent / report['png']}")] if report else []),
+        ("log", str(run.log)),
+        *([("report", ", ".join(str(run.log.parent / name) for name in report.values()))] if report else []),
     ]
-    kw = max(len(k) for k, _ in facts)
-    for key, value in facts:
-        tee.line(f"{key:<{kw}}  {value}")
+    run.tee.line(table(["", ""], facts, header=False))
 
 
-def main_inside(request_file: str) -> int:
-    """Entry point of `torchbuild build-inside REQUEST.json` in the container."""
-    req = BuildRequest.from_json(Path(request_file).read_text())
-    run_build(req)
+def run_build_step(payload: Mapping[str, Any]) -> int:
+    """The `build` step: a BuildRequest as plain data (what a backend hands over)."""
+    run_build(BuildRequest.from_dict(payload))
     return 0

@@ -1,7 +1,10 @@
-"""The environment a PyTorch build sees, computed once from the BuildSpec.
+"""The environment a PyTorch build sees, computed once from the BuildSpec, for each backend.
 
-The same function serves the in-container build, the native build and `invoke config`,
-so what is printed is what the build gets.
+`build_env` is the whole of it: the variables the backend sets when it starts the step
+(`launch_env`: HOME in the cache and git's safe.directory in a container) and the build's own
+(compilers, CUDA, BLAS, distributed, flags, ccache and pip caches, the profile's switches and
+env). The build, the SIF's %environment and `invoke config` all call it, so what is printed is
+what the build gets. The image sets no build variable of its own.
 """
 
 from __future__ import annotations
@@ -35,13 +38,39 @@ def _flag(on: bool) -> str:
     return "1" if on else "0"
 
 
-def build_env(spec: BuildSpec, *, cache_root: str, jobs: int, nvcc_threads: int | None = None) -> dict[str, str]:
-    """Variables exported to setup.py/CMake, in the order they are printed.
+BACKENDS = ("native", "docker", "apptainer")
 
-    ``cache_root`` is where the cache directory is seen by the build (``/cache`` inside the
-    container, the host cache_dir natively); ``jobs`` and ``nvcc_threads`` come from the jobs
+
+def launch_env(backend: str, cache_root: str) -> dict[str, str]:
+    """What a backend sets when it starts a step: unbuffered output everywhere; in a container
+    HOME inside the cache (the image has no home for the caller's uid) and git's safe.directory
+    (the tree belongs to the caller, not to the container's user table)."""
+    env = {"PYTHONUNBUFFERED": "1"}
+    if backend != "native":
+        env.update(
+            {
+                "HOME": f"{cache_root}/home",
+                "GIT_CONFIG_COUNT": "1",
+                "GIT_CONFIG_KEY_0": "safe.directory",
+                "GIT_CONFIG_VALUE_0": "*",
+            }
+        )
+    return env
+
+
+def build_env(
+    spec: BuildSpec, *, cache_root: str, jobs: int, nvcc_threads: int | None = None, backend: str = "native"
+) -> dict[str, str]:
+    """Every variable the build sees beyond the runtime's own, in the order they are printed.
+
+    ``cache_root`` is where the cache directory is seen by the build (``/cache`` in the image or
+    the SIF, the host cache_dir natively); ``jobs`` and ``nvcc_threads`` come from the jobs
     planner (None: the profile's nvcc_threads).
     """
+    return {**launch_env(backend, cache_root), **_compile_env(spec, cache_root, jobs, nvcc_threads)}
+
+
+def _compile_env(spec: BuildSpec, cache_root: str, jobs: int, nvcc_threads: int | None) -> dict[str, str]:
     cc, cxx = compilers(spec)
     env: dict[str, str] = {
         "PYTORCH_BUILD_VERSION": spec.build_version,

@@ -226,8 +226,3 @@ def plan_for(spec: BuildSpec, host: HostResources, cache_root: str | Path, jobs:
         nvcc_threads=spec.nvcc_threads,
         cuda_archs=len(spec.cuda_arch_list),
     )
-
-
-def fewer_jobs(jobs: int) -> int:
-    """The next attempt after an out-of-memory kill: half as many jobs, at least one."""
-    return max(1, jobs // 2)

@@ -12,43 +12,6 @@ from typing import TextIO
 NINJA_RE = re.compile(r"^\[(\d+)/(\d+)\]\s")
 MODES = ("auto", "bar", "lines", "raw")
 
-# What compilers and drivers print when the kernel's OOM killer took them (gcc, clang, nvcc,
-# the linker); "Killed" alone is what a shell prints for a SIGKILLed child.
-OOM_PATTERNS = [
-    re.compile(p)
-    for p in (
-        r"Killed signal terminated program (\S+)",
-        r"(cicc|ptxas|nvlink|cudafe\+\+|fatbinary)'? died due to signal 9",
-        r"internal compiler error: Killed \(program (\S+)\)",
-        r"(clang(\+\+)?|c\+\+|g\+\+|gcc|cc1plus): error: unable to execute command: Killed",
-        r"(ld|collect2|lld)(: fatal error)?: .*terminated with signal 9",
-        r"virtual memory exhausted",
-        r"out of memory allocating \d+ bytes",
-        r"std::bad_alloc",
-        r"^Killed$",
-    )
-]
-
-
-def oom_evidence(line: str) -> str | None:
-    """The out-of-memory message in one output line, if it is one."""
-    text = line.strip()
-    for pat in OOM_PATTERNS:
-        if pat.search(text):
-            return text[:200]
-    return None
-
-
-class OomWatch:
-    """Collects OOM evidence while a step runs."""
-
-    def __init__(self) -> None:
-        self.evidence: str | None = None
-
-    def feed(self, line: str) -> None:
-        if self.evidence is None:
-            self.evidence = oom_evidence(line)
-
 
 def _duration(seconds: float) -> str:
     seconds = max(0, int(seconds))

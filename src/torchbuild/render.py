@@ -13,11 +13,18 @@ from .jobs import HostResources, plan_for
 CONTAINER_CACHE = "/cache"
 
 
-def config_data(spec: BuildSpec, host: HostResources | None = None) -> dict[str, Any]:
+def config_data(spec: BuildSpec, host: HostResources | None = None, backend: str = "native") -> dict[str, Any]:
+    """The resolved profile and the environment a build on `backend` sees (the cache at /cache
+    in the image or SIF, at cache_dir natively)."""
     host = host or HostResources.detect()
-    plan = plan_for(spec, host, Path(spec.cache_dir).expanduser())
-    env = build_env(spec, cache_root=CONTAINER_CACHE, jobs=plan.jobs, nvcc_threads=plan.nvcc_threads or None)
+    cache = Path(spec.cache_dir).expanduser()
+    plan = plan_for(spec, host, cache)
+    cache_root = str(cache) if backend == "native" else CONTAINER_CACHE
+    env = build_env(
+        spec, cache_root=cache_root, jobs=plan.jobs, nvcc_threads=plan.nvcc_threads or None, backend=backend
+    )
     return {
+        "backend": backend,
         "profile": spec.profile,
         "profile_file": spec.origins.get("profile", ""),
         "hash": spec.hash,
@@ -30,8 +37,8 @@ def config_data(spec: BuildSpec, host: HostResources | None = None) -> dict[str,
     }
 
 
-def config_text(spec: BuildSpec, host: HostResources | None = None) -> str:
-    data = config_data(spec, host)
+def config_text(spec: BuildSpec, host: HostResources | None = None, backend: str = "native") -> str:
+    data = config_data(spec, host, backend)
     values: dict[str, Any] = data["values"]
     origins: dict[str, str] = data["origins"]
     rows = [(f"{k}: {json.dumps(v)}", _short_origin(origins.get(k, ""))) for k, v in values.items() if k != "profile"]
@@ -43,8 +50,7 @@ def config_text(spec: BuildSpec, host: HostResources | None = None) -> str:
         f"# image {data['image']}, wheel version {data['build_version']}",
         *(f"{text:<{width}}  # {origin}" for text, origin in rows),
         "",
-        f"# environment the build sees (in the container, cache at {CONTAINER_CACHE};",
-        f"# MAX_JOBS {data['jobs_reason']}; replanned where the build runs)",
+        f"# environment the build sees on {backend} (MAX_JOBS {data['jobs_reason']}; replanned where the build runs)",
         format_env(data["env"]),
     ]
     return "\n".join(lines)

@@ -1,34 +1,66 @@
-"""Host side of `invoke build` and `invoke source`: get the tree, patch it, then run the build
-in the toolchain container (or natively) with the source, cache and output mounted.
+"""The one launch path: from `invoke build` / `invoke verify` (or `torchbuild build` in the
+image or SIF) to a step run by a backend.
+
+    check the backend (engine, image or SIF)   -- before anything is fetched or patched
+    check the output and cache directories     -- named errors, nothing written elsewhere
+    get the tree, apply the patch series
+    the build request, in the paths the backend shows the step
+    backend.run("build", ...), then the manifest of that run
+    backend.run("verify", ...) on the wheel, where the build ran
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import shutil
-import signal
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from types import FrameType
 from typing import Any, TextIO
 
-from .build import PARTIAL_PREFIX, BuildRequest, Outcome, run_build
-from .config import BuildSpec
-from .engine import Engine
-from .errors import BuildFailed, BuildInterrupted, OutOfMemory, TorchbuildError
-from .image import LABEL_PREFIX, require_image
+from .backends import Backend, Binds
+from .build import BuildRequest, Outcome
+from .config import BuildSpec, cache_dir
+from .errors import BuildFailed, SourceError, UsageError, writable_dir
 from .patches import ApplyResult, Series, apply_series, load_series
 from .source import SourceInfo, describe_dir, fetch_git, looks_like_url, unpack_archive
 
-CONTAINER_SRC, CONTAINER_CACHE, CONTAINER_OUT = "/src", "/cache", "/out"
+
+def in_container() -> bool:
+    """True inside the toolchain image (Docker) or a SIF."""
+    return (
+        bool(os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER"))
+        or Path("/.dockerenv").exists()
+    )
 
 
-def cache_dir(spec: BuildSpec) -> Path:
-    return Path(spec.cache_dir).expanduser()
+def _bound(path: str) -> bool:
+    return os.path.isdir(path) and os.access(path, os.W_OK)
+
+
+@dataclasses.dataclass(frozen=True)
+class Places:
+    """Where a build reads and writes on the host: the source as given, the output, the cache."""
+
+    source: str
+    out: Path
+    cache: Path
+
+
+def places(spec: BuildSpec, source: str, out: str) -> Places:
+    """The paths a build uses. Inside the image or a SIF the binds are the defaults: the tree
+    at /src, the output at /out (else ./out) and the cache at /cache (else cache_dir)."""
+    inside = in_container()
+    if not source and inside:
+        if not Path("/src/setup.py").is_file():
+            raise SourceError(
+                "no PyTorch tree at /src",
+                hint="bind one (apptainer run --bind /path/to/pytorch:/src ...) or pass --source",
+            )
+        source = "/src"
+    if not out:
+        out = "/out" if inside and _bound("/out") else "out"
+    cache = Path("/cache") if inside and _bound("/cache") else cache_dir(spec)
+    return Places(source, Path(out), cache)
 
 
 def default_tree(spec: BuildSpec, ref: str) -> Path:
@@ -55,41 +87,15 @@ def get_source(
     return unpack_archive(path, Path(dest).expanduser() if dest else cache / "src", out=out)
 
 
-def prepare(
-    spec: BuildSpec,
-    *,
-    source: str,
-    ref: str,
-    out_dir: Path,
-    cache_root: Path,
-    out: TextIO = sys.stdout,
-    **options: Any,
-) -> BuildRequest:
-    """Get and patch the tree, then describe the build (options: BuildRequest's preflight,
-    clean, jobs, targets, canaries)."""
-    info = get_source(spec, source, ref, out=out)
-    series, result = patch_tree(spec, info.path)
-    if series.directory is None:
-        print("patches: none for this version", file=out)
-    else:
-        print(
-            f"patches from {series.directory}: {len(result.applied)} applied, "
-            f"{len(result.skipped)} already in the tree",
-            file=out,
-        )
-    return BuildRequest(
-        spec=spec,
-        source=str(info.path),
-        out_dir=str(out_dir),
-        cache_root=str(cache_root),
-        provenance=provenance(info, series, result),
-        **options,
-    )
-
-
 def patch_tree(spec: BuildSpec, tree: Path) -> tuple[Series, ApplyResult]:
     series = load_series(spec.patches, spec.torch_version)
     return series, apply_series(tree, series)
+
+
+def describe_patches(series: Series, result: ApplyResult) -> str:
+    if series.directory is None:
+        return "patches: none for this version"
+    return f"patches from {series.directory}: {len(result.applied)} applied, {len(result.skipped)} already in the tree"
 
 
 def provenance(info: SourceInfo, series: Series, result: ApplyResult) -> dict[str, Any]:
@@ -105,160 +111,97 @@ def provenance(info: SourceInfo, series: Series, result: ApplyResult) -> dict[st
     }
 
 
-@contextmanager
-def interrupts_unwind() -> Iterator[None]:
-    """SIGINT and SIGTERM (Ctrl-C, a batch system ending the job) unwind as KeyboardInterrupt,
-    so cleanup runs. SIGINT is set explicitly: a process started in the background by a
-    non-interactive shell inherits SIGINT ignored, and Python then never raises for it."""
+@dataclasses.dataclass(frozen=True)
+class BuildOptions:
+    """What `invoke build` asks of the build itself (BuildRequest's knobs)."""
 
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+    preflight: bool = False
+    clean: bool = False
+    jobs: int = 0
+    targets: tuple[str, ...] = ()
+    canaries: tuple[str, ...] = ()
+    progress: str = "lines"
+    oom_retry: bool = True
 
 
-def remove_partials(out_dir: Path, run_id: str) -> None:
-    for p in out_dir.glob(f"{PARTIAL_PREFIX}{run_id}*"):
-        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-
-
-def caller_user() -> str:
-    return f"{os.getuid()}:{os.getgid()}"
-
-
-def make_dirs_for(user: str, *dirs: Path) -> None:
-    """Create dirs the container writes to; when root runs a build as another user (--user),
-    hand the new directories to that user so the build can write them."""
-    uid, _, gid = user.partition(":")
-    for d in dirs:
-        missing = [p for p in [d, *d.parents] if not p.exists()]
-        d.mkdir(parents=True, exist_ok=True)
-        if os.geteuid() == 0 and uid.isdigit() and int(uid) != 0:
-            for p in missing:
-                os.chown(p, int(uid), int(gid or uid))
-
-
-def build_in_container(
-    engine: Engine,
-    req: BuildRequest,
+def build(
+    spec: BuildSpec,
+    backend: Backend,
+    where: Places,
     *,
-    host_source: Path,
-    host_out: Path,
-    host_cache: Path,
-    user: str = "",
-    memory_limit: str | None = None,
+    ref: str = "",
+    options: BuildOptions = BuildOptions(),
+    verify: bool = True,
     out: TextIO = sys.stdout,
 ) -> Outcome:
-    """Run `torchbuild build-inside` in the profile's image with source, cache and out mounted."""
-    spec = req.spec
-    attrs = require_image(spec, engine)
-    labels = (attrs.get("Config") or {}).get("Labels") or {}  # type: ignore[attr-defined]
-    req = dataclasses.replace(
-        req,
-        source=CONTAINER_SRC,
-        out_dir=CONTAINER_OUT,
-        cache_root=CONTAINER_CACHE,
-        provenance={
-            **req.provenance,
-            "image": {
-                "tag": spec.image_tag,
-                "id": attrs.get("Id"),
-                "profile_hash": labels.get(f"{LABEL_PREFIX}.profile-hash"),
-            },
-            "engine": "docker",
-        },
+    """Check, fetch, patch, build with `backend`, then verify the wheel where it was built."""
+    image = backend.check()
+    out_dir = writable_dir(where.out, "--out")
+    cache = writable_dir(where.cache, "cache_dir")
+    info = get_source(spec, where.source, ref, out=out)
+    series, result = patch_tree(spec, info.path)
+    print(describe_patches(series, result), file=out)
+    binds = Binds(cache=cache, out=out_dir, src=info.path)
+    view = backend.view(binds)
+    req = BuildRequest(
+        spec=spec,
+        source=str(view.src),
+        out_dir=str(view.out),
+        cache_root=str(view.cache),
+        provenance={**provenance(info, series, result), **({"image": image} if image else {})},
+        backend=backend.name,
+        **dataclasses.asdict(options),
     )
-    user = user or caller_user()
-    make_dirs_for(
-        user, host_out, host_cache / "home", host_cache / "ccache", host_cache / "pip", host_out / ".torchbuild"
-    )
-    env = {
-        "HOME": f"{CONTAINER_CACHE}/home",
-        # the tree belongs to the caller, not to the container's user table
-        "GIT_CONFIG_COUNT": "1",
-        "GIT_CONFIG_KEY_0": "safe.directory",
-        "GIT_CONFIG_VALUE_0": "*",
-        "PYTHONUNBUFFERED": "1",
-    }
-    return run_request(
-        req,
-        host_out,
-        lambda inside: engine.run(
-            spec.image_tag,
-            ["torchbuild", "build-inside", inside],
-            mounts={str(host_source): CONTAINER_SRC, str(host_cache): CONTAINER_CACHE, str(host_out): CONTAINER_OUT},
-            user=user,
-            environment=env,
-            workdir=CONTAINER_SRC,
-            platform=spec.arch.docker_platform,
-            memory_limit=memory_limit,
-            out=out,
-        ),
-        where=spec.image_tag,
-        stopped="its container was removed",
-    )
+    backend.run("build", req.to_dict(), binds)
+    outcome = outcome_of(out_dir, req.run_id)
+    print(f"{outcome.wheel or 'preflight passed'}\nmanifest: {outcome.manifest}\nlog: {outcome.log}", file=out)
+    if outcome.wheel and verify:
+        verify_with(spec, backend, wheel=outcome.wheel, cache=cache, checked=True)
+    return outcome
 
 
-def run_request(
-    req: BuildRequest, host_out: Path, launch: Callable[[str], int], *, where: str, stopped: str
-) -> Outcome:
-    """Hand req to a container or SIF: write it to out/.torchbuild, launch(its path as seen at
-    /out) and collect what the build wrote. Ctrl-C, SIGTERM and failures leave no partial wheel."""
-    request_file = host_out / ".torchbuild" / f"request-{req.run_id}.json"
-    request_file.write_text(req.to_json())
-    try:
-        with interrupts_unwind():
-            rc = launch(f"{CONTAINER_OUT}/.torchbuild/{request_file.name}")
-    except KeyboardInterrupt:
-        remove_partials(host_out, req.run_id)
-        raise BuildInterrupted(f"build interrupted; {stopped} and no wheel was written") from None
-    finally:
-        request_file.unlink(missing_ok=True)
-    if rc != 0:
-        remove_partials(host_out, req.run_id)
-        raise failure(rc, where, host_out)
-    return outcome_from_out(host_out, req)
+def outcome_of(host_out: Path, run_id: str) -> Outcome:
+    """Find what the step wrote: the manifest of this run names the wheel and the log."""
+    import json
 
-
-def failure(rc: int, where: str, host_out: Path) -> TorchbuildError:
-    """The host's error for a build that exited rc in a container or SIF (its own error was
-    printed above by the build itself)."""
-    logs = host_out / "logs"
-    if rc == OutOfMemory.exit_code:
-        return OutOfMemory(f"the build in {where} ran out of memory at its last retry; the log is in {logs}")
-    if rc in (137, -9):
-        return OutOfMemory(
-            f"the build in {where} was killed (exit {rc}, SIGKILL: out of memory?); the log is in {logs}"
-        )
-    return BuildFailed(f"the build in {where} exited with {rc}; the log is in {logs}")
-
-
-def outcome_from_out(host_out: Path, req: BuildRequest) -> Outcome:
-    """Find what the container wrote: the manifest of this run names the wheel and the log."""
     for manifest in host_out.glob("*.manifest.json"):
         data = json.loads(manifest.read_text())
-        if data.get("run_id") != req.run_id:
+        if data.get("run_id") != run_id:
             continue
         wheel = host_out / data["wheel"]["name"] if "wheel" in data else None
         return Outcome(wheel, manifest, host_out / "logs" / data["log"])
-    raise BuildFailed(f"the build finished but wrote no manifest for run {req.run_id} in {host_out}")
+    raise BuildFailed(f"the build finished but wrote no manifest for run {run_id} in {host_out}")
 
 
-def build_native(
-    req: BuildRequest, out: TextIO = sys.stdout, engine: str = "native", image: dict[str, Any] | None = None
-) -> Outcome:
-    """The same build in this process: natively on a login node (modules loaded), or by
-    `torchbuild build` inside the image or a SIF (engine and image say which, for the manifest)."""
-    Path(req.out_dir).mkdir(parents=True, exist_ok=True)
-    prov = {**req.provenance, "engine": engine, **({"image": image} if image else {})}
-    try:
-        with interrupts_unwind():
-            return run_build(dataclasses.replace(req, provenance=prov), out=out)
-    except KeyboardInterrupt:
-        remove_partials(Path(req.out_dir), req.run_id)
-        raise BuildInterrupted("build interrupted; no wheel was written") from None
+def verify_with(
+    spec: BuildSpec,
+    backend: Backend,
+    *,
+    wheel: Path | None = None,
+    installed: str = "",
+    expect_version: str = "",
+    report: Path | None = None,
+    cache: Path | None = None,
+    checked: bool = False,
+) -> None:
+    """Verify a wheel (or an installed package) with `backend`: natively, in the image or in
+    the SIF. The wheel's (or the report's) directory is the step's output bind."""
+    from .verify import check_wheel_file, request
+
+    if wheel is None and not installed:
+        raise UsageError("give exactly one of --wheel W and --installed NAME", hint="invoke verify --wheel out/x.whl")
+    if wheel is not None:
+        check_wheel_file(wheel)
+    if not checked:
+        backend.check()
+    host_dir = (wheel or report or Path.cwd() / "-").parent
+    binds = Binds(cache=writable_dir(cache or cache_dir(spec), "cache_dir"), out=host_dir)
+    view = backend.view(binds)
+    req = request(
+        spec,
+        wheel=view.out / wheel.name if wheel else None,
+        installed=installed,
+        expect_version=expect_version,
+        report=view.out / report.name if report else None,
+    )
+    backend.run("verify", req, binds)

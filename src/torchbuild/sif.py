@@ -37,28 +37,19 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO, cast
+from typing import TextIO, cast
 
 import yaml
 
 from . import __version__
 from .arch import Arch
-from .build import BuildRequest, Outcome, Tee
-from .config import DEFAULT_PROFILE, BuildSpec
+from .build import Tee
+from .config import DEFAULT_PROFILE, BuildSpec, cache_dir
 from .engine import Engine
 from .environment import build_env
-from .errors import BuildInterrupted, ImageNotFound, InsufficientSpace, SifError, ToolMissing
+from .errors import BuildInterrupted, InsufficientSpace, SifError, ToolMissing
 from .image import LABEL_PREFIX, inputs_hash, make_context, require_image
-from .runner import (
-    CONTAINER_CACHE,
-    CONTAINER_OUT,
-    CONTAINER_SRC,
-    cache_dir,
-    caller_user,
-    interrupts_unwind,
-    make_dirs_for,
-    run_request,
-)
+from .process import interrupts_unwind, run_streamed
 
 DEFAULT_SIF = "torch-build.sif"
 BUILDER_REPO = "torchbuild/apptainer-builder"
@@ -98,7 +89,7 @@ def baked_profile(spec: BuildSpec) -> str:
 def runtime_env(spec: BuildSpec) -> dict[str, str]:
     """%environment: the environment the profile's build sees, with the cache at /cache.
     MAX_JOBS is left out: it is planned on the node that runs the build."""
-    env = build_env(spec, cache_root="/cache", jobs=1)
+    env = build_env(spec, cache_root="/cache", jobs=1, backend="apptainer")
     env.pop("MAX_JOBS")
     return {"TORCHBUILD_PROFILE": baked_profile_path(spec), **env}
 
@@ -163,38 +154,21 @@ From: {archive}
 
 def _stream(cmd: Sequence[str], env: Mapping[str, str], out: TextIO, log: Path | None) -> int:
     """Run cmd with stdout and stderr merged and streamed line by line to out (and log).
-    The environment is os.environ plus env. Ctrl-C or SIGTERM stops the child before unwinding."""
+    The environment is os.environ plus env. Ctrl-C or SIGTERM stops it and its children."""
     tee = Tee(log, out) if log else None
-    proc = subprocess.Popen(
-        list(cmd),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, **env},
-        text=True,
-        errors="replace",
-        bufsize=1,
-    )
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if tee:
-                tee.write(line)
-            else:
-                out.write(line)
-                out.flush()
-        return proc.wait()
-    except BaseException:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        raise
+        return run_streamed(cmd, env={**os.environ, **env}, on_line=tee.write if tee else _writer(out)).returncode
     finally:
         if tee:
             tee.close()
+
+
+def _writer(out: TextIO) -> Callable[[str], None]:
+    def write(line: str) -> None:
+        out.write(line)
+        out.flush()
+
+    return write
 
 
 class Apptainer:
@@ -315,7 +289,7 @@ class DockerApptainer(Apptainer):
 
     def labels(self, sif: Path) -> dict[str, str]:
         buf = io.StringIO()
-        rc = self.call([str(sif)], paths=[sif.parent], out=buf, command=("torchbuild", "sif-labels"))
+        rc = self.call([str(sif)], paths=[sif.parent], out=buf, command=("torchbuild", "inside.sif-labels"))
         for line in buf.getvalue().splitlines():
             if line.startswith(LABELS_PREFIX):
                 return dict(json.loads(line[len(LABELS_PREFIX) :]))
@@ -514,106 +488,3 @@ def _link_default(spec: BuildSpec, final: Path) -> Path | None:
         shutil.copy2(final, tmp)
     os.replace(tmp, link)
     return link
-
-
-# --------------------------------------------------------------------------- running
-
-
-def check_sif(spec: BuildSpec, apptainer: Apptainer, sif: Path) -> dict[str, str]:
-    """The SIF's labels, once it is known to hold spec's profile for this torchbuild version."""
-    hint = f"make it with `invoke sif --profile {spec.profile} --arch {spec.arch}`"
-    if not sif.is_file():
-        raise ImageNotFound(f"SIF {sif} does not exist", hint=hint)
-    labels = apptainer.labels(sif)
-    for key, want in (("profile", spec.profile), ("arch", spec.arch.value), ("version", __version__)):
-        got = labels.get(f"{LABEL_PREFIX}.{key}")
-        if got != want:
-            raise ImageNotFound(f"{sif} has {key} {got!r}, this build needs {want!r}", hint=hint)
-    return labels
-
-
-def run_args(
-    sif: Path, binds: Mapping[Path, str], command: Sequence[str], *, flags: Sequence[str] = (), nv: bool = False
-) -> list[str]:
-    """`apptainer run` arguments: a clean environment (host modules must not leak into the
-    build), the binds, --nv for GPU nodes."""
-    args = ["run", *flags, "--cleanenv"]
-    if nv:
-        args.append("--nv")
-    args += ["--bind", ",".join(f"{host}:{inside}" for host, inside in binds.items())]
-    args += ["--env", "PYTHONUNBUFFERED=1", str(sif), *command]
-    return args
-
-
-def sif_labels_main(sif: str) -> int:
-    """`torchbuild sif-labels SIF` (in the apptainer-builder): one line of JSON for DockerApptainer."""
-    exe = host_apptainer()
-    if not exe:
-        raise ToolMissing("apptainer is not installed here")
-    print(LABELS_PREFIX + json.dumps(HostApptainer(exe).labels(Path(sif))), flush=True)
-    return 0
-
-
-def inside_sif() -> dict[str, Any] | None:
-    """Provenance when this process runs in a SIF: its path (as mounted) and torchbuild labels."""
-    path = os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER")
-    if not path:
-        return None
-    labels: dict[str, str] = {}
-    with_labels = Path("/.singularity.d/labels.json")
-    if with_labels.is_file():
-        labels = json.loads(with_labels.read_text())
-    return {
-        "sif": path,
-        "image_id": labels.get(f"{SIF_LABEL}.image-id"),
-        "profile_hash": labels.get(f"{LABEL_PREFIX}.profile-hash"),
-    }
-
-
-def build_with_sif(
-    apptainer: Apptainer,
-    sif: Path,
-    req: BuildRequest,
-    *,
-    host_source: Path,
-    host_out: Path,
-    host_cache: Path,
-    nv: bool = False,
-    memory_limit: str | None = None,
-    out: TextIO = sys.stdout,
-) -> Outcome:
-    """`invoke build --in-container --engine apptainer`: the request of the Docker path, run by
-    the SIF's runscript with source, cache and out bound at /src, /cache and /out."""
-    spec = req.spec
-    sif = sif.resolve()
-    labels = check_sif(spec, apptainer, sif)
-    req = dataclasses.replace(
-        req,
-        source=CONTAINER_SRC,
-        out_dir=CONTAINER_OUT,
-        cache_root=CONTAINER_CACHE,
-        provenance={
-            **req.provenance,
-            "image": {
-                "sif": str(sif),
-                "image_id": labels.get(f"{SIF_LABEL}.image-id"),
-                "profile_hash": labels.get(f"{LABEL_PREFIX}.profile-hash"),
-            },
-            "engine": "apptainer",
-        },
-    )
-    user = caller_user()
-    make_dirs_for(user, host_out / ".torchbuild", host_cache / "ccache", host_cache / "pip")
-    binds = {host_source: CONTAINER_SRC, host_cache: CONTAINER_CACHE, host_out: CONTAINER_OUT}
-    return run_request(
-        req,
-        host_out,
-        lambda inside: apptainer.call(
-            run_args(sif, binds, ["build-inside", inside], flags=apptainer.run_flags, nv=nv),
-            paths=[*binds, sif.parent],
-            out=out,
-            memory_limit=memory_limit,
-        ),
-        where=sif.name,
-        stopped="apptainer was stopped",
-    )

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -327,64 +326,9 @@ def main_inside(request_file: str) -> int:
     return run_request(json.loads(Path(request_file).read_text()))
 
 
-def verify_in(
-    where: str,
-    spec: BuildSpec,
-    *,
-    wheel: Path | None = None,
-    installed: str = "",
-    expect_version: str = "",
-    report: Path | None = None,
-    sif: Path | None = None,
-    apptainer: str = "auto",
-    user: str = "",
-) -> None:
-    """Verify natively (this process), in the toolchain image (docker) or in the SIF (apptainer)."""
-    from .errors import ProfileError, VerifyFailed
+def check_wheel_file(path: Path) -> None:
+    """A named error unless path is a wheel file (placeholder until the packaging-based check)."""
+    from .errors import WheelError
 
-    if wheel is not None and not wheel.is_file():
-        raise ProfileError(f"--wheel {wheel}: no such file", hint="point --wheel at the .whl `invoke build` wrote")
-    req = request(spec, wheel=wheel, installed=installed, expect_version=expect_version, report=report)
-    if where == "native":
-        run_request(req)
-        return
-    # the image or SIF sees the wheel's (or the report's) directory at /out
-    host_dir = Path(req.get("wheel") or req.get("json") or Path.cwd() / "-").parent
-    for key in ("wheel", "json"):
-        if key in req:
-            req[key] = f"/out/{Path(req[key]).name}"
-    request_file = host_dir / f".verify-{uuid.uuid4().hex[:8]}.json"
-    request_file.write_text(json.dumps(req))
-    command = ["verify-inside", f"/out/{request_file.name}"]
-    try:
-        if where == "apptainer":
-            from .sif import check_sif, default_sif, locate, run_args
-
-            runner = locate(spec, apptainer)
-            image = (sif or default_sif(spec)).resolve()
-            check_sif(spec, runner, image)
-            rc = runner.call(
-                run_args(image, {host_dir: "/out"}, command, flags=runner.run_flags), paths=[host_dir, image.parent]
-            )
-            what = image.name
-        else:
-            from .engine import Engine
-            from .image import require_image
-            from .runner import caller_user
-
-            engine = Engine.connect()
-            require_image(spec, engine)
-            rc = engine.run(
-                spec.image_tag,
-                ["torchbuild", *command],
-                mounts={str(host_dir): "/out"},
-                user=user or caller_user(),
-                environment={"HOME": "/tmp", "PYTHONUNBUFFERED": "1"},
-                workdir="/tmp",
-                platform=spec.arch.docker_platform,
-            )
-            what = spec.image_tag
-    finally:
-        request_file.unlink(missing_ok=True)
-    if rc != 0:
-        raise VerifyFailed(f"verification in {what} failed (exit {rc}); the table above names the checks")
+    if not path.is_file():
+        raise WheelError(f"--wheel {path}: no such file")

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.build import JobsUsed, Tee, run_compile
+from torchbuild.build import Tee
 from torchbuild.errors import BuildFailed, OutOfMemory
-from torchbuild.jobs import GiB, HostResources, Peaks, fewer_jobs, load_measured, plan_jobs, record_measured
-from torchbuild.progress import Progress, oom_evidence
+from torchbuild.jobs import GiB, HostResources, Peaks, load_measured, plan_jobs, record_measured
+from torchbuild.oom import JobsUsed, fewer_jobs, oom_evidence, run_compile
+from torchbuild.progress import Progress
 from torchbuild.report import read_ninja_log, render_png, source_dir, summarize, write_report
 
 
@@ -136,7 +137,7 @@ def test_oom_retries_halve_the_jobs_down_to_one(tmp_path):
     tee = Tee(tmp_path / "log", io.StringIO(), "raw")
     jobs = JobsUsed(8, 8)
     run_compile(
-        lambda n: [str(fake)], cwd=str(tmp_path), env_for=lambda n: {"MAX_JOBS": str(n)}, tee=tee, what="x", jobs=jobs
+        lambda n: [str(fake)], cwd=str(tmp_path), env_for=lambda n: {"MAX_JOBS": str(n)}, sink=tee, what="x", jobs=jobs
     )
     tee.close()
     assert (tmp_path / "calls").read_text().split() == ["8", "4", "2", "1"]
@@ -152,14 +153,14 @@ def test_oom_with_one_job_is_named_and_other_failures_are_not_retried(tmp_path):
     tee = Tee(tmp_path / "log", io.StringIO(), "raw")
     with pytest.raises(OutOfMemory, match="out of memory with 1 jobs"):
         run_compile(
-            lambda n: [str(script)], cwd=str(tmp_path), env_for=lambda n: {}, tee=tee, what="x", jobs=JobsUsed(2, 2)
+            lambda n: [str(script)], cwd=str(tmp_path), env_for=lambda n: {}, sink=tee, what="x", jobs=JobsUsed(2, 2)
         )
     broken = tmp_path / "broken"
     broken.write_text(f"#!{sys.executable}\nprint('error: expected ;'); raise SystemExit(1)\n")
     broken.chmod(0o755)
     jobs = JobsUsed(4, 4)
     with pytest.raises(BuildFailed):
-        run_compile(lambda n: [str(broken)], cwd=str(tmp_path), env_for=lambda n: {}, tee=tee, what="x", jobs=jobs)
+        run_compile(lambda n: [str(broken)], cwd=str(tmp_path), env_for=lambda n: {}, sink=tee, what="x", jobs=jobs)
     assert jobs.retries == [] and jobs.current == 4
     tee.close()
     assert fewer_jobs(3) == 1 and fewer_jobs(1) == 1

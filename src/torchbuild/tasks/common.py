@@ -1,22 +1,36 @@
-"""Shared pieces of the invoke tasks: the error handler and the common options' help."""
+"""Shared pieces of the invoke tasks: the error handler, the common options' help, and the
+one place a task turns its runtime options into a backend."""
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from invoke.exceptions import Exit
 
+from ..backends import Backend, Options, choose
 from ..config import DEFAULT_PROFILE, BuildSpec, resolve
-from ..errors import TorchbuildError, debug_enabled, report
+from ..errors import TorchbuildError, UsageError, debug_enabled, report
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 HELP = {
-    "profile": f"profile name (configs/profiles) or path to a .yaml file; default {DEFAULT_PROFILE}",
+    "profile": f"profile name (configs/profiles) or path to a .yaml file; default $TORCHBUILD_PROFILE, else {DEFAULT_PROFILE}",
     "set_": "override a profile key: --set key=value (repeatable; maps: --set switches.USE_MPI=1)",
     "arch": "target architecture: x86_64 or aarch64 (default: the profile's, else this host's); image takes all",
+}
+
+RUNTIME_HELP = {
+    "in_container": "run inside the profile's toolchain image or SIF (default: natively, on this machine)",
+    "engine": "with --in-container: docker (the toolchain image) or apptainer (the SIF from `invoke sif`)",
+    "sif": "with --engine apptainer: the SIF (default ./torch-build-<profile>-<arch>.sif)",
+    "apptainer": "with --engine apptainer: auto (this host's apptainer, else the builder container), host, docker",
+    "nv": "with --engine apptainer: pass --nv (NVIDIA driver and GPUs into the SIF; for GPU nodes)",
+    "user": "uid:gid the container runs as (default: yours; --engine docker only)",
+    "memory": "memory limit of the container, e.g. 8g (default: none; not natively)",
 }
 
 
@@ -35,5 +49,28 @@ def handles_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def profile_name(profile: str) -> str:
+    """--profile, else the profile baked into the image or SIF ($TORCHBUILD_PROFILE), else the default."""
+    return profile or os.environ.get("TORCHBUILD_PROFILE") or DEFAULT_PROFILE
+
+
 def spec_from(profile: str, set_: list[str] | None, arch: str | None) -> BuildSpec:
-    return resolve(profile or DEFAULT_PROFILE, set_ or [], arch=arch or None)
+    return resolve(profile_name(profile), set_ or [], arch=arch or None)
+
+
+def backend_from(
+    spec: BuildSpec,
+    *,
+    in_container: bool,
+    engine: str = "docker",
+    sif: str = "",
+    apptainer: str = "auto",
+    nv: bool = False,
+    user: str = "",
+    memory: str = "",
+) -> Backend:
+    """The backend the runtime options name; options that need --in-container are refused without it."""
+    if not in_container and (engine != "docker" or sif or nv or apptainer != "auto"):
+        raise UsageError("--engine, --sif, --apptainer and --nv choose a container", hint="add --in-container")
+    options = Options(user=user, memory=memory, sif=Path(sif) if sif else None, apptainer=apptainer, nv=nv)
+    return choose(spec, engine if in_container else "native", options)

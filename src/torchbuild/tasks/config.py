@@ -7,7 +7,9 @@ import json
 from invoke.context import Context
 from invoke.tasks import task
 
-from ..config import DEFAULT_PROFILE, available_profiles, describe_keys
+from ..config import available_profiles, describe_keys
+from ..environment import BACKENDS
+from ..errors import UsageError
 from ..render import config_data, config_text
 from .common import HELP, handles_errors, spec_from
 
@@ -18,18 +20,22 @@ from .common import HELP, handles_errors, spec_from
         "format": "text (default) or json",
         "keys": "list every profile key with type, default and doc",
         "list_profiles": "list the shipped profiles",
+        "in_container": "show the environment of a build in the toolchain image or SIF (default: a native build)",
+        "engine": "with --in-container: docker or apptainer",
     },
     iterable=["set_"],
 )
 @handles_errors
 def config(
     c: Context,
-    profile: str = DEFAULT_PROFILE,
+    profile: str = "",
     set_: list[str] | None = None,
     arch: str = "",
     format: str = "text",
     keys: bool = False,
     list_profiles: bool = False,
+    in_container: bool = False,
+    engine: str = "docker",
 ) -> None:
     """Print the resolved profile (with where each value came from) and the build's environment."""
     if keys:
@@ -38,5 +44,13 @@ def config(
     if list_profiles:
         print("\n".join(available_profiles()))
         return
+    if format not in ("text", "json"):
+        raise UsageError(f"unknown --format {format!r}", hint="use --format text or --format json")
+    if in_container and engine not in BACKENDS[1:]:
+        raise UsageError(f"unknown --engine {engine!r}", hint="use --engine docker or --engine apptainer")
+    if engine != "docker" and not in_container:
+        raise UsageError("--engine chooses a container", hint="add --in-container")
     spec = spec_from(profile, set_, arch)
-    print(json.dumps(config_data(spec), indent=2) if format == "json" else config_text(spec))
+    backend = engine if in_container else "native"
+    data = config_data(spec, backend=backend)
+    print(json.dumps(data, indent=2) if format == "json" else config_text(spec, backend=backend))

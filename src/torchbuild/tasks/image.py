@@ -7,10 +7,9 @@ from invoke.tasks import task
 
 from ..arch import Arch
 from ..baseimage import DEFAULT_COMPONENTS, make_base_image
-from ..config import DEFAULT_PROFILE
+from ..config import DEFAULT_PROFILE, cache_dir
 from ..engine import Engine
 from ..image import build_image, push_images
-from ..runner import cache_dir
 from .common import HELP, handles_errors, spec_from
 
 

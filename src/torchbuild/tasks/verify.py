@@ -1,4 +1,5 @@
-"""invoke verify: check a built wheel (or an installed torch) in a fresh venv."""
+"""invoke verify: check a built wheel (or an installed torch) in a fresh venv, natively, in the
+toolchain image or in the SIF."""
 
 from __future__ import annotations
 
@@ -7,18 +8,16 @@ from pathlib import Path
 from invoke.context import Context
 from invoke.tasks import task
 
-from ..config import DEFAULT_PROFILE
-from ..errors import ProfileError
-from ..verify import verify_in
-from .common import HELP, handles_errors, spec_from
+from ..runner import verify_with
+from .common import HELP, RUNTIME_HELP, backend_from, handles_errors, spec_from
 
 
 @task(
     help={
         **HELP,
+        **RUNTIME_HELP,
         "wheel": "the wheel to verify (its directory also gets <wheel>.verify.json)",
         "installed": "verify this already-installed package instead (e.g. torch from the image's distribution)",
-        "in_container": "verify inside the profile's toolchain image (default: with this Python, natively)",
         "expect_version": "the version the package must report (default: the profile's, e.g. 2.6.0+gh200)",
         "report": "where to write the JSON report (default <wheel>.verify.json; --installed: none)",
     },
@@ -29,20 +28,32 @@ def verify(
     c: Context,
     wheel: str = "",
     installed: str = "",
-    profile: str = DEFAULT_PROFILE,
+    profile: str = "",
     arch: str = "",
     set_: list[str] | None = None,
     in_container: bool = False,
+    engine: str = "docker",
+    sif: str = "",
+    apptainer: str = "auto",
+    nv: bool = False,
+    user: str = "",
+    memory: str = "",
     expect_version: str = "",
     report: str = "",
 ) -> None:
     """Verify a wheel: tags, version, fresh-venv install, import; for torch also its configuration,
     tensor/autograd, 2-process gloo all_reduce and broadcast, CUDA when a GPU is visible."""
     if bool(wheel) == bool(installed):
-        raise ProfileError("give exactly one of --wheel W and --installed NAME", hint="invoke verify --wheel out/x.whl")
-    verify_in(
-        "docker" if in_container else "native",
-        spec_from(profile, set_, arch),
+        from ..errors import UsageError
+
+        raise UsageError("give exactly one of --wheel W and --installed NAME", hint="invoke verify --wheel out/x.whl")
+    spec = spec_from(profile, set_, arch)
+    backend = backend_from(
+        spec, in_container=in_container, engine=engine, sif=sif, apptainer=apptainer, nv=nv, user=user, memory=memory
+    )
+    verify_with(
+        spec,
+        backend,
         wheel=Path(wheel).expanduser().resolve() if wheel else None,
         installed=installed,
         expect_version=expect_version,

@@ -1,0 +1,82 @@
+"""The apptainer backend: the step runs by the SIF's runscript (the torchbuild CLI) with
+--cleanenv (host modules must not leak into the build), the declared binds at /src, /cache and
+/out, and --nv on GPU nodes. Apptainer is this host's, or the apptainer-builder container's
+(sif.locate)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..config import BuildSpec
+from ..environment import launch_env
+from ..errors import ImageNotFound
+from ..image import LABEL_PREFIX
+from ..sif import SIF_LABEL, Apptainer, default_sif, locate
+from . import CONTAINER_VIEW, Backend, Binds, container_view
+
+
+def check_sif(spec: BuildSpec, apptainer: Apptainer, sif: Path) -> dict[str, str]:
+    """The SIF's labels, once it is known to hold the profile for this torchbuild version."""
+    hint = f"make it with `invoke sif --profile {spec.profile} --arch {spec.arch}`"
+    if not sif.is_file():
+        raise ImageNotFound(f"SIF {sif} does not exist", hint=hint)
+    labels = apptainer.labels(sif)
+    for key, want in (("profile", spec.profile), ("arch", spec.arch.value), ("version", __version__)):
+        got = labels.get(f"{LABEL_PREFIX}.{key}")
+        if got != want:
+            raise ImageNotFound(f"{sif} has {key} {got!r}, this build needs {want!r}", hint=hint)
+    return labels
+
+
+def run_args(
+    sif: Path, binds: Mapping[Path, str], command: Sequence[str], *, flags: Sequence[str] = (), nv: bool = False
+) -> list[str]:
+    """`apptainer run` arguments: a clean environment, the binds, --nv for GPU nodes."""
+    args = ["run", *flags, "--cleanenv"]
+    if nv:
+        args.append("--nv")
+    args += ["--bind", ",".join(f"{host}:{inside}" for host, inside in binds.items())]
+    for key, value in launch_env("apptainer", str(CONTAINER_VIEW.cache)).items():
+        args += ["--env", f"{key}={value}"]
+    args += [str(sif), *command]
+    return args
+
+
+class ApptainerBackend(Backend):
+    name = "apptainer"
+    stopped = "apptainer was stopped"
+    runner: Apptainer
+    sif: Path
+
+    def check(self) -> dict[str, Any] | None:
+        self.runner = locate(self.spec, self.options.apptainer, out=self.out)
+        self.sif = (self.options.sif or default_sif(self.spec)).expanduser().resolve()
+        labels = check_sif(self.spec, self.runner, self.sif)
+        return {
+            "sif": str(self.sif),
+            "image_id": labels.get(f"{SIF_LABEL}.image-id"),
+            "profile_hash": labels.get(f"{LABEL_PREFIX}.profile-hash"),
+        }
+
+    def view(self, binds: Binds) -> Binds:
+        return container_view(binds)
+
+    @property
+    def where(self) -> str:
+        return self.sif.name
+
+    def launch(self, step: str, request: Mapping[str, Any], binds: Binds, request_file: str) -> int:
+        for d in (binds.out, binds.cache / "ccache", binds.cache / "pip"):
+            d.mkdir(parents=True, exist_ok=True)
+        mounts = binds.mounts(self.view(binds))
+        return self.runner.call(
+            run_args(
+                self.sif, mounts, ["inside.step", step, request_file], flags=self.runner.run_flags, nv=self.options.nv
+            ),
+            paths=[*mounts, self.sif.parent],
+            out=self.out,
+            memory_limit=self.options.memory or None,
+        )

@@ -1,0 +1,70 @@
+"""The docker backend: the step runs in a fresh container of the profile's toolchain image,
+named torchbuild-<uuid>, removed on every exit, as the caller's uid:gid (or --user), with
+only the declared binds mounted and HOME inside the cache."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..engine import Engine
+from ..environment import launch_env
+from ..image import LABEL_PREFIX, require_image
+from . import Backend, Binds, container_view
+
+
+def caller_user() -> str:
+    return f"{os.getuid()}:{os.getgid()}"
+
+
+def make_dirs_for(user: str, *dirs: Path) -> None:
+    """Create dirs the container writes to; when root runs a build as another user (--user),
+    hand the new directories to that user so the build can write them."""
+    uid, _, gid = user.partition(":")
+    for d in dirs:
+        missing = [p for p in [d, *d.parents] if not p.exists()]
+        d.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0 and uid.isdigit() and int(uid) != 0:
+            for p in missing:
+                os.chown(p, int(uid), int(gid or uid))
+
+
+class DockerBackend(Backend):
+    name = "docker"
+    stopped = "its container was removed"
+    engine: Engine
+
+    def check(self) -> dict[str, Any] | None:
+        self.engine = Engine.connect()
+        attrs = require_image(self.spec, self.engine)
+        labels = (attrs.get("Config") or {}).get("Labels") or {}  # type: ignore[attr-defined]
+        return {
+            "tag": self.spec.image_tag,
+            "id": attrs.get("Id"),
+            "profile_hash": labels.get(f"{LABEL_PREFIX}.profile-hash"),
+        }
+
+    def view(self, binds: Binds) -> Binds:
+        return container_view(binds)
+
+    @property
+    def where(self) -> str:
+        return self.spec.image_tag
+
+    def launch(self, step: str, request: Mapping[str, Any], binds: Binds, request_file: str) -> int:
+        user = self.options.user or caller_user()
+        make_dirs_for(user, binds.out, binds.cache / "home", binds.cache / "ccache", binds.cache / "pip")
+        view = self.view(binds)
+        return self.engine.run(
+            self.spec.image_tag,
+            ["torchbuild", "inside.step", step, request_file],
+            mounts={str(host): inside for host, inside in binds.mounts(view).items()},
+            user=user,
+            environment=launch_env(self.name, str(view.cache)),
+            workdir=str(view.src or view.out),
+            platform=self.spec.arch.docker_platform,
+            memory_limit=self.options.memory or None,
+            out=self.out,
+        )

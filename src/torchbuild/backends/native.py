@@ -1,0 +1,52 @@
+"""The native backend: the step runs in this process, on this machine (a login node with its
+modules loaded, or inside the toolchain image or SIF, where `torchbuild build` runs natively)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from . import Backend, Binds
+
+SIF_LABEL_PREFIX = "org.torchbuild"
+
+
+class NativeBackend(Backend):
+    name = "native"
+    hands_over_file = False
+    stopped = "its processes were stopped"
+
+    def check(self) -> dict[str, Any] | None:
+        return inside_sif()
+
+    def view(self, binds: Binds) -> Binds:
+        return binds
+
+    @property
+    def where(self) -> str:
+        return "this host"
+
+    def launch(self, step: str, request: Mapping[str, Any], binds: Binds, request_file: str) -> int:
+        from ..steps import run_step
+
+        return run_step(step, request)
+
+
+def inside_sif() -> dict[str, Any] | None:
+    """What the manifest records when this process runs in a SIF: its path (as mounted) and
+    the labels of the image it came from."""
+    path = os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER")
+    if not path:
+        return None
+    labels: dict[str, str] = {}
+    with_labels = Path("/.singularity.d/labels.json")
+    if with_labels.is_file():
+        labels = json.loads(with_labels.read_text())
+    return {
+        "sif": path,
+        "image_id": labels.get(f"{SIF_LABEL_PREFIX}.sif.image-id"),
+        "profile_hash": labels.get(f"{SIF_LABEL_PREFIX}.profile-hash"),
+    }

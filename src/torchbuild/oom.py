@@ -1,0 +1,164 @@
+"""Out of memory, in one place: what counts as evidence, the resume loop with fewer jobs, and
+what the host makes of a build's exit code.
+
+A compile step (pip wheel, cmake --build) that the kernel's OOM killer interrupts is resumed on
+the same build tree with half the jobs (ninja rebuilds only what did not finish), down to one
+job; then OutOfMemory with the peaks seen. The host side maps a containerised build's exit code
+13 (OutOfMemory raised inside) or 137/-9 (SIGKILL: the container's memory limit) to OutOfMemory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from .errors import BuildFailed, OutOfMemory, TorchbuildError
+from .jobs import cgroup_peak
+from .process import Finished, run_streamed
+
+# What compilers and drivers print when the kernel's OOM killer took them (gcc, clang, nvcc,
+# the linker); "Killed" alone is what a shell prints for a SIGKILLed child.
+OOM_PATTERNS = [
+    re.compile(p)
+    for p in (
+        r"Killed signal terminated program (\S+)",
+        r"(cicc|ptxas|nvlink|cudafe\+\+|fatbinary)'? died due to signal 9",
+        r"internal compiler error: Killed \(program (\S+)\)",
+        r"(clang(\+\+)?|c\+\+|g\+\+|gcc|cc1plus): error: unable to execute command: Killed",
+        r"(ld|collect2|lld)(: fatal error)?: .*terminated with signal 9",
+        r"virtual memory exhausted",
+        r"out of memory allocating \d+ bytes",
+        r"std::bad_alloc",
+        r"^Killed$",
+    )
+]
+SIGKILLED = (137, -9)
+
+
+def oom_evidence(line: str) -> str | None:
+    """The out-of-memory message in one output line, if it is one."""
+    text = line.strip()
+    for pat in OOM_PATTERNS:
+        if pat.search(text):
+            return text[:200]
+    return None
+
+
+class Sink(Protocol):
+    """Where a step's output goes (build.Tee): the terminal and the log."""
+
+    def write(self, text: str) -> None: ...
+
+    def line(self, text: str = "") -> None: ...
+
+    @property
+    def path(self) -> Path: ...
+
+
+def fewer_jobs(jobs: int) -> int:
+    """The next attempt after an out-of-memory kill: half as many jobs, at least one."""
+    return max(1, jobs // 2)
+
+
+@dataclasses.dataclass
+class JobsUsed:
+    """The jobs a build started with, what it ended with, and every out-of-memory retry."""
+
+    start: int
+    current: int
+    retries: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+def run_watched(
+    cmd: Sequence[str],
+    *,
+    cwd: str,
+    env: Mapping[str, str],
+    sink: Sink,
+    watch: Callable[[str], None] | None = None,
+) -> tuple[Finished, str | None]:
+    """Run cmd with its output streamed into sink (and each line to watch); (how it finished,
+    the first OOM evidence seen)."""
+    sink.line(f"$ {' '.join(cmd)}")
+    evidence: list[str] = []
+
+    def on_line(line: str) -> None:
+        sink.write(line)
+        if watch is not None:
+            watch(line)
+        if not evidence:
+            found = oom_evidence(line)
+            if found:
+                evidence.append(found)
+
+    done = run_streamed(cmd, cwd=cwd, env=env, on_line=on_line)
+    return done, (evidence[0] if evidence else None)
+
+
+def run_compile(
+    cmd_for: Callable[[int], Sequence[str]],
+    *,
+    cwd: str,
+    env_for: Callable[[int], Mapping[str, str]],
+    sink: Sink,
+    what: str,
+    jobs: JobsUsed,
+    retry: bool = True,
+    watch: Callable[[str], None] | None = None,
+) -> float:
+    """Run a compile step with jobs.current jobs; resume it with fewer after an OOM kill.
+    Returns the seconds spent over all attempts."""
+    total = 0.0
+    while True:
+        done, evidence = run_watched(cmd_for(jobs.current), cwd=cwd, env=env_for(jobs.current), sink=sink, watch=watch)
+        total += done.seconds
+        if done.returncode == 0:
+            return total
+        evidence = evidence or (f"exit {done.returncode} (SIGKILL)" if done.returncode in SIGKILLED else None)
+        if evidence is None:
+            raise BuildFailed(f"{what} failed (exit {done.returncode}) after {done.seconds:.0f} s; log: {sink.path}")
+        _resume_or_raise(what, done, evidence, jobs, retry, sink)
+
+
+def _resume_or_raise(what: str, done: Finished, evidence: str, jobs: JobsUsed, retry: bool, sink: Sink) -> None:
+    cg_peak = cgroup_peak()
+    peak_text = f"largest process {done.peak_rss / 2**30:.2f} GiB" + (
+        f", cgroup peak {cg_peak / 2**30:.2f} GiB" if cg_peak else ""
+    )
+    if jobs.current == 1 or not retry:
+        raise OutOfMemory(
+            f"{what} ran out of memory with {jobs.current} jobs ({evidence}; {peak_text}); log: {sink.path}",
+            hint=None if retry else "drop --no-retry to resume with fewer jobs automatically",
+        )
+    nxt = fewer_jobs(jobs.current)
+    jobs.retries.append(
+        {
+            "step": what,
+            "jobs": jobs.current,
+            "next_jobs": nxt,
+            "evidence": evidence,
+            "peak_rss_bytes": done.peak_rss,
+            "cgroup_peak_bytes": cg_peak,
+            "seconds": round(done.seconds, 1),
+        }
+    )
+    sink.line(
+        f"torchbuild: out of memory in {what} with {jobs.current} jobs ({evidence}; {peak_text}); "
+        f"resuming the same build tree with {nxt} jobs (retry {len(jobs.retries)})"
+    )
+    jobs.current = nxt
+
+
+def step_failure(rc: int, where: str, logs: Path) -> TorchbuildError:
+    """The host's error for a step that exited rc in a container or SIF (its own error was
+    printed above by the step itself)."""
+    if rc == OutOfMemory.exit_code:
+        return OutOfMemory(f"the build in {where} ran out of memory at its last retry; the log is in {logs}")
+    if rc in SIGKILLED:
+        return OutOfMemory(
+            f"the build in {where} was killed (exit {rc}, SIGKILL: out of memory?); the log is in {logs}"
+        )
+    return BuildFailed(f"the step in {where} exited with {rc}; the log is in {logs}")

@@ -1,0 +1,96 @@
+"""Child processes of torchbuild: one way to start them, stream their output and stop them.
+
+Every command runs in a process group of its own (a new session), so that stopping it stops
+everything it started: setup.py, cmake, ninja and the compilers under pip, or Apptainer's
+helpers. On any way out (normal exit, an exception, Ctrl-C, SIGTERM turned into
+KeyboardInterrupt by `interrupts_unwind`), a group that is still there gets SIGTERM, then
+SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import FrameType
+
+GRACE_S = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    returncode: int  # negative: killed by that signal
+    seconds: float
+    peak_rss: int  # bytes, of the largest process the command ran (compilers included)
+
+
+@contextlib.contextmanager
+def interrupts_unwind() -> Iterator[None]:
+    """SIGINT and SIGTERM (Ctrl-C, a batch system ending the job) unwind as KeyboardInterrupt,
+    so cleanup runs. SIGINT is set explicitly: a process started in the background by a
+    non-interactive shell inherits SIGINT ignored, and Python then never raises for it."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def stop_group(pgid: int, grace: float = GRACE_S) -> None:
+    """SIGTERM to the process group, then SIGKILL to whatever is left after `grace` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
+def run_streamed(
+    cmd: Sequence[str],
+    *,
+    on_line: Callable[[str], None],
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Finished:
+    """Run cmd with stdout and stderr merged, each line handed to on_line as it comes; the
+    command and everything it starts are stopped on any way out of this function."""
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        list(cmd),
+        cwd=cwd,
+        env=dict(env) if env is not None else None,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    status = None
+    try:
+        for raw in proc.stdout:
+            on_line(raw.decode(errors="replace"))
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        # the leader is reaped (or still running, on an exception): stop the rest of its group
+        stop_group(proc.pid, grace=0.0 if status is not None else GRACE_S)
+        if status is None:
+            proc.wait()
+        proc.stdout.close()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return Finished(proc.returncode, time.monotonic() - start, usage.ru_maxrss * 1024)

@@ -1,0 +1,44 @@
+"""The steps a backend runs: each takes its request as plain data (JSON) and returns an exit
+code, raising named errors. Natively they are called in this process; in the image or the SIF
+through `torchbuild inside.step NAME REQUEST.json`. Later steps (install, companions) are added
+here, and every backend runs them without change."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import UsageError, named_os_errors
+
+Step = Callable[[Mapping[str, Any]], int]
+
+
+def _build(payload: Mapping[str, Any]) -> int:
+    from .build import run_build_step
+
+    return run_build_step(payload)
+
+
+def _verify(payload: Mapping[str, Any]) -> int:
+    from .verify import run_request
+
+    return run_request(dict(payload))
+
+
+STEPS: dict[str, Step] = {"build": _build, "verify": _verify}
+
+
+def run_step(name: str, payload: Mapping[str, Any]) -> int:
+    step = STEPS.get(name)
+    if step is None:
+        raise UsageError(f"unknown step {name!r}", hint=f"steps: {', '.join(STEPS)}")
+    return step(payload)
+
+
+def run_step_file(name: str, request_file: str) -> int:
+    """What `torchbuild inside.step NAME FILE` does in the image or the SIF."""
+    with named_os_errors(request_file, "reading the step's request"):
+        payload = json.loads(Path(request_file).read_text())
+    return run_step(name, payload)
