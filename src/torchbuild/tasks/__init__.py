@@ -8,7 +8,8 @@ from .build import build, patches, source
 from .config import config
 from .doctor import doctor
 from .image import base_image, image
+from .manifest import manifest
 from .sif import sif
 from .verify import verify
 
-ns = Collection(config, image, base_image, sif, build, verify, source, patches, doctor)
+ns = Collection(config, image, base_image, sif, build, verify, source, patches, doctor, manifest)
