@@ -296,9 +296,10 @@ def _record(cls: type[R], data: Mapping[str, Any], where: str) -> R:
     data = {aliases.get(k, k): v for k, v in data.items()}
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(fields))
+    here = where or "manifest"
     if unknown:
         raise ManifestError(
-            f"{where}: unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}",
+            f"{here}: unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}",
             hint="it was written by another torchbuild; read it with the torchbuild that wrote it",
         )
     missing = [
@@ -307,7 +308,7 @@ def _record(cls: type[R], data: Mapping[str, Any], where: str) -> R:
         if n not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     ]
     if missing:
-        raise ManifestError(f"{where}: missing field{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
+        raise ManifestError(f"{here}: missing field{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
     hints = typing.get_type_hints(cls)
     return cls(**{k: _convert(hints[k], v, f"{where}.{k}" if where else k) for k, v in data.items()})
 

@@ -264,8 +264,8 @@ BAD = {
     "wrong type": (_replace_in(OLD_WHEEL, "jobs.max_jobs", "two"), mf.ManifestError, "jobs.max_jobs: expected an int"),
     "bool for int": (_replace_in(OLD_WHEEL, "wheel.size", True), mf.ManifestError, "wheel.size: expected an int"),
     "list for object": (_replace_in(OLD_WHEEL, "ccache", [1, 2]), mf.ManifestError, "ccache: expected an object"),
-    "unknown field": ({**OLD_WHEEL, "colour": "blue"}, mf.ManifestError, "unknown field colour"),
-    "missing field": (_drop(OLD_WHEEL, "jobs"), mf.ManifestError, "missing field jobs"),
+    "unknown field": ({**OLD_WHEEL, "colour": "blue"}, mf.ManifestError, "manifest: unknown field colour"),
+    "missing field": (_drop(OLD_WHEEL, "jobs"), mf.ManifestError, "manifest: missing field jobs"),
     "wheel and preflight": (
         {**OLD_WHEEL, "preflight": OLD_PREFLIGHT["preflight"]},
         mf.ManifestError,
