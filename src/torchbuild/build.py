@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import __version__
+from . import __version__, manifest
 from .config import BuildSpec, spec_from_dict
 from .console import table
 from .environment import build_env, compilers, format_env
@@ -492,43 +492,32 @@ def _write_manifest(
     run: Run, seconds: float, wheel: Path | None, ccache: tuple[int, int, float], report: Mapping[str, str] | None
 ) -> Path:
     req, spec, jobs = run.req, run.req.spec, run.jobs
-    data: dict[str, Any] = {
-        "torchbuild_version": __version__,
-        "kind": "preflight" if req.preflight else "wheel",
-        "run_id": req.run_id,
-        "profile": spec.profile,
-        "profile_hash": spec.hash,
-        "resolved_profile": spec.to_dict(),
-        **dict(req.provenance),
-        "engine": req.backend,
-        "toolchain": dict(run.versions),
-        "environment": dict(run.env_vars),
-        "jobs": {
+    m = manifest.for_build(
+        spec,
+        run_id=req.run_id,
+        provenance={**req.provenance, "engine": req.backend},
+        toolchain=run.versions,
+        environment=run.env_vars,
+        jobs={
             "max_jobs": jobs.start,
             "final_jobs": jobs.current,
             "reason": run.plan.reason,
             "nvcc_threads": run.plan.nvcc_threads,
             "retries": jobs.retries,
         },
-        "started": run.started,
-        "finished": _now(),
-        "duration_s": round(seconds, 1),
-        "ccache": {"hits": ccache[0], "misses": ccache[1], "hit_rate": round(ccache[2], 4)},
-        "log": run.log.name,
-        "report": dict(report) if report else None,
-    }
-    if wheel is not None:
-        data["wheel"] = {"name": wheel.name, "sha256": sha256_file(wheel), "size": wheel.stat().st_size}
-        path = Path(req.out_dir) / f"{wheel.name}.manifest.json"
-    else:
-        data["preflight"] = {
-            "targets": list(req.targets or spec.preflight_targets),
-            "canaries": run.canaries,
-            **run.phases,
-        }
-        path = Path(req.out_dir) / f"preflight-{spec.profile}-{req.run_id}.manifest.json"
-    _atomic_write(path, json.dumps(data, indent=2) + "\n")
-    return path
+        started=run.started,
+        finished=_now(),
+        seconds=seconds,
+        ccache=ccache,
+        log=run.log.name,
+        report=report,
+        wheel=wheel,
+        preflight=None
+        if wheel is not None
+        else {"targets": list(req.targets or spec.preflight_targets), "canaries": run.canaries, **run.phases},
+    )
+    path = manifest.manifest_path(Path(req.out_dir), wheel.name if wheel else None, spec.profile, req.run_id)
+    return manifest.write(m, path)
 
 
 def _summary(

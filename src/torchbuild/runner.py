@@ -17,10 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from . import manifest
 from .backends import Backend, Binds
 from .build import BuildRequest, Outcome
 from .config import BuildSpec, cache_dir
-from .errors import BuildFailed, SourceError, UsageError, writable_dir
+from .errors import SourceError, UsageError, writable_dir
 from .patches import ApplyResult, Series, apply_series, load_series
 from .source import SourceInfo, describe_dir, fetch_git, looks_like_url, unpack_archive
 
@@ -162,15 +163,8 @@ def build(
 
 def outcome_of(host_out: Path, run_id: str) -> Outcome:
     """Find what the step wrote: the manifest of this run names the wheel and the log."""
-    import json
-
-    for manifest in host_out.glob("*.manifest.json"):
-        data = json.loads(manifest.read_text())
-        if data.get("run_id") != run_id:
-            continue
-        wheel = host_out / data["wheel"]["name"] if "wheel" in data else None
-        return Outcome(wheel, manifest, host_out / "logs" / data["log"])
-    raise BuildFailed(f"the build finished but wrote no manifest for run {run_id} in {host_out}")
+    m, path = manifest.find_run(host_out, run_id)
+    return Outcome(host_out / m.wheel.name if m.wheel else None, path, host_out / "logs" / m.log)
 
 
 def verify_with(

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from ..config import BuildSpec
 from ..environment import launch_env
 from ..errors import ImageNotFound
 from ..image import LABEL_PREFIX
+from ..manifest import ImageRecord
 from ..sif import SIF_LABEL, Apptainer, default_sif, locate
 from . import CONTAINER_VIEW, Backend, Binds, container_view
 
@@ -29,6 +31,14 @@ def check_sif(spec: BuildSpec, apptainer: Apptainer, sif: Path) -> dict[str, str
         if got != want:
             raise ImageNotFound(f"{sif} has {key} {got!r}, this build needs {want!r}", hint=hint)
     return labels
+
+
+def sif_record(labels: Mapping[str, str], sif: str) -> dict[str, Any]:
+    """What the manifest records of a SIF: its path, the image it came from and that image's inputs."""
+    record = ImageRecord.from_labels(
+        labels, tag=labels.get(f"{SIF_LABEL}.image"), image_id=labels.get(f"{SIF_LABEL}.image-id"), sif=sif
+    )
+    return dataclasses.asdict(record)
 
 
 def run_args(
@@ -55,11 +65,7 @@ class ApptainerBackend(Backend):
         self.runner = locate(self.spec, self.options.apptainer, out=self.out)
         self.sif = (self.options.sif or default_sif(self.spec)).expanduser().resolve()
         labels = check_sif(self.spec, self.runner, self.sif)
-        return {
-            "sif": str(self.sif),
-            "image_id": labels.get(f"{SIF_LABEL}.image-id"),
-            "profile_hash": labels.get(f"{LABEL_PREFIX}.profile-hash"),
-        }
+        return sif_record(labels, str(self.sif))
 
     def view(self, binds: Binds) -> Binds:
         return container_view(binds)

@@ -4,6 +4,7 @@ only the declared binds mounted and HOME inside the cache."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -11,7 +12,8 @@ from typing import Any
 
 from ..engine import Engine
 from ..environment import launch_env
-from ..image import LABEL_PREFIX, require_image
+from ..image import require_image
+from ..manifest import ImageRecord
 from . import Backend, Binds, container_view
 
 
@@ -40,11 +42,8 @@ class DockerBackend(Backend):
         self.engine = Engine.connect()
         attrs = require_image(self.spec, self.engine)
         labels = (attrs.get("Config") or {}).get("Labels") or {}  # type: ignore[attr-defined]
-        return {
-            "tag": self.spec.image_tag,
-            "id": attrs.get("Id"),
-            "profile_hash": labels.get(f"{LABEL_PREFIX}.profile-hash"),
-        }
+        record = ImageRecord.from_labels(labels, tag=self.spec.image_tag, image_id=str(attrs.get("Id")))
+        return dataclasses.asdict(record)
 
     def view(self, binds: Binds) -> Binds:
         return container_view(binds)

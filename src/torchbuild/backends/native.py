@@ -11,8 +11,6 @@ from typing import Any
 
 from . import Backend, Binds
 
-SIF_LABEL_PREFIX = "org.torchbuild"
-
 
 class NativeBackend(Backend):
     name = "native"
@@ -45,8 +43,6 @@ def inside_sif() -> dict[str, Any] | None:
     with_labels = Path("/.singularity.d/labels.json")
     if with_labels.is_file():
         labels = json.loads(with_labels.read_text())
-    return {
-        "sif": path,
-        "image_id": labels.get(f"{SIF_LABEL_PREFIX}.sif.image-id"),
-        "profile_hash": labels.get(f"{SIF_LABEL_PREFIX}.profile-hash"),
-    }
+    from .apptainer import sif_record
+
+    return sif_record(labels, path)

@@ -9,7 +9,8 @@ from .config import config
 from .doctor import doctor
 from .image import base_image, image
 from .inside import inside
+from .manifest import manifest
 from .sif import sif
 from .verify import verify
 
-ns = Collection(config, image, base_image, sif, build, verify, source, patches, doctor, inside)
+ns = Collection(config, image, base_image, sif, build, verify, source, patches, doctor, manifest, inside)
