@@ -1,0 +1,168 @@
+"""Faults of the launch path, with the real parts: a native build of the minitorch fixture on
+this host, the real Docker engine (or none at all), real file systems (tmpfs mounts)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import FIXTURES, REPO, run_invoke, set_args
+
+NATIVE = pytest.mark.skipif(
+    not all(__import__("shutil").which(t) for t in ("g++", "cmake", "ninja", "ccache")),
+    reason="native builds need g++, cmake, ninja and ccache on PATH",
+)
+
+
+def tree_digest(root: Path) -> str:
+    """Paths, modes and contents of every file under root."""
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        h.update(f"{p.relative_to(root)}\0{p.lstat().st_mode}\0".encode())
+        if p.is_file() and not p.is_symlink():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture
+def tree(tmp_path):
+    import shutil
+
+    t = tmp_path / "minitorch"
+    shutil.copytree(FIXTURES / "minitorch", t, ignore=shutil.ignore_patterns("build", "*.so", "_version.py"))
+    return t
+
+
+@pytest.fixture
+def series(tmp_path, tree):
+    """A patch series that applies to the fixture (so a premature patch would change the tree)."""
+    d = tmp_path / "series"
+    d.mkdir()
+    ops = (tree / "csrc" / "ops.cpp").read_text().splitlines(keepends=True)
+    patch = ["--- a/csrc/ops.cpp\n", "+++ b/csrc/ops.cpp\n", f"@@ -1,{len(ops)} +1,{len(ops) + 1} @@\n"]
+    patch += [" " + line for line in ops] + ["+// patched\n"]
+    (d / "01-mark.patch").write_text("".join(patch))
+    return d
+
+
+# --------------------------------------------------------------------------- 2: check first
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize(
+    ("case", "extra", "env", "code", "words"),
+    [
+        ("engine unreachable", [], {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}, 3, "EngineUnavailable"),
+        ("image missing", ["--set", "image_name=torchbuild/never-built"], {}, 7, "ImageNotFound"),
+        ("no apptainer on this host", ["--engine", "apptainer", "--apptainer", "host"], {}, 5, "ToolMissing"),
+    ],
+)
+def test_in_container_checks_the_runtime_before_touching_the_tree(tree, series, tmp_path, case, extra, env, code, words):
+    before = tree_digest(tree)
+    res = run_invoke(
+        "build",
+        "--in-container",
+        "--source",
+        str(tree),
+        "--out",
+        str(tmp_path / "out"),
+        *set_args([f"cache_dir={tmp_path / 'cache'}", f"patches={series}"]),
+        *extra,
+        env=env,
+    )
+    assert res.returncode == code, res.stdout[-2000:] + res.stderr
+    assert words in res.stderr and "Traceback" not in res.stderr
+    assert tree_digest(tree) == before, f"{case}: the tree changed before the runtime was checked"
+    assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- 3: stop the group
+
+
+def _processes_with(argv: list[str]) -> list[int]:
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().split(b"\0")[:-1]
+            except OSError:
+                continue
+            if [c.decode(errors="replace") for c in cmd] == argv:
+                found.append(int(d.name))
+    return found
+
+
+@NATIVE
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_invoke_alone_stops_every_build_process(tree, tmp_path, sig):
+    seconds = str(170 + int(sig))  # a sleep no other test runs, so its processes can be found
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    env = {**os.environ, "MINITORCH_SLOW_SECONDS": seconds}
+    cmd = [sys.executable, "-m", "invoke", "build", "--no-verify", "--source", str(tree), "--out", str(out)]
+    cmd += set_args([f"cache_dir={cache}", "patches=none"])
+    # its own session, like a batch system's job: the signal goes to invoke's pid only
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not _processes_with(["sleep", seconds]):
+            assert proc.poll() is None and time.monotonic() < deadline, "the slow step never started"
+            time.sleep(0.5)
+        os.kill(proc.pid, sig)
+        output = proc.communicate(timeout=60)[0].decode()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, output[-2000:]
+    assert "BuildInterrupted" in output
+    assert _processes_with(["sleep", seconds]) == [], "a build process outlived invoke"
+    assert not list(out.glob("*.whl")) and not list(out.glob(".partial-*"))
+    assert not any((cache / "tmp").iterdir()), "pip's temporary directories were left behind"
+
+
+# --------------------------------------------------------------------------- 4: reconfigure
+
+
+def _native_build(tree: Path, tmp_path: Path, *sets: str):
+    return run_invoke(
+        "build",
+        "--no-verify",
+        "--source",
+        str(tree),
+        "--out",
+        str(tmp_path / "out"),
+        *set_args([f"cache_dir={tmp_path / 'cache'}", "patches=none", *sets]),
+    )
+
+
+@NATIVE
+def test_changed_cxxflags_reconfigure_a_configured_tree(tree, tmp_path):
+    first = _native_build(tree, tmp_path, "cxxflags=[-DTB_FIRST]")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr
+    cache = tree / "build" / "CMakeCache.txt"
+    assert "-DTB_FIRST" in cache.read_text()
+    second = _native_build(tree, tmp_path, "cxxflags=[-DTB_SECOND]")
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr
+    assert "reconfiguring" in second.stdout and "CXXFLAGS changed" in second.stdout
+    flags = next(ln for ln in cache.read_text().splitlines() if ln.startswith("CMAKE_CXX_FLAGS:"))
+    assert "-DTB_SECOND" in flags and "-DTB_FIRST" not in flags
+    third = _native_build(tree, tmp_path, "cxxflags=[-DTB_SECOND]")  # unchanged: no reconfigure
+    assert third.returncode == 0 and "reconfiguring" not in third.stdout
+
+
+@NATIVE
+def test_a_configure_that_did_not_finish_is_redone(tree, tmp_path):
+    """What an interrupted configure leaves: a cache and a half-written build.ninja."""
+    build = tree / "build"
+    build.mkdir()
+    (build / "CMakeCache.txt").write_text("CMAKE_CXX_FLAGS:STRING=\n")
+    (build / "build.ninja").write_text("rule cc\n  command = $\n")  # ninja: "bad $-escape"
+    res = _native_build(tree, tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+    assert "bad $-escape" not in res.stdout
+    assert "reconfiguring" in res.stdout and "without a torchbuild record" in res.stdout
