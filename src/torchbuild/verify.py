@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -33,9 +34,10 @@ from packaging.version import InvalidVersion, Version
 
 from . import console, probe
 from .config import BuildSpec
-from .errors import WheelError, named_os_errors
+from .errors import UsageError, WheelError, named_os_errors
 
 PROBE = Path(probe.__file__)  # run by path in the interpreter under test, which lacks torchbuild
+REQUEST_HINT = "verify-inside reads the request `invoke verify` writes; run `invoke verify` instead"
 WHEEL_METADATA = re.compile(r"[^/]+\.dist-info/WHEEL")
 
 
@@ -154,29 +156,53 @@ def _probe(python: str, name: str, spec: BuildSpec, version: str) -> list[Check]
         return [Check(f"probe {name}", "fail", (proc.stdout + proc.stderr).strip()[-500:])]
 
 
-def verify_wheel(wheel: Path, spec: BuildSpec, expect_version: str) -> list[Check]:
-    """Tags, then install into a fresh venv (dependencies from this interpreter) and probe."""
-    check_wheel_file(wheel)
-    checks = tag_checks(wheel.name, expect_version)
-    name = parse_wheel_filename(wheel.name)[0].replace("-", "_")  # the import name, by convention
-    with tempfile.TemporaryDirectory(prefix="torchbuild-verify-") as tmp:
-        venv = Path(tmp) / "venv"
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-        python = str(venv / "bin" / "python")
-        purelib = subprocess.run(
-            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-        Path(purelib, "torchbuild-deps.pth").write_text("\n".join(_site_paths()) + "\n")
+def _fresh_venv(root: Path) -> str:
+    """A venv without pip under root that sees this interpreter's packages (for dependencies
+    only); returns its python. CalledProcessError or OSError when it cannot be made."""
+    venv = root / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True, check=True
+    )
+    python = str(venv / "bin" / "python")
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    Path(purelib, "torchbuild-deps.pth").write_text("\n".join(_site_paths()) + "\n")
+    return python
+
+
+def _install(wheel: Path, root: Path) -> tuple[str, str]:
+    """Install the wheel alone into a fresh venv under root: (its python, "") or ("", why not)."""
+    try:
+        python = _fresh_venv(root)
         proc = subprocess.run(
             [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--no-index", str(wheel)],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
-        if proc.returncode != 0:
-            return [*checks, Check("install into a fresh venv", "fail", proc.stderr.strip()[-500:])]
+    except subprocess.CalledProcessError as exc:
+        return "", f"no fresh venv: {exc.stderr or exc}"
+    except OSError as exc:
+        return "", f"no fresh venv: {exc}"
+    return (python, "") if proc.returncode == 0 else ("", proc.stderr)
+
+
+def verify_wheel(wheel: Path, spec: BuildSpec, expect_version: str) -> list[Check]:
+    """Tags, then install into a fresh venv (dependencies from this interpreter) and probe.
+    WheelError (or PathError) first when the file is not a readable wheel."""
+    check_wheel_file(wheel)
+    checks = tag_checks(wheel.name, expect_version)
+    name = parse_wheel_filename(wheel.name)[0].replace("-", "_")  # the import name, by convention
+    with named_os_errors(tempfile.gettempdir(), "verify: a folder for the fresh venv"):
+        root = Path(tempfile.mkdtemp(prefix="torchbuild-verify-"))
+    try:
+        python, error = _install(wheel, root)
+        if error:
+            return [*checks, Check("install into a fresh venv", "fail", error.strip()[-500:])]
         checks.append(Check("install into a fresh venv", "pass", wheel.name))
-        checks += _probe(python, name, spec, expect_version)
-    return checks
+        return checks + _probe(python, name, spec, expect_version)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def verify_installed(name: str, spec: BuildSpec, expect_version: str) -> list[Check]:
@@ -228,15 +254,16 @@ def run_request(req: dict[str, Any]) -> int:
     spec = spec_from_dict(req["spec"], "verify request")
     if req.get("installed"):
         subject = f"installed {req['installed']}"
-        checks = verify_installed(req["installed"], spec, req["expect_version"])
+        checks = verify_installed(req["installed"], spec, req.get("expect_version", ""))
     else:
         subject = Path(req["wheel"]).name
-        checks = verify_wheel(Path(req["wheel"]), spec, req["expect_version"])
+        checks = verify_wheel(Path(req["wheel"]), spec, req.get("expect_version", ""))
     data = report(checks, subject)
     print(f"verify {subject} ({data['machine']}, Python {data['python']}):")
     print(render(checks))
     if req.get("json"):
-        Path(req["json"]).write_text(json.dumps(data, indent=2) + "\n")
+        with named_os_errors(req["json"], "verify report"):
+            Path(req["json"]).write_text(json.dumps(data, indent=2) + "\n")
         print(f"report: {req['json']}")
     if not data["ok"]:
         failed = ", ".join(c.name for c in checks if c.status == "fail")
@@ -246,7 +273,17 @@ def run_request(req: dict[str, Any]) -> int:
 
 def main_inside(request_file: str) -> int:
     """`torchbuild verify-inside REQUEST.json`: the request `verify_in()` wrote for the image or SIF."""
-    return run_request(json.loads(Path(request_file).read_text()))
+    with named_os_errors(request_file, "verify request"):
+        text = Path(request_file).read_text()
+    try:
+        req = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"verify request {request_file} is not JSON ({exc})", hint=REQUEST_HINT) from exc
+    if not isinstance(req, dict) or "spec" not in req or not (req.get("wheel") or req.get("installed")):
+        raise UsageError(
+            f"verify request {request_file} has no spec, or neither a wheel nor a package", hint=REQUEST_HINT
+        )
+    return run_request(req)
 
 
 def verify_in(

@@ -15,10 +15,11 @@ import pytest
 from packaging.tags import Tag
 
 from torchbuild.config import resolve
-from torchbuild.errors import PathError, VerifyFailed, WheelError
+from torchbuild.errors import PathError, UsageError, VerifyFailed, WheelError
 from torchbuild.verify import (
     Check,
     check_wheel_file,
+    main_inside,
     render,
     report,
     request,
@@ -204,3 +205,35 @@ def test_render_is_a_table_closed_by_the_counts_alone_on_a_line():
     assert any(line.split() == ["FAIL", "b", "why"] for line in lines)
     assert report(checks, "x")["ok"] is False
     assert report(checks[:1], "x")["ok"] is True
+
+
+# --- verify-inside's request and the report -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "error", "says"),
+    [
+        pytest.param(None, PathError, "does not exist", id="missing"),
+        pytest.param("", UsageError, "is not JSON", id="empty"),
+        pytest.param("{spec: 1", UsageError, "is not JSON", id="not-json"),
+        pytest.param("[1, 2]", UsageError, "has no spec", id="a-list"),
+        pytest.param('{"wheel": "x.whl"}', UsageError, "has no spec", id="no-spec"),
+        pytest.param('{"spec": {}}', UsageError, "neither a wheel nor a package", id="nothing-to-verify"),
+    ],
+)
+def test_verify_inside_refuses_a_bad_request_file_by_name(tmp_path, content, error, says):
+    path = tmp_path / "request.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(error, match=says) as info:
+        main_inside(str(path))
+    assert str(path) in info.value.message
+
+
+def test_a_report_that_cannot_be_written_is_a_path_error(tmp_path):
+    wheel = make_wheel(tmp_path / "tiny_pkg-1.2.3+tb-py3-none-any.whl")
+    report_path = tmp_path / "no-such-dir" / "r.json"
+    req = request(resolve("cpu"), wheel=wheel, installed="", expect_version="1.2.3+tb", report=report_path)
+    with pytest.raises(PathError, match="verify report") as info:
+        run_request(req)
+    assert str(report_path) in info.value.message
