@@ -39,6 +39,18 @@ def run_step(name: str, payload: Mapping[str, Any]) -> int:
 
 def run_step_file(name: str, request_file: str) -> int:
     """What `torchbuild inside.step NAME FILE` does in the image or the SIF."""
-    with named_os_errors(request_file, "reading the step's request"):
-        payload = json.loads(Path(request_file).read_text())
-    return run_step(name, payload)
+    with named_os_errors(request_file, f"reading the {name} request"):
+        text = Path(request_file).read_text()
+    try:
+        payload = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"{name} request {request_file} is not JSON ({exc})", hint=REQUEST_HINT) from None
+    if not isinstance(payload, dict):
+        raise UsageError(f"{name} request {request_file} is not a JSON object", hint=REQUEST_HINT)
+    try:
+        return run_step(name, payload)
+    except UsageError as err:
+        raise UsageError(f"{request_file}: {err.message}", hint=err.hint) from None
+
+
+REQUEST_HINT = "backends write these requests; run `invoke build` or `invoke verify` instead"

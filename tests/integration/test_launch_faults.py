@@ -63,7 +63,9 @@ def series(tmp_path, tree):
         ("no apptainer on this host", ["--engine", "apptainer", "--apptainer", "host"], {}, 5, "ToolMissing"),
     ],
 )
-def test_in_container_checks_the_runtime_before_touching_the_tree(tree, series, tmp_path, case, extra, env, code, words):
+def test_in_container_checks_the_runtime_before_touching_the_tree(
+    tree, series, tmp_path, case, extra, env, code, words
+):
     before = tree_digest(tree)
     res = run_invoke(
         "build",
@@ -107,7 +109,9 @@ def test_a_signal_to_invoke_alone_stops_every_build_process(tree, tmp_path, sig)
     cmd = [sys.executable, "-m", "invoke", "build", "--no-verify", "--source", str(tree), "--out", str(out)]
     cmd += set_args([f"cache_dir={cache}", "patches=none"])
     # its own session, like a batch system's job: the signal goes to invoke's pid only
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 120
         while not _processes_with(["sleep", seconds]):
