@@ -3,14 +3,20 @@ unusable destinations. Each case says what the user gave and what they must see.
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import io
 import os
+import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from torchbuild.errors import PatchConflict, UnsafePatch
+from torchbuild.config import resolve
+from torchbuild.errors import InsufficientSpace, PatchConflict, PathError, SourceError, UnsafePatch, UsageError
 from torchbuild.patches import apply_series, load_series
+from torchbuild.source import get_source, unpack_archive
 
 OUTSIDE_TEXT = "outside a\n"
 
@@ -117,3 +123,159 @@ def test_file_that_is_no_patch_is_a_conflict_naming_it(tmp_path):
     (series_dir / "01-notes.patch").write_text("just some notes, no diff\n")
     with pytest.raises(PatchConflict, match=r"01-notes\.patch is not a patch git understands"):
         apply_series(tree, load_series(str(series_dir), "2.6.0"))
+
+
+# --------------------------------------------------------------------------- archives
+
+
+def _tarball(tmp: Path, name: str, mode: str) -> Path:
+    tree = tmp / "pytorch-src"
+    tree.mkdir(exist_ok=True)
+    (tree / "setup.py").write_text("# x\n")
+    (tree / "big.bin").write_bytes(os.urandom(64 * 1024))
+    path = tmp / name
+    with tarfile.open(path, mode) as tar:
+        tar.add(tree, arcname="pytorch-src")
+    return path
+
+
+def _truncated(mode: str, suffix: str) -> Callable[[Path], Path]:
+    def make(tmp: Path) -> Path:
+        path = _tarball(tmp, f"pytorch{suffix}", mode)
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+        return path
+
+    return make
+
+
+def _file(name: str, data: bytes) -> Callable[[Path], Path]:
+    def make(tmp: Path) -> Path:
+        path = tmp / name
+        path.write_bytes(data)
+        return path
+
+    return make
+
+
+# (what the user passed as an archive, how to make it)
+BAD_ARCHIVES = [
+    ("truncated .tar.gz", _truncated("w:gz", ".tar.gz")),
+    ("truncated .tar", _truncated("w", ".tar")),
+    ("truncated .tar.xz", _truncated("w:xz", ".tar.xz")),
+    ("truncated .tar.bz2", _truncated("w:bz2", ".tar.bz2")),
+    ("a text file named .tar.gz", _file("notes.tar.gz", b"this is not an archive\n" * 20)),
+    ("an empty .tar", _file("empty.tar", b"")),
+    ("random bytes named .tgz", _file("noise.tgz", os.urandom(4096))),
+]
+
+
+@pytest.mark.parametrize(("what", "make"), BAD_ARCHIVES, ids=[c[0] for c in BAD_ARCHIVES])
+def test_unreadable_archive_names_the_file_and_leaves_nothing(tmp_path, what, make):
+    archive = make(tmp_path)
+    root = tmp_path / "srcs" / "sub"
+    with pytest.raises(SourceError) as exc:
+        unpack_archive(archive, root)
+    assert str(archive) in exc.value.message and "not a readable tarball" in exc.value.message
+    assert not (tmp_path / "srcs").exists(), "a directory was left behind"
+
+
+def _raise_os(err: int) -> Callable[..., None]:
+    def extract(*args: object, **kwargs: object) -> None:
+        raise OSError(err, os.strerror(err))
+
+    return extract
+
+
+# (the OS fault, how to cause it, expected error, words of its message)
+ARCHIVE_OS_FAULTS = [
+    ("disk full", _raise_os(errno.ENOSPC), InsufficientSpace, "no space left"),
+    ("read-only destination", _raise_os(errno.EROFS), PathError, "read-only"),
+    ("permission denied", _raise_os(errno.EACCES), PathError, "permission denied"),
+]
+
+
+@pytest.mark.parametrize(("what", "fault", "error", "words"), ARCHIVE_OS_FAULTS, ids=[c[0] for c in ARCHIVE_OS_FAULTS])
+def test_os_fault_while_unpacking_is_named(tmp_path, monkeypatch, what, fault, error, words):
+    archive = _tarball(tmp_path, "pytorch.tar.gz", "w:gz")
+    monkeypatch.setattr(tarfile.TarFile, "extractall", fault)
+    with pytest.raises(error, match=words):
+        unpack_archive(archive, tmp_path / "srcs")
+    assert not (tmp_path / "srcs").exists()
+
+
+# (a destination root that cannot be used, expected words)
+BAD_UNPACK_ROOTS = [
+    ("under a file", lambda tmp: tmp / "afile" / "srcs", "not a directory"),
+    ("a name too long", lambda tmp: tmp / ("x" * 300), "too long"),
+]
+
+
+@pytest.mark.parametrize(("what", "root", "words"), BAD_UNPACK_ROOTS, ids=[c[0] for c in BAD_UNPACK_ROOTS])
+def test_unusable_unpack_root_is_a_path_error(tmp_path, what, root, words):
+    archive = _tarball(tmp_path, "pytorch.tar.gz", "w:gz")
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(PathError, match=words):
+        unpack_archive(archive, root(tmp_path))
+
+
+# --------------------------------------------------------------------------- get_source
+
+
+@pytest.fixture
+def spec(tmp_path):
+    return resolve("cpu", [f"cache_dir={tmp_path / 'cache'}"])
+
+
+def _local_tree(tmp: Path) -> str:
+    tree = tmp / "tree"
+    tree.mkdir(exist_ok=True)
+    (tree / "setup.py").write_text("# x\n")
+    return str(tree)
+
+
+def _archive(tmp: Path) -> str:
+    return str(_tarball(tmp, "pytorch.tar.gz", "w:gz"))
+
+
+def _file_dest(tmp: Path) -> str:
+    (tmp / "afile").write_text("x")
+    return str(tmp / "afile")
+
+
+URL = "file:///nonexistent/pytorch.git"
+
+# (what the user typed, source, ref, dest (each a function of tmp_path), error, words)
+BAD_SOURCE_OPTIONS = [
+    ("--ref with a local tree", _local_tree, "v2.6.0", None, UsageError, "--ref v2.6.0 cannot be used with a local"),
+    ("--dest with a local tree", _local_tree, "", lambda t: str(t / "d"), UsageError, "--dest .* cannot be used"),
+    ("--ref with a tarball", _archive, "v2.6.0", None, UsageError, "--ref v2.6.0 cannot be used with an archive"),
+    ("--dest a file, git URL", lambda t: URL, "", _file_dest, PathError, "--dest .*afile exists and is not a dir"),
+    ("--dest a file, tarball", _archive, "", _file_dest, PathError, "--dest .*afile exists and is not a dir"),
+    ("--dest under a file", _archive, "", lambda t: _file_dest(t) + "/sub", PathError, "afile is a file"),
+    ("--dest name too long", lambda t: URL, "", lambda t: str(t / ("x" * 300)), PathError, "too long"),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "source", "ref", "dest", "error", "words"), BAD_SOURCE_OPTIONS, ids=[c[0] for c in BAD_SOURCE_OPTIONS]
+)
+def test_bad_source_options_are_named(spec, tmp_path, what, source, ref, dest, error, words):
+    with pytest.raises(error, match=words):
+        get_source(spec, source(tmp_path), ref, dest(tmp_path) if dest else "", out=io.StringIO())
+
+
+def test_unwritable_dest_is_a_path_error(spec, tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)  # root could write anywhere
+    with pytest.raises(PathError, match="not writable"):
+        get_source(spec, _archive(tmp_path), dest=str(tmp_path / "d"), out=io.StringIO())
+
+
+def test_get_source_tarball_unpacks_under_dest_and_a_tree_is_used_in_place(spec, tmp_path):
+    info = get_source(spec, _archive(tmp_path), dest=str(tmp_path / "d"), out=io.StringIO())
+    assert info.kind == "tarball" and info.path.parent == tmp_path / "d"
+    assert (info.path / "setup.py").is_file()
+    default = get_source(spec, _archive(tmp_path), out=io.StringIO())
+    assert default.path.parent == tmp_path / "cache" / "src"
+    tree = get_source(spec, _local_tree(tmp_path), out=io.StringIO())
+    assert tree.kind == "dir" and tree.path == tmp_path / "tree"
