@@ -15,15 +15,16 @@ import functools
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Union
 
 import yaml
+from packaging.version import InvalidVersion, Version
 
 from .arch import Arch
-from .errors import ProfileError
+from .errors import ProfileError, UsageError
 
 DEFAULT_PROFILE = "cpu"
 _CUDA_ARCH_RE = re.compile(r"\d+\.\d+a?(\+PTX)?")
@@ -58,9 +59,6 @@ class KeySpec:
     choices: tuple[str, ...] = ()
     pattern: str | None = None
     key_pattern: str | None = None
-
-
-_TYPES = ("str", "int", "bool", "number", "list", "map", "jobs", "cuda_arch_list")
 
 
 @functools.cache
@@ -203,24 +201,66 @@ class _Layer:
 
 
 def _read_yaml(path: Path) -> _Layer:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ProfileError(f"{path}: cannot read profile: {exc.strerror}") from exc
+    text = _read_text(path)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ProfileError(f"{where}: not valid YAML: {problem}") from exc
-    if data is None:
-        return _Layer(str(path), {}, {})
+        raise _yaml_error(str(path), exc) from exc
+    if node is None:
+        raise ProfileError(
+            f"{path}: the profile is empty",
+            hint="write the keys it sets (at least description:), or `extends: cpu` to reuse a profile",
+        )
     if not isinstance(data, dict) or not isinstance(node, yaml.MappingNode):
         raise ProfileError(f"{path}: a profile must be a mapping of key: value")
+    duplicate = next(_duplicate_keys(node), None)
+    if duplicate is not None:
+        key, first, again = duplicate
+        raise ProfileError(
+            f"{path}:{again}: key {key!r} is given twice (first at line {first})",
+            hint="remove one of them: YAML would silently keep only the last",
+        )
     lines = {k.value: k.start_mark.line + 1 for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
     return _Layer(str(path), data, lines)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read profile: {exc.strerror}") from exc
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ProfileError(
+            f"{path}:{line}: not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})",
+            hint="save the profile as UTF-8 (e.g. iconv -f latin1 -t utf-8)",
+        ) from exc
+
+
+def _yaml_error(label: str, exc: yaml.YAMLError) -> ProfileError:
+    mark = getattr(exc, "problem_mark", None)
+    where = f"{label}:{mark.line + 1}" if mark else label
+    problem = getattr(exc, "problem", None) or str(exc)
+    return ProfileError(f"{where}: not valid YAML: {problem}", hint="check the quoting and brackets on that line")
+
+
+def _duplicate_keys(node: yaml.Node) -> Iterator[tuple[str, int, int]]:
+    """(key, first line, repeated line) for each key given twice in one mapping, at any depth."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                line = key.start_mark.line + 1
+                if key.value in seen:
+                    yield key.value, seen[key.value], line
+                seen.setdefault(key.value, line)
+            yield from _duplicate_keys(value)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            yield from _duplicate_keys(item)
 
 
 def available_profiles(search_dirs: Sequence[Path] = ()) -> list[str]:
@@ -304,13 +344,24 @@ def _parse_cli_value(spec: KeySpec, raw: str) -> Any:
     raw = raw.strip()
     if spec.type in ("list", "cuda_arch_list"):
         if raw.startswith("["):
-            return yaml.safe_load(raw)
+            return _cli_yaml(spec, raw)
         return [part.strip() for part in re.split(r"[;,]", raw) if part.strip()]
     if spec.type == "map":
-        return yaml.safe_load(raw) if raw else {}
+        return _cli_yaml(spec, raw) if raw else {}
     if spec.type in ("int", "number", "bool"):
-        return yaml.safe_load(raw)
+        return _cli_yaml(spec, raw)
     return raw  # str and jobs stay text: "3.10" must not become 3.1
+
+
+def _cli_yaml(spec: KeySpec, raw: str) -> Any:
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ProfileError(
+            f"--set {spec.name}={raw}: not valid YAML: {problem}",
+            hint="quote the whole --set argument for the shell; lists are [a, b], maps are {KEY: value}",
+        ) from exc
 
 
 def _suggest(key: str) -> str:
@@ -321,88 +372,141 @@ def _suggest(key: str) -> str:
 # --------------------------------------------------------------------------- validation
 
 
+def _bad(spec: KeySpec, where: str, problem: str, hint: str | None = None) -> ProfileError:
+    return ProfileError(f"{where}: key {spec.name!r}: {problem}", hint=hint)
+
+
+def _coerce_text(spec: KeySpec, v: Any, where: str, what: str = "value") -> str:
+    """A str key's value (or a list's item): text, one of the choices, matching the pattern."""
+    if isinstance(v, bool) or v is None:
+        raise _bad(spec, where, f"{what} must be text, got {v!r}")
+    if isinstance(v, float):
+        raise _bad(spec, where, f"{what} {v!r} was read as a number", hint=f"quote it in YAML: '{v}'")
+    if isinstance(v, int):
+        v = str(v)
+    if not isinstance(v, str):
+        raise _bad(spec, where, f"{what} must be text, got {type(v).__name__}")
+    if spec.choices and v not in spec.choices:
+        close = difflib.get_close_matches(v, spec.choices, n=1)
+        sugg = f"; did you mean {close[0]!r}?" if close else ""
+        shown = ", ".join(repr(c) for c in spec.choices)
+        raise _bad(spec, where, f"{v!r} is not allowed{sugg}", hint=f"valid values: {shown}")
+    if spec.pattern is not None and not re.fullmatch(spec.pattern, v):
+        raise _bad(spec, where, f"{v!r} is malformed (expected to match {spec.pattern})")
+    return v
+
+
+def _coerce_bool(spec: KeySpec, value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise _bad(spec, where, f"expected true or false, got {value!r}")
+    return value
+
+
+def _coerce_int(spec: KeySpec, value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _bad(spec, where, f"expected a whole number >= 0, got {value!r}")
+    return value
+
+
+def _coerce_number(spec: KeySpec, value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise _bad(spec, where, f"expected a number > 0, got {value!r}")
+    return float(value)
+
+
+def _count_of_jobs(value: object) -> int | None:
+    """value as a whole number >= 1 (an int, or text of digits), else None."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None
+    return value
+
+
+def _coerce_jobs(spec: KeySpec, value: Any, where: str) -> Union[str, int]:
+    if value == "auto":
+        return "auto"
+    jobs = _count_of_jobs(value)
+    if jobs is None:
+        raise _bad(spec, where, f"expected auto or a whole number >= 1, got {value!r}")
+    return jobs
+
+
+def _coerce_list(spec: KeySpec, value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise _bad(spec, where, f"expected a list, got {value!r}", hint="write a YAML list: [a, b]")
+    return tuple(_coerce_text(spec, v, where, "item") for v in value)
+
+
+def _coerce_cuda_arch_list(spec: KeySpec, value: Any, where: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [v for v in re.split(r"[;, ]", value) if v]
+    if not isinstance(value, list):
+        raise _bad(spec, where, f"expected a list of GPU architectures, got {value!r}")
+    out = []
+    for v in value:
+        text = str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+        if not isinstance(text, str) or not _CUDA_ARCH_RE.fullmatch(text):
+            raise _bad(
+                spec,
+                where,
+                f"{v!r} is not a CUDA architecture",
+                hint="write major.minor with an optional a or +PTX suffix: 8.0, 9.0a, 9.0+PTX",
+            )
+        out.append(text)
+    return tuple(out)
+
+
+def _coerce_map(spec: KeySpec, value: Any, where: str) -> StrMap:
+    if not isinstance(value, dict):
+        raise _bad(spec, where, f"expected a mapping, got {value!r}")
+    result: dict[str, str] = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or (spec.key_pattern and not re.fullmatch(spec.key_pattern, k)):
+            raise _bad(spec, where, f"entry name {k!r} is not allowed (must match {spec.key_pattern})")
+        if isinstance(v, bool):
+            v = "1" if v else "0"
+        elif isinstance(v, (int, float)):
+            v = str(v)
+        elif not isinstance(v, str):
+            raise _bad(spec, where, f"entry {k!r} must be text or a number, got {v!r}")
+        result[k] = v
+    return MappingProxyType(result)
+
+
+_COERCE: Mapping[str, Callable[[KeySpec, Any, str], Any]] = {
+    "str": _coerce_text,
+    "int": _coerce_int,
+    "bool": _coerce_bool,
+    "number": _coerce_number,
+    "list": _coerce_list,
+    "map": _coerce_map,
+    "jobs": _coerce_jobs,
+    "cuda_arch_list": _coerce_cuda_arch_list,
+}
+_TYPES = tuple(_COERCE)
+
+
 def _coerce(spec: KeySpec, value: Any, where: str) -> Any:
     """Check one value against its KeySpec and return it in canonical form."""
+    return _COERCE[spec.type](spec, value, where)
 
-    def bad(problem: str, hint: str | None = None) -> ProfileError:
-        return ProfileError(f"{where}: key {spec.name!r}: {problem}", hint=hint)
 
-    def check_text(v: Any, what: str) -> str:
-        if isinstance(v, bool) or v is None:
-            raise bad(f"{what} must be text, got {v!r}")
-        if isinstance(v, float):
-            raise bad(f"{what} {v!r} was read as a number", hint=f"quote it in YAML: '{v}'")
-        if isinstance(v, int):
-            v = str(v)
-        if not isinstance(v, str):
-            raise bad(f"{what} must be text, got {type(v).__name__}")
-        if spec.choices and v not in spec.choices:
-            close = difflib.get_close_matches(v, spec.choices, n=1)
-            sugg = f"; did you mean {close[0]!r}?" if close else ""
-            shown = ", ".join(repr(c) for c in spec.choices)
-            raise bad(f"{v!r} is not allowed{sugg}", hint=f"valid values: {shown}")
-        if spec.pattern is not None and not re.fullmatch(spec.pattern, v):
-            raise bad(f"{v!r} is malformed (expected to match {spec.pattern})")
-        return v
+def parse_jobs_option(value: object, option: str = "--jobs") -> int:
+    """A --jobs style option, checked like the max_jobs key: a whole number >= 1 (int or text).
 
-    t = spec.type
-    if t == "str":
-        return check_text(value, "value")
-    if t == "bool":
-        if not isinstance(value, bool):
-            raise bad(f"expected true or false, got {value!r}")
-        return value
-    if t == "int":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise bad(f"expected a whole number >= 0, got {value!r}")
-        return value
-    if t == "number":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise bad(f"expected a number > 0, got {value!r}")
-        return float(value)
-    if t == "jobs":
-        if value == "auto":
-            return value
-        if isinstance(value, str) and value.isdigit():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise bad(f"expected auto or a whole number >= 1, got {value!r}")
-        return value
-    if t == "list":
-        if not isinstance(value, list):
-            raise bad(f"expected a list, got {value!r}", hint="write a YAML list: [a, b]")
-        return tuple(check_text(v, "item") for v in value)
-    if t == "cuda_arch_list":
-        if isinstance(value, str):
-            value = [v for v in re.split(r"[;, ]", value) if v]
-        if not isinstance(value, list):
-            raise bad(f"expected a list of GPU architectures, got {value!r}")
-        out = []
-        for v in value:
-            text = str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
-            if not isinstance(text, str) or not _CUDA_ARCH_RE.fullmatch(text):
-                raise bad(
-                    f"{v!r} is not a CUDA architecture",
-                    hint="write major.minor with an optional a or +PTX suffix: 8.0, 9.0a, 9.0+PTX",
-                )
-            out.append(text)
-        return tuple(out)
-    if t == "map":
-        if not isinstance(value, dict):
-            raise bad(f"expected a mapping, got {value!r}")
-        result: dict[str, str] = {}
-        for k, v in value.items():
-            if not isinstance(k, str) or (spec.key_pattern and not re.fullmatch(spec.key_pattern, k)):
-                raise bad(f"entry name {k!r} is not allowed (must match {spec.key_pattern})")
-            if isinstance(v, bool):
-                v = "1" if v else "0"
-            elif isinstance(v, (int, float)):
-                v = str(v)
-            elif not isinstance(v, str):
-                raise bad(f"entry {k!r} must be text or a number, got {v!r}")
-            result[k] = v
-        return MappingProxyType(result)
-    raise AssertionError(t)  # pragma: no cover - schema() rejects unknown types
+    0 means "plan from cores and memory" and is returned for the option's default only: the
+    int 0, None, "" (not given) or "auto" (as max_jobs takes it). An explicit "0", a negative
+    or a non-numeric value is a UsageError naming the option."""
+    if value is None or value in ("", "auto") or (type(value) is int and value == 0):
+        return 0
+    jobs = _count_of_jobs(value)
+    if jobs is None:
+        raise UsageError(
+            f"{option} {value!r}: expected a whole number >= 1",
+            hint=f"give {option} N with N >= 1, or leave it out to plan the jobs from cores and memory",
+        )
+    return jobs
 
 
 def _check_keys(layer: _Layer) -> None:
@@ -443,6 +547,42 @@ def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], host: Arch
         fail("profile", "profile names may use letters, digits, '.', '_' and '-'", "rename the file")
 
 
+# the longest platform tag a wheel of ours may carry, and the longest file written beside it
+_WORST_PLATFORM = "manylinux_2_28_aarch64"
+_WORST_COMPANION = ".manifest.json"  # longer than .verify.json
+_NAME_MAX = 255  # bytes in one file name on Linux file systems
+
+
+def _check_version(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
+    """The wheel's version must be PEP 440, and its file name (and the manifest beside it) fit
+    in a file name: found when the profile resolves, not when the wheel is written hours later."""
+    torch_version, local = values["torch_version"], values["local_version"]
+    version = f"{torch_version}+{local}" if local else torch_version
+    key = "local_version" if local and _is_pep440(torch_version) else "torch_version"
+    if not _is_pep440(version):
+        raise ProfileError(
+            f"{where[key]}: key {key!r}: {version} is not a valid version (PEP 440)",
+            hint="use a release like 2.6.0 (or 2.6.0rc1) and a local part of letters, digits and dots",
+        )
+    py = "cp" + values["python_version"].replace(".", "")
+    name = f"torch-{version}-{py}-{py}-{_WORST_PLATFORM}.whl{_WORST_COMPANION}"
+    excess = len(name.encode()) - _NAME_MAX
+    if excess > 0:
+        raise ProfileError(
+            f"{where[key]}: key {key!r}: the wheel's manifest would be named {name[:40]}... "
+            f"({len(name.encode())} bytes), longer than the {_NAME_MAX} bytes a file name may have",
+            hint=f"shorten {key} by at least {excess} character{'s' if excess > 1 else ''}",
+        )
+
+
+def _is_pep440(version: str) -> bool:
+    try:
+        Version(version)
+    except InvalidVersion:
+        return False
+    return True
+
+
 def resolve(
     profile: str = DEFAULT_PROFILE,
     overrides: Iterable[str] = (),
@@ -474,6 +614,7 @@ def resolve(
     merged["profile"] = path.stem
     origins["profile"] = str(path)
     _cross_check(merged, origins, host)
+    _check_version(merged, origins)
     if merged["arch"] == "host":
         merged["arch"] = host.value
     merged["arch"] = Arch(merged["arch"])

@@ -18,10 +18,10 @@ import re
 import shutil
 import subprocess
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from .config import data_dir
-from .errors import PatchConflict, SourceError, ToolMissing
+from .errors import PatchConflict, SourceError, ToolMissing, UnsafePatch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,15 +111,44 @@ def _git_apply(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-_DIFF_PATHS = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
+def _patch_paths(tree: Path, patch: Patch) -> list[str]:
+    """Every path the patch reads or writes, as git parses it (a `diff --git` patch or a plain
+    unified diff alike): --numstat names each file's new path (its old one for a deletion);
+    reversed, it names the old paths, so renames and copies give both names."""
+    paths: dict[str, None] = {}
+    for direction in ((), ("--reverse",)):
+        res = _git_apply(tree, "--numstat", "-z", *direction, str(patch.path))
+        if res.returncode != 0:
+            raise PatchConflict(
+                f"patch {patch.name} is not a patch git understands: {_failing_hunk(res.stderr)}",
+                hint="a patch holds unified diffs (`git diff` or `diff -u` output); remove or fix the file",
+            )
+        for record in res.stdout.split("\0"):
+            if record:
+                paths[record.split("\t", 2)[-1]] = None
+    return list(paths)
 
 
-def touched_paths(patches: tuple[Patch, ...]) -> list[str]:
+def _check_inside(tree: Path, patch: Patch, rel: str) -> None:
+    """UnsafePatch unless rel names a place inside the tree, symlinks followed."""
+    root = tree.resolve()
+    pure = PurePosixPath(rel)
+    target = (tree / rel).resolve()
+    if pure.is_absolute() or ".." in pure.parts or (target != root and root not in target.parents):
+        raise UnsafePatch(
+            f"patch {patch.name} touches {rel}, which is outside the tree {tree}"
+            f"{'' if '..' in pure.parts or pure.is_absolute() else f' (it leads to {target})'}; nothing was written"
+        )
+
+
+def touched_paths(tree: Path, patches: tuple[Patch, ...]) -> list[str]:
+    """The paths the patches touch, each checked to lie inside the tree before anything is
+    copied or written (UnsafePatch names the patch and the path otherwise)."""
     paths: dict[str, None] = {}
     for p in patches:
-        for a, b in _DIFF_PATHS.findall(p.path.read_text()):
-            paths[a] = None
-            paths[b] = None
+        for rel in _patch_paths(tree, p):
+            _check_inside(tree, p, rel)
+            paths[rel] = None
     return list(paths)
 
 
@@ -155,16 +184,31 @@ class _Scratch:
     def apply(self, patch: Patch, reverse: bool = False) -> subprocess.CompletedProcess[str]:
         return _git_apply(self.dir, *(["--reverse"] if reverse else []), str(patch.path))
 
+    def check_links(self, patches: tuple[Patch, ...]) -> None:
+        """UnsafePatch when the patches made a symlink that leads out of the tree."""
+        root = self.tree.resolve()
+        for rel in self.paths:
+            link = self.dir / rel
+            if link.is_symlink():
+                target = ((self.tree / rel).parent / os.readlink(link)).resolve()
+                if target != root and root not in target.parents:
+                    names = ", ".join(p.name for p in patches)
+                    raise UnsafePatch(
+                        f"patch series ({names}) makes {rel} a symlink to {os.readlink(link)}, "
+                        f"outside the tree {self.tree}; nothing was written"
+                    )
+
     def write_back(self) -> None:
         """Put the patched files into the tree (new files created, deleted files removed)."""
         for rel in self.paths:
             patched, target = self.dir / rel, self.tree / rel
-            if patched.is_file():
+            if patched.is_symlink() or patched.is_file():
                 target.parent.mkdir(parents=True, exist_ok=True)
                 tmp = target.with_name(f".{target.name}.torchbuild-tmp")
-                shutil.copy2(patched, tmp)
+                tmp.unlink(missing_ok=True)
+                shutil.copy2(patched, tmp, follow_symlinks=False)
                 os.replace(tmp, target)
-            elif target.is_file():
+            elif target.is_symlink() or target.is_file():
                 target.unlink()
 
     def close(self) -> None:
@@ -174,7 +218,7 @@ class _Scratch:
 def applied_prefix(tree: Path, patches: tuple[Patch, ...]) -> int:
     """How many leading patches of the series the tree already has (0..n): the longest prefix
     that, undone last-first, reverse-applies cleanly (this copes with patches editing earlier ones)."""
-    paths = touched_paths(patches)
+    paths = touched_paths(tree, patches)
     for k in range(len(patches), 0, -1):
         scratch = _Scratch(tree, paths)
         try:
@@ -192,7 +236,7 @@ def apply_series(tree: Path, series: Series) -> ApplyResult:
     skipped, todo = series.patches[:done], series.patches[done:]
     if not todo:
         return ApplyResult((), tuple(p.name for p in skipped))
-    scratch = _Scratch(tree, touched_paths(todo))
+    scratch = _Scratch(tree, touched_paths(tree, todo))
     try:
         for patch in todo:
             res = scratch.apply(patch)
@@ -201,6 +245,7 @@ def apply_series(tree: Path, series: Series) -> ApplyResult:
                     f"patch {patch.name} does not apply to {tree}: hunk at {_failing_hunk(res.stderr)} "
                     f"(series {series.directory}); the tree was not changed"
                 )
+        scratch.check_links(todo)
         scratch.write_back()
     finally:
         scratch.close()

@@ -4,8 +4,10 @@ a tarball, or a Debian .dsc. Every fetch returns a SourceInfo recorded in the ma
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import lzma
 import os
 import re
 import shutil
@@ -13,10 +15,12 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import zlib
 from pathlib import Path
 from typing import TextIO
 
-from .errors import SourceError, ToolMissing
+from .config import BuildSpec
+from .errors import InsufficientSpace, PathError, SourceError, ToolMissing, UsageError, named_os_errors
 
 # file:// submodules are refused by default since git 2.38.1; mirrors and tests need them
 _GIT = ["git", "-c", "protocol.file.allow=always", "-c", "advice.detachedHead=false"]
@@ -48,10 +52,12 @@ def _git(*args: str, cwd: Path | None = None, out: TextIO | None = None) -> str:
         print(f"$ git {' '.join(args)}", file=out, flush=True)
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        detail = (proc.stderr or proc.stdout).strip().splitlines()
+        detail = (proc.stderr or proc.stdout).strip() or f"exit status {proc.returncode}"
+        what = f"git {' '.join(args[:3])} failed"
+        if "No space left on device" in detail:
+            raise InsufficientSpace(f"{what}: no space left on device\n{detail}")
         raise SourceError(
-            f"git {' '.join(args[:3])} failed: {detail[-1] if detail else proc.returncode}",
-            hint="check the URL, the ref and network access; `git` itself shows more",
+            f"{what}:\n{detail}", hint="check the URL, the ref and network access; git's own words are above"
         )
     return proc.stdout.strip()
 
@@ -118,6 +124,25 @@ def submodule_commits(repo: Path) -> tuple[tuple[str, str], ...]:
     return tuple(rows)
 
 
+def _clone(url: str, ref: str, partial: Path, cache: Path | None, out: TextIO) -> None:
+    """Clone url at ref with submodules into partial (see fetch_git)."""
+    if cache is not None:
+        mirror = update_mirror(cache, url, out)
+        _git("clone", "--quiet", "--no-checkout", "--reference", str(mirror), str(mirror), str(partial), out=out)
+        _git("remote", "set-url", "origin", url, cwd=partial)
+        _git("checkout", "--quiet", ref, cwd=partial, out=out)
+    else:
+        try:
+            _git("clone", "--quiet", "--depth", "1", "--branch", ref, url, str(partial), out=out)
+        except SourceError:  # a commit id cannot be cloned with --branch: fetch it
+            shutil.rmtree(partial, ignore_errors=True)
+            _git("init", "--quiet", str(partial))
+            _git("remote", "add", "origin", url, cwd=partial)
+            _git("fetch", "--quiet", "--depth", "1", "origin", ref, cwd=partial, out=out)
+            _git("checkout", "--quiet", "FETCH_HEAD", cwd=partial)
+    _init_submodules(partial, cache, out)
+
+
 def fetch_git(url: str, ref: str, dest: Path, cache: Path | None, out: TextIO = sys.stdout) -> SourceInfo:
     """Clone url at ref (tag, branch or commit) with submodules into dest.
 
@@ -127,29 +152,16 @@ def fetch_git(url: str, ref: str, dest: Path, cache: Path | None, out: TextIO = 
     """
     if dest.exists():
         raise SourceError(f"{dest} already exists", hint="remove it, or pass it as --source to build it as it is")
-    dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(f".{dest.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    try:
-        if cache is not None:
-            mirror = update_mirror(cache, url, out)
-            _git("clone", "--quiet", "--no-checkout", "--reference", str(mirror), str(mirror), str(partial), out=out)
-            _git("remote", "set-url", "origin", url, cwd=partial)
-            _git("checkout", "--quiet", ref, cwd=partial, out=out)
-        else:
-            try:
-                _git("clone", "--quiet", "--depth", "1", "--branch", ref, url, str(partial), out=out)
-            except SourceError:  # a commit id cannot be cloned with --branch: fetch it
-                shutil.rmtree(partial, ignore_errors=True)
-                _git("init", "--quiet", str(partial))
-                _git("remote", "add", "origin", url, cwd=partial)
-                _git("fetch", "--quiet", "--depth", "1", "origin", ref, cwd=partial, out=out)
-                _git("checkout", "--quiet", "FETCH_HEAD", cwd=partial)
-        _init_submodules(partial, cache, out)
-        os.replace(partial, dest)
-    except BaseException:
+    with named_os_errors(dest, "fetching the source into"):
+        dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(partial, ignore_errors=True)
-        raise
+        try:
+            _clone(url, ref, partial, cache, out)
+            os.replace(partial, dest)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
     return SourceInfo(
         kind="git",
         path=dest,
@@ -207,43 +219,77 @@ def sha256_file(path: Path) -> str:
 
 
 def unpack_archive(archive: Path, dest_root: Path, out: TextIO = sys.stdout) -> SourceInfo:
-    """Unpack a tarball or a Debian .dsc (with its patch series) under dest_root/<name>-<sha>."""
+    """Unpack a tarball or a Debian .dsc (with its patch series) under dest_root/<name>-<sha>.
+
+    It is unpacked into a temporary sibling and renamed into place when complete: a truncated
+    or foreign file is a SourceError naming it, and leaves no directory behind (not even
+    dest_root, when this call created it). OS faults are named errors (PathError, InsufficientSpace)."""
+    with named_os_errors(dest_root, f"unpacking {archive.name} into"):
+        return _unpack(archive, dest_root, out)
+
+
+def _unpack(archive: Path, dest_root: Path, out: TextIO) -> SourceInfo:
     if not archive.is_file():
         raise SourceError(f"source archive {archive} does not exist")
     digest = sha256_file(archive)
     stem = re.sub(r"(\.tar(\.\w+)?|\.tgz|\.dsc)$", "", archive.name)
     dest = dest_root / f"{stem}-{digest[:12]}"
     kind = "dsc" if archive.suffix == ".dsc" else "tarball"
-    if dest.is_dir():
-        return SourceInfo(kind=kind, path=dest, url=str(archive), sha256=digest)
-    dest_root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{stem}.", dir=dest_root))
-    try:
-        if kind == "dsc":
-            if shutil.which("dpkg-source") is None:
-                raise ToolMissing("dpkg-source is needed to unpack a .dsc", hint="apt-get install dpkg-dev")
-            print(f"$ dpkg-source -x {archive}", file=out, flush=True)
-            proc = subprocess.run(
-                ["dpkg-source", "--no-check", "-x", str(archive), str(tmp / "tree")],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if proc.returncode != 0:
-                raise SourceError(f"dpkg-source -x {archive.name} failed: {proc.stderr.strip()[-300:]}")
-            top = tmp / "tree"
-        else:
-            try:
-                with tarfile.open(archive) as tar:
-                    _safe_extract(tar, tmp / "tree")
-            except tarfile.TarError as exc:
-                raise SourceError(f"{archive} is not a readable tarball: {exc}") from exc
-            entries = list((tmp / "tree").iterdir())
-            top = entries[0] if len(entries) == 1 and entries[0].is_dir() else tmp / "tree"
-        os.replace(top, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    if not dest.is_dir():
+        _unpack_new(archive, kind, dest, out)
     return SourceInfo(kind=kind, path=dest, url=str(archive), sha256=digest)
+
+
+def _unpack_new(archive: Path, kind: str, dest: Path, out: TextIO) -> None:
+    """Unpack archive into a temporary directory beside dest, then rename it to dest."""
+    missing = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+        try:
+            top = _run_dpkg_source(archive, tmp / "tree", out) if kind == "dsc" else _extract_tarball(archive, tmp)
+            os.replace(top, dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        for p in missing:  # the directories this call created, innermost first
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        raise
+
+
+def _run_dpkg_source(archive: Path, tree: Path, out: TextIO) -> Path:
+    if shutil.which("dpkg-source") is None:
+        raise ToolMissing("dpkg-source is needed to unpack a .dsc", hint="apt-get install dpkg-dev")
+    print(f"$ dpkg-source -x {archive}", file=out, flush=True)
+    proc = subprocess.run(
+        ["dpkg-source", "--no-check", "-x", str(archive), str(tree)], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise SourceError(f"dpkg-source -x {archive.name} failed: {proc.stderr.strip()[-300:]}")
+    return tree
+
+
+def _extract_tarball(archive: Path, tmp: Path) -> Path:
+    """Extract into tmp/tree; the tree's top directory (its only entry when it has one)."""
+    try:
+        with tarfile.open(archive) as tar:
+            _safe_extract(tar, tmp / "tree")
+    except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError) as exc:
+        raise _unreadable(archive, exc) from exc
+    except OSError as exc:
+        if exc.errno is not None:  # the OS's fault (disk full, read-only...): named by the caller
+            raise
+        raise _unreadable(archive, exc) from exc  # a decompressor's complaint (bad CRC, bad stream)
+    entries = list((tmp / "tree").iterdir())
+    return entries[0] if len(entries) == 1 and entries[0].is_dir() else tmp / "tree"
+
+
+def _unreadable(archive: Path, exc: BaseException) -> SourceError:
+    return SourceError(
+        f"{archive} is not a readable tarball (truncated, or not an archive): {exc or type(exc).__name__}",
+        hint="download it again and compare its sha256 with the published one, or pass a git URL or directory",
+    )
 
 
 def _safe_extract(tar: tarfile.TarFile, dest: Path) -> None:
@@ -261,3 +307,69 @@ def _safe_extract(tar: tarfile.TarFile, dest: Path) -> None:
 
 def looks_like_url(text: str) -> bool:
     return bool(_URL_RE.match(text)) or text.endswith(".git")
+
+
+def default_tree(spec: BuildSpec, ref: str) -> Path:
+    """Where a git source at ref is checked out when --dest is not given."""
+    safe = ref.replace("/", "_")
+    return _cache(spec) / "src" / f"pytorch-{safe}"
+
+
+def get_source(
+    spec: BuildSpec, source: str = "", ref: str = "", dest: str = "", out: TextIO = sys.stdout
+) -> SourceInfo:
+    """--source as given: a git URL, a directory, a tarball or .dsc; empty means the profile's repo.
+
+    --ref applies to git sources only; --dest is where a git source is checked out or an
+    archive unpacked, and cannot move a local tree (UsageError naming the option). A --dest
+    that is a file, or cannot be written, is a PathError."""
+    with named_os_errors(dest or source or spec.cache_dir, "getting the source"):
+        if source and not looks_like_url(source):
+            return _get_local(spec, Path(source).expanduser().resolve(), ref, dest, out)
+        return _get_git(spec, source, ref, dest, out)
+
+
+def _get_git(spec: BuildSpec, source: str, ref: str, dest: str, out: TextIO) -> SourceInfo:
+    ref = ref or spec.git_ref
+    url = source or spec.torch_repo
+    tree = Path(dest).expanduser().absolute() if dest else default_tree(spec, ref)
+    if tree.is_dir():
+        print(f"using existing checkout {tree} (`invoke source --update` refreshes a branch)", file=out)
+        return dataclasses.replace(describe_dir(tree), kind="git", ref=ref)
+    return fetch_git(url, ref, _usable_dest(tree, "--dest" if dest else "the checkout directory"), _cache(spec), out)
+
+
+def _cache(spec: BuildSpec) -> Path:
+    return Path(spec.cache_dir).expanduser()
+
+
+def _get_local(spec: BuildSpec, path: Path, ref: str, dest: str, out: TextIO) -> SourceInfo:
+    """A local tree (built where it is) or an archive (unpacked under --dest or the cache)."""
+    if path.is_dir():
+        for option, value in (("--ref", ref), ("--dest", dest)):
+            if value:
+                raise UsageError(
+                    f"{option} {value} cannot be used with a local tree (--source {path}): it is built as it is",
+                    hint=f"drop {option}; to build another ref, check it out in the tree (git -C {path} checkout REF)",
+                )
+        return describe_dir(path)
+    if ref:
+        raise UsageError(
+            f"--ref {ref} cannot be used with an archive (--source {path}): an archive holds one version",
+            hint="drop --ref, or pass a git URL as --source to choose a ref",
+        )
+    root = _usable_dest(Path(dest).expanduser().absolute(), "--dest") if dest else _cache(spec) / "src"
+    return unpack_archive(path, root, out=out)
+
+
+def _usable_dest(path: Path, option: str) -> Path:
+    """path, when it is (or can be made) a directory this user can write; PathError otherwise.
+    Nothing is created here."""
+    if path.exists() and not path.is_dir():
+        raise PathError(f"{option} {path} exists and is not a directory", hint="choose a directory path")
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise PathError(f"{option} {path}: {existing} is a file, not a directory", hint="choose a directory path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PathError(f"{option} {path}: {existing} is not writable", hint="choose a directory you can write to")
+    return path

@@ -162,3 +162,14 @@ def test_tarball_escaping_the_tree_is_refused(tmp_path):
 def test_local_dir_must_look_like_a_python_project(tmp_path):
     with pytest.raises(SourceError, match=r"neither setup\.py nor pyproject\.toml"):
         describe_dir(tmp_path)
+
+
+@pytest.mark.parametrize("cache", [None, "cache"], ids=["shallow", "through a mirror"])
+def test_failed_clone_shows_all_of_gits_error(tmp_path, cache):
+    missing = (tmp_path / "no-such-repo").as_uri()
+    with pytest.raises(SourceError) as exc:
+        fetch_git(missing, "v1.0.0", tmp_path / "dest", tmp_path / cache if cache else None)
+    msg = exc.value.message
+    # git's first line says what is wrong; the last ("and the repository exists.") alone does not
+    assert "does not appear to be a git repository" in msg and "Could not read from remote" in msg
+    assert not (tmp_path / "dest").exists()

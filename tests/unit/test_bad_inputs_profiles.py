@@ -1,0 +1,108 @@
+"""Bad profiles, --set values and --jobs: each is a named error with the file (and line)
+and a one-line hint, found when the profile resolves, never a traceback or hours later."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from torchbuild.config import parse_jobs_option, resolve
+from torchbuild.errors import ProfileError, UsageError
+
+LONG_LOCAL = "a" * 220
+
+# (what is wrong with the file, its bytes, the words the message must hold)
+BAD_PROFILE_FILES = [
+    ("latin-1 byte on line 1", b"description: caf\xe9\n", ["bad.yaml:1", "not UTF-8"]),
+    ("latin-1 byte on line 3", b"# a profile\nblas: openblas\ndescription: \xe9t\xe9\n", ["bad.yaml:3", "not UTF-8"]),
+    ("UTF-16 file", "description: x\n".encode("utf-16"), ["bad.yaml:1", "not UTF-8"]),
+    ("empty file", b"", ["bad.yaml", "the profile is empty"]),
+    ("only comments", b"# nothing here yet\n", ["bad.yaml", "the profile is empty"]),
+    ("only blank lines", b"\n\n  \n", ["bad.yaml", "the profile is empty"]),
+    ("top key twice", b"blas: mkl\nmpi: none\nblas: openblas\n", ["bad.yaml:3", "'blas' is given twice", "line 1"]),
+    ("map entry twice", b"switches:\n  USE_A: 1\n  USE_A: 0\n", ["bad.yaml:3", "'USE_A' is given twice", "line 2"]),
+    ("extends twice", b"extends: cpu\nextends: cuda\n", ["bad.yaml:2", "'extends' is given twice"]),
+    ("flow map entry twice", b"env: {A: '1', A: '2'}\n", ["bad.yaml:1", "'A' is given twice"]),
+    (
+        "local_version making the file name too long",
+        f"description: x\nlocal_version: {LONG_LOCAL}\n".encode(),
+        ["bad.yaml:2", "'local_version'", "255 bytes"],
+    ),
+    ("torch_version not PEP 440", b"torch_version: 2.6.0abc\n", ["bad.yaml:1", "'torch_version'", "PEP 440"]),
+    ("torch_version with two dots", b"torch_version: 2.6.0..\n", ["bad.yaml:1", "PEP 440"]),
+]
+
+
+@pytest.mark.parametrize(("what", "data", "words"), BAD_PROFILE_FILES, ids=[c[0] for c in BAD_PROFILE_FILES])
+def test_bad_profile_file_is_named(tmp_path: Path, what, data, words):
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(data)
+    with pytest.raises(ProfileError) as exc:
+        resolve(str(path))
+    for word in words:
+        assert word in exc.value.message, (word, exc.value.message)
+    assert exc.value.hint and "\n" not in exc.value.hint
+
+
+# (what the user typed after --set, the words the message must hold)
+BAD_SET_VALUES = [
+    ("switches={USE_X: 1", ["--set switches=", "not valid YAML"]),
+    ("cflags=[-O2", ["--set cflags=", "not valid YAML"]),
+    ("cuda_arch_list=[8.0", ["--set cuda_arch_list=", "not valid YAML"]),
+    ("nvcc_threads=[", ["--set nvcc_threads=", "not valid YAML"]),
+    ("system_nccl={", ["--set system_nccl=", "not valid YAML"]),
+    ("env={A: [}", ["--set env=", "not valid YAML"]),
+    (f"local_version={LONG_LOCAL}", ["--set", "'local_version'", "255 bytes"]),
+    ("torch_version=2.6.0xyz", ["--set", "'torch_version'", "PEP 440"]),
+]
+
+
+@pytest.mark.parametrize(("item", "words"), BAD_SET_VALUES, ids=[c[0][:30] for c in BAD_SET_VALUES])
+def test_bad_set_value_is_named(item, words):
+    with pytest.raises(ProfileError) as exc:
+        resolve("cpu", [item])
+    for word in words:
+        assert word in exc.value.message, (word, exc.value.message)
+    assert exc.value.hint and "\n" not in exc.value.hint
+
+
+def test_longest_local_version_that_fits_is_accepted():
+    # torch-2.6.0+<L>-cp312-cp312-manylinux_2_28_aarch64.whl.manifest.json is 255 bytes
+    fixed = len("torch-2.6.0+-cp312-cp312-manylinux_2_28_aarch64.whl.manifest.json")
+    local = "a" * (255 - fixed)
+    assert resolve("cpu", [f"local_version={local}", "python_version=3.12"]).local_version == local
+    with pytest.raises(ProfileError, match="256 bytes") as exc:
+        resolve("cpu", [f"local_version={local}a", "python_version=3.12"])
+    assert exc.value.hint == "shorten local_version by at least 1 character"
+
+
+# (what the user gave to --jobs, the words the message must hold)
+BAD_JOBS = [
+    ("0", "'0'"),
+    ("-1", "'-1'"),
+    (-2, "-2"),
+    ("many", "'many'"),
+    ("1.5", "'1.5'"),
+    (2.5, "2.5"),
+    (True, "True"),
+]
+
+
+@pytest.mark.parametrize(("value", "shown"), BAD_JOBS, ids=[repr(c[0]) for c in BAD_JOBS])
+def test_bad_jobs_option_is_a_usage_error(value, shown):
+    with pytest.raises(UsageError) as exc:
+        parse_jobs_option(value)
+    assert exc.value.message.startswith(f"--jobs {shown}:") and ">= 1" in exc.value.message
+
+
+@pytest.mark.parametrize(
+    ("value", "jobs"), [(0, 0), (None, 0), ("", 0), ("auto", 0), (1, 1), ("4", 4), (" 8 ", 8), (16, 16)]
+)
+def test_jobs_option_values(value, jobs):
+    assert parse_jobs_option(value) == jobs
+
+
+def test_jobs_option_names_the_option_it_checks():
+    with pytest.raises(UsageError, match=r"^--max-jobs 'x':"):
+        parse_jobs_option("x", "--max-jobs")
