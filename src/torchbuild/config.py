@@ -644,19 +644,6 @@ def describe_keys() -> str:
     return "\n".join(rows)
 
 
-def parse_jobs_option(value: object, option: str = "--jobs") -> int:
-    """Placeholder until the validated version lands: an integer >= 1."""
-    from .errors import UsageError
-
-    try:
-        n = int(str(value))
-    except ValueError:
-        raise UsageError(f"{option} {value!r}: expected an integer >= 1") from None
-    if n < 1:
-        raise UsageError(f"{option} {value!r}: expected an integer >= 1")
-    return n
-
-
 def cache_dir(spec: BuildSpec) -> Path:
     """The profile's cache directory on this host (ccache, pip cache, sources, logs)."""
     return Path(spec.cache_dir).expanduser()

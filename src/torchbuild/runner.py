@@ -23,7 +23,7 @@ from .build import BuildRequest, Outcome
 from .config import BuildSpec, cache_dir
 from .errors import SourceError, UsageError, writable_dir
 from .patches import ApplyResult, Series, apply_series, load_series
-from .source import SourceInfo, describe_dir, fetch_git, looks_like_url, unpack_archive
+from .source import SourceInfo, get_source
 
 
 def in_container() -> bool:
@@ -62,30 +62,6 @@ def places(spec: BuildSpec, source: str, out: str) -> Places:
         out = "/out" if inside and _bound("/out") else "out"
     cache = Path("/cache") if inside and _bound("/cache") else cache_dir(spec)
     return Places(source, Path(out), cache)
-
-
-def default_tree(spec: BuildSpec, ref: str) -> Path:
-    safe = ref.replace("/", "_")
-    return cache_dir(spec) / "src" / f"pytorch-{safe}"
-
-
-def get_source(
-    spec: BuildSpec, source: str = "", ref: str = "", dest: str = "", out: TextIO = sys.stdout
-) -> SourceInfo:
-    """--source as given: a git URL, a directory, a tarball or .dsc; empty means the profile's repo."""
-    cache = cache_dir(spec)
-    ref = ref or spec.git_ref
-    if not source or looks_like_url(source):
-        url = source or spec.torch_repo
-        tree = Path(dest).expanduser() if dest else default_tree(spec, ref)
-        if tree.is_dir():
-            print(f"using existing checkout {tree} (`invoke source --update` refreshes a branch)", file=out)
-            return dataclasses.replace(describe_dir(tree), kind="git", ref=ref)
-        return fetch_git(url, ref, tree, cache, out=out)
-    path = Path(source).expanduser().resolve()
-    if path.is_dir():
-        return describe_dir(path)
-    return unpack_archive(path, Path(dest).expanduser() if dest else cache / "src", out=out)
 
 
 def patch_tree(spec: BuildSpec, tree: Path) -> tuple[Series, ApplyResult]:

@@ -13,8 +13,8 @@ from ..config import parse_jobs_option
 from ..errors import UsageError
 from ..patches import load_series
 from ..progress import MODES
-from ..runner import BuildOptions, describe_patches, get_source, patch_tree
-from ..source import update_tree
+from ..runner import BuildOptions, describe_patches, patch_tree
+from ..source import get_source, update_tree
 from .common import HELP, RUNTIME_HELP, backend_from, handles_errors, spec_from
 
 SOURCE_HELP = "git URL, local tree, tarball or Debian .dsc (default: the profile's torch_repo at its ref)"
@@ -71,7 +71,7 @@ def build(
     options = BuildOptions(
         preflight=preflight,
         clean=clean,
-        jobs=parse_jobs_option(jobs) if jobs else 0,
+        jobs=parse_jobs_option(jobs),
         targets=tuple(target or ()),
         canaries=tuple(canary or ()),
         progress=progress_mode(progress),
