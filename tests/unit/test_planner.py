@@ -1,5 +1,5 @@
 """The jobs planner (cores, memory from MemAvailable / cgroup / Slurm, per-kind peaks), OOM
-detection, the retry loop and progress output (the .ninja_log report: test_report.py)."""
+detection, the retry loop (progress output: test_progress.py; the .ninja_log report: test_report.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from torchbuild.build import JobsUsed, Tee, run_compile
 from torchbuild.errors import BuildFailed, OutOfMemory
 from torchbuild.jobs import GiB, HostResources, Peaks, fewer_jobs, load_measured, plan_jobs, record_measured
-from torchbuild.progress import Progress, oom_evidence
+from torchbuild.progress import oom_evidence
 
 
 def host(cores: int, mem_gib: float) -> HostResources:
@@ -160,42 +160,3 @@ def test_oom_with_one_job_is_named_and_other_failures_are_not_retried(tmp_path):
     assert jobs.retries == [] and jobs.current == 4
     tee.close()
     assert fewer_jobs(3) == 1 and fewer_jobs(1) == 1
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def test_lines_mode_prints_periodic_progress_with_rate_and_eta():
-    out, clock = io.StringIO(), _Clock()
-    p = Progress(out, "lines", interval=30, clock=clock)
-    p.write("-- Configuring done\n")
-    for i in range(1, 101):
-        clock.t += 1.0
-        p.write(f"[{i}/100] Building CXX object f{i}.o\n")
-    p.finish()
-    lines = out.getvalue().splitlines()
-    assert lines[0] == "-- Configuring done"
-    progress = [ln for ln in lines if ln.startswith("progress: ")]
-    assert 3 <= len(progress) <= 6, progress  # the first, every 30 s, the last
-    assert progress[-1].startswith("progress: 100/100 (100%)")
-    assert "1.00/s" in progress[1] and "ETA" in progress[1]
-    assert not any("Building CXX" in ln for ln in lines)  # ninja lines are in the log only
-
-
-def test_bar_mode_redraws_one_line_and_keeps_other_output():
-    out, clock = io.StringIO(), _Clock()
-    p = Progress(out, "bar", clock=clock)
-    for i in range(1, 5):
-        clock.t += 2
-        p.write(f"[{i}/4] cc\n")
-        if i == 2:
-            p.write("warning: unused variable\n")
-    p.finish()
-    text = out.getvalue()
-    assert "\r[" in text and "4/4 (100%)" in text and "warning: unused variable\n" in text
-    assert text.endswith("\n")
