@@ -304,7 +304,13 @@ def _timeline(ax: Any, steps: Sequence[Step], slow: set[Step]) -> None:
         ax.broken_barh(bars, (lane + 0.1, 0.8), facecolors=colors[kind], edgecolor="white", linewidth=0.3)
     for kind, color in colors.items():
         ax.bar(0, 0, color=color, label={"other": "link and other steps", "slowest": "slowest units"}.get(kind, kind))
-    ax.legend(loc="lower right", bbox_to_anchor=(1, 1), ncol=3, fontsize=8, frameon=False)
+    starts: dict[int, int] = {}
+    for s in steps:
+        starts[s.run] = min(starts.get(s.run, s.start_ms), s.start_ms)
+    for n, (_, at) in enumerate(sorted(starts.items())[1:]):  # ninja restarted: a resumed build
+        label = "ninja restarted" if n == 0 else None
+        ax.axvline(at / 60000, color="#cc0000", linestyle="--", linewidth=1, label=label)
+    ax.legend(loc="lower right", bbox_to_anchor=(1, 1), ncol=4, fontsize=8, frameon=False)
     ax.set_xlabel("minutes since the first ninja run started")
     ax.set_ylabel("job lane")
     ax.set_ylim(0, max(lanes(steps), default=0) + 1)
