@@ -26,12 +26,12 @@ from . import __version__, manifest
 from .config import BuildSpec, spec_from_dict
 from .console import table
 from .environment import build_env, compilers, format_env
-from .errors import BuildFailed, ToolMissing, named_os_errors
+from .errors import BuildFailed, ToolMissing, TorchbuildError, named_os_errors
 from .jobs import HostResources, JobPlan, peaks_file, plan_for, record_measured
 from .oom import JobsUsed, run_compile, run_watched
 from .process import Finished
 from .progress import Progress
-from .report import write_report
+from .report import LogMark, mark, write_report
 from .source import sha256_file
 
 PARTIAL_PREFIX = ".partial-"
@@ -189,7 +189,7 @@ def configure(source: str, env: Mapping[str, str], tee: Tee, watch: Callable[[st
 # given; a difference (or a configure that never finished) clears CMake's state first.
 
 CONFIGURE_STAMP = "torchbuild-configure.json"
-CONFIGURE_DONE = "-- Build files have been written to:"  # CMake's last line of a good configure
+CONFIGURE_DONE = "-- Build files have been written to: "  # CMake's last line of a good configure
 _NOT_CONFIGURE_INPUTS = ("MAX_JOBS", "HOME", "PYTHONUNBUFFERED", "TMPDIR", "PIP_CACHE_DIR")
 
 
@@ -221,11 +221,11 @@ def stale_configure(source: str, inputs: Mapping[str, str]) -> str | None:
         old = json.loads(_stamp(source).read_text())
     except (OSError, ValueError):
         return "it was configured without a torchbuild record of its inputs"
-    if not old.get("complete"):
-        return "its last configure did not finish"
     before: dict[str, str] = old.get("inputs") or {}
     changed = sorted(k for k in {*before, *inputs} if before.get(k) != inputs.get(k))
-    return f"{', '.join(changed)} changed since it was configured" if changed else None
+    if changed:
+        return f"{', '.join(changed)} changed since it was configured"
+    return None if old.get("complete") else "its last configure did not finish"
 
 
 def prepare_configure(source: str, inputs: Mapping[str, str], tee: Tee) -> None:
@@ -249,7 +249,7 @@ class ConfigureWatch:
         self.source, self.inputs = source, inputs
 
     def __call__(self, line: str) -> None:
-        if line.startswith(CONFIGURE_DONE):
+        if CONFIGURE_DONE in line:  # pip -v indents the build's output
             write_stamp(self.source, self.inputs, complete=True)
 
 
@@ -309,6 +309,7 @@ class Run:
     tmp: Path  # TMPDIR of this run (pip's temporary trees), removed at the end
     canaries: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    ninja_mark: LogMark | None = None  # where .ninja_log stood before this build
 
     def env_for(self, n: int) -> dict[str, str]:
         return {**self.env, "MAX_JOBS": str(n)}
@@ -327,6 +328,7 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
         if req.clean and build_dir(req.source).exists():
             tee.line(f"removing {build_dir(req.source)} (--clean)")
             shutil.rmtree(build_dir(req.source))
+        run.ninja_mark = mark(build_dir(req.source) / ".ninja_log")
         inputs = configure_inputs(run.env_vars)
         prepare_configure(req.source, inputs, tee)
         watch = ConfigureWatch(req.source, inputs)
@@ -469,7 +471,7 @@ def _build_wheel(run: Run, watch: ConfigureWatch) -> Path:
 def _finish(run: Run, wheel: Path | None) -> Outcome:
     """ccache's figures, the report, the manifest and the summary table."""
     stats = hit_rate(ccache_stats(run.env))
-    report = _report(run.req, run.log, run.tee)
+    report = _report(run)
     seconds = time.monotonic() - run.t0
     with named_os_errors(run.req.out_dir, "writing the manifest"):
         manifest = _write_manifest(run, seconds, wheel, stats, report)
@@ -477,15 +479,24 @@ def _finish(run: Run, wheel: Path | None) -> Outcome:
     return Outcome(wheel, manifest, run.log)
 
 
-def _report(req: BuildRequest, log: Path, tee: Tee) -> dict[str, str] | None:
-    """report-<run>.txt and .png next to the log, from the tree's .ninja_log (if ninja ran)."""
+def _report(run: Run) -> dict[str, str] | None:
+    """The build report next to the log, from what this build added to the tree's .ninja_log
+    (text, Chrome trace, picture). A report that cannot be written is a note, not a failure."""
+    req, tee = run.req, run.tee
     ninja_log = build_dir(req.source) / ".ninja_log"
     if not ninja_log.is_file():
         return None
-    txt, png, rep = write_report(ninja_log, log.parent / f"report-{req.spec.profile}-{req.run_id}")
-    if rep.slowest:
-        tee.line(f"slowest translation unit: {rep.slowest[0].output} ({rep.slowest[0].seconds:.1f} s)")
-    return {"text": txt.name, "png": png.name}
+    try:
+        rep = write_report(ninja_log, run.log.parent, f"report-{req.spec.profile}-{req.run_id}", since=run.ninja_mark)
+    except TorchbuildError as err:
+        tee.line(f"torchbuild: no build report: {err.message}")
+        return None
+    if rep.summary.slowest:
+        slowest = rep.summary.slowest[0]
+        tee.line(f"slowest translation unit: {slowest.output} ({slowest.seconds:.1f} s)")
+    if rep.notice:
+        tee.line(rep.notice)
+    return {"text": rep.text.name, "trace": rep.trace.name, **({"png": rep.png.name} if rep.png else {})}
 
 
 def _write_manifest(

@@ -9,6 +9,21 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    ProgressColumn,
+    Task,
+    TaskID,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.progress import Progress as RichProgress
+from rich.text import Text
+
 NINJA_RE = re.compile(r"^\[(\d+)/(\d+)\]\s")
 MODES = ("auto", "bar", "lines", "raw")
 
@@ -22,12 +37,68 @@ def _duration(seconds: float) -> str:
     return f"{seconds}s"
 
 
+class _Rate(ProgressColumn):
+    """Steps per second over the last 30 s (rich's estimate), as the ETA uses it."""
+
+    def render(self, task: Task) -> Text:
+        return Text(f"{task.speed:.2f}/s" if task.speed else "?/s", style="progress.data.speed")
+
+
+class _Bar:
+    """rich's progress bar for ninja's steps, drawn below the other output, redrawn on each
+    `[n/N]` line (at most 10 times a second: ccache hits come by the hundred)."""
+
+    def __init__(self, out: TextIO, clock: Callable[[], float]) -> None:
+        # a terminal is forced: inside a container `out` is a pipe that a terminal reads at the end
+        self.console = Console(file=out, force_terminal=True, soft_wrap=True, highlight=False)
+        self.clock = clock
+        self.rich = RichProgress(
+            TextColumn("ninja"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TaskProgressColumn(),
+            _Rate(),
+            TextColumn("elapsed"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=self.console,
+            auto_refresh=False,
+            redirect_stdout=False,
+            redirect_stderr=False,
+            get_time=clock,
+        )
+        self.task: TaskID | None = None
+        self.last_draw = float("-inf")
+
+    def update(self, done: int, total: int, new_run: bool) -> None:
+        if self.task is None:
+            self.rich.start()
+            self.task = self.rich.add_task("ninja", total=total, completed=done)
+        elif new_run:  # a retry or the next ninja: rate and ETA start again
+            self.rich.reset(self.task, total=total, completed=done)
+        else:
+            self.rich.update(self.task, completed=done)
+        now = self.clock()
+        if done == total or now - self.last_draw >= 0.1:
+            self.rich.refresh()
+            self.last_draw = now
+
+    def line(self, text: str) -> None:
+        """A line of other output, printed above the bar as it is (its colours kept)."""
+        self.console.print(Text.from_ansi(text), highlight=False)
+
+    def finish(self) -> None:
+        if self.task is not None:
+            self.rich.stop()
+
+
 class Progress:
     """Turns ninja's `[n/N] ...` lines into progress output; passes every other line on.
 
-    bar: one line redrawn in place (a terminal); lines: `progress: n/N ...` every `interval`
-    seconds and at the end (CI logs); raw: every line as it is. The log file always gets
-    everything; this only decides what `out` shows.
+    bar: rich's progress bar with rate and ETA (a terminal); lines: `progress: n/N ...` every
+    `interval` seconds and at the end (CI logs); raw: every line as it is. The log file always
+    gets everything; this only decides what `out` shows.
     """
 
     def __init__(
@@ -38,7 +109,7 @@ class Progress:
         self.out, self.mode, self.interval, self.clock = out, mode, interval, clock
         self.done = self.total = self.start_done = 0
         self.start = self.last_print = 0.0
-        self.bar_shown = False
+        self.bar = _Bar(out, clock) if mode == "bar" else None
         self.pending = ""
 
     def write(self, text: str) -> None:
@@ -53,18 +124,19 @@ class Progress:
     def line(self, line: str) -> None:
         m = NINJA_RE.match(line)
         if not m:
-            self._clear_bar()
-            self.out.write(line + "\n")
-            if self.mode == "bar" and self.total:
-                self._draw_bar()
+            if self.bar is not None:
+                self.bar.line(line)
+            else:
+                self.out.write(line + "\n")
             return
         done, total = int(m.group(1)), int(m.group(2))
         now = self.clock()
-        if total != self.total or done < self.done:  # a new ninja run (a retry, the next step)
+        new_run = total != self.total or done < self.done  # a new ninja run (a retry, the next step)
+        if new_run:
             self.start, self.last_print, self.start_done = now, 0.0, done
         self.done, self.total = done, total
-        if self.mode == "bar":
-            self._draw_bar()
+        if self.bar is not None:
+            self.bar.update(done, total, new_run)
         elif done == total or now - self.last_print >= self.interval or self.last_print == 0.0:
             self.out.write(f"progress: {self.status()}\n")
             self.last_print = now
@@ -79,23 +151,10 @@ class Progress:
             f"elapsed {_duration(elapsed)} ETA {_duration(eta) if rate > 0 else '?'}"
         )
 
-    def _draw_bar(self) -> None:
-        width = 30
-        filled = int(width * self.done / self.total) if self.total else 0
-        self.out.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.status()}\x1b[K")
-        self.bar_shown = True
-        self.out.flush()
-
-    def _clear_bar(self) -> None:
-        if self.bar_shown:
-            self.out.write("\r\x1b[K")
-            self.bar_shown = False
-
     def finish(self) -> None:
         if self.pending:
             self.line(self.pending)
             self.pending = ""
-        if self.bar_shown:
-            self.out.write("\n")
-            self.bar_shown = False
+        if self.bar is not None:
+            self.bar.finish()
         self.out.flush()

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from . import console
 from .config import BuildSpec
 from .environment import build_env, format_env
 from .jobs import HostResources, plan_for
@@ -41,14 +42,13 @@ def config_text(spec: BuildSpec, host: HostResources | None = None, backend: str
     data = config_data(spec, host, backend)
     values: dict[str, Any] = data["values"]
     origins: dict[str, str] = data["origins"]
-    rows = [(f"{k}: {json.dumps(v)}", _short_origin(origins.get(k, ""))) for k, v in values.items() if k != "profile"]
-    width = min(max(len(r[0]) for r in rows), 70)
+    rows = [(k, json.dumps(v), _short_origin(origins.get(k, ""))) for k, v in values.items() if k != "profile"]
     lines = [
         f"# profile {spec.profile} ({data['profile_file']})",
         *([f"# {spec.description}"] if spec.description else []),
         f"# sha256 {data['hash']}",
         f"# image {data['image']}, wheel version {data['build_version']}",
-        *(f"{text:<{width}}  # {origin}" for text, origin in rows),
+        console.table(("key", "value", "set in"), rows),
         "",
         f"# environment the build sees on {backend} (MAX_JOBS {data['jobs_reason']}; replanned where the build runs)",
         format_env(data["env"]),

@@ -1,12 +1,10 @@
 """The jobs planner (cores, memory from MemAvailable / cgroup / Slurm, per-kind peaks), OOM
-detection, the retry loop, progress output and the .ninja_log report."""
+detection, the retry loop (progress output: test_progress.py; the .ninja_log report: test_report.py)."""
 
 from __future__ import annotations
 
 import io
-import struct
 import sys
-import zlib
 from pathlib import Path
 
 import pytest
@@ -15,8 +13,6 @@ from torchbuild.build import Tee
 from torchbuild.errors import BuildFailed, OutOfMemory
 from torchbuild.jobs import GiB, HostResources, Peaks, load_measured, plan_jobs, record_measured
 from torchbuild.oom import JobsUsed, fewer_jobs, oom_evidence, run_compile
-from torchbuild.progress import Progress
-from torchbuild.report import read_ninja_log, render_png, source_dir, summarize, write_report
 
 
 def host(cores: int, mem_gib: float) -> HostResources:
@@ -164,83 +160,3 @@ def test_oom_with_one_job_is_named_and_other_failures_are_not_retried(tmp_path):
     assert jobs.retries == [] and jobs.current == 4
     tee.close()
     assert fewer_jobs(3) == 1 and fewer_jobs(1) == 1
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def test_lines_mode_prints_periodic_progress_with_rate_and_eta():
-    out, clock = io.StringIO(), _Clock()
-    p = Progress(out, "lines", interval=30, clock=clock)
-    p.write("-- Configuring done\n")
-    for i in range(1, 101):
-        clock.t += 1.0
-        p.write(f"[{i}/100] Building CXX object f{i}.o\n")
-    p.finish()
-    lines = out.getvalue().splitlines()
-    assert lines[0] == "-- Configuring done"
-    progress = [ln for ln in lines if ln.startswith("progress: ")]
-    assert 3 <= len(progress) <= 6, progress  # the first, every 30 s, the last
-    assert progress[-1].startswith("progress: 100/100 (100%)")
-    assert "1.00/s" in progress[1] and "ETA" in progress[1]
-    assert not any("Building CXX" in ln for ln in lines)  # ninja lines are in the log only
-
-
-def test_bar_mode_redraws_one_line_and_keeps_other_output():
-    out, clock = io.StringIO(), _Clock()
-    p = Progress(out, "bar", clock=clock)
-    for i in range(1, 5):
-        clock.t += 2
-        p.write(f"[{i}/4] cc\n")
-        if i == 2:
-            p.write("warning: unused variable\n")
-    p.finish()
-    text = out.getvalue()
-    assert "\r[" in text and "4/4 (100%)" in text and "warning: unused variable\n" in text
-    assert text.endswith("\n")
-
-
-NINJA_LOG = """# ninja log v5
-0\t1500\t0\tc10/CMakeFiles/c10.dir/core/TensorImpl.cpp.o\tabc
-0\t9000\t0\tcaffe2/CMakeFiles/torch_cpu.dir/__/aten/src/ATen/native/cpu/int4mm_kernel.cpp.DEFAULT.cpp.o\tdef
-100\t2100\t0\tcaffe2/CMakeFiles/torch_cpu.dir/__/aten/src/ATen/native/Foo.cpp.o\tghi
-2100\t2200\t0\tlib/libc10.so\tjkl
-0\t500\t0\tc10/CMakeFiles/c10.dir/core/TensorImpl.cpp.o\tabc
-"""
-
-
-def test_ninja_log_report(tmp_path):
-    log = tmp_path / ".ninja_log"
-    log.write_text(NINJA_LOG)
-    steps = read_ninja_log(log)
-    assert len(steps) == 4  # the rebuilt TensorImpl counts once, with its latest time
-    rep = summarize(steps)
-    assert rep.compile_steps == 3
-    assert rep.slowest[0].output.endswith("int4mm_kernel.cpp.DEFAULT.cpp.o") and rep.slowest[0].seconds == 9.0
-    assert rep.per_dir[0] == ("aten/src/ATen/native/cpu", 9.0, 1)
-    assert ("c10/core", 0.5, 1) in rep.per_dir
-    assert source_dir("caffe2/CMakeFiles/torch_cpu.dir/__/aten/src/ATen/native/Foo.cpp.o") == "aten/src/ATen/native"
-    txt, png, _ = write_report(log, tmp_path / "report")
-    assert "int4mm_kernel" in txt.read_text() and "aten/src/ATen/native/cpu" in txt.read_text()
-    data = png.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    width, height = struct.unpack(">II", data[16:24])
-    assert width == 1000 and height > 100
-    # the image is not blank: the bars are drawn in colour
-    idat = data[data.index(b"IDAT") + 4 : data.index(b"IEND") - 8]
-    raw = zlib.decompress(idat)
-    assert len(raw) == height * (1 + 3 * width)
-    assert bytes((52, 101, 164)) in raw and bytes((206, 92, 0)) in raw
-    # one bar per unit, each on its own rows (3 units x bars 12 px high at least)
-    rows = [raw[i * (1 + 3 * width) : (i + 1) * (1 + 3 * width)] for i in range(height)]
-    assert sum(bytes((52, 101, 164)) in r for r in rows) >= 3 * 12
-
-
-def test_png_of_an_empty_report_is_valid():
-    data = render_png(summarize([]))
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data.endswith(b"IEND\xaeB`\x82")
