@@ -61,6 +61,7 @@ def integration(session: nox.Session) -> None:
 
 @nox.session(tags=["slow"], default=False)
 def slow(session: nox.Session) -> None:
-    """Tens of minutes: the aarch64 canary (int4mm_kernel.cpp of real PyTorch 2.6, gh200 flags) under qemu."""
+    """Tens of minutes, under qemu: the arm64 toolchain image (debootstrap, apt and pip emulated; about
+    25 min on 2 cores) and the aarch64 canary (int4mm_kernel.cpp of real PyTorch 2.6, gh200 flags)."""
     session.install("-e", ".[test]")
     session.run("pytest", "tests/slow", "-s", *session.posargs)

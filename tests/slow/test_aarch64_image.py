@@ -1,4 +1,5 @@
-"""aarch64 toolchain images under qemu-user emulation, from a debootstrapped arm64 base."""
+"""aarch64 toolchain images under qemu-user emulation, from a debootstrapped arm64 base (`nox -s slow`:
+about 25 minutes on 2 cores, most of a fresh CI run before it moved here)."""
 
 from __future__ import annotations
 
