@@ -18,8 +18,7 @@ import pytest
 from helpers import FIXTURES, REPO, image_ok, manifest_of, run_invoke, set_args
 
 from torchbuild import __version__
-from torchbuild.config import resolve
-from torchbuild.config import cache_dir
+from torchbuild.config import cache_dir, resolve
 from torchbuild.sif import DockerApptainer, locate
 
 pytestmark = [pytest.mark.docker, pytest.mark.apptainer]
