@@ -47,7 +47,7 @@ def image(session: nox.Session) -> None:
 @nox.session(tags=["unit"])
 def tests(session: nox.Session) -> None:
     """Unit tests: logic only, no engine (seconds)."""
-    session.install("-e", ".[test]")
+    session.install("-e", ".[test,report]")
     session.run("pytest", "tests/unit", *session.posargs)
 
 
@@ -55,7 +55,7 @@ def tests(session: nox.Session) -> None:
 def integration(session: nox.Session) -> None:
     """Integration tests: the real Docker engine (base and toolchain images, in-container builds,
     real PyTorch preflight) and native builds on this host."""
-    session.install("-e", ".[test]")
+    session.install("-e", ".[test,report]")
     session.run("pytest", "tests/integration", *session.posargs)
 
 
@@ -63,5 +63,5 @@ def integration(session: nox.Session) -> None:
 def slow(session: nox.Session) -> None:
     """Tens of minutes, under qemu: the arm64 toolchain image (debootstrap, apt and pip emulated; about
     25 min on 2 cores) and the aarch64 canary (int4mm_kernel.cpp of real PyTorch 2.6, gh200 flags)."""
-    session.install("-e", ".[test]")
+    session.install("-e", ".[test,report]")
     session.run("pytest", "tests/slow", "-s", *session.posargs)
