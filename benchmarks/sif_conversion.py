@@ -20,10 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from torchbuild.config import (
-    cache_dir,
-    resolve,
-)
+from torchbuild.config import cache_dir, resolve  # noqa: E402
 from torchbuild.engine import Engine  # noqa: E402
 from torchbuild.image import require_image  # noqa: E402
 from torchbuild.sif import build_sif, locate  # noqa: E402
