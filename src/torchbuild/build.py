@@ -7,6 +7,7 @@ build does is decided by it and the host facts read here (cores, memory limit).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import importlib.util
@@ -26,7 +27,7 @@ from . import __version__, manifest
 from .config import BuildSpec, spec_from_dict
 from .console import table
 from .environment import build_env, compilers, format_env
-from .errors import BuildFailed, ToolMissing, TorchbuildError, named_os_errors
+from .errors import BuildFailed, ToolMissing, TorchbuildError, named_os_errors, os_fault
 from .jobs import HostResources, JobPlan, peaks_file, plan_for, record_measured
 from .oom import JobsUsed, run_compile, run_watched
 from .process import Finished
@@ -80,7 +81,10 @@ class Tee:
         self.progress = Progress(out, progress)
 
     def write(self, text: str) -> None:
-        self.file.write(text)
+        try:
+            self.file.write(text)
+        except OSError as exc:  # a full disk shows first here, while the build writes its log
+            raise os_fault(exc, self.file.name, "writing the build log") from exc
         self.progress.write(text)
         self.out.flush()
 
@@ -96,7 +100,8 @@ class Tee:
 
     def close(self) -> None:
         self.progress.finish()
-        self.file.close()
+        with contextlib.suppress(OSError):  # a full disk was already reported by write()
+            self.file.close()
 
 
 def _now() -> str:

@@ -170,3 +170,62 @@ def test_a_configure_that_did_not_finish_is_redone(tree, tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
     assert "bad $-escape" not in res.stdout
     assert "reconfiguring" in res.stdout and "without a torchbuild record" in res.stdout
+
+
+# --------------------------------------------------------------------------- 5: OS faults
+
+
+@pytest.fixture
+def mount_tmpfs(tmp_path):
+    """mount_tmpfs(name, options) -> a tmpfs mounted at tmp_path/name (root only; unmounted after)."""
+    mounted: list[Path] = []
+
+    def mount(name: str, options: str) -> Path:
+        target = tmp_path / name
+        target.mkdir()
+        res = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)], capture_output=True, text=True
+        )
+        assert res.returncode == 0, f"these tests mount a tmpfs (root): {res.stderr}"
+        mounted.append(target)
+        return target
+
+    yield mount
+    for target in reversed(mounted):
+        subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+@NATIVE
+def test_out_on_a_read_only_file_system_is_named(tree, tmp_path, mount_tmpfs):
+    out = mount_tmpfs("ro", "ro,size=1m")
+    res = _native_build_to(tree, tmp_path, out / "wheels")
+    assert res.returncode == 15, res.stdout[-2000:] + res.stderr
+    assert "PathError" in res.stderr and "read-only" in res.stderr and "Traceback" not in res.stderr
+
+
+@NATIVE
+def test_out_on_a_full_file_system_is_insufficient_space(tree, tmp_path, mount_tmpfs):
+    out = mount_tmpfs("full", "size=256k")
+    filler = out / "filler"
+    with filler.open("wb", buffering=0) as f:  # fill it: the build can create its log, then no byte fits
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+    res = _native_build_to(tree, tmp_path, out)
+    assert res.returncode == 12, res.stdout[-2000:] + res.stderr
+    assert "InsufficientSpace" in res.stderr and str(out) in res.stderr and "Traceback" not in res.stderr
+    assert not list(out.glob("*.whl")) and not list(out.glob(".partial-*"))
+
+
+def _native_build_to(tree: Path, tmp_path: Path, out: Path):
+    return run_invoke(
+        "build",
+        "--no-verify",
+        "--source",
+        str(tree),
+        "--out",
+        str(out),
+        *set_args([f"cache_dir={tmp_path / 'cache'}", "patches=none"]),
+    )

@@ -13,7 +13,7 @@ from invoke.exceptions import Exit
 
 from ..backends import Backend, Options, choose
 from ..config import DEFAULT_PROFILE, BuildSpec, resolve
-from ..errors import TorchbuildError, UsageError, debug_enabled, report
+from ..errors import TorchbuildError, UsageError, debug_enabled, os_fault, report
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -35,15 +35,20 @@ RUNTIME_HELP = {
 
 
 def handles_errors(fn: F) -> F:
-    """Print named errors as `error:` + `hint:` and exit with their code (traceback with --debug)."""
+    """Print named errors as `error:` + `hint:` and exit with their code (traceback with --debug).
+    An operating-system fault no step named (a full disk, a read-only or vanished path) is named
+    here: InsufficientSpace or PathError with the path, never a traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except TorchbuildError as err:
+        except (TorchbuildError, OSError) as exc:
             if debug_enabled():
                 raise
+            err = (
+                exc if isinstance(exc, TorchbuildError) else os_fault(exc, exc.filename or "", f"invoke {fn.__name__}")
+            )
             raise Exit(code=report(err)) from None
 
     return wrapper  # type: ignore[return-value]

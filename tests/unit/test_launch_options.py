@@ -1,0 +1,81 @@
+"""The command line of the launch path: one set of options for `invoke` and `torchbuild`, and
+every option a build cannot take refused by name before anything runs (no engine needed)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO, run_invoke
+
+
+def _options(*cmd: str) -> set[str]:
+    res = subprocess.run([*cmd, "--help", "build"], capture_output=True, text=True, cwd=REPO, check=True)
+    return set(re.findall(r"--[a-z][a-z-]*", res.stdout))
+
+
+def test_torchbuild_and_invoke_take_the_same_build_options():
+    """What `apptainer run torch-build.sif build ...` (the torchbuild script) accepts is what
+    `invoke build` accepts on the host: one definition of the command line."""
+    invoke_opts = _options(sys.executable, "-m", "invoke")
+    torchbuild_opts = _options(sys.executable, "-m", "torchbuild.cli")
+    assert {"--no-retry", "--jobs", "--in-container", "--preflight", "--no-verify"} <= invoke_opts
+    assert torchbuild_opts == invoke_opts
+
+
+BAD_OPTIONS = [
+    ("jobs zero", ["--jobs", "0"], "--jobs"),
+    ("jobs negative", ["--jobs", "-2"], "--jobs"),
+    ("jobs not a number", ["--jobs", "many"], "--jobs"),
+    ("jobs a float", ["--jobs", "1.5"], "--jobs"),
+    ("memory natively", ["--memory", "4g"], "--memory"),
+    ("user natively", ["--user", "1000:1000"], "--user"),
+    ("sif natively", ["--sif", "x.sif"], "--sif"),
+    ("nv natively", ["--nv"], "--nv"),
+    ("engine natively", ["--engine", "apptainer"], "--engine"),
+    ("unknown engine", ["--in-container", "--engine", "podman"], "podman"),
+    ("user with apptainer", ["--in-container", "--engine", "apptainer", "--user", "1:1"], "--user"),
+    ("nv with docker", ["--in-container", "--nv"], "--nv"),
+    ("unknown progress", ["--progress", "fancy"], "--progress"),
+]
+
+
+@pytest.mark.parametrize(("case", "args", "named"), BAD_OPTIONS, ids=[c[0] for c in BAD_OPTIONS])
+def test_a_bad_build_option_is_a_usage_error_naming_it(tmp_path, case, args, named):
+    res = run_invoke("build", "--source", str(tmp_path), "--out", str(tmp_path / "out"), *args)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "UsageError" in res.stderr and named in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_ref_with_a_local_tree_is_refused(tmp_path):
+    (tmp_path / "setup.py").write_text("")
+    res = run_invoke("build", "--source", str(tmp_path), "--ref", "v2.6.0", "--out", str(tmp_path / "out"))
+    assert res.returncode == 2 and "--ref" in res.stderr, res.stdout + res.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+BAD_PATHS = [
+    ("out is a file", lambda t: ["--out", str(t / "file")], "PathError", 15, "not a directory"),
+    ("out under a file", lambda t: ["--out", str(t / "file" / "out")], "PathError", 15, "not a directory"),
+    ("out name too long", lambda t: ["--out", str(t / ("x" * 300))], "PathError", 15, "too long"),
+    ("cache_dir is a file", lambda t: ["--set", f"cache_dir={t / 'file'}"], "PathError", 15, "cache_dir"),
+    ("cache_dir name too long", lambda t: ["--set", f"cache_dir={t / ('c' * 300)}"], "PathError", 15, "too long"),
+]
+
+
+@pytest.mark.parametrize(("case", "args", "error", "code", "words"), BAD_PATHS, ids=[c[0] for c in BAD_PATHS])
+def test_an_unusable_output_or_cache_path_is_named(tmp_path, case, args, error, code, words):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "setup.py").write_text("")
+    (tmp_path / "file").write_text("a file, not a directory\n")
+    sets = ["--set", "patches=none"]
+    if not any(a.startswith("cache_dir=") for a in args(tmp_path)):
+        sets += ["--set", f"cache_dir={tmp_path / 'cache'}"]
+    res = run_invoke("build", "--source", str(tree), *sets, *args(tmp_path))
+    assert res.returncode == code, res.stdout + res.stderr
+    assert error in res.stderr and words in res.stderr and "Traceback" not in res.stderr
+    assert (tmp_path / "file").read_text() == "a file, not a directory\n"
