@@ -36,12 +36,13 @@ _TLS_FAILURE = re.compile(
 
 
 def host_ca_files(dirs: Iterable[Path] = HOST_CA_DIRS) -> list[Path]:
-    """The CA files (*.crt, *.pem) added to this host's trust store under dirs, sorted."""
+    """The CA files (*.crt, *.pem) added to this host's trust store under dirs (in that order,
+    sorted within each)."""
     found: list[Path] = []
     for d in dirs:
         with contextlib.suppress(OSError):
-            found += [p for p in d.rglob("*") if p.suffix in (".crt", ".pem") and p.is_file()]
-    return sorted(found)
+            found += sorted(p for p in d.rglob("*") if p.suffix in (".crt", ".pem") and p.is_file())
+    return found
 
 
 def certificate_failure(line: str) -> bool:
