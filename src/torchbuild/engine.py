@@ -108,9 +108,9 @@ class Engine:
         try:
             for chunk in self.client.api.pull(repo, tag=tag, platform=platform, stream=True, decode=True):
                 if "error" in chunk:
-                    raise _pull_failure(ref, str(chunk["error"]))
+                    raise pull_failure(ref, str(chunk["error"]))
         except docker.errors.APIError as exc:
-            raise _pull_failure(ref, _short(exc)) from exc
+            raise pull_failure(ref, _short(exc)) from exc
 
     def build(
         self,
@@ -265,7 +265,9 @@ def build_failure(
     )
 
 
-def _pull_failure(ref: str, detail: str) -> ImageBuildFailed:
+def pull_failure(ref: str, detail: str) -> ImageBuildFailed:
+    """The error for a failed pull; an unverifiable registry certificate is the engine's trust
+    store to fix (ca_certificates reaches only the builds inside the image)."""
     if certificate_failure(detail):  # the engine's own trust store, not the image's
         return ImageBuildFailed(
             f"cannot pull {ref}: {detail}",

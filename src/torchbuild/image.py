@@ -110,13 +110,13 @@ def write_package_lists(spec: BuildSpec, dest: Path, apt_options: Iterable[str] 
     and with `pip install -r`, so no profile value is ever re-parsed by a shell: a specifier
     such as `numpy<2` reaches pip intact, and a value cannot become a redirection or a command.
     An apt option is split like a command line (`-o Acquire::Check-Valid-Until=false`)."""
-    inputs = dest / INPUTS_DIR
-    inputs.mkdir()
     lists = {
         "apt-packages.txt": apt_packages(spec),
         "requirements.txt": python_requirements(spec),
         "apt-options.txt": [word for option in apt_options for word in shlex.split(option)],
     }
+    inputs = dest / INPUTS_DIR
+    inputs.mkdir()
     for name, entries in lists.items():
         (inputs / name).write_text("".join(f"{entry}\n" for entry in entries))
 
@@ -381,6 +381,8 @@ def build_image(
     """Build (or find current) the toolchain image for spec; a rerun with nothing changed is a hit."""
     start = time.monotonic()
     platform = spec.arch.docker_platform
+    packages = apt_packages(spec)
+    python_requirements(spec)  # a bad entry is refused before anything is pulled or built
     require_emulation(spec.arch)
     if pull or engine.image_attrs(spec.base_image) is None:
         engine.pull(spec.base_image, platform, out=out)
@@ -397,7 +399,7 @@ def build_image(
         stamp = time.strftime("%Y%m%d-%H%M%S")
         log = logs_dir / f"image-{spec.profile}-{spec.arch.value}-{stamp}.log"
         print(f"building {spec.image_tag} for {platform} from {spec.base_image}", file=out, flush=True)
-        print(f"  apt packages: {' '.join(apt_packages(spec)) or '(none beyond the base set)'}", file=out, flush=True)
+        print(f"  apt packages: {' '.join(packages) or '(none beyond the base set)'}", file=out, flush=True)
         image_id = engine.build(
             ctx,
             tag=spec.image_tag,

@@ -9,7 +9,7 @@ import pytest
 from torchbuild import __version__
 from torchbuild.arch import Arch
 from torchbuild.config import resolve
-from torchbuild.engine import build_failure, certificate_failure, certificate_hint, host_ca_files
+from torchbuild.engine import build_failure, certificate_failure, certificate_hint, host_ca_files, pull_failure
 from torchbuild.errors import ImageBuildFailed, ProfileError
 from torchbuild.image import (
     apt_packages,
@@ -309,3 +309,11 @@ def test_push_publishes_a_manifest_list_over_both_arches():
         "registry.example.org/hpc/toolchain:gh200-2.6.0-aarch64",
     ]
     assert cmds[2][5:7] == ["--arch", "arm64"] and cmds[-1] == ["docker", "manifest", "push", "--purge", target]
+
+
+def test_a_pull_the_engine_cannot_verify_points_at_the_engine_trust_store():
+    err = pull_failure(
+        "ubuntu:24.04", "Get https://registry-1.docker.io/v2/: x509: certificate signed by unknown authority"
+    )
+    assert "/etc/docker/certs.d" in err.hint
+    assert "invoke base-image" in pull_failure("ubuntu:24.04", "manifest unknown").hint
