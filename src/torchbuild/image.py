@@ -263,13 +263,25 @@ def _brief(item: str) -> str:
     return item[:19] + "..." if item.startswith("sha256:") else item
 
 
+def _items(name: str, text: str | None) -> list[str] | None:
+    """A list input's label value as its entries; None for other inputs or a value that is no
+    JSON list of strings (an image labelled by something else)."""
+    if text is None or name not in _LIST_INPUTS:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return [str(x) for x in value] if isinstance(value, list) else None
+
+
 def _describe(name: str, image: str | None, profile: str) -> str:
     """One line for one differing input: `python_version: image 3.13, profile 3.12`."""
     if image is None:
         return f"{name}: not recorded in the image, profile {profile}"
-    if name not in _LIST_INPUTS:
+    had, want = _items(name, image), _items(name, profile)
+    if had is None or want is None:
         return f"{name}: image {image}, profile {profile}"
-    had, want = json.loads(image), json.loads(profile)
     parts = [f"profile adds {', '.join(_brief(x) for x in want if x not in had)}"] if set(want) - set(had) else []
     if set(had) - set(want):
         parts.append(f"image has {', '.join(_brief(x) for x in had if x not in want)} the profile does not")
@@ -277,9 +289,10 @@ def _describe(name: str, image: str | None, profile: str) -> str:
 
 
 def _same(name: str, image: str | None, profile: str) -> bool:
-    if image is None or name not in _LIST_INPUTS:
+    had, want = _items(name, image), _items(name, profile)
+    if had is None or want is None:
         return image == profile
-    return sorted(json.loads(image)) == sorted(json.loads(profile))  # order does not change the image
+    return sorted(had) == sorted(want)  # the order of a list does not change the image
 
 
 def input_differences(attrs: Mapping[str, Any], wanted: Mapping[str, str]) -> list[str]:

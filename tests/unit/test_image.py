@@ -236,6 +236,14 @@ def test_an_image_without_input_labels_is_out_of_date():
     assert len(diffs) == len(wanted_inputs(spec))
 
 
+@pytest.mark.parametrize("value", ["numpy", "{not json", '{"a": 1}', "[1, 2]"])
+def test_a_list_label_written_by_something_else_is_a_difference_not_a_crash(value):
+    spec = resolve("cpu")
+    image = _inspect(spec, **{"org.torchbuild.python-packages": value})
+    (diff,) = input_differences(image, wanted_inputs(spec, "sha256:base"))
+    assert diff.startswith("python_packages: ")
+
+
 def test_the_hint_is_the_exact_image_command():
     spec = resolve("cpu", ["python_version=3.13", "python_packages=numpy<2,six", "cxxflags=-O3"], arch="x86_64")
     cmd = image_command(spec)
