@@ -45,6 +45,17 @@ def host_ca_files(dirs: Iterable[Path] = HOST_CA_DIRS) -> list[Path]:
     return found
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _excerpt(line: str) -> str:
+    """The part of a log line around its certificate failure, without terminal colours."""
+    clean = _ANSI.sub("", line).strip()
+    m = _TLS_FAILURE.search(clean)
+    start = max(0, m.start() - 80) if m else 0
+    return ("..." if start else "") + clean[start : start + 200]
+
+
 def certificate_failure(line: str) -> bool:
     """True when a build log line says a TLS certificate could not be verified."""
     return _TLS_FAILURE.search(line) is not None
@@ -260,7 +271,7 @@ def build_failure(
     if tls_line is None:
         return ImageBuildFailed(message)
     return ImageBuildFailed(
-        f"{message}; a TLS certificate could not be verified: {tls_line[:200]}",
+        f"{message}; a TLS certificate could not be verified: {_excerpt(tls_line)}",
         hint=certificate_hint(host_ca_files(ca_dirs), ca_dirs),
     )
 

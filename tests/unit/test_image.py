@@ -293,10 +293,10 @@ def test_a_certificate_failure_names_ca_certificates_and_the_host_cas(tmp_path):
     (cas / "README").write_text("not a CA")
     found = host_ca_files([cas, tmp_path / "absent"])
     assert found == [cas / "proxy.crt", cas / "sub" / "root.pem"]
-    err = build_failure(
-        "t:1", "failed after 9 s: returned 1", tmp_path / "b.log", "SSL: CERTIFICATE_VERIFY_FAILED", [cas]
-    )
-    assert "TLS certificate could not be verified: SSL: CERTIFICATE_VERIFY_FAILED" in err.message
+    pip = "\x1b[91mWARNING: Retrying (Retry(total=4, connect=None, read=None, redirect=None, status=None)) after "
+    pip += "connection broken by 'SSLError(SSLCertVerificationError(1, '[SSL: CERTIFICATE_VERIFY_FAILED] certificate"
+    err = build_failure("t:1", "failed after 9 s: returned 1", tmp_path / "b.log", pip, [cas])
+    assert "\x1b" not in err.message and "SSLCertVerificationError(1, '[SSL: CERTIFICATE_VERIFY_FAILED]" in err.message
     assert f"--set ca_certificates={cas / 'proxy.crt'},{cas / 'sub' / 'root.pem'}" in err.hint
     assert "ca_certificates=/path/to/site-ca.crt" in certificate_hint([], [tmp_path / "absent"])
     plain = build_failure("t:1", "failed after 9 s: returned 1", tmp_path / "b.log", None, [cas])
