@@ -5,14 +5,8 @@ ARG BASE_IMAGE=ubuntu:24.04
 FROM ${BASE_IMAGE}
 
 ARG PYTHON_VERSION=3.12
-# Space-separated apt packages computed from the profile (compiler, BLAS, MPI, CUDA, extras).
-ARG APT_PACKAGES=""
-# Space-separated pip requirements (PyTorch's build requirements for this torch version).
-ARG PYTHON_PACKAGES=""
 # "--system-site-packages" or empty.
 ARG VENV_FLAGS=""
-# Extra apt options, e.g. -o Acquire::Check-Valid-Until=false for snapshot mirrors.
-ARG APT_OPTIONS=""
 
 ENV DEBIAN_FRONTEND=noninteractive \
     LANG=C.UTF-8 \
@@ -25,12 +19,19 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # Site CA certificates from the profile's ca_certificates (often none).
 COPY certs/ /usr/local/share/ca-certificates/torchbuild/
 
-# hadolint ignore=SC2086
-RUN apt-get ${APT_OPTIONS} update \
- && apt-get ${APT_OPTIONS} install -y --no-install-recommends \
+# The profile's lists, one entry a line: apt-packages.txt (compiler, BLAS, MPI, CUDA, extras),
+# requirements.txt (pip requirements, specifiers intact) and apt-options.txt (one word a line:
+# `-o`, `Acquire::Check-Valid-Until=false` for snapshot mirrors). mapfile reads them into arrays
+# expanded quoted, so no value is split, globbed or interpreted by the shell.
+COPY inputs/ /opt/torchbuild/inputs/
+
+RUN mapfile -t apt_options < /opt/torchbuild/inputs/apt-options.txt \
+ && mapfile -t apt_packages < /opt/torchbuild/inputs/apt-packages.txt \
+ && apt-get "${apt_options[@]}" update \
+ && apt-get "${apt_options[@]}" install -y --no-install-recommends \
       ca-certificates git patch make pkg-config ccache cmake ninja-build \
       "python${PYTHON_VERSION}" "python${PYTHON_VERSION}-dev" "python${PYTHON_VERSION}-venv" \
-      ${APT_PACKAGES} \
+      "${apt_packages[@]}" \
  && update-ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 # pip and requests use the system trust store, so site CAs apply to them too.
@@ -42,7 +43,8 @@ ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
 # hadolint ignore=SC2086
 RUN "python${PYTHON_VERSION}" -m venv ${VENV_FLAGS} /opt/venv \
  && /opt/venv/bin/python -m pip install --upgrade pip \
- && if [ -n "${PYTHON_PACKAGES}" ]; then /opt/venv/bin/python -m pip install ${PYTHON_PACKAGES}; fi
+ && if [ -s /opt/torchbuild/inputs/requirements.txt ]; then \
+      /opt/venv/bin/python -m pip install -r /opt/torchbuild/inputs/requirements.txt; fi
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:${PATH}
 

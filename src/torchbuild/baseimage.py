@@ -46,6 +46,52 @@ def _skip_devices(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     return None if info.ischr() or info.isblk() else info
 
 
+def _debootstrap(
+    debootstrap: str, suite: str, arch: Arch, rootfs: Path, mirror: str | None, components: tuple[str, ...], out: TextIO
+) -> None:
+    """debootstrap --variant=minbase suite into rootfs; its output goes to debootstrap.log beside
+    rootfs and its last lines to out; BaseImageError when it fails."""
+    cmd = [
+        debootstrap,
+        "--variant=minbase",
+        f"--arch={arch.debian_arch}",
+        f"--components={','.join(components)}",
+        suite,
+        str(rootfs),
+    ]
+    if mirror:
+        cmd.append(mirror)
+    print(f"$ {' '.join(cmd)}", file=out, flush=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
+    (rootfs.parent / "debootstrap.log").write_text(proc.stdout)
+    for line in proc.stdout.splitlines()[-5:]:
+        print(f"  {line}", file=out)
+    if proc.returncode != 0:
+        last = proc.stdout.strip().splitlines()[-1:] or ["(no output)"]
+        raise BaseImageError(f"debootstrap {suite} ({arch.debian_arch}) failed: {last[0]}")
+
+
+def _prepare_rootfs(rootfs: Path, ignore_valid_until: bool) -> None:
+    """apt settings for the image, and an empty apt cache (the toolchain recipe runs apt-get update)."""
+    if ignore_valid_until:  # snapshot mirrors serve Release files past their Valid-Until
+        conf = rootfs / _APT_CONF.lstrip("/")
+        conf.write_text('Acquire::Check-Valid-Until "false";\n')
+    shutil.rmtree(rootfs / "var/cache/apt/archives", ignore_errors=True)
+    (rootfs / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
+
+
+def _scratch_context(rootfs: Path) -> Path:
+    """Turn rootfs into rootfs.tar beside it, with a FROM scratch Dockerfile: a build context
+    whose platform BuildKit and the classic builder record correctly (docker import does not)."""
+    ctx = rootfs.parent
+    with tarfile.open(ctx / "rootfs.tar", "w") as tar:
+        tar.add(rootfs, arcname=".", filter=_skip_devices)
+    shutil.rmtree(rootfs)
+    (ctx / "Dockerfile").write_text(_SCRATCH_DOCKERFILE)
+    (ctx / ".dockerignore").write_text("rootfs\ndebootstrap.log\n")
+    return ctx
+
+
 def make_base_image(
     engine: Engine,
     *,
@@ -71,38 +117,12 @@ def make_base_image(
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"rootfs-{suite}-{arch}-", dir=work_dir) as tmp:
         rootfs = Path(tmp) / "rootfs"
-        cmd = [
-            debootstrap,
-            "--variant=minbase",
-            f"--arch={arch.debian_arch}",
-            f"--components={','.join(components)}",
-            suite,
-            str(rootfs),
-        ]
-        if mirror:
-            cmd.append(mirror)
-        print(f"$ {' '.join(cmd)}", file=out, flush=True)
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
-        (Path(tmp) / "debootstrap.log").write_text(proc.stdout)
-        for line in proc.stdout.splitlines()[-5:]:
-            print(f"  {line}", file=out)
-        if proc.returncode != 0:
-            last = proc.stdout.strip().splitlines()[-1:] or ["(no output)"]
-            raise BaseImageError(f"debootstrap {suite} ({arch.debian_arch}) failed: {last[0]}")
-        if ignore_valid_until:  # snapshot mirrors serve Release files past their Valid-Until
-            conf = rootfs / _APT_CONF.lstrip("/")
-            conf.write_text('Acquire::Check-Valid-Until "false";\n')
-        # an empty apt cache keeps the image small; the toolchain recipe runs apt-get update
-        shutil.rmtree(rootfs / "var/cache/apt/archives", ignore_errors=True)
-        (rootfs / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
-        with tarfile.open(Path(tmp) / "rootfs.tar", "w") as tar:
-            tar.add(rootfs, arcname=".", filter=_skip_devices)
-        shutil.rmtree(rootfs)
-        (Path(tmp) / "Dockerfile").write_text(_SCRATCH_DOCKERFILE)
-        (Path(tmp) / ".dockerignore").write_text("rootfs\ndebootstrap.log\n")
+        _debootstrap(debootstrap, suite, arch, rootfs, mirror, components, out)
+        _prepare_rootfs(rootfs, ignore_valid_until)
+        ctx = _scratch_context(rootfs)
         print(f"importing as {tag} ({arch.docker_platform})", file=out, flush=True)
         engine.build(
-            Path(tmp),
+            ctx,
             tag=tag,
             labels={
                 f"{LABEL_PREFIX}.base-suite": suite,

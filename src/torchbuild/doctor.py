@@ -6,11 +6,14 @@ import dataclasses
 import os
 import shutil
 import subprocess
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from .arch import Arch, binfmt_ready
-from .engine import Engine, engine_address
-from .errors import EngineUnavailable
+from .config import DEFAULT_PROFILE, resolve
+from .console import table
+from .engine import HOST_CA_DIRS, Engine, engine_address, host_ca_files
+from .errors import EngineUnavailable, TorchbuildError
 from .jobs import GiB, HostResources
 
 
@@ -26,6 +29,21 @@ class Verdict:
     task: str
     ok: bool
     why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Host:
+    """The facts the verdicts are drawn from."""
+
+    arch: Arch
+    foreign: Arch
+    engine_ok: bool
+    emulation: bool
+    debootstrap: str | None
+    root: bool
+    apptainer: str | None
+    fuse: bool
+    native_missing: tuple[str, ...]
 
 
 def _version_of(cmd: list[str]) -> str | None:
@@ -54,113 +72,147 @@ def _gpus() -> str | None:
     return listing
 
 
-def run_checks(cache_dir: Path) -> tuple[list[Check], list[Verdict]]:
-    checks: list[Check] = []
-    host = Arch.host()
-    foreign = Arch.AARCH64 if host is Arch.X86_64 else Arch.X86_64
-
-    engine_ok = False
-    buildkit = None
+def _engine_checks() -> tuple[list[Check], bool]:
+    """The Docker engine and BuildKit; whether the engine is reachable."""
     try:
-        engine = Engine.connect(timeout=10)
-        v = engine.version()
-        engine_ok = True
-        checks.append(
-            Check("docker engine", True, f"{v.get('Version')} (API {v.get('ApiVersion')}) at {engine_address()}")
-        )
-        buildkit = _version_of(["docker", "buildx", "version"])
+        v = Engine.connect(timeout=10).version()
     except EngineUnavailable as exc:
-        checks.append(Check("docker engine", False, f"{exc.message}; {exc.hint}"))
-    checks.append(
-        Check("buildkit (docker buildx)", buildkit is not None, buildkit or "not found (classic builder only)")
-    )
+        engine = Check("docker engine", False, f"{exc.message}; {exc.hint}")
+        return [engine, Check("buildkit (docker buildx)", False, "not found (classic builder only)")], False
+    engine = Check("docker engine", True, f"{v.get('Version')} (API {v.get('ApiVersion')}) at {engine_address()}")
+    buildkit = _version_of(["docker", "buildx", "version"])
+    return [
+        engine,
+        Check("buildkit (docker buildx)", buildkit is not None, buildkit or "not found (classic builder only)"),
+    ], True
 
-    apptainer = _version_of(["apptainer", "--version"]) or _version_of(["singularity", "--version"])
-    checks.append(
-        Check(
-            "apptainer/singularity",
-            apptainer is not None,
-            apptainer or "not found (sif and --engine apptainer use the apptainer-builder container)",
-        )
-    )
-    fuse = Path("/dev/fuse").exists()
 
-    emu = binfmt_ready(foreign)
-    checks.append(
-        Check(
-            f"{foreign} emulation",
-            emu,
-            f"qemu binfmt {foreign.qemu_binfmt} enabled"
-            if emu
-            else "missing: apt-get install qemu-user-static binfmt-support && update-binfmts --enable",
-        )
+def _tool_checks(h: _Host) -> list[Check]:
+    """Apptainer, qemu emulation, debootstrap and root."""
+    emulation = (
+        f"qemu binfmt {h.foreign.qemu_binfmt} enabled"
+        if h.emulation
+        else "missing: apt-get install qemu-user-static binfmt-support && update-binfmts --enable"
     )
-    debootstrap = shutil.which("debootstrap")
-    checks.append(
-        Check("debootstrap", debootstrap is not None, debootstrap or "not found: apt-get install debootstrap")
-    )
-    is_root = os.geteuid() == 0
-    checks.append(Check("root", is_root, "yes" if is_root else "no (base-image needs root)"))
+    apptainer = "not found (sif and --engine apptainer use the apptainer-builder container)"
+    return [
+        Check("apptainer/singularity", h.apptainer is not None, h.apptainer or apptainer),
+        Check(f"{h.foreign} emulation", h.emulation, emulation),
+        Check("debootstrap", h.debootstrap is not None, h.debootstrap or "not found: apt-get install debootstrap"),
+        Check("root", h.root, "yes" if h.root else "no (base-image needs root)"),
+    ]
 
+
+def _resource_checks(cache_dir: Path, compiler: str | None) -> list[Check]:
+    """Cores, memory, free disk under cache_dir, GPUs and the host compiler."""
     res = HostResources.detect()
-    checks.append(Check("cores", True, str(res.cores)))
-    checks.append(
-        Check("memory", res.memory_bytes >= 8 * GiB, f"{res.memory_bytes / GiB:.1f} GiB ({res.memory_source})")
-    )
-    probe = cache_dir if cache_dir.exists() else next(p for p in [cache_dir, *cache_dir.parents] if p.exists())
+    probe = next(p for p in [cache_dir, *cache_dir.parents] if p.exists())
     free = shutil.disk_usage(probe).free
-    checks.append(Check("free disk", free >= 40 * GiB, f"{free / GiB:.0f} GiB at {probe} (a CUDA build needs ~40 GiB)"))
     gpu = _gpus()
-    checks.append(Check("gpu", gpu is not None, gpu or "none visible (builds work; GPU verification is skipped)"))
-    compilers = _version_of(["g++", "--version"]) or _version_of(["clang++", "--version"])
-    checks.append(Check("host compiler", compilers is not None, compilers or "none (only needed for native builds)"))
+    return [
+        Check("cores", True, str(res.cores)),
+        Check("memory", res.memory_bytes >= 8 * GiB, f"{res.memory_bytes / GiB:.1f} GiB ({res.memory_source})"),
+        Check("free disk", free >= 40 * GiB, f"{free / GiB:.0f} GiB at {probe} (a CUDA build needs ~40 GiB)"),
+        Check("gpu", gpu is not None, gpu or "none visible (builds work; GPU verification is skipped)"),
+        Check("host compiler", compiler is not None, compiler or "none (only needed for native builds)"),
+    ]
 
-    native_missing = [t for t in ("cmake", "ninja", "ccache") if shutil.which(t) is None]
-    if compilers is None:
-        native_missing.insert(0, "g++ or clang++")
-    verdicts = [
+
+def ca_check(ca_dirs: Sequence[Path], profile: str, listed: Iterable[str]) -> Check:
+    """The CAs added to this host's trust store (a TLS-inspecting proxy's, often), and whether
+    profile's ca_certificates (listed) carries them into the images it builds."""
+    found = host_ca_files(ca_dirs)
+    if not found:
+        return Check("host CA certificates", True, f"none added under {', '.join(str(d) for d in ca_dirs)}")
+    carried = {Path(p).expanduser().resolve() for p in listed}
+    missing = [str(p) for p in found if p.resolve() not in carried]
+    if not missing:
+        names = ", ".join(str(p) for p in found)
+        return Check("host CA certificates", True, f"{names}: profile {profile} carries them (ca_certificates)")
+    return Check(
+        "host CA certificates",
+        False,
+        f"profile {profile} does not carry {', '.join(missing)} into images; behind a TLS-inspecting proxy "
+        f"build with --set ca_certificates={','.join(str(p) for p in found)}",
+    )
+
+
+def _profile_ca_check(ca_dirs: Sequence[Path], profile: str) -> Check:
+    try:
+        listed = resolve(profile).ca_certificates
+    except TorchbuildError as exc:
+        return Check("host CA certificates", False, f"profile {profile}: {exc.message}")
+    return ca_check(ca_dirs, profile, listed)
+
+
+def _verdicts(h: _Host) -> list[Verdict]:
+    engine_why = "engine reachable" if h.engine_ok else "needs a Docker engine"
+    foreign_ok = h.engine_ok and h.emulation
+    base_ok = h.engine_ok and h.debootstrap is not None and h.root
+    if h.apptainer:
+        sif_why = f"this host's {h.apptainer}"
+    elif h.engine_ok and h.fuse:
+        sif_why = "the apptainer-builder container (engine + /dev/fuse)"
+    else:
+        sif_why = "needs apptainer, or a Docker engine and /dev/fuse"
+    return [
         Verdict("config", True, "always available"),
-        Verdict(f"image --arch {host}", engine_ok, "engine reachable" if engine_ok else "needs a Docker engine"),
+        Verdict(f"image --arch {h.arch}", h.engine_ok, engine_why),
         Verdict(
-            f"image --arch {foreign}",
-            engine_ok and emu,
-            "engine + qemu binfmt" if engine_ok and emu else "needs a Docker engine and qemu-user binfmt",
+            f"image --arch {h.foreign}",
+            foreign_ok,
+            "engine + qemu binfmt" if foreign_ok else "needs a Docker engine and qemu-user binfmt",
         ),
         Verdict(
-            "base-image",
-            engine_ok and debootstrap is not None and is_root,
-            "engine, debootstrap, root"
-            if engine_ok and debootstrap and is_root
-            else "needs engine, debootstrap and root",
+            "base-image", base_ok, "engine, debootstrap, root" if base_ok else "needs engine, debootstrap and root"
         ),
         Verdict(
             "build --in-container",
-            engine_ok,
-            "engine reachable (the profile's image must be built)" if engine_ok else "needs a Docker engine",
+            h.engine_ok,
+            "engine reachable (the profile's image must be built)" if h.engine_ok else "needs a Docker engine",
         ),
-        Verdict(
-            "sif, build --engine apptainer",
-            apptainer is not None or (engine_ok and fuse),
-            f"this host's {apptainer}"
-            if apptainer
-            else "the apptainer-builder container (engine + /dev/fuse)"
-            if engine_ok and fuse
-            else "needs apptainer, or a Docker engine and /dev/fuse",
-        ),
+        Verdict("sif, build --engine apptainer", h.apptainer is not None or (h.engine_ok and h.fuse), sif_why),
         Verdict(
             "build (native)",
-            not native_missing,
-            "compiler, cmake, ninja, ccache on PATH" if not native_missing else f"missing: {', '.join(native_missing)}",
+            not h.native_missing,
+            "compiler, cmake, ninja, ccache on PATH"
+            if not h.native_missing
+            else f"missing: {', '.join(h.native_missing)}",
         ),
     ]
-    return checks, verdicts
+
+
+def run_checks(
+    cache_dir: Path, *, ca_dirs: Sequence[Path] = HOST_CA_DIRS, profile: str = DEFAULT_PROFILE
+) -> tuple[list[Check], list[Verdict]]:
+    """Every check of this host, and a verdict per task; ca_dirs are where added CAs are looked
+    for, profile the one whose ca_certificates is compared with them."""
+    host = Arch.host()
+    foreign = Arch.AARCH64 if host is Arch.X86_64 else Arch.X86_64
+    engine_checks, engine_ok = _engine_checks()
+    compiler = _version_of(["g++", "--version"]) or _version_of(["clang++", "--version"])
+    native_missing = [t for t in ("cmake", "ninja", "ccache") if shutil.which(t) is None]
+    h = _Host(
+        arch=host,
+        foreign=foreign,
+        engine_ok=engine_ok,
+        emulation=binfmt_ready(foreign),
+        debootstrap=shutil.which("debootstrap"),
+        root=os.geteuid() == 0,
+        apptainer=_version_of(["apptainer", "--version"]) or _version_of(["singularity", "--version"]),
+        fuse=Path("/dev/fuse").exists(),
+        native_missing=tuple(native_missing if compiler else ["g++ or clang++", *native_missing]),
+    )
+    checks = [
+        *engine_checks,
+        *_tool_checks(h),
+        *_resource_checks(cache_dir, compiler),
+        _profile_ca_check(ca_dirs, profile),
+    ]
+    return checks, _verdicts(h)
 
 
 def render(checks: list[Check], verdicts: list[Verdict]) -> str:
-    width = max(len(c.name) for c in checks)
-    lines = ["host:"]
-    lines += [f"  {'ok ' if c.ok else '-- '} {c.name:<{width}}  {c.detail}" for c in checks]
-    lines.append("tasks:")
-    tw = max(len(v.task) for v in verdicts)
-    lines += [f"  {'ready' if v.ok else 'NOT READY':<9} {v.task:<{tw}}  {v.why}" for v in verdicts]
-    return "\n".join(lines)
+    host = table(["", "host", "detail"], [("ok" if c.ok else "--", c.name, c.detail) for c in checks])
+    tasks = table(["", "task", "why"], [("ready" if v.ok else "NOT READY", v.task, v.why) for v in verdicts])
+    return f"{host}\n\n{tasks}"

@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -19,6 +20,61 @@ try:  # docker-py is a host dependency; the code inside the image never connects
     import docker.errors
 except ImportError:  # pragma: no cover - exercised only without docker-py
     docker = None
+
+
+# Where administrators add CAs to a host's trust store (Debian/Ubuntu; RHEL/Fedora): a
+# TLS-inspecting proxy's CA is found here, and images get it only through ca_certificates.
+HOST_CA_DIRS = (Path("/usr/local/share/ca-certificates"), Path("/etc/pki/ca-trust/source/anchors"))
+
+# pip (CERTIFICATE_VERIFY_FAILED, SSLCertVerificationError), apt (Certificate verification
+# failed), curl and git (SSL certificate problem), OpenSSL (certificate verify failed), Go (x509)
+_TLS_FAILURE = re.compile(
+    r"CERTIFICATE_VERIFY_FAILED|SSLCertVerificationError|Certificate verification failed"
+    r"|SSL certificate problem|certificate verify failed|x509: certificate signed by unknown authority",
+    re.IGNORECASE,
+)
+
+
+def host_ca_files(dirs: Iterable[Path] = HOST_CA_DIRS) -> list[Path]:
+    """The CA files (*.crt, *.pem) added to this host's trust store under dirs (in that order,
+    sorted within each)."""
+    found: list[Path] = []
+    for d in dirs:
+        with contextlib.suppress(OSError):
+            found += sorted(p for p in d.rglob("*") if p.suffix in (".crt", ".pem") and p.is_file())
+    return found
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _excerpt(line: str) -> str:
+    """The part of a log line around its certificate failure, without terminal colours."""
+    clean = _ANSI.sub("", line).strip()
+    m = _TLS_FAILURE.search(clean)
+    start = max(0, m.start() - 80) if m else 0
+    return ("..." if start else "") + clean[start : start + 200]
+
+
+def certificate_failure(line: str) -> bool:
+    """True when a build log line says a TLS certificate could not be verified."""
+    return _TLS_FAILURE.search(line) is not None
+
+
+def certificate_hint(ca_files: list[Path], dirs: Sequence[Path] = HOST_CA_DIRS) -> str:
+    """What to do when a build inside the image cannot verify a certificate (a TLS-inspecting
+    proxy, most often): carry the host's CAs into the image with ca_certificates."""
+    if ca_files:
+        listed = ",".join(str(p) for p in ca_files)
+        return (
+            "the image does not trust the certificate (a TLS-inspecting proxy?): add this host's CAs with "
+            f"--set ca_certificates={listed} (or list them under ca_certificates in the profile)"
+        )
+    where = " or ".join(str(d) for d in dirs)
+    return (
+        "the image does not trust the certificate (a TLS-inspecting proxy?): add your site's CA (PEM) with "
+        f"--set ca_certificates=/path/to/site-ca.crt (none found under {where})"
+    )
 
 
 def engine_address() -> str:
@@ -63,9 +119,9 @@ class Engine:
         try:
             for chunk in self.client.api.pull(repo, tag=tag, platform=platform, stream=True, decode=True):
                 if "error" in chunk:
-                    raise ImageBuildFailed(f"cannot pull {ref}: {chunk['error']}", hint=_PULL_HINT)
+                    raise pull_failure(ref, str(chunk["error"]))
         except docker.errors.APIError as exc:
-            raise ImageBuildFailed(f"cannot pull {ref}: {_short(exc)}", hint=_PULL_HINT) from exc
+            raise pull_failure(ref, _short(exc)) from exc
 
     def build(
         self,
@@ -88,6 +144,7 @@ class Engine:
         log.parent.mkdir(parents=True, exist_ok=True)
         image_id = ""
         start = time.monotonic()
+        tls_line: str | None = None  # the first line saying a certificate could not be verified
         with log.open("w") as logf:
             try:
                 stream = self.client.api.build(
@@ -111,16 +168,16 @@ class Engine:
                         for line in text.splitlines():
                             if line.strip():
                                 print(f"  {line}", file=out, flush=True)
+                            if tls_line is None and certificate_failure(line):
+                                tls_line = line.strip()
                     if "aux" in chunk and "ID" in chunk["aux"]:
                         image_id = chunk["aux"]["ID"]
                     if "error" in chunk:
                         logf.write(f"ERROR: {chunk['error']}\n")
-                        raise ImageBuildFailed(
-                            f"building {tag} failed after {time.monotonic() - start:.0f} s: "
-                            f"{chunk['error'].strip()} (full log: {log})"
-                        )
+                        detail = f"failed after {time.monotonic() - start:.0f} s: {chunk['error'].strip()}"
+                        raise build_failure(tag, detail, log, tls_line)
             except docker.errors.APIError as exc:
-                raise ImageBuildFailed(f"building {tag} failed: {_short(exc)} (full log: {log})") from exc
+                raise build_failure(tag, f"failed: {_short(exc)}", log, tls_line) from exc
         if not image_id:
             attrs = self.image_attrs(tag)
             image_id = attrs["Id"] if attrs else ""
@@ -203,6 +260,32 @@ _PULL_HINT = (
     "check registry access; without one, make a local base with `invoke base-image` "
     "and use it with --set base_image=torchbuild/base:<suite>-<arch>"
 )
+
+
+def build_failure(
+    tag: str, detail: str, log: Path, tls_line: str | None, ca_dirs: Sequence[Path] = HOST_CA_DIRS
+) -> ImageBuildFailed:
+    """The error for a failed image build; when the log showed a certificate that could not be
+    verified, the message quotes that line and the hint names ca_certificates."""
+    message = f"building {tag} {detail} (full log: {log})"
+    if tls_line is None:
+        return ImageBuildFailed(message)
+    return ImageBuildFailed(
+        f"{message}; a TLS certificate could not be verified: {_excerpt(tls_line)}",
+        hint=certificate_hint(host_ca_files(ca_dirs), ca_dirs),
+    )
+
+
+def pull_failure(ref: str, detail: str) -> ImageBuildFailed:
+    """The error for a failed pull; an unverifiable registry certificate is the engine's trust
+    store to fix (ca_certificates reaches only the builds inside the image)."""
+    if certificate_failure(detail):  # the engine's own trust store, not the image's
+        return ImageBuildFailed(
+            f"cannot pull {ref}: {detail}",
+            hint="the Docker engine does not trust the registry's certificate (a TLS-inspecting proxy?): add the "
+            "CA to the engine host's trust store or /etc/docker/certs.d/<registry>/ca.crt and restart dockerd",
+        )
+    return ImageBuildFailed(f"cannot pull {ref}: {detail}", hint=_PULL_HINT)
 
 
 def _split_ref(ref: str) -> tuple[str, str | None]:

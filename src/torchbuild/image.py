@@ -5,21 +5,24 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import shlex
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
+
+from packaging.requirements import InvalidRequirement, Requirement
 
 from . import __version__
 from .arch import Arch, binfmt_ready
 from .config import BuildSpec, data_dir
 from .engine import Engine
 from .environment import compilers
-from .errors import ImageBuildFailed, ImageNotFound, ToolMissing
+from .errors import ImageBuildFailed, ImageNotFound, ImageOutOfDate, ProfileError, ToolMissing, named_os_errors
 
 LABEL_PREFIX = "org.torchbuild"
 DOCKERFILE = "toolchain.Dockerfile"
@@ -41,6 +44,22 @@ MPI_PACKAGES = {
 }
 
 
+# Debian Policy 5.6.1: lower-case letters, digits, '+', '-' and '.', at least two characters,
+# starting alphanumeric; apt also accepts name:arch, name=version and name/release.
+_APT_NAME_RE = re.compile(r"[a-z0-9][a-z0-9+.-]+(:[a-z0-9-]+)?(=[A-Za-z0-9.+~:-]+|/[A-Za-z0-9.-]+)?")
+
+
+def _checked_apt_names(key: str, names: Iterable[str]) -> list[str]:
+    """names, each a valid Debian package name; ProfileError naming the first that is not."""
+    for name in names:
+        if not _APT_NAME_RE.fullmatch(name):
+            raise ProfileError(
+                f"{key}: {name!r} is not a Debian package name",
+                hint="apt names use lower-case letters, digits, '+', '-' and '.' (optionally :arch, =version or /release)",
+            )
+    return list(names)
+
+
 def apt_packages(spec: BuildSpec) -> list[str]:
     """The profile-dependent apt packages, in a stable order without duplicates."""
     cc, cxx = compilers(spec)
@@ -52,21 +71,54 @@ def apt_packages(spec: BuildSpec) -> list[str]:
         *compiler,
         *BLAS_PACKAGES[spec.blas],
         *MPI_PACKAGES[spec.mpi],
-        *spec.cuda_packages,
-        *spec.apt_packages,
+        *_checked_apt_names("cuda_packages", spec.cuda_packages),
+        *_checked_apt_names("apt_packages", spec.apt_packages),
     ]
     return list(dict.fromkeys(wanted))
 
 
-def build_args(spec: BuildSpec, apt_options: Iterable[str] = ()) -> dict[str, str]:
+def python_requirements(spec: BuildSpec) -> list[str]:
+    """The profile's python_packages, each checked to be a PEP 508 requirement (`numpy<2`,
+    `pkg @ https://...`): a pip option (`--index-url ...`) or a second line cannot slip in."""
+    for entry in spec.python_packages:
+        try:
+            Requirement(entry)
+        except InvalidRequirement as exc:
+            raise ProfileError(
+                f"python_packages: {entry!r} is not a requirement: {str(exc).splitlines()[0]}",
+                hint="write each entry as pip's requirement syntax, e.g. numpy<2 or setuptools>=70.1",
+            ) from exc
+    return list(spec.python_packages)
+
+
+def build_args(spec: BuildSpec) -> dict[str, str]:
+    """The Dockerfile's ARGs: none of them is ever split by a shell (the package lists and apt
+    options travel as files in the context, see write_package_lists)."""
     return {
         "BASE_IMAGE": spec.base_image,
         "PYTHON_VERSION": spec.python_version,
-        "APT_PACKAGES": " ".join(apt_packages(spec)),
-        "PYTHON_PACKAGES": " ".join(shlex.quote(p) for p in spec.python_packages),
         "VENV_FLAGS": "--system-site-packages" if spec.python_system_site_packages else "",
-        "APT_OPTIONS": " ".join(apt_options),
     }
+
+
+INPUTS_DIR = "inputs"
+
+
+def write_package_lists(spec: BuildSpec, dest: Path, apt_options: Iterable[str] = ()) -> None:
+    """Write the apt packages, the pip requirements and the apt options into dest/inputs/, one
+    entry a line. The Dockerfile reads them with `mapfile` into bash arrays it expands quoted
+    and with `pip install -r`, so no profile value is ever re-parsed by a shell: a specifier
+    such as `numpy<2` reaches pip intact, and a value cannot become a redirection or a command.
+    An apt option is split like a command line (`-o Acquire::Check-Valid-Until=false`)."""
+    lists = {
+        "apt-packages.txt": apt_packages(spec),
+        "requirements.txt": python_requirements(spec),
+        "apt-options.txt": [word for option in apt_options for word in shlex.split(option)],
+    }
+    inputs = dest / INPUTS_DIR
+    inputs.mkdir()
+    for name, entries in lists.items():
+        (inputs / name).write_text("".join(f"{entry}\n" for entry in entries))
 
 
 _SOURCE_PARTS = ("pyproject.toml", "README.md", "src", "configs", "containers", "patches")
@@ -117,7 +169,8 @@ def make_context(spec: BuildSpec, dest: Path, dockerfile: str = DOCKERFILE, extr
                 f"ca_certificates: {src} is not a file",
                 hint="list PEM files that exist on this host, e.g. /usr/local/share/ca-certificates/site.crt",
             )
-        shutil.copyfile(src, certs / f"{i:02d}-{src.stem}.crt")
+        with named_os_errors(src, "ca_certificates"):
+            shutil.copyfile(src, certs / f"{i:02d}-{src.stem}.crt")
     _copy_tree(root, dest / "torchbuild-src")
 
 
@@ -130,6 +183,56 @@ class ImageResult:
     log: Path | None
 
 
+# What the image is built from, one label each (org.torchbuild.<name with - for _>), so that
+# require_image can name every input that differs from the profile. Only inputs of the image
+# count: cxxflags, switches or max_jobs change the build, not the toolchain.
+IMAGE_INPUTS = (
+    "base_image",
+    "base_image_id",
+    "python_version",
+    "compiler",
+    "apt_packages",
+    "python_packages",
+    "python_system_site_packages",
+    "ca_certificates",
+)
+_LIST_INPUTS = frozenset({"apt_packages", "python_packages", "ca_certificates"})
+
+
+def input_label(name: str) -> str:
+    return f"{LABEL_PREFIX}.{name.replace('_', '-')}"
+
+
+def _ca_digests(spec: BuildSpec) -> list[str]:
+    """sha256 of each CA file's content: the path differs between hosts, the trust does not."""
+    digests = []
+    for name in spec.ca_certificates:
+        path = Path(name).expanduser()
+        try:
+            digests.append("sha256:" + hashlib.sha256(path.read_bytes()).hexdigest())
+        except OSError:
+            digests.append(f"unreadable {path}")
+    return sorted(digests)
+
+
+def wanted_inputs(spec: BuildSpec, base_id: str | None = None) -> dict[str, str]:
+    """The image inputs spec asks for, as label values (lists as JSON); base_image_id only when
+    known (the base image is present on this engine)."""
+    compiler = f"{spec.compiler}-{spec.compiler_version}" if spec.compiler_version else spec.compiler
+    wanted = {
+        "base_image": spec.base_image,
+        "python_version": spec.python_version,
+        "compiler": compiler,
+        "apt_packages": json.dumps(apt_packages(spec)),
+        "python_packages": json.dumps(python_requirements(spec)),
+        "python_system_site_packages": json.dumps(spec.python_system_site_packages),
+        "ca_certificates": json.dumps(_ca_digests(spec)),
+    }
+    if base_id:
+        wanted["base_image_id"] = base_id
+    return wanted
+
+
 def labels(spec: BuildSpec, inputs_hash: str, base_id: str) -> dict[str, str]:
     p = LABEL_PREFIX
     return {
@@ -139,12 +242,109 @@ def labels(spec: BuildSpec, inputs_hash: str, base_id: str) -> dict[str, str]:
         f"{p}.profile": spec.profile,
         f"{p}.profile-hash": spec.hash,
         f"{p}.inputs-hash": inputs_hash,
-        f"{p}.base-image": spec.base_image,
-        f"{p}.base-image-id": base_id,
         f"{p}.torch-version": spec.torch_version,
-        f"{p}.python-version": spec.python_version,
         f"{p}.arch": spec.arch.value,
+        **{input_label(k): v for k, v in wanted_inputs(spec, base_id).items()},
     }
+
+
+def _labels_of(attrs: Mapping[str, Any]) -> dict[str, str]:
+    return dict((attrs.get("Config") or {}).get("Labels") or {})
+
+
+def image_inputs(attrs: Mapping[str, Any]) -> dict[str, str]:
+    """The inputs an image records in its labels (`docker image inspect` data), by input name;
+    inputs it does not record are left out. For the manifest."""
+    found = _labels_of(attrs)
+    return {name: found[input_label(name)] for name in IMAGE_INPUTS if input_label(name) in found}
+
+
+def _brief(item: str) -> str:
+    return item[:19] + "..." if item.startswith("sha256:") else item
+
+
+def _items(name: str, text: str | None) -> list[str] | None:
+    """A list input's label value as its entries; None for other inputs or a value that is no
+    JSON list of strings (an image labelled by something else)."""
+    if text is None or name not in _LIST_INPUTS:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return [str(x) for x in value] if isinstance(value, list) else None
+
+
+def _describe(name: str, image: str | None, profile: str) -> str:
+    """One line for one differing input: `python_version: image 3.13, profile 3.12`."""
+    if image is None:
+        return f"{name}: not recorded in the image, profile {profile}"
+    had, want = _items(name, image), _items(name, profile)
+    if had is None or want is None:
+        return f"{name}: image {image}, profile {profile}"
+    parts = [f"profile adds {', '.join(_brief(x) for x in want if x not in had)}"] if set(want) - set(had) else []
+    if set(had) - set(want):
+        parts.append(f"image has {', '.join(_brief(x) for x in had if x not in want)} the profile does not")
+    return f"{name}: {'; '.join(parts)}"
+
+
+def _same(name: str, image: str | None, profile: str) -> bool:
+    had, want = _items(name, image), _items(name, profile)
+    if had is None or want is None:
+        return image == profile
+    return sorted(had) == sorted(want)  # the order of a list does not change the image
+
+
+def input_differences(attrs: Mapping[str, Any], wanted: Mapping[str, str]) -> list[str]:
+    """Each input where the image (inspect data) differs from wanted (wanted_inputs), described
+    for people; empty when the image is current. The torchbuild version counts too: the build
+    request format belongs to one torchbuild version."""
+    found = _labels_of(attrs)
+    built_with = found.get(f"{LABEL_PREFIX}.version")
+    diffs = [] if built_with == __version__ else [f"torchbuild: image {built_with}, this is {__version__}"]
+    recorded = image_inputs(attrs)
+    diffs += [_describe(k, recorded.get(k), v) for k, v in wanted.items() if not _same(k, recorded.get(k), v)]
+    return diffs
+
+
+# keys that decide the image or its tag: the ones an `invoke image` hint must repeat from --set
+_IMAGE_KEYS = (
+    "base_image",
+    "python_version",
+    "compiler",
+    "compiler_version",
+    "apt_packages",
+    "python_packages",
+    "python_system_site_packages",
+    "ca_certificates",
+    "blas",
+    "mpi",
+    "cuda_packages",
+    "image_name",
+    "torch_version",
+    "cache_dir",
+)
+
+
+def _set_value(value: object) -> str:
+    if isinstance(value, tuple):
+        text = ",".join(value)
+        return json.dumps(list(value)) if any("," in v or ";" in v for v in value) else text
+    if isinstance(value, bool):
+        return json.dumps(value)
+    return str(value)
+
+
+def image_command(spec: BuildSpec) -> str:
+    """The exact `invoke image` command that builds spec's image (its --set image keys repeated),
+    quoted for a POSIX shell."""
+    profile_file = Path(spec.origins.get("profile", spec.profile))
+    shipped = profile_file.parent == data_dir() / "configs" / "profiles" or not profile_file.is_file()
+    words = ["invoke", "image", "--profile", spec.profile if shipped else str(profile_file), "--arch", spec.arch.value]
+    for key in _IMAGE_KEYS:
+        if spec.origins.get(key) == "--set":
+            words += ["--set", f"{key}={_set_value(getattr(spec, key))}"]
+    return shlex.join(words)
 
 
 def inputs_hash(arch: Arch, context: Path, args: dict[str, str], base_id: str) -> str:
@@ -175,6 +375,12 @@ def check_platform(engine: Engine, ref: str, arch: Arch) -> None:
         )
 
 
+def image_context(spec: BuildSpec, dest: Path, apt_options: Iterable[str] = ()) -> None:
+    """The toolchain image's build context: make_context plus the package lists."""
+    make_context(spec, dest)
+    write_package_lists(spec, dest, apt_options)
+
+
 def build_image(
     spec: BuildSpec,
     engine: Engine,
@@ -188,24 +394,25 @@ def build_image(
     """Build (or find current) the toolchain image for spec; a rerun with nothing changed is a hit."""
     start = time.monotonic()
     platform = spec.arch.docker_platform
+    packages = apt_packages(spec)
+    python_requirements(spec)  # a bad entry is refused before anything is pulled or built
     require_emulation(spec.arch)
     if pull or engine.image_attrs(spec.base_image) is None:
         engine.pull(spec.base_image, platform, out=out)
     check_platform(engine, spec.base_image, spec.arch)
     base_id = (engine.image_attrs(spec.base_image) or {}).get("Id", "")
-    args = build_args(spec, apt_options)
+    args = build_args(spec)
     with tempfile.TemporaryDirectory(prefix="torchbuild-ctx-") as tmp:
         ctx = Path(tmp)
-        make_context(spec, ctx)
+        image_context(spec, ctx, apt_options)
         digest = inputs_hash(spec.arch, ctx, args, base_id)
         current = engine.image_attrs(spec.image_tag)
-        current_labels = ((current or {}).get("Config") or {}).get("Labels") or {}
-        if not rebuild and current_labels.get(f"{LABEL_PREFIX}.inputs-hash") == digest:
-            return ImageResult(spec.image_tag, current["Id"] if current else "", True, time.monotonic() - start, None)
+        if not rebuild and current and _labels_of(current).get(f"{LABEL_PREFIX}.inputs-hash") == digest:
+            return ImageResult(spec.image_tag, current["Id"], True, time.monotonic() - start, None)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         log = logs_dir / f"image-{spec.profile}-{spec.arch.value}-{stamp}.log"
         print(f"building {spec.image_tag} for {platform} from {spec.base_image}", file=out, flush=True)
-        print(f"  apt packages: {args['APT_PACKAGES'] or '(none beyond the base set)'}", file=out, flush=True)
+        print(f"  apt packages: {' '.join(packages) or '(none beyond the base set)'}", file=out, flush=True)
         image_id = engine.build(
             ctx,
             tag=spec.image_tag,
@@ -220,20 +427,39 @@ def build_image(
     return ImageResult(spec.image_tag, image_id, False, time.monotonic() - start, log)
 
 
-def require_image(spec: BuildSpec, engine: Engine) -> dict[str, object]:
-    """The inspect data of spec's toolchain image, or ImageNotFound with the command to build it."""
+def _out_of_date(spec: BuildSpec, engine: Engine, attrs: Mapping[str, Any], command: str) -> ImageOutOfDate | None:
+    """ImageOutOfDate naming each input where the image (inspect data) differs from spec, or None."""
+    base = engine.image_attrs(spec.base_image)  # its id is compared only where the base is present
+    diffs = input_differences(attrs, wanted_inputs(spec, base["Id"] if base else None))
+    if not diffs:
+        return None
+    return ImageOutOfDate(
+        f"toolchain image {spec.image_tag} was built from other inputs than profile {spec.profile} asks for: "
+        + "; ".join(diffs),
+        hint=f"rebuild it with `{command}`",
+    )
+
+
+def require_image(
+    spec: BuildSpec, engine: Engine, *, rebuild: bool = False, out: TextIO = sys.stdout
+) -> dict[str, object]:
+    """The inspect data of spec's toolchain image when it exists and was built from the inputs
+    spec asks for. Otherwise ImageNotFound, or ImageOutOfDate naming each differing input, with
+    the exact `invoke image` command as hint; with rebuild=True the image is built instead."""
     attrs = engine.image_attrs(spec.image_tag)
-    hint = f"build it with `invoke image --profile {spec.profile} --arch {spec.arch}`"
+    command = image_command(spec)
+    problem: ImageNotFound | ImageOutOfDate | None
     if attrs is None:
-        raise ImageNotFound(f"toolchain image {spec.image_tag} does not exist", hint=hint)
-    labels = (attrs.get("Config") or {}).get("Labels") or {}
-    built_with = labels.get(f"{LABEL_PREFIX}.version")
-    if built_with != __version__:  # the build request format belongs to one torchbuild version
-        raise ImageNotFound(
-            f"toolchain image {spec.image_tag} carries torchbuild {built_with}, this is {__version__}",
-            hint=hint.replace("build it", "rebuild it"),
-        )
-    return attrs
+        problem = ImageNotFound(f"toolchain image {spec.image_tag} does not exist", hint=f"build it with `{command}`")
+    else:
+        problem = _out_of_date(spec, engine, attrs, command)
+        if problem is None:
+            return attrs
+    if not rebuild:
+        raise problem
+    print(f"{problem}: building it", file=out, flush=True)
+    build_image(spec, engine, logs_dir=Path(spec.cache_dir).expanduser() / "logs", out=out)
+    return engine.image_attrs(spec.image_tag) or {}
 
 
 def manifest_commands(specs: list[BuildSpec], insecure: bool = False) -> list[list[str]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 import sys
 from pathlib import Path
@@ -59,10 +60,21 @@ def site_certs() -> list[str]:
     return ["ca_certificates=" + ",".join(certs)] if certs else []
 
 
+# requirements with version specifiers, which must reach pip intact (`six<2`, not `'six<2'`)
+SPECIFIED_PACKAGES = ("six<2", "packaging>=23")
+
+
 @pytest.fixture(scope="session")
 def site_overrides(local_base: str, site_certs: list[str]) -> list[str]:
-    """--set options that point the cpu profile at the local base (and this host's local CAs)."""
-    return [f"base_image={local_base}", f"python_version={SUITE_PYTHON}", *site_certs]
+    """--set options that point the cpu profile at the local base (and this host's local CAs),
+    with the cpu profile's python_packages plus SPECIFIED_PACKAGES."""
+    packages = [*resolve("cpu").python_packages, *SPECIFIED_PACKAGES]
+    return [
+        f"base_image={local_base}",
+        f"python_version={SUITE_PYTHON}",
+        f"python_packages={json.dumps(packages)}",
+        *site_certs,
+    ]
 
 
 @pytest.fixture(scope="session")

@@ -14,5 +14,5 @@ from .common import handles_errors
 @task(help={"cache_dir": "cache directory whose free space is reported (default ~/.cache/torchbuild)"})
 @handles_errors
 def doctor(c: Context, cache_dir: str = "~/.cache/torchbuild") -> None:
-    """Report engine, BuildKit, Apptainer, qemu binfmt, cores, memory, disk and GPU; a verdict per task."""
+    """Report engine, BuildKit, Apptainer, qemu binfmt, cores, memory, disk, GPU and added host CAs; a verdict per task."""
     print(render(*run_checks(Path(cache_dir).expanduser())))

@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import pytest
+
+from torchbuild.doctor import Check, Verdict, ca_check, render
+
+PEM = "-----BEGIN CERTIFICATE-----\n"
+
+
+@pytest.fixture
+def ca_dirs(tmp_path):
+    """Two CA directories like /usr/local/share/ca-certificates and /etc/pki/ca-trust/source/anchors."""
+    local, anchors = tmp_path / "local", tmp_path / "anchors"
+    local.mkdir()
+    anchors.mkdir()
+    return [local, anchors]
+
+
+def test_no_added_cas_is_fine(ca_dirs):
+    check = ca_check(ca_dirs, "cpu", [])
+    assert check.ok and check.detail.startswith("none added under")
+
+
+def test_cas_the_profile_does_not_carry_are_reported_with_the_setting(ca_dirs):
+    local, anchors = ca_dirs
+    (local / "proxy.crt").write_text(PEM)
+    (anchors / "site.pem").write_text(PEM)
+    (local / "README").write_text("not a CA")
+    check = ca_check(ca_dirs, "cpu", [str(local / "proxy.crt")])
+    assert not check.ok
+    assert f"profile cpu does not carry {anchors / 'site.pem'} into images" in check.detail
+    assert f"--set ca_certificates={local / 'proxy.crt'},{anchors / 'site.pem'}" in check.detail
+    assert "README" not in check.detail
+
+
+def test_cas_the_profile_lists_are_ok(ca_dirs):
+    local, _ = ca_dirs
+    (local / "proxy.crt").write_text(PEM)
+    check = ca_check(ca_dirs, "site", [str(local / "proxy.crt")])
+    assert check.ok and "profile site carries them (ca_certificates)" in check.detail
+
+
+def test_render_is_a_table_per_section():
+    text = render(
+        [Check("docker engine", True, "20.10"), Check("host CA certificates", False, "profile cpu does not carry x")],
+        [Verdict("config", True, "always available"), Verdict("base-image", False, "needs root")],
+    )
+    rows = {ln.split()[1] if ln.split()[0] in ("ok", "--") else ln.split()[-1]: ln for ln in text.splitlines() if ln}
+    assert rows["docker"].split()[:3] == ["ok", "docker", "engine"]
+    lines = text.splitlines()
+    ready = next(ln for ln in lines if "config" in ln and "always" in ln)
+    assert ready.split()[0] == "ready"
+    not_ready = next(ln for ln in lines if "base-image" in ln)
+    assert not_ready.split()[:3] == ["NOT", "READY", "base-image"]
+    # columns line up: every task starts in the same column
+    assert ready.index("config") == not_ready.index("base-image")
