@@ -53,8 +53,7 @@ COPY torchbuild-src /opt/torchbuild-src
 RUN python -m pip install /opt/torchbuild-src \
  && torchbuild --version
 
-# Builds run as the caller's uid with HOME inside the cache mount.
-ENV HOME=/cache/home \
-    CCACHE_DIR=/cache/ccache
+# The build's environment (HOME and ccache in the /cache bind...) is set by the backend that
+# starts the container (torchbuild.environment), not here.
 WORKDIR /src
 CMD ["torchbuild", "--help"]

@@ -54,6 +54,7 @@ class Options:
     sif: Path | None = None  # apptainer: the SIF
     apptainer: str = "auto"  # apptainer: auto | host | docker
     nv: bool = False  # apptainer: --nv
+    rebuild_image: bool = False  # docker: rebuild an image built from other inputs instead of refusing it
 
 
 CONTAINER_VIEW = Binds(cache=Path("/cache"), out=Path("/out"), src=Path("/src"))
@@ -144,9 +145,15 @@ def _named_errors() -> list[type[TorchbuildError]]:
 
 
 _OPTIONS_REFUSED: dict[str, Callable[[Options], dict[str, object]]] = {
-    "native": lambda o: {"--user": o.user, "--memory": o.memory, "--sif": o.sif, "--nv": o.nv},
+    "native": lambda o: {
+        "--user": o.user,
+        "--memory": o.memory,
+        "--sif": o.sif,
+        "--nv": o.nv,
+        "--rebuild-image": o.rebuild_image,
+    },
     "docker": lambda o: {"--sif": o.sif, "--nv": o.nv},
-    "apptainer": lambda o: {"--user": o.user},
+    "apptainer": lambda o: {"--user": o.user, "--rebuild-image": o.rebuild_image},
 }
 
 

@@ -40,7 +40,7 @@ class DockerBackend(Backend):
 
     def check(self) -> dict[str, Any] | None:
         self.engine = Engine.connect()
-        attrs = require_image(self.spec, self.engine)
+        attrs = require_image(self.spec, self.engine, rebuild=self.options.rebuild_image, out=self.out)
         labels = (attrs.get("Config") or {}).get("Labels") or {}  # type: ignore[attr-defined]
         record = ImageRecord.from_labels(labels, tag=self.spec.image_tag, image_id=str(attrs.get("Id")))
         return dataclasses.asdict(record)

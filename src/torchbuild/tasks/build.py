@@ -59,6 +59,7 @@ def build(
     jobs: str = "",
     user: str = "",
     memory: str = "",
+    rebuild_image: bool = False,
     progress: str = "auto",
     no_retry: bool = False,
     no_verify: bool = False,
@@ -66,7 +67,15 @@ def build(
     """Fetch and patch the source, then build a wheel (or --preflight) with a manifest and a log."""
     spec = spec_from(profile, set_, arch)
     backend = backend_from(
-        spec, in_container=in_container, engine=engine, sif=sif, apptainer=apptainer, nv=nv, user=user, memory=memory
+        spec,
+        in_container=in_container,
+        engine=engine,
+        sif=sif,
+        apptainer=apptainer,
+        nv=nv,
+        user=user,
+        memory=memory,
+        rebuild_image=rebuild_image,
     )
     options = BuildOptions(
         preflight=preflight,

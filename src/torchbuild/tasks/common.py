@@ -31,6 +31,7 @@ RUNTIME_HELP = {
     "nv": "with --engine apptainer: pass --nv (NVIDIA driver and GPUs into the SIF; for GPU nodes)",
     "user": "uid:gid the container runs as (default: yours; --engine docker only)",
     "memory": "memory limit of the container, e.g. 8g (default: none; not natively)",
+    "rebuild_image": "with --in-container (docker): rebuild the toolchain image when it was built from other inputs",
 }
 
 
@@ -73,9 +74,17 @@ def backend_from(
     nv: bool = False,
     user: str = "",
     memory: str = "",
+    rebuild_image: bool = False,
 ) -> Backend:
     """The backend the runtime options name; options that need --in-container are refused without it."""
     if not in_container and (engine != "docker" or sif or nv or apptainer != "auto"):
         raise UsageError("--engine, --sif, --apptainer and --nv choose a container", hint="add --in-container")
-    options = Options(user=user, memory=memory, sif=Path(sif) if sif else None, apptainer=apptainer, nv=nv)
+    options = Options(
+        user=user,
+        memory=memory,
+        sif=Path(sif) if sif else None,
+        apptainer=apptainer,
+        nv=nv,
+        rebuild_image=rebuild_image,
+    )
     return choose(spec, engine if in_container else "native", options)

@@ -38,6 +38,7 @@ def verify(
     nv: bool = False,
     user: str = "",
     memory: str = "",
+    rebuild_image: bool = False,
     expect_version: str = "",
     report: str = "",
 ) -> None:
@@ -49,7 +50,15 @@ def verify(
         raise UsageError("give exactly one of --wheel W and --installed NAME", hint="invoke verify --wheel out/x.whl")
     spec = spec_from(profile, set_, arch)
     backend = backend_from(
-        spec, in_container=in_container, engine=engine, sif=sif, apptainer=apptainer, nv=nv, user=user, memory=memory
+        spec,
+        in_container=in_container,
+        engine=engine,
+        sif=sif,
+        apptainer=apptainer,
+        nv=nv,
+        user=user,
+        memory=memory,
+        rebuild_image=rebuild_image,
     )
     verify_with(
         spec,
