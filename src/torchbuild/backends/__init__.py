@@ -98,7 +98,7 @@ class Backend(abc.ABC):
         host_file = binds.out / EXCHANGE / f"{step}-{run_id}.json"
         if self.hands_over_file:
             with named_os_errors(host_file.parent, "writing the step's request"):
-                host_file.parent.mkdir(parents=True, exist_ok=True)
+                self.make_dirs(binds)
                 host_file.write_text(json.dumps(request, indent=2))
         inside_file = str(self.view(binds).out / EXCHANGE / host_file.name)
         try:
@@ -112,6 +112,11 @@ class Backend(abc.ABC):
         if rc != 0:
             remove_partials(binds.out, run_id)
             raise failure(rc, step, self.where, binds.out / "logs")
+
+    def make_dirs(self, binds: Binds) -> None:
+        """Create the directories the step writes to (the request exchange among them)."""
+        for d in (binds.out / EXCHANGE, binds.cache / "ccache", binds.cache / "pip"):
+            d.mkdir(parents=True, exist_ok=True)
 
     stopped: ClassVar[str] = "it was stopped"
     hands_over_file: ClassVar[bool] = True  # containers read the request from a file in the out bind

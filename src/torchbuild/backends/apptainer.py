@@ -75,8 +75,6 @@ class ApptainerBackend(Backend):
         return self.sif.name
 
     def launch(self, step: str, request: Mapping[str, Any], binds: Binds, request_file: str) -> int:
-        for d in (binds.out, binds.cache / "ccache", binds.cache / "pip"):
-            d.mkdir(parents=True, exist_ok=True)
         mounts = binds.mounts(self.view(binds))
         return self.runner.call(
             run_args(

@@ -14,7 +14,7 @@ from ..engine import Engine
 from ..environment import launch_env
 from ..image import require_image
 from ..manifest import ImageRecord
-from . import Backend, Binds, container_view
+from . import EXCHANGE, Backend, Binds, container_view
 
 
 def caller_user() -> str:
@@ -52,15 +52,21 @@ class DockerBackend(Backend):
     def where(self) -> str:
         return self.spec.image_tag
 
+    @property
+    def user(self) -> str:
+        return self.options.user or caller_user()
+
+    def make_dirs(self, binds: Binds) -> None:
+        """As the container's user (--user): what root creates here the build could not write."""
+        make_dirs_for(self.user, binds.out / EXCHANGE, *(binds.cache / d for d in ("home", "ccache", "pip")))
+
     def launch(self, step: str, request: Mapping[str, Any], binds: Binds, request_file: str) -> int:
-        user = self.options.user or caller_user()
-        make_dirs_for(user, binds.out, binds.cache / "home", binds.cache / "ccache", binds.cache / "pip")
         view = self.view(binds)
         return self.engine.run(
             self.spec.image_tag,
             ["torchbuild", "inside.step", step, request_file],
             mounts={str(host): inside for host, inside in binds.mounts(view).items()},
-            user=user,
+            user=self.user,
             environment=launch_env(self.name, str(view.cache)),
             workdir=str(view.src or view.out),
             platform=self.spec.arch.docker_platform,

@@ -66,17 +66,7 @@ def build(
 ) -> None:
     """Fetch and patch the source, then build a wheel (or --preflight) with a manifest and a log."""
     spec = spec_from(profile, set_, arch)
-    backend = backend_from(
-        spec,
-        in_container=in_container,
-        engine=engine,
-        sif=sif,
-        apptainer=apptainer,
-        nv=nv,
-        user=user,
-        memory=memory,
-        rebuild_image=rebuild_image,
-    )
+    backend = backend_from(spec, locals())
     options = BuildOptions(
         preflight=preflight,
         clean=clean,

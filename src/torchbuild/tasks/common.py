@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -64,27 +64,16 @@ def spec_from(profile: str, set_: list[str] | None, arch: str | None) -> BuildSp
     return resolve(profile_name(profile), set_ or [], arch=arch or None)
 
 
-def backend_from(
-    spec: BuildSpec,
-    *,
-    in_container: bool,
-    engine: str = "docker",
-    sif: str = "",
-    apptainer: str = "auto",
-    nv: bool = False,
-    user: str = "",
-    memory: str = "",
-    rebuild_image: bool = False,
-) -> Backend:
-    """The backend the runtime options name; options that need --in-container are refused without it."""
-    if not in_container and (engine != "docker" or sif or nv or apptainer != "auto"):
+def backend_from(spec: BuildSpec, given: Mapping[str, Any]) -> Backend:
+    """The backend a task's runtime options name (given: the task's locals(); the keys of
+    RUNTIME_HELP are read); options that need --in-container are refused without it."""
+    opts = {key: given[key] for key in RUNTIME_HELP if key in given}
+    in_container = bool(opts.pop("in_container", False))
+    engine = str(opts.pop("engine", "docker"))
+    if not in_container and (
+        engine != "docker" or opts.get("sif") or opts.get("nv") or opts.get("apptainer", "auto") != "auto"
+    ):
         raise UsageError("--engine, --sif, --apptainer and --nv choose a container", hint="add --in-container")
-    options = Options(
-        user=user,
-        memory=memory,
-        sif=Path(sif) if sif else None,
-        apptainer=apptainer,
-        nv=nv,
-        rebuild_image=rebuild_image,
-    )
+    sif = opts.pop("sif", "")
+    options = Options(sif=Path(sif) if sif else None, **opts)
     return choose(spec, engine if in_container else "native", options)

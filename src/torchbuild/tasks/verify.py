@@ -49,17 +49,7 @@ def verify(
 
         raise UsageError("give exactly one of --wheel W and --installed NAME", hint="invoke verify --wheel out/x.whl")
     spec = spec_from(profile, set_, arch)
-    backend = backend_from(
-        spec,
-        in_container=in_container,
-        engine=engine,
-        sif=sif,
-        apptainer=apptainer,
-        nv=nv,
-        user=user,
-        memory=memory,
-        rebuild_image=rebuild_image,
-    )
+    backend = backend_from(spec, locals())
     verify_with(
         spec,
         backend,
