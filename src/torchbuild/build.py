@@ -511,7 +511,7 @@ def _write_manifest(
     m = manifest.for_build(
         spec,
         run_id=req.run_id,
-        provenance={**req.provenance, "engine": req.backend},
+        provenance={"engine": req.backend, **req.provenance},
         toolchain=run.versions,
         environment=run.env_vars,
         jobs={

@@ -125,7 +125,11 @@ def build(
         source=str(view.src),
         out_dir=str(view.out),
         cache_root=str(view.cache),
-        provenance={**provenance(info, series, result), **({"image": image} if image else {})},
+        provenance={
+            **provenance(info, series, result),
+            "engine": backend.engine,
+            **({"image": image} if image else {}),
+        },
         backend=backend.name,
         **dataclasses.asdict(options),
     )

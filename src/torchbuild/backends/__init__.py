@@ -78,6 +78,11 @@ class Backend(abc.ABC):
         """Everything that can be checked before the step: the engine, the image or SIF.
         Returns what the manifest records of the image (None natively outside any image)."""
 
+    @property
+    def engine(self) -> str:
+        """What the manifest records as the engine (the runtime the step really ran in)."""
+        return self.name
+
     @abc.abstractmethod
     def view(self, binds: Binds) -> Binds:
         """The binds as the step sees them."""

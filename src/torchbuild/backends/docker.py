@@ -36,11 +36,11 @@ def make_dirs_for(user: str, *dirs: Path) -> None:
 class DockerBackend(Backend):
     name = "docker"
     stopped = "its container was removed"
-    engine: Engine
+    docker: Engine
 
     def check(self) -> dict[str, Any] | None:
-        self.engine = Engine.connect()
-        attrs = require_image(self.spec, self.engine, rebuild=self.options.rebuild_image, out=self.out)
+        self.docker = Engine.connect()
+        attrs = require_image(self.spec, self.docker, rebuild=self.options.rebuild_image, out=self.out)
         labels = (attrs.get("Config") or {}).get("Labels") or {}  # type: ignore[attr-defined]
         record = ImageRecord.from_labels(labels, tag=self.spec.image_tag, image_id=str(attrs.get("Id")))
         return dataclasses.asdict(record)
@@ -62,7 +62,7 @@ class DockerBackend(Backend):
 
     def launch(self, step: str, request: Mapping[str, Any], binds: Binds, request_file: str) -> int:
         view = self.view(binds)
-        return self.engine.run(
+        return self.docker.run(
             self.spec.image_tag,
             ["torchbuild", "inside.step", step, request_file],
             mounts={str(host): inside for host, inside in binds.mounts(view).items()},

@@ -20,6 +20,11 @@ class NativeBackend(Backend):
     def check(self) -> dict[str, Any] | None:
         return inside_sif()
 
+    @property
+    def engine(self) -> str:
+        """apptainer when this process runs in a SIF (`apptainer run torch-build.sif build`)."""
+        return "apptainer" if inside_sif() else "native"
+
     def view(self, binds: Binds) -> Binds:
         return binds
 
