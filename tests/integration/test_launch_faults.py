@@ -132,14 +132,14 @@ def test_a_signal_to_invoke_alone_stops_every_build_process(tree, tmp_path, sig)
 # --------------------------------------------------------------------------- 4: reconfigure
 
 
-def _native_build(tree: Path, tmp_path: Path, *sets: str):
+def _native_build(tree: Path, tmp_path: Path, *sets: str, out: Path | None = None):
     return run_invoke(
         "build",
         "--no-verify",
         "--source",
         str(tree),
         "--out",
-        str(tmp_path / "out"),
+        str(out or tmp_path / "out"),
         *set_args([f"cache_dir={tmp_path / 'cache'}", "patches=none", *sets]),
     )
 
@@ -198,7 +198,7 @@ def mount_tmpfs(tmp_path):
 @NATIVE
 def test_out_on_a_read_only_file_system_is_named(tree, tmp_path, mount_tmpfs):
     out = mount_tmpfs("ro", "ro,size=1m")
-    res = _native_build_to(tree, tmp_path, out / "wheels")
+    res = _native_build(tree, tmp_path, out=out / "wheels")
     assert res.returncode == 15, res.stdout[-2000:] + res.stderr
     assert "PathError" in res.stderr and "read-only" in res.stderr and "Traceback" not in res.stderr
 
@@ -213,19 +213,7 @@ def test_out_on_a_full_file_system_is_insufficient_space(tree, tmp_path, mount_t
                 f.write(b"\0" * 4096)
         except OSError:
             pass
-    res = _native_build_to(tree, tmp_path, out)
+    res = _native_build(tree, tmp_path, out=out)
     assert res.returncode == 12, res.stdout[-2000:] + res.stderr
     assert "InsufficientSpace" in res.stderr and str(out) in res.stderr and "Traceback" not in res.stderr
     assert not list(out.glob("*.whl")) and not list(out.glob(".partial-*"))
-
-
-def _native_build_to(tree: Path, tmp_path: Path, out: Path):
-    return run_invoke(
-        "build",
-        "--no-verify",
-        "--source",
-        str(tree),
-        "--out",
-        str(out),
-        *set_args([f"cache_dir={tmp_path / 'cache'}", "patches=none"]),
-    )
