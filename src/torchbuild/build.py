@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from . import __version__, manifest
+from .backends import PARTIAL_PREFIX
 from .config import BuildSpec, spec_from_dict
 from .console import table
 from .environment import build_env, compilers, format_env
@@ -34,8 +35,6 @@ from .process import Finished
 from .progress import Progress
 from .report import LogMark, mark, write_report
 from .source import sha256_file
-
-PARTIAL_PREFIX = ".partial-"
 
 
 @dataclasses.dataclass(frozen=True)

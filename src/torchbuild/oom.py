@@ -36,6 +36,7 @@ OOM_PATTERNS = [
     )
 ]
 SIGKILLED = (137, -9)
+OOM_EXITS = (OutOfMemory.exit_code, *SIGKILLED)  # what a step's exit says about memory
 
 
 def oom_evidence(line: str) -> str | None:

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, TextIO
 
 from ..config import BuildSpec
 from ..errors import BuildInterrupted, TorchbuildError, UsageError, named_os_errors
-from ..oom import step_failure
+from ..oom import OOM_EXITS, step_failure
 from ..process import interrupts_unwind
 
 PARTIAL_PREFIX = ".partial-"
@@ -133,13 +133,16 @@ def remove_partials(out_dir: Path, run_id: str) -> None:
 
 
 def failure(rc: int, step: str, where: str, logs: Path) -> TorchbuildError:
-    """The host's named error for a step that exited rc: the step's own class when rc is one of
-    the named exit codes (it printed its message above), OutOfMemory for a SIGKILL."""
-    if step == "build" or rc in (137, -9):
+    """The host's named error for a step that exited rc: OutOfMemory for exit 13 or a SIGKILL,
+    else the step's own class when rc is a named exit code (it printed its message above),
+    else BuildFailed for a build and a plain error for other steps."""
+    if rc in OOM_EXITS:
         return step_failure(rc, where, logs)
     for cls in _named_errors():
         if cls.exit_code == rc:
             return cls(f"the {step} step in {where} failed ({cls.__name__}, exit {rc}); its report is above")
+    if step == "build":
+        return step_failure(rc, where, logs)
     return TorchbuildError(f"the {step} step in {where} exited with {rc}; its output is above")
 
 
