@@ -59,6 +59,10 @@ class KeySpec:
     choices: tuple[str, ...] = ()
     pattern: str | None = None
     key_pattern: str | None = None
+    scope: str = "build"  # build: decides what is built (hashed); job: how a batch job asks for a node
+
+
+SCOPES = ("build", "job")
 
 
 @functools.cache
@@ -70,6 +74,8 @@ def schema() -> Mapping[str, KeySpec]:
     for name, entry in raw.items():
         if entry.get("type") not in _TYPES or "doc" not in entry or "default" not in entry:
             raise ProfileError(f"{path}: key {name!r} needs type (one of {_TYPES}), default and doc")
+        if entry.get("scope", "build") not in SCOPES:
+            raise ProfileError(f"{path}: key {name!r} has scope {entry['scope']!r}; use one of {SCOPES}")
         keys[name] = KeySpec(
             name=name,
             type=entry["type"],
@@ -78,6 +84,7 @@ def schema() -> Mapping[str, KeySpec]:
             choices=tuple(entry.get("choices", ())),
             pattern=entry.get("pattern"),
             key_pattern=entry.get("key_pattern"),
+            scope=entry.get("scope", "build"),
         )
     # the defaults must themselves be valid, or every profile would inherit an error
     for key in keys.values():
@@ -135,6 +142,20 @@ class BuildSpec:
     mem_per_cuda_job_gb: float
     cache_dir: str
     ccache_size: str
+    scheduler: str
+    account: str
+    partition: str
+    qos: str
+    walltime: str
+    cpus: int
+    mem: str
+    gpus: int
+    gpu_type: str
+    constraint: str
+    modules: tuple[str, ...]
+    module_purge: bool
+    export_env: bool
+    directives: tuple[str, ...]
     # where each key's value came from ("defaults.yaml", "gh200.yaml:12", "--set"); not hashed
     origins: StrMap = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
@@ -179,8 +200,12 @@ class BuildSpec:
 
     @property
     def hash(self) -> str:
-        """sha256 of the resolved profile; recorded in image labels and manifests."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """sha256 of the resolved profile's build keys; recorded in image labels and manifests.
+        The job keys (scope: job) say how a batch job asks for a node, not what is built: a
+        build submitted with another account or walltime is the same build."""
+        keys = schema()
+        data = {k: v for k, v in self.to_dict().items() if k not in keys or keys[k].scope == "build"}
+        blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -642,6 +667,16 @@ def describe_keys() -> str:
         default = json.dumps(k.default)
         rows.append(f"| `{k.name}` | {kind} | `{default}` | {k.doc} |")
     return "\n".join(rows)
+
+
+def profile_text(spec: BuildSpec) -> str:
+    """The resolved profile as a complete profile file (every key, no `extends`): resolving it
+    again gives the same spec. Baked into SIFs and written beside batch jobs."""
+    from . import __version__
+
+    data = {k: v for k, v in spec.to_dict().items() if k != "profile"}
+    header = f"# profile {spec.profile} as resolved by torchbuild {__version__} (sha256 {spec.hash})\n"
+    return header + yaml.safe_dump(data, sort_keys=False)
 
 
 def cache_dir(spec: BuildSpec) -> Path:

@@ -9,7 +9,9 @@ what the build gets. The image sets no build variable of its own.
 
 from __future__ import annotations
 
+import os
 import shlex
+from collections.abc import Mapping
 
 from .config import BuildSpec
 
@@ -56,6 +58,15 @@ def launch_env(backend: str, cache_root: str) -> dict[str, str]:
             }
         )
     return env
+
+
+def allocation_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The batch allocation's variables (cores, memory, job id) a container is started with:
+    the planner inside sees the node, and must keep to the job's share of it."""
+    from .jobs import ALLOCATION_ENV
+
+    env = os.environ if environ is None else environ
+    return {k: env[k] for k in ALLOCATION_ENV if env.get(k)}
 
 
 def build_env(

@@ -31,6 +31,11 @@ class TorchbuildError(Exception):
     def __str__(self) -> str:
         return self.message
 
+    @property
+    def status(self) -> int:
+        """The process's exit status for this error (exit_code, unless the error carries one)."""
+        return self.exit_code
+
 
 class ProfileError(TorchbuildError):
     """A profile or --set override is invalid (unknown key, wrong type, bad value)."""
@@ -90,7 +95,7 @@ def report(err: TorchbuildError) -> int:
     print(f"error: {name}: {err.message}", file=sys.stderr)
     if err.hint:
         print(f"hint: {err.hint}", file=sys.stderr)
-    return err.exit_code
+    return err.status
 
 
 class SourceError(TorchbuildError):
@@ -185,6 +190,30 @@ class WheelError(TorchbuildError):
 
     exit_code = 18
     default_hint = "point --wheel at a .whl file `invoke build` wrote"
+
+
+class SubmissionRefused(TorchbuildError):
+    """sbatch or qsub refused the batch job (account, partition or queue, limits); the
+    scheduler's own message says why."""
+
+    exit_code = 20
+    default_hint = "fix what the scheduler names, then submit again; --dry-run shows the script"
+
+
+class JobFailed(TorchbuildError):
+    """A batch job followed with --wait ended without success. The process exits with the
+    job's own exit code (the build's named error code) where it has one, else 21."""
+
+    exit_code = 21
+    default_hint = "read the job's log; submit again to resume where it stopped"
+
+    def __init__(self, message: str, hint: str | None = None, job_exit: int | None = None) -> None:
+        super().__init__(message, hint)
+        self.job_exit = job_exit
+
+    @property
+    def status(self) -> int:
+        return self.job_exit if self.job_exit and 0 < self.job_exit < 256 else self.exit_code
 
 
 StrPath = Union[str, "os.PathLike[str]"]

@@ -1,9 +1,10 @@
 """How many compile jobs a build may run: from cores, the memory the build may use, and the
 peak memory of one compile job.
 
-Memory is the smallest of: MemAvailable, the cgroup limit (inside a container or a Slurm job
-with cgroup confinement) and the Slurm allocation (SLURM_MEM_PER_NODE, or SLURM_MEM_PER_CPU x
-SLURM_CPUS_ON_NODE). Cores are the CPU affinity, bounded by SLURM_CPUS_ON_NODE.
+Memory is the smallest of: MemAvailable, the memory limits of this process's cgroups (a
+container's, or a Slurm or PBS job's under cgroup confinement) and the Slurm allocation
+(SLURM_MEM_PER_NODE, or SLURM_MEM_PER_CPU x SLURM_CPUS_ON_NODE). Cores are the CPU affinity,
+bounded by the allocation's cores (SLURM_CPUS_ON_NODE; PBS's NCPUS; Torque's PBS_NUM_PPN).
 Per-job peaks start from the profile (mem_per_job_gb for C++, mem_per_cuda_job_gb for CUDA
 builds, where flash-attention kernels need about 5 GB) and are replaced by the peaks measured
 on preflight canaries once there are some (`Peaks`).
@@ -22,6 +23,17 @@ if TYPE_CHECKING:
     from .config import BuildSpec
 
 GiB = 1024**3
+# cores a batch allocation grants: Slurm, PBS Professional (NCPUS of the chunk), Torque
+ALLOCATION_CPUS = ("SLURM_CPUS_ON_NODE", "NCPUS", "PBS_NUM_PPN")
+# what a container must be told of the allocation, since its own view is the node's
+ALLOCATION_ENV = (
+    *ALLOCATION_CPUS,
+    "SLURM_MEM_PER_NODE",
+    "SLURM_MEM_PER_CPU",
+    "SLURM_CPUS_PER_TASK",
+    "SLURM_JOB_ID",
+    "PBS_JOBID",
+)
 # measured peaks are raised by this margin: a canary is one file, the build has many
 PEAK_MARGIN = 1.25
 MAX_NVCC_THREADS = 4
@@ -40,18 +52,20 @@ class HostResources:
         environ: Mapping[str, str] | None = None,
         cgroup_root: Path = Path("/sys/fs/cgroup"),
         meminfo: Path = Path("/proc/meminfo"),
+        self_cgroup: Path = Path("/proc/self/cgroup"),
     ) -> HostResources:
         env = os.environ if environ is None else environ
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         cores_source = "CPU affinity"
-        slurm_cpus = _int(env.get("SLURM_CPUS_ON_NODE"))
-        if slurm_cpus and slurm_cpus < cores:
-            cores, cores_source = slurm_cpus, "SLURM_CPUS_ON_NODE"
+        for variable in ALLOCATION_CPUS:
+            allotted = _int(env.get(variable))
+            if allotted and allotted < cores:
+                cores, cores_source = allotted, variable
         candidates: list[tuple[int, str]] = []
         avail = mem_available(meminfo)
         if avail:
             candidates.append((avail, "MemAvailable"))
-        limit = cgroup_limit(cgroup_root)
+        limit = cgroup_limit(cgroup_root, self_cgroup)
         if limit is not None:
             candidates.append((limit, "cgroup memory limit"))
         slurm = slurm_memory(env)
@@ -83,15 +97,44 @@ def mem_available(meminfo: Path = Path("/proc/meminfo")) -> int:
     return 0
 
 
-def cgroup_limit(root: Path = Path("/sys/fs/cgroup")) -> int | None:
-    """The memory limit of this process's cgroup (v2 memory.max or v1 limit_in_bytes), if any."""
+def own_cgroups(root: Path = Path("/sys/fs/cgroup"), self_cgroup: Path = Path("/proc/self/cgroup")) -> list[Path]:
+    """The memory cgroup directories of this process, from its own up to the root: a Slurm
+    job's (task/cgroup) or a PBS job's cgroup is where the job's limit is. In a container
+    (its own cgroup namespace) the paths resolve to the container's root."""
+    try:
+        lines = self_cgroup.read_text().splitlines()
+    except OSError:
+        lines = []
+    dirs: list[Path] = []
+    for line in lines:
+        _, controllers, path = [*line.split(":", 2), "", ""][:3]
+        if controllers == "":  # v2: 0::/path
+            base = root
+        elif "memory" in controllers.split(","):
+            base = root / "memory"
+        else:
+            continue
+        here = base / path.strip("/")
+        while here != base and here.is_relative_to(base):
+            if here.is_dir():
+                dirs.append(here)
+            here = here.parent
+    return dirs
+
+
+def cgroup_limit(root: Path = Path("/sys/fs/cgroup"), self_cgroup: Path = Path("/proc/self/cgroup")) -> int | None:
+    """The smallest memory limit over this process's cgroups and the root's (v2 memory.max,
+    v1 memory.limit_in_bytes), if any."""
+    limits = []
+    for d in own_cgroups(root, self_cgroup):
+        limits.append(_read_int(d / "memory.max") or _read_int(d / "memory.limit_in_bytes"))
     v2 = root / "memory.max"
     if v2.is_file():
-        return _read_int(v2)  # "max" -> None
-    v1 = _read_int(root / "memory" / "memory.limit_in_bytes")
-    if v1 is not None and v1 < (1 << 60):  # v1 reports a huge number when unlimited
-        return v1
-    return None
+        limits.append(_read_int(v2))  # "max" -> None
+    else:
+        limits.append(_read_int(root / "memory" / "memory.limit_in_bytes"))
+    found = [x for x in limits if x is not None and x < (1 << 60)]  # v1 says unlimited with a huge number
+    return min(found) if found else None
 
 
 def cgroup_peak(root: Path = Path("/sys/fs/cgroup")) -> int | None:

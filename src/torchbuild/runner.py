@@ -21,9 +21,10 @@ from . import manifest
 from .backends import Backend, Binds
 from .build import BuildRequest, Outcome
 from .config import BuildSpec, cache_dir
-from .errors import SourceError, UsageError, writable_dir
+from .errors import SourceError, TorchbuildError, UsageError, writable_dir
 from .patches import ApplyResult, Series, apply_series, load_series
-from .source import SourceInfo, get_source
+from .resume import Record, request_key
+from .source import SourceInfo, get_source, looks_like_url, sha256_file
 
 
 def in_container() -> bool:
@@ -109,36 +110,114 @@ def build(
     ref: str = "",
     options: BuildOptions = BuildOptions(),
     verify: bool = True,
+    resume: bool = False,
     out: TextIO = sys.stdout,
 ) -> Outcome:
-    """Check, fetch, patch, build with `backend`, then verify the wheel where it was built."""
+    """Check, fetch, patch, build with `backend`, then verify the wheel where it was built.
+    With resume, the steps this request finished in an earlier run are skipped (resume.py)."""
     image = backend.check()
     out_dir = writable_dir(where.out, "--out")
     cache = writable_dir(where.cache, "cache_dir")
-    info = get_source(spec, where.source, ref, out=out)
-    series, result = patch_tree(spec, info.path)
-    print(describe_patches(series, result), file=out)
-    binds = Binds(cache=cache, out=out_dir, src=info.path)
-    view = backend.view(binds)
-    req = BuildRequest(
-        spec=spec,
-        source=str(view.src),
-        out_dir=str(view.out),
-        cache_root=str(view.cache),
-        provenance={
-            **provenance(info, series, result),
-            "engine": backend.engine,
-            **({"image": image} if image else {}),
-        },
-        backend=backend.name,
-        **dataclasses.asdict(options),
+    done = (
+        Record.load(out_dir, key_of(spec, where, ref, options, backend))
+        if resume and not options.clean
+        else Record.off()
     )
-    backend.run("build", req.to_dict(), binds)
-    outcome = outcome_of(out_dir, req.run_id)
+    outcome = _finished_build(done, out_dir, out)
+    if outcome is None:
+        info, series, result = _source(spec, where, ref, done, out)
+        binds = Binds(cache=cache, out=out_dir, src=info.path)
+        view = backend.view(binds)
+        req = BuildRequest(
+            spec=spec,
+            source=str(view.src),
+            out_dir=str(view.out),
+            cache_root=str(view.cache),
+            provenance={
+                **provenance(info, series, result),
+                "engine": backend.engine,
+                **({"image": image} if image else {}),
+            },
+            backend=backend.name,
+            **dataclasses.asdict(options),
+        )
+        backend.run("build", req.to_dict(), binds)
+        outcome = outcome_of(out_dir, req.run_id)
+        done.done("wheel", run_id=req.run_id)
     print(f"{outcome.wheel or 'preflight passed'}\nmanifest: {outcome.manifest}\nlog: {outcome.log}", file=out)
     if outcome.wheel and verify:
-        verify_with(spec, backend, wheel=outcome.wheel, cache=cache, checked=True)
+        digest = sha256_file(outcome.wheel)
+        if _verified(done, outcome.wheel, digest):
+            print(
+                f"resume: skipping verify: {outcome.wheel.name} passed it before ({outcome.wheel}.verify.json)",
+                file=out,
+            )
+        else:
+            verify_with(spec, backend, wheel=outcome.wheel, cache=cache, checked=True)
+            done.done("verify", wheel_sha256=digest)
     return outcome
+
+
+def key_of(spec: BuildSpec, where: Places, ref: str, options: BuildOptions, backend: Backend | str) -> str:
+    """The request's hash (resume.request_key) for a build of where.source at ref."""
+    source = where.source
+    if source and not looks_like_url(source):
+        source = str(Path(source).expanduser().absolute())
+    return request_key(
+        spec.hash,
+        source,
+        ref,
+        preflight=options.preflight,
+        targets=options.targets,
+        canaries=options.canaries,
+        backend=backend if isinstance(backend, str) else backend.name,
+    )
+
+
+def _source(
+    spec: BuildSpec, where: Places, ref: str, done: Record, out: TextIO
+) -> tuple[SourceInfo, Series, ApplyResult]:
+    """The patched tree: fetched and patched now, or (resuming) as an earlier run left it."""
+    series = load_series(spec.patches, spec.torch_version)
+    earlier = done.get("source")
+    if earlier is not None:
+        info = SourceInfo.from_dict(earlier["info"])
+        if info.path.is_dir() and earlier.get("series") == series.checksum:
+            print(f"resume: skipping source: {info.path} was fetched and patched by an earlier run", file=out)
+            return info, series, ApplyResult(applied=(), skipped=tuple(p.name for p in series.patches))
+        done.forget("source", "wheel", "verify")
+    info = get_source(spec, where.source, ref, out=out)
+    result = apply_series(info.path, series)
+    print(describe_patches(series, result), file=out)
+    done.done("source", info=info.to_dict(), series=series.checksum)
+    return info, series, result
+
+
+def _finished_build(done: Record, out_dir: Path, out: TextIO) -> Outcome | None:
+    """The outcome of the build step an earlier run of this request finished, while its wheel
+    is still there with the sha256 its manifest records; None otherwise."""
+    earlier = done.get("wheel")
+    if earlier is None:
+        return None
+    try:
+        m, path = manifest.find_run(out_dir, str(earlier["run_id"]))
+    except TorchbuildError:
+        m = None
+    if m is not None and m.wheel is not None:
+        wheel = out_dir / m.wheel.name
+        if wheel.is_file() and sha256_file(wheel) == m.wheel.sha256:
+            print(f"resume: skipping the build: {wheel.name} (sha256 {m.wheel.sha256[:16]}) is there", file=out)
+            return Outcome(wheel, path, out_dir / "logs" / m.log)
+    elif m is not None:
+        print(f"resume: skipping the preflight: run {m.run_id} passed it", file=out)
+        return Outcome(None, path, out_dir / "logs" / m.log)
+    done.forget("wheel", "verify")
+    return None
+
+
+def _verified(done: Record, wheel: Path, digest: str) -> bool:
+    earlier = done.get("verify")
+    return bool(earlier and earlier.get("wheel_sha256") == digest and Path(f"{wheel}.verify.json").is_file())
 
 
 def outcome_of(host_out: Path, run_id: str) -> Outcome:

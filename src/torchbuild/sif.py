@@ -39,12 +39,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO, cast
 
-import yaml
-
 from . import __version__
 from .arch import Arch
 from .build import Tee
-from .config import DEFAULT_PROFILE, BuildSpec, cache_dir
+from .config import DEFAULT_PROFILE, BuildSpec, cache_dir, profile_text
 from .engine import Engine
 from .environment import build_env
 from .errors import BuildInterrupted, InsufficientSpace, SifError, ToolMissing
@@ -77,13 +75,6 @@ def default_sif(spec: BuildSpec, directory: Path = Path()) -> Path:
 
 def baked_profile_path(spec: BuildSpec) -> str:
     return f"{BAKED_PROFILES}/{spec.profile}.yaml"
-
-
-def baked_profile(spec: BuildSpec) -> str:
-    """The resolved profile as a complete profile file: resolving it again gives the same hash."""
-    data = {k: v for k, v in spec.to_dict().items() if k != "profile"}
-    header = f"# profile {spec.profile} as resolved by torchbuild {__version__} (sha256 {spec.hash})\n"
-    return header + yaml.safe_dump(data, sort_keys=False)
 
 
 def runtime_env(spec: BuildSpec) -> dict[str, str]:
@@ -450,7 +441,7 @@ def build_sif(
             engine.save(spec.image_tag, archive)
             save_seconds = time.monotonic() - t0
             profile_file = work / f"{spec.profile}.yaml"
-            profile_file.write_text(baked_profile(spec))
+            profile_file.write_text(profile_text(spec))
             deffile = work / "torch-build.def"
             deffile.write_text(definition(spec, archive=archive, profile_file=profile_file, image_id=image_id))
             print(f"converting with {apptainer.description}", file=out, flush=True)

@@ -16,8 +16,9 @@ import sys
 import tarfile
 import tempfile
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from .config import BuildSpec
 from .errors import InsufficientSpace, PathError, SourceError, ToolMissing, UsageError, named_os_errors
@@ -42,6 +43,14 @@ class SourceInfo:
         d["path"] = str(self.path)
         d["submodules"] = [{"path": p, "commit": c} for p, c in self.submodules]
         return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SourceInfo:
+        """The inverse of to_dict (a resumed run's record of its tree)."""
+        d = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
+        d["path"] = Path(str(d["path"]))
+        d["submodules"] = tuple((str(s["path"]), str(s["commit"])) for s in d.get("submodules", ()))
+        return cls(**d)
 
 
 def _git(*args: str, cwd: Path | None = None, out: TextIO | None = None) -> str:

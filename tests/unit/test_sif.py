@@ -16,13 +16,12 @@ import pytest
 from torchbuild import __version__
 from torchbuild.backends.apptainer import check_sif, run_args
 from torchbuild.cli import main
-from torchbuild.config import resolve
+from torchbuild.config import profile_text, resolve
 from torchbuild.errors import ImageNotFound, InsufficientSpace, SifError, ToolMissing
 from torchbuild.sif import (
     Apptainer,
     HostApptainer,
     _stream,
-    baked_profile,
     check_space,
     definition,
     locate,
@@ -60,7 +59,7 @@ def test_definition_refuses_paths_with_whitespace(tmp_path):
 def test_baked_profile_resolves_to_the_same_hash(tmp_path, profile, sets):
     spec = resolve(profile, sets)
     path = tmp_path / f"{spec.profile}.yaml"
-    path.write_text(baked_profile(spec))
+    path.write_text(profile_text(spec))
     again = resolve(str(path))
     assert again.hash == spec.hash and again.profile == spec.profile
 

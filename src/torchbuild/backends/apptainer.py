@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import __version__
 from ..config import BuildSpec
-from ..environment import launch_env
+from ..environment import allocation_env, launch_env
 from ..errors import ImageNotFound
 from ..image import LABEL_PREFIX
 from ..manifest import ImageRecord
@@ -49,7 +49,7 @@ def run_args(
     if nv:
         args.append("--nv")
     args += ["--bind", ",".join(f"{host}:{inside}" for host, inside in binds.items())]
-    for key, value in launch_env("apptainer", str(CONTAINER_VIEW.cache)).items():
+    for key, value in {**launch_env("apptainer", str(CONTAINER_VIEW.cache)), **allocation_env()}.items():
         args += ["--env", f"{key}={value}"]
     args += [str(sif), *command]
     return args

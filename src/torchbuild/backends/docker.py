@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine import Engine
-from ..environment import launch_env
+from ..environment import allocation_env, launch_env
 from ..image import require_image
 from ..manifest import ImageRecord
 from . import EXCHANGE, Backend, Binds, container_view
@@ -67,7 +67,7 @@ class DockerBackend(Backend):
             ["torchbuild", "inside.step", step, request_file],
             mounts={str(host): inside for host, inside in binds.mounts(view).items()},
             user=self.user,
-            environment=launch_env(self.name, str(view.cache)),
+            environment={**launch_env(self.name, str(view.cache)), **allocation_env()},
             workdir=str(view.src or view.out),
             platform=self.spec.arch.docker_platform,
             memory_limit=self.options.memory or None,

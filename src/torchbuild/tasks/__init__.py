@@ -11,6 +11,7 @@ from .image import base_image, image
 from .inside import inside
 from .manifest import manifest
 from .sif import sif
+from .submit import submit
 from .verify import verify
 
-ns = Collection(config, image, base_image, sif, build, verify, source, patches, doctor, manifest, inside)
+ns = Collection(config, image, base_image, sif, build, submit, verify, source, patches, doctor, manifest, inside)

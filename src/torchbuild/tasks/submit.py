@@ -1,0 +1,134 @@
+"""invoke submit: the build as a batch job on a compute node (Slurm or PBS)."""
+
+from __future__ import annotations
+
+import json
+
+from invoke.context import Context
+from invoke.tasks import task
+
+from ..config import parse_jobs_option
+from ..runner import BuildOptions
+from ..scheduler import Runtime, submit_build
+from .build import SOURCE_HELP
+from .common import HELP, handles_errors, spec_from
+
+# option -> profile key: an option given on the command line is a --set of that key, so it is
+# validated like the profile's own value and recorded in the resolved profile the job builds
+JOB_KEYS = {
+    "scheduler": "scheduler",
+    "account": "account",
+    "partition": "partition",
+    "qos": "qos",
+    "walltime": "walltime",
+    "cpus": "cpus",
+    "mem": "mem",
+    "gpus": "gpus",
+    "gpu_type": "gpu_type",
+    "constraint": "constraint",
+}
+
+
+@task(
+    help={
+        **HELP,
+        "scheduler": "slurm (sbatch) or pbs (qsub); default: the profile's `scheduler`",
+        "account": "project to charge (default: the profile's, else $SLURM_ACCOUNT / $PBS_ACCOUNT)",
+        "partition": "Slurm partition or PBS queue (default: the profile's, else the site's)",
+        "qos": "Slurm QoS (default: the profile's)",
+        "walltime": "time limit, [D-]HH:MM:SS (default: the profile's, 04:00:00)",
+        "cpus": "cores for the job (default: the profile's `cpus`)",
+        "mem": "memory for the job, e.g. 64G (default: the profile's `mem`, else the site's)",
+        "gpus": "GPUs for the job (default: the profile's `gpus`); with the SIF, > 0 adds --nv",
+        "gpu_type": "GPU model, e.g. a100 (default: the profile's `gpu_type`)",
+        "constraint": "Slurm --constraint, or PBS select resources name=value[:...] (default: the profile's)",
+        "directive": "a further scheduler directive, as written after #SBATCH / #PBS (repeatable; adds to the profile's)",
+        "module": "an environment module to load in the job (repeatable; replaces the profile's `modules`)",
+        "module_purge": "`module purge` in the job before loading the modules",
+        "engine": "where the job builds: apptainer (the SIF, default), docker (the toolchain image) or native",
+        "sif": "with --engine apptainer: the SIF (default ./torch-build-<profile>-<arch>.sif)",
+        "apptainer": "with --engine apptainer: auto (the node's apptainer, else the builder container), host, docker",
+        "source": SOURCE_HELP + "; a git source is fetched and patched here, before submitting",
+        "ref": "git tag, branch or commit (default: the profile's torch_ref, else v<torch_version>)",
+        "out": "output directory for the wheel, manifest, logs and the job's script (default ./out)",
+        "preflight": "the job runs the preflight (configure, targets, canaries) instead of the wheel build",
+        "target": "preflight CMake target (repeatable)",
+        "canary": "preflight canary source file (repeatable)",
+        "clean": "remove the tree's build/ directory first (the job then does not resume)",
+        "jobs": "parallel compile jobs (default: planned in the job from its cores and memory)",
+        "no_retry": "fail at the first out-of-memory kill instead of resuming with fewer jobs",
+        "no_verify": "skip verifying the wheel in the job",
+        "dependency": "start only after this job id finished successfully (afterok)",
+        "dry_run": "print the script and the submit command; write and submit nothing",
+        "wait": "follow the job's log until it ends, then exit with the build's exit code",
+    },
+    iterable=["set_", "directive", "module", "target", "canary"],
+)
+@handles_errors
+def submit(
+    c: Context,
+    profile: str = "",
+    arch: str = "",
+    set_: list[str] | None = None,
+    scheduler: str = "",
+    account: str = "",
+    partition: str = "",
+    qos: str = "",
+    walltime: str = "",
+    cpus: str = "",
+    mem: str = "",
+    gpus: str = "",
+    gpu_type: str = "",
+    constraint: str = "",
+    directive: list[str] | None = None,
+    module: list[str] | None = None,
+    module_purge: bool = False,
+    engine: str = "apptainer",
+    sif: str = "",
+    apptainer: str = "auto",
+    source: str = "",
+    ref: str = "",
+    out: str = "",
+    preflight: bool = False,
+    target: list[str] | None = None,
+    canary: list[str] | None = None,
+    clean: bool = False,
+    jobs: str = "",
+    no_retry: bool = False,
+    no_verify: bool = False,
+    dependency: str = "",
+    dry_run: bool = False,
+    wait: bool = False,
+) -> None:
+    """Run the build on a compute node: render a Slurm or PBS batch script and submit it."""
+    given = locals()
+    sets = list(set_ or [])
+    sets += [f"{key}={given[option]}" for option, key in JOB_KEYS.items() if given[option]]
+    if module:
+        sets.append(f"modules={json.dumps(module)}")
+    if module_purge:
+        sets.append("module_purge=true")
+    spec = spec_from(profile, sets, arch)
+    if directive:  # added to the profile's, and validated as the key's items are
+        spec = spec_from(profile, [*sets, f"directives={json.dumps([*spec.directives, *directive])}"], arch)
+    options = BuildOptions(
+        preflight=preflight,
+        clean=clean,
+        jobs=parse_jobs_option(jobs),
+        targets=tuple(target or ()),
+        canaries=tuple(canary or ()),
+        progress="lines",
+        oom_retry=not no_retry,
+    )
+    submit_build(
+        spec,
+        Runtime(engine, sif, apptainer),
+        source=source,
+        ref=ref,
+        out_dir=out,
+        options=options,
+        verify=not no_verify,
+        dependency=dependency,
+        dry_run=dry_run,
+        wait=wait,
+    )
