@@ -235,14 +235,16 @@ def stale_configure(source: str, inputs: Mapping[str, str]) -> str | None:
 def prepare_configure(source: str, inputs: Mapping[str, str], tee: Tee) -> None:
     """Clear CMake's state when it is stale (saying why), then stamp the inputs as pending."""
     reason = stale_configure(source, inputs)
+    b = build_dir(source)
     if reason is not None:
-        b = build_dir(source)
         tee.line(f"torchbuild: reconfiguring {b}: {reason}")
         for name in ("CMakeCache.txt", "build.ninja"):
             (b / name).unlink(missing_ok=True)
         shutil.rmtree(b / "CMakeFiles", ignore_errors=True)
         write_stamp(source, inputs, complete=False)
-    elif not _stamp(source).exists():
+    elif (b / "CMakeCache.txt").exists():  # configured with these inputs, and it finished
+        tee.line(f"torchbuild: skipping configure: {b} was configured with these inputs and finished")
+    else:
         write_stamp(source, inputs, complete=False)
 
 

@@ -45,8 +45,11 @@ def interrupts_unwind() -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def stop_group(pgid: int, grace: float = GRACE_S) -> None:
-    """SIGTERM to the process group, then SIGKILL to whatever is left after `grace` seconds."""
+def stop_group(pgid: int, grace: float = GRACE_S, leader: subprocess.Popen[bytes] | None = None) -> None:
+    """SIGTERM to the process group, then SIGKILL to whatever is left after `grace` seconds.
+    The leader (our child) is reaped as it exits: a zombie still counts as a group member, and
+    a batch system that signals every process of the job at once SIGKILLs us after its own
+    grace (Slurm's KillWait) if we wait on a group that holds only a zombie."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
         try:
             os.killpg(pgid, sig)
@@ -54,6 +57,8 @@ def stop_group(pgid: int, grace: float = GRACE_S) -> None:
             return
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
+            if leader is not None:
+                leader.poll()
             try:
                 os.killpg(pgid, 0)
             except ProcessLookupError:
@@ -88,7 +93,7 @@ def run_streamed(
         _, status, usage = os.wait4(proc.pid, 0)
     finally:
         # the leader is reaped (or still running, on an exception): stop the rest of its group
-        stop_group(proc.pid, grace=0.0 if status is not None else GRACE_S)
+        stop_group(proc.pid, grace=0.0 if status is not None else GRACE_S, leader=None if status is not None else proc)
         if status is None:
             proc.wait()
         proc.stdout.close()

@@ -67,6 +67,8 @@ class JobStatus:
     finished: bool
     exit_code: int | None = None  # of the batch script, once finished
     node: str = ""
+    queued_s: float | None = None  # submission to start, by the scheduler's clock
+    ran_s: float | None = None  # start to end (or now)
 
 
 class Scheduler(abc.ABC):
@@ -252,7 +254,7 @@ class Slurm(Scheduler):
         if not rows:
             return None
         state, code, node = rows[0]
-        return slurm_status({"JobState": state.split()[0], "ExitCode": code, "NodeList": node})
+        return slurm_status({"JobState": (state.split() or ["UNKNOWN"])[0], "ExitCode": code, "NodeList": node})
 
 
 def scontrol_fields(text: str) -> dict[str, str]:
@@ -273,7 +275,33 @@ def slurm_status(fields: Mapping[str, str]) -> JobStatus:
         status, signal = (int(x) for x in exit_field.split(":"))
         code = 128 + signal if signal and not status else status
     node = fields.get("NodeList", "")
-    return JobStatus(state, state in _SLURM_ACTIVE or finished, finished, code, "" if node == "(null)" else node)
+    started = state in _SLURM_ACTIVE or finished
+    queued = _between(fields.get("SubmitTime", ""), fields.get("StartTime", ""), "%Y-%m-%dT%H:%M:%S")
+    return JobStatus(
+        state,
+        started,
+        finished,
+        code,
+        "" if node in ("(null)", "None assigned") else node,
+        queued if started else None,
+        _duration(fields.get("RunTime") or fields.get("Elapsed", "")),
+    )
+
+
+def _between(first: str, second: str, fmt: str) -> float | None:
+    try:
+        return max(0.0, time.mktime(time.strptime(second, fmt)) - time.mktime(time.strptime(first, fmt)))
+    except ValueError:
+        return None
+
+
+def _duration(text: str) -> float | None:
+    """[D-]HH:MM:SS (Slurm's RunTime, PBS's walltime used) in seconds."""
+    m = _WALLTIME.fullmatch(text.strip())
+    if not m:
+        return None
+    days, hours, minutes, seconds = (int(x or 0) for x in m.groups())
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
 
 
 class Pbs(Scheduler):
@@ -353,7 +381,11 @@ def pbs_status(qstat_json: str, job_id: str) -> JobStatus | None:
     if finished:
         state = "COMPLETED" if exit_code == 0 else "FAILED"
     node = str(info.get("exec_host", "")).split("/")[0]
-    return JobStatus(state, letter in ("R", "E") or finished, finished, exit_code, node)
+    started = letter in ("R", "E") or finished
+    queued = _between(str(info.get("qtime", "")), str(info.get("stime", "")), "%a %b %d %H:%M:%S %Y")
+    used = info.get("resources_used")
+    ran = _duration(str(used.get("walltime", ""))) if isinstance(used, dict) else None
+    return JobStatus(state, started, finished, exit_code, node, queued if started else None, ran)
 
 
 def pbs_walltime(walltime: str) -> str:
@@ -460,21 +492,23 @@ def follow(
     sleep: Callable[[float], None] = time.sleep,
 ) -> JobStatus:
     """Print the job's log as it grows until the job ends; JobFailed unless it exited 0."""
-    t0, started, pos = clock(), None, 0
+    t0, started, pos = clock(), False, 0
     job_id = submitted.job_id
     try:
         while True:
             status = scheduler.status(job_id)
-            pos = _print_new(submitted.log, pos, out)
             if status is None:
+                _print_new(submitted.log, pos, out)
                 raise JobFailed(
                     f"{scheduler.name} job {job_id} is no longer known to the scheduler",
                     hint=f"its log, if it ran: {submitted.log}",
                 )
-            if status.running and started is None:
-                started = clock()
+            if status.running and not started:
+                started = True
+                queued = status.queued_s if status.queued_s is not None else clock() - t0
                 where = f" on {status.node}" if status.node else ""
-                print(f"job {job_id} started{where}, {started - t0:.1f} s after submission", file=out, flush=True)
+                print(f"job {job_id} started{where}, {queued:.0f} s after submission", file=out, flush=True)
+            pos = _print_new(submitted.log, pos, out)
             if status.finished:
                 break
             sleep(poll)
@@ -484,8 +518,8 @@ def follow(
             hint=f"follow its log with `tail -f {submitted.log}`; cancel it with `{scheduler.cancel_tool} {job_id}`",
         ) from None
     _print_new(submitted.log, pos, out)
-    ran = clock() - (started if started is not None else t0)
-    print(f"job {job_id} {status.state} (exit code {status.exit_code}) after {ran:.1f} s", file=out, flush=True)
+    ran = f" after {status.ran_s:.0f} s" if status.ran_s is not None else ""
+    print(f"job {job_id} {status.state} (exit code {status.exit_code}){ran}", file=out, flush=True)
     if status.exit_code != 0:
         raise JobFailed(
             f"{scheduler.name} job {job_id} {status.state}, exit code {status.exit_code}; "

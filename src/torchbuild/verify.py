@@ -174,8 +174,13 @@ def _install(wheel: Path, root: Path) -> tuple[str, str]:
     """Install the wheel alone into a fresh venv under root: (its python, "") or ("", why not)."""
     try:
         python = _fresh_venv(root)
+        # pip reads a requirement, not a path: "; " starts an environment marker, so a wheel
+        # under a directory named "a; b" would not install. A link with a plain name would.
+        plain = root / "wheel" / wheel.name
+        plain.parent.mkdir()
+        plain.symlink_to(wheel.absolute())
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--no-index", str(wheel)],
+            [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--no-index", str(plain)],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
     except subprocess.CalledProcessError as exc:

@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 from helpers import FIXTURES, SUITE, SUITE_PYTHON, run_invoke, set_args
+from slurm_cluster import SlurmCluster, missing_tools
 
 from torchbuild.arch import Arch
 from torchbuild.baseimage import make_base_image
 from torchbuild.config import resolve
 from torchbuild.engine import Engine
 from torchbuild.errors import EngineUnavailable
+from torchbuild.sif import DockerApptainer, locate
 
 
 @pytest.fixture(scope="session")
@@ -101,3 +103,36 @@ def sid_base(engine: Engine, test_cache: Path) -> str:
         engine, suite="sid", arch=Arch.X86_64, work_dir=test_cache / "rootfs", ignore_valid_until=True
     )
     return tag
+
+
+@pytest.fixture(scope="session")
+def cpu_sif(engine, cpu_image, site_overrides, sid_base, tmp_path_factory):
+    """`invoke sif` of the cpu image, as a user types it; returns (spec, sif, first output, builder, sets)."""
+    spec, _ = cpu_image
+    sets = [*site_overrides, f"sif_builder_base={sid_base}"]
+    out = tmp_path_factory.mktemp("sif")
+    res = run_invoke(
+        "sif", "--profile", "cpu", "--arch", "x86_64", "--apptainer", "docker", "--out", str(out), *set_args(sets)
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+    spec = resolve("cpu", sets, arch="x86_64")
+    apptainer = locate(spec, "docker")
+    assert isinstance(apptainer, DockerApptainer)
+    return spec, out / "torch-build-cpu-x86_64.sif", res.stdout, apptainer, sets
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A real one-node Slurm (munged, slurmctld, slurmd), stopped after the session. CI installs
+    slurm-wlm and munge (.ci/run); elsewhere the Slurm tests are skipped when they are missing."""
+    missing = missing_tools()
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"Slurm is not installed here ({', '.join(missing)} missing); .ci/run installs it")
+        pytest.skip(f"needs slurm-wlm and munge ({', '.join(missing)} missing)")
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

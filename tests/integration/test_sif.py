@@ -34,22 +34,6 @@ def call(apptainer: DockerApptainer, args: list[str], paths: list[Path]) -> tupl
     return rc, buf.getvalue()
 
 
-@pytest.fixture(scope="module")
-def cpu_sif(engine, cpu_image, site_overrides, sid_base, tmp_path_factory):
-    """`invoke sif` of the cpu image, as a user types it; returns (spec, sif, first output, builder)."""
-    spec, _ = cpu_image
-    sets = [*site_overrides, f"sif_builder_base={sid_base}"]
-    out = tmp_path_factory.mktemp("sif")
-    res = run_invoke(
-        "sif", "--profile", "cpu", "--arch", "x86_64", "--apptainer", "docker", "--out", str(out), *set_args(sets)
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
-    spec = resolve("cpu", sets, arch="x86_64")
-    apptainer = locate(spec, "docker")
-    assert isinstance(apptainer, DockerApptainer)
-    return spec, out / "torch-build-cpu-x86_64.sif", res.stdout, apptainer, sets
-
-
 def test_sif_runs_python_and_torchbuild(engine, cpu_sif):
     _spec, sif, first, apptainer, _ = cpu_sif
     assert sif.is_file() and "written in" in first

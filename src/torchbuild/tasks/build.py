@@ -34,6 +34,7 @@ SOURCE_HELP = "git URL, local tree, tarball or Debian .dsc (default: the profile
         "jobs": "parallel compile jobs, an integer >= 1 (default: planned from cores and memory)",
         "no_verify": "skip `invoke verify` of the wheel after the build (it runs where the build ran)",
         "no_retry": "fail with OutOfMemory at the first out-of-memory kill instead of resuming with fewer jobs",
+        "resume": "skip the steps an earlier run of this same request finished (source, wheel, verify); batch jobs always resume",
         "progress": "bar (a terminal), lines (a progress line every 30 s, for CI logs), raw (every line); default auto",
     },
     iterable=["set_", "target", "canary"],
@@ -63,6 +64,7 @@ def build(
     progress: str = "auto",
     no_retry: bool = False,
     no_verify: bool = False,
+    resume: bool = False,
 ) -> None:
     """Fetch and patch the source, then build a wheel (or --preflight) with a manifest and a log."""
     spec = spec_from(profile, set_, arch)
@@ -76,7 +78,9 @@ def build(
         progress=progress_mode(progress),
         oom_retry=not no_retry,
     )
-    runner.build(spec, backend, runner.places(spec, source, out), ref=ref, options=options, verify=not no_verify)
+    runner.build(
+        spec, backend, runner.places(spec, source, out), ref=ref, options=options, verify=not no_verify, resume=resume
+    )
 
 
 def progress_mode(progress: str) -> str:
