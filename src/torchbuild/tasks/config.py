@@ -7,7 +7,8 @@ import json
 from invoke.context import Context
 from invoke.tasks import task
 
-from ..config import available_profiles, describe_keys
+from ..config import available_profiles, describe_keys, resolve
+from ..console import table
 from ..environment import BACKENDS
 from ..errors import UsageError
 from ..render import config_data, config_text
@@ -19,7 +20,7 @@ from .common import HELP, handles_errors, spec_from
         **HELP,
         "format": "text (default) or json",
         "keys": "list every profile key with type, default and doc",
-        "list_profiles": "list the shipped profiles",
+        "list_profiles": "list the shipped profiles with their descriptions, arch and batch system",
         "in_container": "show the environment of a build in the toolchain image or SIF (default: a native build)",
         "engine": "with --in-container: docker or apptainer",
     },
@@ -42,7 +43,7 @@ def config(
         print(describe_keys())
         return
     if list_profiles:
-        print("\n".join(available_profiles()))
+        print(profiles_table())
         return
     if format not in ("text", "json"):
         raise UsageError(f"unknown --format {format!r}", hint="use --format text or --format json")
@@ -54,3 +55,13 @@ def config(
     backend = engine if in_container else "native"
     data = config_data(spec, backend=backend)
     print(json.dumps(data, indent=2) if format == "json" else config_text(spec, backend=backend))
+
+
+def profiles_table() -> str:
+    """Every shipped profile: name, arch, CUDA, scheduler (with partition), description."""
+    rows = []
+    for name in available_profiles():
+        spec = resolve(name)
+        where = spec.scheduler + (f" ({spec.partition})" if spec.partition else "")
+        rows.append((name, spec.arch.value, spec.cuda_version or "-", where, spec.description))
+    return table(["profile", "arch", "CUDA", "batch jobs", "description"], rows)
