@@ -150,6 +150,10 @@ class Scheduler(abc.ABC):
             "--dry-run prints the script without submitting",
         )
 
+    @abc.abstractmethod
+    def active(self, name: str) -> list[str]:
+        """Ids of this user's queued or running jobs named name (best effort: [] if unknown)."""
+
     # ---------------------------------------------------------------- following
     @abc.abstractmethod
     def status(self, job_id: str) -> JobStatus | None:
@@ -239,6 +243,16 @@ class Slurm(Scheduler):
 
     def parse_submitted(self, stdout: str) -> str:
         return stdout.strip().split(";")[0]  # --parsable: "id" or "id;cluster"
+
+    def active(self, name: str) -> list[str]:
+        user = os.environ.get("USER") or str(os.getuid())
+        done = subprocess.run(
+            ["squeue", "-h", "--me" if user.isdigit() else f"--user={user}", f"--name={name}", "-o", "%i"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return done.stdout.split() if done.returncode == 0 else []
 
     def status(self, job_id: str) -> JobStatus | None:
         shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=False)
@@ -350,6 +364,12 @@ class Pbs(Scheduler):
 
     def parse_submitted(self, stdout: str) -> str:
         return stdout.strip()  # "1234.server"
+
+    def active(self, name: str) -> list[str]:
+        done = subprocess.run(
+            ["qselect", "-N", pbs_name(name), "-s", "QHRWT"], capture_output=True, text=True, check=False
+        )
+        return done.stdout.split() if done.returncode == 0 else []
 
     def status(self, job_id: str) -> JobStatus | None:
         shown = subprocess.run(["qstat", "-x", "-f", "-F", "json", job_id], capture_output=True, text=True, check=False)
@@ -470,6 +490,13 @@ def submit(scheduler: Scheduler, job: Job, profile_file: Path, out: TextIO = sys
     removed again (nothing is left of a job that never existed)."""
     if shutil.which(scheduler.submit_tool) is None:
         raise scheduler.missing()
+    running = [] if job.dependency else scheduler.active(job.name)
+    if running:
+        raise SubmissionRefused(
+            f"job {', '.join(running)} of this same request ({job.name}) is still queued or running: "
+            "a second one would build the same tree at the same time",
+            hint=f"wait for it (or `{scheduler.cancel_tool} {running[0]}`), or chain after it with --dependency {running[0]}",
+        )
     script = write_job(scheduler, job, profile_file)
     try:
         job_id = scheduler.submit(job, script)

@@ -109,6 +109,9 @@ def test_a_cancelled_job_submitted_again_skips_the_finished_steps(slurm, tmp_pat
         time.sleep(1)
     time.sleep(3)  # into the slow step
     assert slurm.state(job) == "RUNNING"
+    # the same request while it runs: refused, naming the running job
+    twice = submit(slurm, tree, out, cache, "--engine", "native", sets=sets)
+    assert twice.returncode == 20 and f"job {job} of this same request" in twice.stderr, twice.stderr
     slurm.run("scancel", job)
     deadline = time.monotonic() + 120
     while slurm.queue():  # CANCELLED at once; in the queue until its processes are gone
