@@ -626,7 +626,7 @@ def resolve(
         cli.values["arch"] = Arch.parse(arch).value if arch != "host" else "host"
     layers.append(cli)
 
-    merged: dict[str, Any] = {k: s.default for k, s in keys.items()}
+    merged: dict[str, Any] = {k: _coerce(s, s.default, "defaults.yaml") for k, s in keys.items()}
     origins: dict[str, str] = {k: "defaults.yaml" for k in keys}
     for layer in layers:
         _check_keys(layer)

@@ -19,6 +19,7 @@ import abc
 import dataclasses
 import json
 import os
+import pwd
 import re
 import shlex
 import shutil
@@ -37,7 +38,7 @@ TAIL_LINES = 30
 # characters a path may not hold to be named in a directive line (sbatch reads a double-quoted
 # value; PBS reads up to whitespace); Slurm's own filename patterns (%j) are escaped
 _DIRECTIVE_UNSAFE = re.compile(r'["\\\n\r]')
-_PBS_UNSAFE = re.compile(r'[\s"\\#]')
+_PBS_UNSAFE = re.compile(r"[\s\"'\\#]")
 _JOB_ID = re.compile(r"[A-Za-z0-9_.\[\]-]+")
 _WALLTIME = re.compile(r"(?:(\d+)-)?(\d+):(\d\d):(\d\d)")
 _MEM = re.compile(r"(\d+)([KMGT]?)")
@@ -160,6 +161,15 @@ class Scheduler(abc.ABC):
         """The job's state now; None when the scheduler no longer knows it."""
 
 
+def _query(args: list[str]) -> list[str]:
+    """The words a query tool prints; [] when it is missing or fails (best effort)."""
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, check=False)
+    except OSError:
+        return []
+    return done.stdout.split() if done.returncode == 0 else []
+
+
 def shell_words(words: Sequence[str]) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
@@ -205,7 +215,8 @@ class Slurm(Scheduler):
 
     def directives(self, job: Job) -> list[str]:
         s = job.spec
-        log = _directive_path(self.log_path(job), "slurm").replace("%", "%%").replace("%%j", "%j")
+        # Slurm expands %-patterns in the whole path: the directory's own % are doubled
+        log = _directive_path(job.logs, "slurm").replace("%", "%%") + "/" + self.log_path(job).name
         d = [
             f"--job-name={job.name}",
             f'--output="{log}"',
@@ -245,14 +256,8 @@ class Slurm(Scheduler):
         return stdout.strip().split(";")[0]  # --parsable: "id" or "id;cluster"
 
     def active(self, name: str) -> list[str]:
-        user = os.environ.get("USER") or str(os.getuid())
-        done = subprocess.run(
-            ["squeue", "-h", "--me" if user.isdigit() else f"--user={user}", f"--name={name}", "-o", "%i"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        return done.stdout.split() if done.returncode == 0 else []
+        user = os.environ.get("USER") or pwd.getpwuid(os.getuid()).pw_name
+        return _query(["squeue", "-h", f"--user={user}", f"--name={name}", "-o", "%i"])
 
     def status(self, job_id: str) -> JobStatus | None:
         shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=False)
@@ -366,10 +371,8 @@ class Pbs(Scheduler):
         return stdout.strip()  # "1234.server"
 
     def active(self, name: str) -> list[str]:
-        done = subprocess.run(
-            ["qselect", "-N", pbs_name(name), "-s", "QHRWT"], capture_output=True, text=True, check=False
-        )
-        return done.stdout.split() if done.returncode == 0 else []
+        user = os.environ.get("USER") or pwd.getpwuid(os.getuid()).pw_name
+        return _query(["qselect", "-u", user, "-N", pbs_name(name), "-s", "QHRWT"])
 
     def status(self, job_id: str) -> JobStatus | None:
         shown = subprocess.run(["qstat", "-x", "-f", "-F", "json", job_id], capture_output=True, text=True, check=False)
@@ -547,7 +550,7 @@ def follow(
     _print_new(submitted.log, pos, out)
     ran = f" after {status.ran_s:.0f} s" if status.ran_s is not None else ""
     print(f"job {job_id} {status.state} (exit code {status.exit_code}){ran}", file=out, flush=True)
-    if status.exit_code != 0:
+    if status.state != "COMPLETED" or status.exit_code != 0:  # cancelled while pending: 0:0
         raise JobFailed(
             f"{scheduler.name} job {job_id} {status.state}, exit code {status.exit_code}; "
             f"the last {TAIL_LINES} lines of {submitted.log}:\n{tail(submitted.log)}",
