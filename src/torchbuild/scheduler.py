@@ -653,6 +653,7 @@ def submit_build(
     if not dry_run and shutil.which(scheduler.submit_tool) is None:
         raise scheduler.missing()
     outp = Path(out_dir or "out").expanduser().absolute()
+    _directive_path(outp / "logs", scheduler.name)  # before anything is fetched
     if not dry_run:
         outp = writable_dir(outp, "--out")
     git = not source or looks_like_url(source)
