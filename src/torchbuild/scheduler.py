@@ -28,11 +28,24 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, TextIO
+from typing import TYPE_CHECKING, ClassVar, TextIO
 
 from . import __version__
 from .config import BuildSpec, profile_text
-from .errors import BuildInterrupted, JobFailed, PathError, SubmissionRefused, ToolMissing, UsageError, named_os_errors
+from .errors import (
+    BuildInterrupted,
+    ImageNotFound,
+    JobFailed,
+    PathError,
+    SubmissionRefused,
+    ToolMissing,
+    UsageError,
+    named_os_errors,
+    writable_dir,
+)
+
+if TYPE_CHECKING:
+    from .runner import BuildOptions
 
 TAIL_LINES = 30
 # characters a path may not hold to be named in a directive line (sbatch reads a double-quoted
@@ -583,11 +596,6 @@ def tail(log: Path, lines: int = TAIL_LINES) -> str:
     return "\n".join(f"  | {ln}" for ln in text.splitlines()[-lines:])
 
 
-def describe(job: Job, scheduler: Scheduler) -> dict[str, Any]:
-    """What `--dry-run` says besides the script."""
-    return {"submit": shell_words(scheduler.submit_args(job, scheduler.script_path(job)))}
-
-
 # -------------------------------------------------------------------- invoke submit
 
 
@@ -600,22 +608,16 @@ class Runtime:
     apptainer: str = "auto"
 
     def args(self, spec: BuildSpec) -> list[str]:
-        if self.engine == "native":
+        if self.engine in ("native", "docker"):
             if self.sif or self.apptainer != "auto":
                 raise UsageError("--sif and --apptainer choose the SIF", hint="drop them, or use --engine apptainer")
-            return []
-        if self.engine == "docker":
-            if self.sif or self.apptainer != "auto":
-                raise UsageError("--sif and --apptainer choose the SIF", hint="drop them, or use --engine apptainer")
-            return ["--in-container", "--engine", "docker"]
+            return [] if self.engine == "native" else ["--in-container", "--engine", "docker"]
         if self.engine != "apptainer":
             raise UsageError(f"unknown engine {self.engine!r}", hint="use apptainer (the SIF), docker or native")
         from .sif import default_sif
 
         sif = (Path(self.sif) if self.sif else default_sif(spec)).expanduser().absolute()
         if not sif.is_file():
-            from .errors import ImageNotFound
-
             raise ImageNotFound(
                 f"SIF {sif} does not exist: the job would have nothing to build in",
                 hint=f"make it with `invoke sif --profile {spec.profile} --arch {spec.arch}` (or pass --sif)",
@@ -631,7 +633,7 @@ def submit_build(
     source: str,
     ref: str,
     out_dir: str,
-    options: Any,  # runner.BuildOptions
+    options: BuildOptions,
     verify: bool,
     dependency: str = "",
     dry_run: bool = False,
@@ -640,7 +642,6 @@ def submit_build(
 ) -> Submitted | None:
     """`invoke submit`: check everything, get a git source here (compute nodes are often
     offline), then write and submit the job (or print it, --dry-run), and follow it (--wait)."""
-    from .errors import writable_dir
     from .runner import Places, describe_patches, key_of, patch_tree
     from .source import default_tree, get_source, looks_like_url
 
@@ -682,7 +683,10 @@ def submit_build(
         )
     if dry_run:
         out.write(scheduler.render(job))
-        print(f"# dry run: nothing written or submitted; it would be: {describe(job, scheduler)['submit']}", file=out)
+        print(
+            f"# dry run: nothing written or submitted; it would be: {shell_words(scheduler.submit_args(job, scheduler.script_path(job)))}",
+            file=out,
+        )
         return None
     submitted = submit(scheduler, job, profile_file, out)
     if wait:
@@ -690,7 +694,7 @@ def submit_build(
     return submitted
 
 
-def build_option_args(options: Any, verify: bool) -> list[str]:
+def build_option_args(options: BuildOptions, verify: bool) -> list[str]:
     """The `invoke build` options the job passes on (runner.BuildOptions)."""
     args: list[str] = []
     if options.preflight:

@@ -69,17 +69,30 @@ def build(
     """Fetch and patch the source, then build a wheel (or --preflight) with a manifest and a log."""
     spec = spec_from(profile, set_, arch)
     backend = backend_from(spec, locals())
-    options = BuildOptions(
+    options = build_options(preflight, clean, jobs, target, canary, progress_mode(progress), no_retry)
+    runner.build(
+        spec, backend, runner.places(spec, source, out), ref=ref, options=options, verify=not no_verify, resume=resume
+    )
+
+
+def build_options(
+    preflight: bool,
+    clean: bool,
+    jobs: str,
+    target: list[str] | None,
+    canary: list[str] | None,
+    progress: str,
+    no_retry: bool,
+) -> BuildOptions:
+    """The build options as `invoke build` and `invoke submit` both take them."""
+    return BuildOptions(
         preflight=preflight,
         clean=clean,
         jobs=parse_jobs_option(jobs),
         targets=tuple(target or ()),
         canaries=tuple(canary or ()),
-        progress=progress_mode(progress),
+        progress=progress,
         oom_retry=not no_retry,
-    )
-    runner.build(
-        spec, backend, runner.places(spec, source, out), ref=ref, options=options, verify=not no_verify, resume=resume
     )
 
 

@@ -7,26 +7,14 @@ import json
 from invoke.context import Context
 from invoke.tasks import task
 
-from ..config import parse_jobs_option
-from ..runner import BuildOptions
 from ..scheduler import Runtime, submit_build
-from .build import SOURCE_HELP
+from .build import SOURCE_HELP, build_options
 from .common import HELP, handles_errors, spec_from
 
-# option -> profile key: an option given on the command line is a --set of that key, so it is
-# validated like the profile's own value and recorded in the resolved profile the job builds
-JOB_KEYS = {
-    "scheduler": "scheduler",
-    "account": "account",
-    "partition": "partition",
-    "qos": "qos",
-    "walltime": "walltime",
-    "cpus": "cpus",
-    "mem": "mem",
-    "gpus": "gpus",
-    "gpu_type": "gpu_type",
-    "constraint": "constraint",
-}
+# options that set the profile key of the same name: given on the command line, each is a --set
+# of that key, so it is validated like the profile's own value and recorded in the resolved
+# profile the job builds
+JOB_OPTIONS = ("scheduler", "account", "partition", "qos", "walltime", "cpus", "mem", "gpus", "gpu_type", "constraint")
 
 
 @task(
@@ -103,7 +91,7 @@ def submit(
     """Run the build on a compute node: render a Slurm or PBS batch script and submit it."""
     given = locals()
     sets = list(set_ or [])
-    sets += [f"{key}={given[option]}" for option, key in JOB_KEYS.items() if given[option]]
+    sets += [f"{key}={given[key]}" for key in JOB_OPTIONS if given[key]]
     if module:
         sets.append(f"modules={json.dumps(module)}")
     if module_purge:
@@ -111,15 +99,7 @@ def submit(
     spec = spec_from(profile, sets, arch)
     if directive:  # added to the profile's, and validated as the key's items are
         spec = spec_from(profile, [*sets, f"directives={json.dumps([*spec.directives, *directive])}"], arch)
-    options = BuildOptions(
-        preflight=preflight,
-        clean=clean,
-        jobs=parse_jobs_option(jobs),
-        targets=tuple(target or ()),
-        canaries=tuple(canary or ()),
-        progress="lines",
-        oom_retry=not no_retry,
-    )
+    options = build_options(preflight, clean, jobs, target, canary, "lines", no_retry)
     submit_build(
         spec,
         Runtime(engine, sif, apptainer),
