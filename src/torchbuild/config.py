@@ -59,10 +59,12 @@ class KeySpec:
     choices: tuple[str, ...] = ()
     pattern: str | None = None
     key_pattern: str | None = None
-    scope: str = "build"  # build: decides what is built (hashed); job: how a batch job asks for a node
+    # build: decides what is built (hashed); job: how a batch job asks for a node; runtime: how
+    # the built torch is installed and run (runtime environment, packages, modules, host MPI)
+    scope: str = "build"
 
 
-SCOPES = ("build", "job")
+SCOPES = ("build", "job", "runtime")
 
 
 @functools.cache
@@ -156,6 +158,11 @@ class BuildSpec:
     module_purge: bool
     export_env: bool
     directives: tuple[str, ...]
+    runtime_env: StrMap
+    runtime_packages: tuple[str, ...]
+    runtime_modules: tuple[str, ...]
+    mpicc: str
+    host_mpi: tuple[str, ...]
     # where each key's value came from ("defaults.yaml", "gh200.yaml:12", "--set"); not hashed
     origins: StrMap = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
@@ -201,8 +208,9 @@ class BuildSpec:
     @property
     def hash(self) -> str:
         """sha256 of the resolved profile's build keys; recorded in image labels and manifests.
-        The job keys (scope: job) say how a batch job asks for a node, not what is built: a
-        build submitted with another account or walltime is the same build."""
+        The job keys (scope: job) say how a batch job asks for a node, and the runtime keys
+        (scope: runtime) how the result is installed and run, not what is built: a build
+        submitted with another account, or installed with other runtime settings, is the same build."""
         keys = schema()
         data = {k: v for k, v in self.to_dict().items() if k not in keys or keys[k].scope == "build"}
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
@@ -367,7 +375,7 @@ def parse_set(items: Iterable[str]) -> _Layer:
 
 def _parse_cli_value(spec: KeySpec, raw: str) -> Any:
     raw = raw.strip()
-    if spec.type in ("list", "cuda_arch_list"):
+    if spec.type in ("list", "requirements", "cuda_arch_list"):
         if raw.startswith("["):
             return _cli_yaml(spec, raw)
         return [part.strip() for part in re.split(r"[;,]", raw) if part.strip()]
@@ -463,6 +471,24 @@ def _coerce_list(spec: KeySpec, value: Any, where: str) -> tuple[str, ...]:
     return tuple(_coerce_text(spec, v, where, "item") for v in value)
 
 
+def _coerce_requirements(spec: KeySpec, value: Any, where: str) -> tuple[str, ...]:
+    """A list of pip requirements (PEP 508: name, extras, version specifiers, markers)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    items = _coerce_list(spec, value, where)
+    for item in items:
+        try:
+            Requirement(item)
+        except InvalidRequirement as exc:
+            raise _bad(
+                spec,
+                where,
+                f"{item!r} is not a pip requirement ({str(exc).splitlines()[0]})",
+                hint="write name[extras]<specifiers>: mpi4py>=4",
+            ) from None
+    return items
+
+
 def _coerce_cuda_arch_list(spec: KeySpec, value: Any, where: str) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [v for v in re.split(r"[;, ]", value) if v]
@@ -505,6 +531,7 @@ _COERCE: Mapping[str, Callable[[KeySpec, Any, str], Any]] = {
     "bool": _coerce_bool,
     "number": _coerce_number,
     "list": _coerce_list,
+    "requirements": _coerce_requirements,
     "map": _coerce_map,
     "jobs": _coerce_jobs,
     "cuda_arch_list": _coerce_cuda_arch_list,
@@ -544,6 +571,10 @@ def _check_keys(layer: _Layer) -> None:
             )
 
 
+# variables the install environment's activate script and modulefiles set themselves
+RUNTIME_MANAGED = frozenset({"PATH", "VIRTUAL_ENV", "VIRTUAL_ENV_PROMPT", "PYTHONHOME", "PS1"})
+
+
 def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], host: Arch) -> None:
     """Rules that involve more than one key; the message names where the later key was set."""
 
@@ -568,6 +599,13 @@ def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], host: Arch
         fail("blas", "MKL exists only for x86_64", "use openblas or nvpl on aarch64")
     if values["blas"] == "nvpl" and arch is Arch.X86_64:
         fail("blas", "NVPL exists only for aarch64", "use mkl or openblas on x86_64")
+    managed = sorted(set(values["runtime_env"]) & RUNTIME_MANAGED)
+    if managed:
+        fail(
+            "runtime_env",
+            f"{', '.join(managed)} is set by the install environment itself (its bin/ first on PATH)",
+            "leave it out; host library directories go in host_mpi",
+        )
     if not _PROFILE_NAME_RE.fullmatch(values["profile"]):
         fail("profile", "profile names may use letters, digits, '.', '_' and '-'", "rename the file")
 

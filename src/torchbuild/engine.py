@@ -201,6 +201,7 @@ class Engine:
         user: str,
         environment: Mapping[str, str],
         workdir: str,
+        read_only: Mapping[str, str] | None = None,
         out: TextIO = sys.stdout,
         platform: str | None = None,
         memory_limit: str | None = None,
@@ -210,7 +211,8 @@ class Engine:
     ) -> int:
         """Run command in a fresh container named torchbuild-<uuid>; stream its output; return its exit code.
 
-        mounts maps host paths to container paths (read-write bind mounts, nothing else). The
+        mounts maps host paths to container paths (read-write bind mounts, nothing else),
+        read_only the same for read-only ones (a host MPI library directory). The
         container is removed on every way out of this function: success, failure, Ctrl-C.
         cap_add, devices and security_opt are for the apptainer-builder only (never --privileged).
         """
@@ -219,7 +221,10 @@ class Engine:
         cid = None
         try:
             host_config = api.create_host_config(
-                binds={host: {"bind": inside, "mode": "rw"} for host, inside in mounts.items()},
+                binds={
+                    **{host: {"bind": inside, "mode": "rw"} for host, inside in mounts.items()},
+                    **{host: {"bind": inside, "mode": "ro"} for host, inside in (read_only or {}).items()},
+                },
                 mem_limit=memory_limit,
                 memswap_limit=memory_limit,
                 cap_add=cap_add,

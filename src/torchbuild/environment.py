@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from .config import BuildSpec
 
@@ -136,3 +136,33 @@ def _compile_env(spec: BuildSpec, cache_root: str, jobs: int, nvcc_threads: int 
 def format_env(env: dict[str, str]) -> str:
     """``KEY=value`` lines, shell-quoted where needed, so they can be pasted into a shell."""
     return "\n".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+
+
+def runtime_env(spec: BuildSpec) -> dict[str, str]:
+    """The profile's runtime_env: what jobs that run torch need (NCCL_*, FI_*, MPICH_*...), set
+    by the install's activate script and modulefiles and by the SIF's %environment. It is kept
+    apart from the build's: a variable the build also sets must have the same value in both,
+    or the SIF would build with the runtime's (ProfileError)."""
+    from .errors import ProfileError
+
+    build = _compile_env(spec, "/cache", 1, None)
+    clash = sorted(k for k, v in spec.runtime_env.items() if k in build and build[k] != v)
+    if clash:
+        k = clash[0]
+        raise ProfileError(
+            f"{spec.origins.get('runtime_env', 'runtime_env')}: key 'runtime_env': {k}={spec.runtime_env[k]!r} "
+            f"differs from the build's {k}={build[k]!r}",
+            hint="a SIF sets both; give the build's value in env (or switches), or leave it out of runtime_env",
+        )
+    return dict(spec.runtime_env)
+
+
+def prepend_path_lines(var: str, dirs: Sequence[str], *, only_if_present: bool = False) -> list[str]:
+    """POSIX sh lines that put dirs first on the colon list var (each quoted; with
+    only_if_present, only the directories that exist where the lines run)."""
+    lines = []
+    for d in reversed(dirs):
+        q = shlex.quote(d)
+        line = f'{var}={q}"${{{var}:+:${var}}}"; export {var}'
+        lines.append(f"if [ -d {q} ]; then {line}; fi" if only_if_present else line)
+    return lines

@@ -216,6 +216,22 @@ class JobFailed(TorchbuildError):
         return self.job_exit if self.job_exit and 0 < self.job_exit < 256 else self.exit_code
 
 
+class InstallFailed(TorchbuildError):
+    """`invoke install` could not make the environment (venv, pip, mpi4py, the import check);
+    what it had made is removed."""
+
+    exit_code = 22
+    default_hint = "the pip or compiler output above says why; fix it and run the same command again"
+
+
+class WheelhouseConflict(TorchbuildError):
+    """A wheelhouse would mix local versions of one project, or replace a wheel with another
+    of the same name."""
+
+    exit_code = 23
+    default_hint = "use one wheelhouse per build flavour"
+
+
 StrPath = Union[str, "os.PathLike[str]"]
 
 _NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)

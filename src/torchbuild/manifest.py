@@ -233,6 +233,65 @@ class Manifest:
         return data
 
 
+INSTALL_MANIFEST = "torchbuild-install.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class MpiRecord:
+    mpicc: str  # the wrapper mpi4py was compiled with
+    mpi4py: str  # its version
+    library_version: str  # MPI_Get_library_version() as mpi4py saw it
+
+
+@dataclasses.dataclass(frozen=True)
+class InstallManifest:
+    """One install environment (`invoke install`), written beside it as torchbuild-install.json."""
+
+    schema_version: int
+    torchbuild_version: str
+    run_id: str
+    profile: str
+    profile_hash: str
+    engine: str  # where the environment was made (and runs): native | docker | apptainer
+    prefix: str
+    python: str  # the interpreter the venv was made from
+    python_version: str
+    started: str
+    finished: str
+    duration_s: float
+    wheels: tuple[WheelRecord, ...]
+    runtime_env: dict[str, str]
+    runtime_packages: tuple[str, ...]
+    runtime_modules: tuple[str, ...]
+    mpi: Optional[MpiRecord]
+    module: str  # name/version
+    modulefiles: tuple[str, ...]  # relative to prefix
+    frozen: tuple[str, ...]  # pip freeze --all
+    size_bytes: int
+    kind: str = "install"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = _plain(self)
+        assert isinstance(data, dict)
+        return data
+
+
+def write_install(manifest: InstallManifest, path: Path) -> Path:
+    return write(manifest, path)
+
+
+def read_install(path: Path) -> InstallManifest:
+    """The install manifest in path; PathError or ManifestError as read() gives them."""
+    data = _read_json(path)
+    try:
+        schema_of(data)
+        if data.get("kind") != "install":
+            raise ManifestError("not an install manifest (kind is not install)")
+        return _record(InstallManifest, data, "")
+    except ManifestError as err:
+        raise ManifestError(f"{path}: {err.message}", hint=err.hint) from None
+
+
 # --------------------------------------------------------------------------- plain data <-> records
 
 
@@ -395,7 +454,7 @@ def manifest_path(out_dir: Path, wheel_name: str | None, profile: str, run_id: s
     return Path(out_dir) / f"{name}{SUFFIX}"
 
 
-def write(manifest: Manifest, path: Path) -> Path:
+def write(manifest: Manifest | InstallManifest, path: Path) -> Path:
     """Write manifest to path atomically (a temporary name in the same directory, then a
     rename): a reader never sees half a manifest, and a failure leaves nothing behind."""
     path = Path(path)
@@ -420,23 +479,27 @@ def write(manifest: Manifest, path: Path) -> Path:
 def read(path: Path) -> Manifest:
     """The manifest in path: PathError when it cannot be read, ManifestError when it is not
     JSON, not a torchbuild manifest, or from a newer torchbuild."""
+    data = _read_json(path)
+    try:
+        return from_dict(data)
+    except ManifestError as err:
+        raise ManifestError(f"{path}: {err.message}", hint=err.hint) from None
+
+
+def _read_json(path: Path) -> Any:
     path = Path(path)
     try:
         raw = path.read_bytes()
     except OSError as exc:  # missing, a directory, unreadable: named, with a reader's hint
         raise PathError(os_fault(exc, path, "reading the manifest").message, hint=READ_HINT) from exc
     try:
-        data = json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ManifestError(f"{path}: not a manifest (not UTF-8 text)") from None
     except json.JSONDecodeError as exc:
         raise ManifestError(
             f"{path}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); truncated?"
         ) from None
-    try:
-        return from_dict(data)
-    except ManifestError as err:
-        raise ManifestError(f"{path}: {err.message}", hint=err.hint) from None
 
 
 def find_run(out_dir: Path, run_id: str) -> tuple[Manifest, Path]:

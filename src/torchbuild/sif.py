@@ -25,6 +25,7 @@ terminated on interrupt.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import os
@@ -44,7 +45,7 @@ from .arch import Arch
 from .build import Tee
 from .config import DEFAULT_PROFILE, BuildSpec, cache_dir, profile_text
 from .engine import Engine
-from .environment import build_env
+from .environment import build_env, prepend_path_lines, runtime_env
 from .errors import BuildInterrupted, InsufficientSpace, SifError, ToolMissing
 from .image import LABEL_PREFIX, inputs_hash, make_context, require_image
 from .process import interrupts_unwind, run_streamed
@@ -77,12 +78,35 @@ def baked_profile_path(spec: BuildSpec) -> str:
     return f"{BAKED_PROFILES}/{spec.profile}.yaml"
 
 
-def runtime_env(spec: BuildSpec) -> dict[str, str]:
-    """%environment: the environment the profile's build sees, with the cache at /cache.
-    MAX_JOBS is left out: it is planned on the node that runs the build."""
+def sif_build_env(spec: BuildSpec) -> dict[str, str]:
+    """%environment, first part: the environment the profile's build sees, with the cache at
+    /cache. MAX_JOBS is left out: it is planned on the node that runs the build."""
     env = build_env(spec, cache_root="/cache", jobs=1, backend="apptainer")
     env.pop("MAX_JOBS")
     return {"TORCHBUILD_PROFILE": baked_profile_path(spec), **env}
+
+
+def environment_section(spec: BuildSpec) -> str:
+    """The %environment body: the build's environment, then apart from it the profile's
+    runtime_env (what jobs running torch need), then the host_mpi directories first on
+    LD_LIBRARY_PATH wherever they are bound in (`apptainer exec --bind DIR ...`)."""
+    lines = ["# the build's environment (invoke build, `torchbuild build`)"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in sif_build_env(spec).items()]
+    runtime = runtime_env(spec)
+    if runtime:
+        lines.append("# runtime_env: what jobs that run torch need")
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in runtime.items()]
+    if spec.host_mpi:
+        lines.append("# host_mpi: the host's MPI library first, where it is bound in")
+        lines += prepend_path_lines("LD_LIBRARY_PATH", spec.host_mpi, only_if_present=True)
+    return "\n".join(f"    {line}" for line in lines)
+
+
+def runtime_hash(spec: BuildSpec) -> str:
+    """What of the runtime keys the SIF bakes in (its %environment), as a label: a SIF whose
+    label differs is converted again even when the image is the same."""
+    blob = json.dumps({"runtime_env": dict(spec.runtime_env), "host_mpi": list(spec.host_mpi)}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def help_text(spec: BuildSpec) -> str:
@@ -111,12 +135,13 @@ def definition(spec: BuildSpec, *, archive: Path, profile_file: Path, image_id: 
                 f"{p}: Apptainer definition files cannot name paths with whitespace",
                 hint="set cache_dir to a path without spaces (--set cache_dir=...)",
             )
-    env = "\n".join(f"    export {k}={shlex.quote(v)}" for k, v in runtime_env(spec).items())
+    env = environment_section(spec)
     labels = {
         f"{SIF_LABEL}.image": spec.image_tag,
         f"{SIF_LABEL}.image-id": image_id,
         f"{SIF_LABEL}.profile-hash": spec.hash,
         f"{SIF_LABEL}.torchbuild-version": __version__,
+        f"{SIF_LABEL}.runtime-hash": runtime_hash(spec),
     }
     label_lines = "\n".join(f"    {k} {v}" for k, v in labels.items())
     help_lines = "\n".join(f"    {line}" if line else "" for line in help_text(spec).splitlines())
@@ -416,7 +441,11 @@ def build_sif(
     final = out_dir / sif_filename(spec)
     if final.exists() and not rebuild:
         labels = apptainer.labels(final)
-        if labels.get(f"{SIF_LABEL}.image-id") == image_id and labels.get(f"{LABEL_PREFIX}.version") == __version__:
+        if (
+            labels.get(f"{SIF_LABEL}.image-id") == image_id
+            and labels.get(f"{LABEL_PREFIX}.version") == __version__
+            and labels.get(f"{SIF_LABEL}.runtime-hash") == runtime_hash(spec)
+        ):
             link = _link_default(spec, final)
             return SifResult(final, True, time.monotonic() - start, final.stat().st_size, image_size, link=link)
     root = (cache_dir(spec) / "apptainer").resolve()

@@ -27,7 +27,19 @@ def _verify(payload: Mapping[str, Any]) -> int:
     return run_request(dict(payload))
 
 
-STEPS: dict[str, Step] = {"build": _build, "verify": _verify}
+def _install(payload: Mapping[str, Any]) -> int:
+    from .install import run_install_step
+
+    return run_install_step(payload)
+
+
+def _mpi(payload: Mapping[str, Any]) -> int:
+    from .install import run_mpi_step
+
+    return run_mpi_step(payload)
+
+
+STEPS: dict[str, Step] = {"build": _build, "verify": _verify, "install": _install, "mpi": _mpi}
 
 
 def run_step(name: str, payload: Mapping[str, Any]) -> int:

@@ -25,7 +25,7 @@ from torchbuild.sif import (
     check_space,
     definition,
     locate,
-    runtime_env,
+    sif_build_env,
     sif_filename,
     space_needed,
 )
@@ -65,7 +65,7 @@ def test_baked_profile_resolves_to_the_same_hash(tmp_path, profile, sets):
 
 
 def test_runtime_env_is_the_build_env_with_the_cache_at_slash_cache():
-    env = runtime_env(resolve("cpu"))
+    env = sif_build_env(resolve("cpu"))
     assert env["TORCHBUILD_PROFILE"] == "/opt/torchbuild/profiles/cpu.yaml"
     assert env["CCACHE_DIR"] == "/cache/ccache" and env["PIP_CACHE_DIR"] == "/cache/pip"
     assert "MAX_JOBS" not in env  # planned where the build runs

@@ -36,12 +36,16 @@ class Binds:
     cache: Path
     out: Path
     src: Path | None = None
+    # host directories the step sees at their own path (an install's prefix: a venv is not
+    # relocatable; pip's --find-links directories)
+    extra: tuple[Path, ...] = ()
 
     def mounts(self, view: Binds) -> dict[Path, str]:
         """host path -> the path the step sees, for each declared bind."""
         pairs = [(self.cache, view.cache), (self.out, view.out)]
         if self.src is not None and view.src is not None:
             pairs.append((self.src, view.src))
+        pairs += [(p, p) for p in self.extra]
         return {host: str(inside) for host, inside in pairs}
 
 
@@ -55,6 +59,14 @@ class Options:
     apptainer: str = "auto"  # apptainer: auto | host | docker
     nv: bool = False  # apptainer: --nv
     rebuild_image: bool = False  # docker: rebuild an image built from other inputs instead of refusing it
+    host_mpi: tuple[
+        str, ...
+    ] = ()  # containers: host MPI library directories, bound read-only and first on LD_LIBRARY_PATH
+
+    def host_mpi_env(self) -> dict[str, str]:
+        """LD_LIBRARY_PATH with the host MPI directories first (the container's own entries,
+        Apptainer's /.singularity.d/libs among them, are added after them by the runtime)."""
+        return {"LD_LIBRARY_PATH": ":".join(self.host_mpi)} if self.host_mpi else {}
 
 
 CONTAINER_VIEW = Binds(cache=Path("/cache"), out=Path("/out"), src=Path("/src"))
@@ -63,7 +75,10 @@ CONTAINER_VIEW = Binds(cache=Path("/cache"), out=Path("/out"), src=Path("/src"))
 def container_view(binds: Binds) -> Binds:
     """The binds as a step in the image or the SIF sees them: /cache, /out and /src."""
     return Binds(
-        cache=CONTAINER_VIEW.cache, out=CONTAINER_VIEW.out, src=CONTAINER_VIEW.src if binds.src is not None else None
+        cache=CONTAINER_VIEW.cache,
+        out=CONTAINER_VIEW.out,
+        src=CONTAINER_VIEW.src if binds.src is not None else None,
+        extra=binds.extra,
     )
 
 
@@ -164,6 +179,7 @@ _OPTIONS_REFUSED: dict[str, Callable[[Options], dict[str, object]]] = {
         "--sif": o.sif,
         "--nv": o.nv,
         "--rebuild-image": o.rebuild_image,
+        "--host-mpi": o.host_mpi,
     },
     "docker": lambda o: {"--sif": o.sif, "--nv": o.nv},
     "apptainer": lambda o: {"--user": o.user, "--rebuild-image": o.rebuild_image},

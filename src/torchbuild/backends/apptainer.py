@@ -42,14 +42,26 @@ def sif_record(labels: Mapping[str, str], sif: str) -> dict[str, Any]:
 
 
 def run_args(
-    sif: Path, binds: Mapping[Path, str], command: Sequence[str], *, flags: Sequence[str] = (), nv: bool = False
+    sif: Path,
+    binds: Mapping[Path, str],
+    command: Sequence[str],
+    *,
+    flags: Sequence[str] = (),
+    nv: bool = False,
+    host_mpi: Sequence[str] = (),
 ) -> list[str]:
-    """`apptainer run` arguments: a clean environment, the binds, --nv for GPU nodes."""
+    """`apptainer run` arguments: a clean environment, the binds, --nv for GPU nodes, and the
+    host MPI directories bound read-only at their own paths and first on LD_LIBRARY_PATH
+    (Apptainer appends its /.singularity.d/libs after them)."""
     args = ["run", *flags, "--cleanenv"]
     if nv:
         args.append("--nv")
-    args += ["--bind", ",".join(f"{host}:{inside}" for host, inside in binds.items())]
-    for key, value in {**launch_env("apptainer", str(CONTAINER_VIEW.cache)), **allocation_env()}.items():
+    specs = [f"{host}:{inside}" for host, inside in binds.items()] + [f"{d}:{d}:ro" for d in host_mpi]
+    args += ["--bind", ",".join(specs)]
+    env = {**launch_env("apptainer", str(CONTAINER_VIEW.cache)), **allocation_env()}
+    if host_mpi:
+        env["LD_LIBRARY_PATH"] = ":".join(host_mpi)
+    for key, value in env.items():
         args += ["--env", f"{key}={value}"]
     args += [str(sif), *command]
     return args
@@ -76,11 +88,17 @@ class ApptainerBackend(Backend):
 
     def launch(self, step: str, request: Mapping[str, Any], binds: Binds, request_file: str) -> int:
         mounts = binds.mounts(self.view(binds))
+        host_mpi = self.options.host_mpi
         return self.runner.call(
             run_args(
-                self.sif, mounts, ["inside.step", step, request_file], flags=self.runner.run_flags, nv=self.options.nv
+                self.sif,
+                mounts,
+                ["inside.step", step, request_file],
+                flags=self.runner.run_flags,
+                nv=self.options.nv,
+                host_mpi=host_mpi,
             ),
-            paths=[*mounts, self.sif.parent],
+            paths=[*mounts, self.sif.parent, *(Path(d) for d in host_mpi)],
             out=self.out,
             memory_limit=self.options.memory or None,
         )

@@ -41,7 +41,10 @@ class DockerBackend(Backend):
     def check(self) -> dict[str, Any] | None:
         self.docker = Engine.connect()
         attrs = require_image(self.spec, self.docker, rebuild=self.options.rebuild_image, out=self.out)
-        labels = (attrs.get("Config") or {}).get("Labels") or {}  # type: ignore[attr-defined]
+        config = attrs.get("Config") or {}
+        labels = config.get("Labels") or {}  # type: ignore[attr-defined]
+        image_env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)  # type: ignore[attr-defined]
+        self.image_library_path = image_env.get("LD_LIBRARY_PATH", "")
         record = ImageRecord.from_labels(labels, tag=self.spec.image_tag, image_id=str(attrs.get("Id")))
         return dataclasses.asdict(record)
 
@@ -60,14 +63,24 @@ class DockerBackend(Backend):
         """As the container's user (--user): what root creates here the build could not write."""
         make_dirs_for(self.user, binds.out / EXCHANGE, *(binds.cache / d for d in ("home", "ccache", "pip")))
 
+    image_library_path = ""
+
+    def _host_mpi_env(self) -> dict[str, str]:
+        """The host MPI directories first on LD_LIBRARY_PATH, before the image's own entries."""
+        env = self.options.host_mpi_env()
+        if env and self.image_library_path:
+            env["LD_LIBRARY_PATH"] += ":" + self.image_library_path
+        return env
+
     def launch(self, step: str, request: Mapping[str, Any], binds: Binds, request_file: str) -> int:
         view = self.view(binds)
         return self.docker.run(
             self.spec.image_tag,
             ["torchbuild", "inside.step", step, request_file],
             mounts={str(host): inside for host, inside in binds.mounts(view).items()},
+            read_only={d: d for d in self.options.host_mpi},
             user=self.user,
-            environment={**launch_env(self.name, str(view.cache)), **allocation_env()},
+            environment={**launch_env(self.name, str(view.cache)), **allocation_env(), **self._host_mpi_env()},
             workdir=str(view.src or view.out),
             platform=self.spec.arch.docker_platform,
             memory_limit=self.options.memory or None,

@@ -9,9 +9,26 @@ from .config import config
 from .doctor import doctor
 from .image import base_image, image
 from .inside import inside
+from .install import install, mpi_check, wheelhouse
 from .manifest import manifest
 from .sif import sif
 from .submit import submit
 from .verify import verify
 
-ns = Collection(config, image, base_image, sif, build, submit, verify, source, patches, doctor, manifest, inside)
+ns = Collection(
+    config,
+    image,
+    base_image,
+    sif,
+    build,
+    submit,
+    verify,
+    install,
+    wheelhouse,
+    mpi_check,
+    source,
+    patches,
+    doctor,
+    manifest,
+    inside,
+)

@@ -33,6 +33,8 @@ RUNTIME_HELP = {
     "memory": "memory limit of the container, e.g. 8g (default: none; not natively)",
     "rebuild_image": "with --in-container (docker): rebuild the toolchain image when it was built from other inputs",
 }
+# runtime options only some tasks take (read by backend_from when the task has them)
+EXTRA_RUNTIME = ("host_mpi",)
 
 
 def handles_errors(fn: F) -> F:
@@ -67,7 +69,7 @@ def spec_from(profile: str, set_: list[str] | None, arch: str | None) -> BuildSp
 def backend_from(spec: BuildSpec, given: Mapping[str, Any]) -> Backend:
     """The backend a task's runtime options name (given: the task's locals(); the keys of
     RUNTIME_HELP are read); options that need --in-container are refused without it."""
-    opts = {key: given[key] for key in RUNTIME_HELP if key in given}
+    opts = {key: given[key] for key in (*RUNTIME_HELP, *EXTRA_RUNTIME) if key in given}
     in_container = bool(opts.pop("in_container", False))
     engine = str(opts.pop("engine", "docker"))
     if not in_container and (

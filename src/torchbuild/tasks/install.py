@@ -1,0 +1,147 @@
+"""invoke install, wheelhouse and mpi-check: from the wheel to an environment on the cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from invoke.context import Context
+from invoke.tasks import task
+
+from ..errors import UsageError
+from ..install import install as install_env
+from ..install import mpi_check as check_mpi
+from ..wheelhouse import add_wheels, wheels_in
+from .common import HELP, RUNTIME_HELP, backend_from, handles_errors, spec_from
+
+OUT_HELP = "the directory of built wheels (default ./out); staging files go there too"
+
+
+@task(
+    help={
+        **HELP,
+        **RUNTIME_HELP,
+        "prefix": "where the environment goes (a new or empty directory, or one torchbuild installed, with --force)",
+        "wheel": "a wheel to install (repeatable; default: every wheel in --out)",
+        "out": OUT_HELP,
+        "find_links": "a directory of wheels or sdists pip may use for dependencies and runtime_packages (repeatable)",
+        "no_index": "never ask a package index: dependencies and runtime_packages from --find-links only",
+        "force": "replace an environment torchbuild installed at --prefix",
+        "python": "the interpreter the venv is made from (default python<python_version> on PATH where it runs)",
+        "module_name": "the modulefile's name (default torch, or the first wheel's project)",
+    },
+    iterable=["set_", "wheel", "find_links"],
+)
+@handles_errors
+def install(
+    c: Context,
+    prefix: str,
+    wheel: list[str] | None = None,
+    out: str = "out",
+    find_links: list[str] | None = None,
+    no_index: bool = False,
+    force: bool = False,
+    python: str = "",
+    module_name: str = "",
+    profile: str = "",
+    arch: str = "",
+    set_: list[str] | None = None,
+    in_container: bool = False,
+    engine: str = "docker",
+    sif: str = "",
+    apptainer: str = "auto",
+    nv: bool = False,
+    user: str = "",
+    memory: str = "",
+    rebuild_image: bool = False,
+) -> None:
+    """Make a venv of the built wheels with runtime_packages, mpi4py, activate and modulefiles.
+
+    Its activate script and Lmod/Tcl modulefiles set runtime_env. Natively, in the toolchain image (--in-container) or in the SIF (--engine apptainer):
+    the environment runs where it was made. See README "After the build"."""
+    spec = spec_from(profile, set_, arch)
+    backend = backend_from(spec, locals())
+    install_env(
+        spec,
+        backend,
+        prefix=Path(prefix),
+        wheels=[Path(w) for w in wheel or []],
+        out_dir=Path(out).expanduser().absolute(),
+        find_links=[Path(f) for f in find_links or []],
+        no_index=no_index,
+        force=force,
+        python=python,
+        module_name=module_name,
+    )
+
+
+@task(
+    help={
+        "dest": "the wheelhouse directory (created if missing; wheels already there stay)",
+        "wheel": "a wheel to add (repeatable; default: every wheel in --out)",
+        "out": OUT_HELP,
+        "mix_local_versions": "allow one project with several local labels (2.6.0+gh200 next to 2.6.0+cpu)",
+    },
+    iterable=["wheel"],
+)
+@handles_errors
+def wheelhouse(
+    c: Context, dest: str, wheel: list[str] | None = None, out: str = "out", mix_local_versions: bool = False
+) -> None:
+    """Collect built wheels into a directory with a PEP 503 simple index.
+
+    `pip install --no-index --find-links DEST torch` (or --index-url file://DEST/simple)."""
+    wheels = [Path(w) for w in wheel or []] or [w.path for w in wheels_in(Path(out).expanduser())]
+    if not wheels:
+        raise UsageError(f"no wheels in {out}", hint="build one first, or give --wheel W")
+    target = Path(dest).expanduser().absolute()
+    added = add_wheels(target, wheels, allow_mixed=mix_local_versions)
+    for p in added:
+        print(f"added {p.name}")
+    print(f"{len(wheels_in(target))} wheels in {target}; index: {target / 'simple'}")
+    print(f"use: pip install --no-index --find-links {target} <name>")
+
+
+@task(
+    name="mpi-check",
+    help={
+        **HELP,
+        **RUNTIME_HELP,
+        "host_mpi": "a host directory with the MPI library to bind in and put first on LD_LIBRARY_PATH "
+        "(repeatable; default the profile's host_mpi; containers only)",
+        "python": "check this interpreter (e.g. PREFIX/bin/python of an install, which imports mpi4py and torch)",
+        "out": "where the step's request file goes (default ./out)",
+    },
+    iterable=["set_", "host_mpi"],
+)
+@handles_errors
+def mpi_check(
+    c: Context,
+    host_mpi: list[str] | None = None,
+    python: str = "",
+    out: str = "out",
+    profile: str = "",
+    arch: str = "",
+    set_: list[str] | None = None,
+    in_container: bool = False,
+    engine: str = "docker",
+    sif: str = "",
+    apptainer: str = "auto",
+    nv: bool = False,
+    user: str = "",
+    memory: str = "",
+    rebuild_image: bool = False,
+) -> None:
+    """Print which MPI library a Python process really loads, and its version string.
+
+    The path and MPI_Get_library_version, natively, in the image or in the SIF with the host's MPI bound in;
+    fails when host MPI was asked for and another library was loaded."""
+    spec = spec_from(profile, set_, arch)
+    given = dict(locals())
+    given["host_mpi"] = tuple(host_mpi or (spec.host_mpi if in_container else ()))
+    for d in given["host_mpi"]:
+        if not Path(d).is_absolute() or not Path(d).is_dir():
+            raise UsageError(
+                f"--host-mpi {d} is not an existing absolute directory", hint="give the directory of libmpi.so.12"
+            )
+    backend = backend_from(spec, given)
+    check_mpi(spec, backend, out_dir=Path(out).expanduser().absolute(), python=python)
