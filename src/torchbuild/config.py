@@ -572,7 +572,10 @@ def _check_keys(layer: _Layer) -> None:
 
 
 # variables the install environment's activate script and modulefiles set themselves
-RUNTIME_MANAGED = frozenset({"PATH", "VIRTUAL_ENV", "VIRTUAL_ENV_PROMPT", "PYTHONHOME", "PS1"})
+# (and, in the SIF, HOME and TORCHBUILD_PROFILE, which the runtime and %environment set)
+RUNTIME_MANAGED = frozenset(
+    {"PATH", "VIRTUAL_ENV", "VIRTUAL_ENV_PROMPT", "PYTHONHOME", "PS1", "HOME", "TORCHBUILD_PROFILE"}
+)
 
 
 def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], host: Arch) -> None:

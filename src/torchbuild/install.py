@@ -129,9 +129,11 @@ def choose_wheels(wheels: Sequence[Path], out_dir: Path) -> list[WheelFile]:
 
 def module_identity(wheels: Sequence[WheelFile], name: str = "") -> tuple[str, str]:
     """(name, version) of the modulefile: torch's version when torch is among the wheels,
-    else the first wheel's project and version; name (--module-name) replaces the name."""
+    else the first wheel's project and version, with its local label after a `-`
+    (torch/2.6.0-gh200); name (--module-name) replaces the name."""
     main = next((w for w in wheels if w.project == "torch"), wheels[0])
-    return name or str(main.project), str(main.version)
+    # Environment Modules 5 reads `+x` in a module name as a variant: 2.6.0+gh200 is 2.6.0-gh200
+    return name or str(main.project), str(main.version).replace("+", "-")
 
 
 def install(

@@ -462,6 +462,7 @@ def write(manifest: Manifest | InstallManifest, path: Path) -> Path:
     tmp: str | None = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide it from a shared install's users
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
@@ -474,6 +475,12 @@ def write(manifest: Manifest | InstallManifest, path: Path) -> Path:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def read(path: Path) -> Manifest:

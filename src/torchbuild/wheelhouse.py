@@ -86,7 +86,16 @@ def add_wheels(dest: Path, wheels: Sequence[Path], *, allow_mixed: bool = False,
     rewrite its index. A wheel already there with the same content is kept; one with the same
     name and other content is a WheelhouseConflict. Returns the paths of the wheels added.
     Nothing is copied when a check fails."""
-    incoming = [WheelFile.read(Path(w).expanduser().resolve()) for w in wheels]
+    incoming: list[WheelFile] = []
+    for w in (WheelFile.read(Path(p).expanduser().resolve()) for p in wheels):
+        twin = next((x for x in incoming if x.path.name == w.path.name), None)
+        if twin is None:
+            incoming.append(w)
+        elif twin.path != w.path and sha256_file(twin.path) != sha256_file(w.path):
+            raise WheelhouseConflict(
+                f"two different wheels named {w.path.name}: {twin.path} and {w.path}",
+                hint="give one of them; a wheel's name must say what it holds",
+            )
     if not incoming:
         raise UsageError("no wheels to add", hint="give --wheel W (repeatable), or build one into --out first")
     with named_os_errors(dest, "the wheelhouse"):

@@ -1,0 +1,404 @@
+"""invoke install without containers: the host-side checks (prefix, wheels, module name, mpi4py),
+the runtime keys of a profile, the runtime pieces of the backends, mpiinfo, and one real native
+install of a tiny pure-Python wheel (venv, pip, activate, modulefiles, manifest)."""
+
+from __future__ import annotations
+
+import base64
+import ctypes.util
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.utils import canonicalize_name
+
+from torchbuild.backends import Options, choose
+from torchbuild.backends.apptainer import run_args
+from torchbuild.config import resolve
+from torchbuild.environment import runtime_env
+from torchbuild.errors import PathError, ProfileError, UsageError
+from torchbuild.install import (
+    check_prefix,
+    choose_wheels,
+    module_identity,
+    mpi4py_requirement,
+    other_packages,
+    wants_mpi4py,
+)
+from torchbuild.manifest import INSTALL_MANIFEST, InstallManifest, read_install, write_install
+from torchbuild.mpiinfo import MPI_LIBRARY
+from torchbuild.sif import runtime_hash
+from torchbuild.wheelhouse import WheelFile
+
+REPO = Path(__file__).resolve().parents[2]
+TORCHBUILD = Path(sys.executable).with_name("torchbuild")
+TORCH_TAG = "cp313-cp313-linux_x86_64"
+
+
+def make_wheel(directory: Path, name: str, version: str, tag: str = "py3-none-any", *, module: str = "") -> Path:
+    """A minimal wheel (METADATA, WHEEL, RECORD; module/__init__.py with __version__ if given)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    dist = f"{name}-{version}"
+    files = {}
+    if module:
+        files[f"{module}/__init__.py"] = f'__version__ = "{version}"\n'
+    files[f"{dist}.dist-info/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    files[f"{dist}.dist-info/WHEEL"] = f"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: {tag}\n"
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    files[f"{dist}.dist-info/RECORD"] = "\n".join([*record, f"{dist}.dist-info/RECORD,,"]) + "\n"
+    wheel = directory / f"{dist}-{tag}.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, text in files.items():
+            zf.writestr(path, text)
+    return wheel
+
+
+# --------------------------------------------------------------------------- check_prefix
+
+
+@pytest.mark.parametrize("bad", ["my env", "a:b", "a,b", "it's", 'say"x', "$HOME", "a`b", "back\\slash", "new\nline"])
+def test_prefix_with_characters_a_venv_cannot_live_under_is_refused(tmp_path, bad):
+    with pytest.raises(PathError, match="cannot be used"):
+        check_prefix(tmp_path / bad, force=True)
+    assert not (tmp_path / bad).exists()
+
+
+def test_prefix_that_torchbuild_did_not_make_is_refused_and_left_alone(tmp_path):
+    prefix = tmp_path / "theirs"
+    prefix.mkdir()
+    (prefix / "data.txt").write_text("precious")
+    with pytest.raises(PathError, match="torchbuild did not make it"):
+        check_prefix(prefix, force=True)
+    assert (prefix / "data.txt").read_text() == "precious"
+
+
+def test_prefix_new_or_empty_is_used_as_it_is(tmp_path):
+    assert check_prefix(tmp_path / "new", force=False) is False
+    (tmp_path / "empty").mkdir()
+    assert check_prefix(tmp_path / "empty", force=False) is False
+
+
+def _earlier_install(prefix: Path) -> None:
+    prefix.mkdir()
+    (prefix / "bin").mkdir()
+    write_install(
+        InstallManifest(
+            schema_version=1,
+            torchbuild_version="0",
+            run_id="r",
+            profile="cpu",
+            profile_hash="h",
+            engine="native",
+            prefix=str(prefix),
+            python="python3",
+            python_version="3.12.0",
+            started="",
+            finished="",
+            duration_s=0.0,
+            wheels=(),
+            runtime_env={},
+            runtime_packages=(),
+            runtime_modules=(),
+            mpi=None,
+            module="torch/2.6.0",
+            modulefiles=(),
+            frozen=(),
+            size_bytes=0,
+        ),
+        prefix / INSTALL_MANIFEST,
+    )
+
+
+def test_prefix_of_an_earlier_install_is_replaced_only_with_force(tmp_path):
+    prefix = tmp_path / "env"
+    _earlier_install(prefix)
+    with pytest.raises(PathError, match="already holds an environment torchbuild installed"):
+        check_prefix(prefix, force=False)
+    assert check_prefix(prefix, force=True) is True
+    assert (prefix / "bin").is_dir()  # checking removes nothing
+
+
+def test_prefix_whose_parent_cannot_be_a_directory_is_refused(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(PathError, match="parent of --prefix"):
+        check_prefix(tmp_path / "file" / "env", force=False)
+    with pytest.raises(PathError, match="not a directory"):
+        check_prefix(tmp_path / "file", force=True)
+
+
+# --------------------------------------------------------------------------- wheels and module
+
+
+def test_choose_wheels_refuses_two_versions_of_a_project_and_an_empty_out(tmp_path):
+    a = make_wheel(tmp_path / "out", "torch", "2.5.1+cpu", TORCH_TAG)
+    b = make_wheel(tmp_path / "out", "torch", "2.6.0+cpu", TORCH_TAG)
+    with pytest.raises(UsageError, match="2 wheels of torch"):
+        choose_wheels([], tmp_path / "out")  # every wheel in --out
+    assert [w.path for w in choose_wheels([b], tmp_path / "out")] == [b.resolve()]
+    with pytest.raises(UsageError, match="2 wheels of torch"):
+        choose_wheels([a, b], tmp_path / "elsewhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="no wheels to install"):
+        choose_wheels([], tmp_path / "empty")
+
+
+def test_choose_wheels_takes_several_projects(tmp_path):
+    torch = make_wheel(tmp_path, "torch", "2.6.0+cpu", TORCH_TAG)
+    vision = make_wheel(tmp_path, "torchvision", "0.21.0+cpu", TORCH_TAG)
+    assert {str(w.project) for w in choose_wheels([torch, vision], tmp_path)} == {"torch", "torchvision"}
+
+
+def test_module_identity_is_torchs_version_and_the_name_can_be_overridden(tmp_path):
+    # the local label after a `-`: Environment Modules 5 reads `+x` as a variant
+    vision = WheelFile.read(make_wheel(tmp_path, "torchvision", "0.21.0+cpu", TORCH_TAG))
+    torch = WheelFile.read(make_wheel(tmp_path, "torch", "2.6.0+cpu", TORCH_TAG))
+    assert module_identity([vision, torch]) == ("torch", "2.6.0-cpu")
+    assert module_identity([vision]) == ("torchvision", "0.21.0-cpu")
+    assert module_identity([vision, torch], "pytorch") == ("pytorch", "2.6.0-cpu")
+    foo = WheelFile.read(make_wheel(tmp_path, "Foo_Bar", "1.0"))
+    assert module_identity([foo]) == ("foo-bar", "1.0")
+
+
+@pytest.mark.parametrize(
+    ("sets", "wants", "requirement", "others"),
+    [
+        ([], False, "mpi4py", []),
+        (["runtime_packages=[mpi4py==4.0.3, numpy<2]"], False, "mpi4py==4.0.3", ["mpi4py==4.0.3", "numpy<2"]),
+        (["mpi=openmpi"], True, "mpi4py", []),
+        (["mpi=openmpi", "runtime_packages=[mpi4py==4.0.3, numpy<2]"], True, "mpi4py==4.0.3", ["numpy<2"]),
+        (["mpi=openmpi", "runtime_packages=[MPI4Py>=4, numpy<2]"], True, "MPI4Py>=4", ["numpy<2"]),
+        (["mpicc=cc", "runtime_packages=[horovod]"], True, "mpi4py", ["horovod"]),
+    ],
+)
+def test_mpi4py_is_built_apart_exactly_when_the_profile_has_mpi(sets, wants, requirement, others):
+    spec = resolve("cpu", sets)
+    assert wants_mpi4py(spec) is wants
+    assert mpi4py_requirement(spec) == requirement
+    assert other_packages(spec) == others
+
+
+# --------------------------------------------------------------------------- runtime keys
+
+
+def test_runtime_packages_must_be_requirements():
+    with pytest.raises(ProfileError, match=r"runtime_packages.*'numpy <<2' is not a pip requirement"):
+        resolve("cpu", ["runtime_packages=[numpy <<2]"])
+
+
+@pytest.mark.parametrize("var", ["PATH", "VIRTUAL_ENV", "PYTHONHOME"])
+def test_runtime_env_cannot_set_what_the_environment_sets_itself(var):
+    with pytest.raises(ProfileError, match=f"runtime_env.*{var}"):
+        resolve("cpu", [f"runtime_env={{{var}: /x}}"])
+
+
+@pytest.mark.parametrize("bad", ["lib", "/opt/a:/opt/b", "/opt/a b", "'/opt/a,/opt/b'"])
+def test_host_mpi_must_be_absolute_paths_without_separators(bad):
+    with pytest.raises(ProfileError, match="host_mpi"):
+        resolve("cpu", [f"host_mpi=[{bad}]"])
+    assert resolve("cpu", ["host_mpi=[/opt/cray/pe/mpich/8.1.30/ofi/gnu/12.3/lib]"]).host_mpi == (
+        "/opt/cray/pe/mpich/8.1.30/ofi/gnu/12.3/lib",
+    )
+
+
+def test_runtime_keys_do_not_change_the_build_but_change_the_sifs_environment():
+    plain = resolve("cpu")
+    nccl = resolve("cpu", ["runtime_env={NCCL_NET: ofi}"])
+    other = resolve("cpu", ["runtime_env={NCCL_NET: socket}"])
+    more = resolve(
+        "cpu", ["runtime_packages=[numpy<2]", "runtime_modules=[cray-mpich]", "mpicc=cc", "host_mpi=[/opt/m]"]
+    )
+    assert plain.hash == nccl.hash == other.hash == more.hash  # the same build: no rebuild
+    assert len({runtime_hash(plain), runtime_hash(nccl), runtime_hash(other), runtime_hash(more)}) == 4
+    assert runtime_hash(resolve("cpu", ["runtime_env={NCCL_NET: ofi}"])) == runtime_hash(nccl)
+
+
+def test_runtime_env_must_agree_with_the_builds_own_variables():
+    with pytest.raises(ProfileError, match=r"CC='clang'.*differs from the build's CC='gcc'"):
+        runtime_env(resolve("cpu", ["runtime_env={CC: clang}"]))
+    assert runtime_env(resolve("cpu", ["runtime_env={CC: gcc, NCCL_NET: ofi}"])) == {"CC": "gcc", "NCCL_NET": "ofi"}
+
+
+# --------------------------------------------------------------------------- backends
+
+
+def test_apptainer_binds_host_mpi_read_only_and_puts_it_first(tmp_path):
+    args = run_args(
+        tmp_path / "t.sif",
+        {tmp_path / "cache": "/cache", tmp_path / "out": "/out"},
+        ["inside.step", "mpi", "/out/r.json"],
+        host_mpi=["/opt/mpich/lib", "/opt/pmi/lib"],
+    )
+    bind = args[args.index("--bind") + 1]
+    assert (
+        bind
+        == f"{tmp_path / 'cache'}:/cache,{tmp_path / 'out'}:/out,/opt/mpich/lib:/opt/mpich/lib:ro,/opt/pmi/lib:/opt/pmi/lib:ro"
+    )
+    envs = [args[i + 1] for i, a in enumerate(args) if a == "--env"]
+    assert "LD_LIBRARY_PATH=/opt/mpich/lib:/opt/pmi/lib" in envs
+    assert args[-4:] == [str(tmp_path / "t.sif"), "inside.step", "mpi", "/out/r.json"]
+    plain = run_args(tmp_path / "t.sif", {tmp_path / "out": "/out"}, ["x"])
+    assert not any(a.startswith("LD_LIBRARY_PATH=") for a in plain) and ":ro" not in plain[plain.index("--bind") + 1]
+
+
+def test_host_mpi_is_refused_natively():
+    with pytest.raises(UsageError, match="--host-mpi"):
+        choose(resolve("cpu"), "native", Options(host_mpi=("/opt/mpich/lib",)))
+    assert choose(resolve("cpu"), "apptainer", Options(host_mpi=("/opt/mpich/lib",))).name == "apptainer"
+
+
+# --------------------------------------------------------------------------- mpiinfo
+
+
+@pytest.mark.parametrize(
+    ("name", "matches"),
+    [
+        ("libmpi.so.12", True),
+        ("libmpich.so.12.3.0", True),
+        ("libmpi_cray.so.12", True),
+        ("libmpi.so.40.30.0", True),
+        ("libmpi.so", True),
+        ("libmpi_gnu_123.so.12", True),
+        ("libmpi_mpifh.so.40", False),
+        ("libmpicxx.so.12", False),
+        ("libmpi.so.12.bak", False),
+        ("libopen-pal.so.40", False),
+    ],
+)
+def test_mpi_library_pattern(name, matches):
+    assert bool(MPI_LIBRARY.search(name)) is matches
+
+
+def test_mpiinfo_reports_the_mpi_it_loads_or_that_there_is_none():
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "src" / "torchbuild" / "mpiinfo.py"), "no_such_module_xyz"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "LD_LIBRARY_PATH": "/nonexistent-lib-dir"},
+        timeout=60,
+        check=False,
+    )
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert info["ld_library_path"] == "/nonexistent-lib-dir"
+    if ctypes.util.find_library("mpi") is None:
+        assert proc.returncode == 3
+        assert info["error"] == "no MPI library could be loaded"
+    else:  # an MPI is installed here
+        assert proc.returncode == 0
+        assert MPI_LIBRARY.search(os.path.basename(info["library"])) and info["version"]
+
+
+# --------------------------------------------------------------------------- a real native install
+
+PYVER = f"{sys.version_info[0]}.{sys.version_info[1]}"
+needs_python = pytest.mark.skipif(
+    shutil.which(f"python{PYVER}") is None, reason=f"python{PYVER} is not on PATH (the install makes its venv from it)"
+)
+
+
+def _install(
+    tmp: Path, prefix: Path, wheel: Path, *sets: str, extra: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}  # this machine's find-links and indexes
+    env["PIP_CONFIG_FILE"] = os.devnull
+    args = [str(TORCHBUILD), "install", "--prefix", str(prefix), "--wheel", str(wheel), "--out", str(tmp / "out")]
+    args += ["--set", f"python_version={PYVER}", "--set", f"cache_dir={tmp / 'cache'}", "--no-index", *extra]
+    for s in sets:
+        args += ["--set", s]
+    return subprocess.run(args, cwd=tmp, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """One real install: (tmp, prefix, wheel, completed process)."""
+    if shutil.which(f"python{PYVER}") is None:
+        pytest.skip(f"python{PYVER} is not on PATH")
+    tmp = tmp_path_factory.mktemp("install")
+    wheel = make_wheel(tmp / "wheels", "tb_tiny", "0.1.0+cpu", module="tb_tiny")
+    prefix = tmp / "env"
+    done = _install(
+        tmp, prefix, wheel, 'runtime_env={A_VAR: "x y", B_VAR: "$HOME"}', "runtime_modules=[cray-mpich/8.1.30]"
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+    return tmp, prefix, wheel, done
+
+
+@needs_python
+def test_install_records_the_environment_in_its_manifest(installed):
+    _tmp, prefix, wheel, done = installed
+    manifest = read_install(prefix / INSTALL_MANIFEST)
+    assert manifest.prefix == str(prefix)
+    assert [w.name for w in manifest.wheels] == [wheel.name]
+    assert manifest.wheels[0].sha256 == hashlib.sha256(wheel.read_bytes()).hexdigest()
+    frozen = {canonicalize_name(line.split("==")[0]): line.split("==")[1] for line in manifest.frozen if "==" in line}
+    assert frozen["tb-tiny"] == "0.1.0+cpu"
+    assert manifest.runtime_env == {"A_VAR": "x y", "B_VAR": "$HOME"}
+    assert manifest.module == "tb-tiny/0.1.0-cpu"
+    assert manifest.modulefiles == ("modulefiles/tb-tiny/0.1.0-cpu.lua", "modulefiles/tb-tiny/0.1.0-cpu")
+    assert manifest.python_version.startswith(PYVER + ".")
+    assert f"source {prefix}/bin/activate" in done.stdout
+
+
+@needs_python
+def test_installed_environment_runs_the_package_with_runtime_env(installed):
+    tmp, prefix, _wheel, _done = installed
+    script = f'. {prefix}/bin/activate && python -c "import tb_tiny, os; print(tb_tiny.__version__); print(os.environ[\'A_VAR\']); print(os.environ[\'B_VAR\'])" && deactivate && printf "%s" "${{A_VAR-unset}}"'
+    proc = subprocess.run(
+        ["bash", "-c", script],
+        env={"PATH": os.environ["PATH"], "HOME": str(tmp)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["0.1.0+cpu", "x y", "$HOME", "unset"]
+
+
+@needs_python
+def test_install_writes_modulefiles_and_leaves_nothing_partial(installed):
+    tmp, prefix, _wheel, _done = installed
+    lua = prefix / "modulefiles" / "tb-tiny" / "0.1.0-cpu.lua"
+    tcl = prefix / "modulefiles" / "tb-tiny" / "0.1.0-cpu"
+    lua_lines = lua.read_text().splitlines()
+    assert 'depends_on("cray-mpich/8.1.30")' in lua_lines
+    assert f'prepend_path("PATH", "{prefix}/bin")' in lua_lines
+    assert 'pushenv("A_VAR", "x y")' in lua_lines
+    assert 'pushenv "B_VAR" "\\$HOME"' in tcl.read_text().splitlines()
+    assert sorted(p.name for p in (tmp / "out").iterdir() if p.name.startswith(".partial-")) == []
+
+
+@needs_python
+def test_install_manifest_is_as_readable_as_the_rest_of_the_environment(installed):
+    _tmp, prefix, _wheel, _done = installed
+    lua = prefix / "modulefiles" / "tb-tiny" / "0.1.0-cpu.lua"
+    assert (prefix / INSTALL_MANIFEST).stat().st_mode & 0o777 == lua.stat().st_mode & 0o777
+
+
+@needs_python
+def test_install_over_an_earlier_install_needs_force(installed):
+    tmp, prefix, wheel, _done = installed
+    before = (prefix / INSTALL_MANIFEST).read_text()
+    again = _install(tmp, prefix, wheel)
+    assert again.returncode == 15, again.stdout + again.stderr
+    assert "error: PathError" in again.stderr and "--force" in again.stderr
+    assert (prefix / INSTALL_MANIFEST).read_text() == before
+    assert check_prefix(prefix, force=True) is True
+
+
+@needs_python
+def test_a_failed_install_leaves_no_prefix_and_nothing_partial(tmp_path):
+    wheel = make_wheel(tmp_path / "wheels", "tb_tiny", "0.1.0+cpu", module="tb_tiny")
+    prefix = tmp_path / "env"
+    done = _install(tmp_path, prefix, wheel, "runtime_packages=[this-package-does-not-exist-xyz]")
+    assert done.returncode == 22, done.stdout[-3000:] + done.stderr
+    assert "error: InstallFailed" in done.stderr and "Traceback" not in done.stdout + done.stderr
+    assert not prefix.exists()
+    assert [p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".partial-")] == []
