@@ -188,7 +188,7 @@ def test_wheelhouse_serves_pip_and_refuses_mixed_local_versions(engine, torch_im
     # a fresh venv (seeing Debian's Python packages for torch's dependencies) installs both from it
     script = f"""
         python3 -m venv --system-site-packages /tmp/v
-        /tmp/v/bin/pip install -q --no-index --no-deps --find-links {house} torch minitorch
+        /tmp/v/bin/pip install -q --no-index --no-deps --ignore-installed --find-links {house} torch minitorch
         /tmp/v/bin/python -c 'import torch, minitorch; print("from", torch.__file__, minitorch.__version__)'
         python3 -m venv /tmp/w
         /tmp/w/bin/pip install -q --index-url file://{house}/simple minitorch
@@ -277,11 +277,11 @@ def test_sif_environment_keeps_runtime_env_apart(mpich_sif, cpu_sif):
 def test_install_failure_leaves_nothing(torch_image, wheels, tmp_path):
     """A runtime package that does not exist: InstallFailed (22), no prefix, no staged wheels."""
     _, sets = torch_image
-    torch_wheel, _ = wheels
+    _, mini = wheels
     prefix, out = tmp_path / "env", tmp_path / "out"
     res = run_invoke(
         "install", "--in-container", "--profile", TORCH_PROFILE, "--prefix", str(prefix), "--out", str(out),
-        "--wheel", str(torch_wheel), *set_args([*sets, "runtime_packages=[no-such-package-tb]"]),
+        "--wheel", str(mini), *set_args([*sets, "runtime_packages=[no-such-package-tb]", "mpi=none", "distributed=[gloo]"]),
     )  # fmt: skip
     assert res.returncode == 22 and "InstallFailed" in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert "no-such-package-tb" in res.stdout
