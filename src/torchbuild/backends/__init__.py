@@ -59,9 +59,8 @@ class Options:
     apptainer: str = "auto"  # apptainer: auto | host | docker
     nv: bool = False  # apptainer: --nv
     rebuild_image: bool = False  # docker: rebuild an image built from other inputs instead of refusing it
-    host_mpi: tuple[
-        str, ...
-    ] = ()  # containers: host MPI library directories, bound read-only and first on LD_LIBRARY_PATH
+    # containers: host MPI library directories, bound read-only and first on LD_LIBRARY_PATH
+    host_mpi: tuple[str, ...] = ()
 
     def host_mpi_env(self) -> dict[str, str]:
         """LD_LIBRARY_PATH with the host MPI directories first (the container's own entries,
