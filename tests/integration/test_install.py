@@ -281,7 +281,7 @@ def test_install_failure_leaves_nothing(torch_image, wheels, tmp_path):
     prefix, out = tmp_path / "env", tmp_path / "out"
     res = run_invoke(
         "install", "--in-container", "--profile", TORCH_PROFILE, "--prefix", str(prefix), "--out", str(out),
-        "--wheel", str(mini), *set_args([*sets, "runtime_packages=[no-such-package-tb]", "mpi=none", "distributed=[gloo]"]),
+        "--wheel", str(mini), *set_args([*sets, "runtime_packages=[no-such-package-tb]"]),
     )  # fmt: skip
     assert res.returncode == 22 and "InstallFailed" in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert "no-such-package-tb" in res.stdout
