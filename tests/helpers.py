@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,3 +68,31 @@ def preflight_ok(profile: str, source: Path, out: Path, sets: list[str], *extra:
     )
     assert res.returncode == 0, res.stdout[-5000:] + res.stderr
     return res.stdout, manifest_of(res.stdout)
+
+
+# A wheel's tag for this platform's CPython 3.13 (the images' Python), for names only.
+TORCH_TAG = "cp313-cp313-linux_x86_64"
+
+
+def make_wheel(
+    directory: Path, name: str, version: str, tag: str = "py3-none-any", *, module: str = "", salt: str = ""
+) -> Path:
+    """A minimal wheel: dist-info METADATA, WHEEL and RECORD, and module/__init__.py (with
+    __version__) when module is given; salt changes the content, not the name."""
+    directory.mkdir(parents=True, exist_ok=True)
+    dist = f"{name}-{version}"
+    files = {}
+    if module:
+        files[f"{module}/__init__.py"] = f'__version__ = "{version}"\n# {salt}\n'
+    files[f"{dist}.dist-info/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\n{salt}\n"
+    files[f"{dist}.dist-info/WHEEL"] = f"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: {tag}\n"
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    files[f"{dist}.dist-info/RECORD"] = "\n".join([*record, f"{dist}.dist-info/RECORD,,"]) + "\n"
+    wheel = directory / f"{dist}-{tag}.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, text in files.items():
+            zf.writestr(path, text)
+    return wheel

@@ -4,7 +4,6 @@ install of a tiny pure-Python wheel (venv, pip, activate, modulefiles, manifest)
 
 from __future__ import annotations
 
-import base64
 import ctypes.util
 import hashlib
 import json
@@ -12,10 +11,10 @@ import os
 import shutil
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
+from helpers import TORCH_TAG, make_wheel
 from packaging.utils import canonicalize_name
 
 from torchbuild.backends import Options, choose
@@ -38,28 +37,6 @@ from torchbuild.wheelhouse import WheelFile
 
 REPO = Path(__file__).resolve().parents[2]
 TORCHBUILD = Path(sys.executable).with_name("torchbuild")
-TORCH_TAG = "cp313-cp313-linux_x86_64"
-
-
-def make_wheel(directory: Path, name: str, version: str, tag: str = "py3-none-any", *, module: str = "") -> Path:
-    """A minimal wheel (METADATA, WHEEL, RECORD; module/__init__.py with __version__ if given)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    dist = f"{name}-{version}"
-    files = {}
-    if module:
-        files[f"{module}/__init__.py"] = f'__version__ = "{version}"\n'
-    files[f"{dist}.dist-info/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-    files[f"{dist}.dist-info/WHEEL"] = f"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: {tag}\n"
-    record = []
-    for path, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(text.encode())}")
-    files[f"{dist}.dist-info/RECORD"] = "\n".join([*record, f"{dist}.dist-info/RECORD,,"]) + "\n"
-    wheel = directory / f"{dist}-{tag}.whl"
-    with zipfile.ZipFile(wheel, "w") as zf:
-        for path, text in files.items():
-            zf.writestr(path, text)
-    return wheel
 
 
 # --------------------------------------------------------------------------- check_prefix

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import os
 import subprocess
@@ -16,36 +15,12 @@ from urllib.parse import urldefrag, urljoin, urlparse
 from urllib.request import url2pathname
 
 import pytest
+from helpers import TORCH_TAG, make_wheel
 
 from torchbuild.errors import UsageError, WheelError, WheelhouseConflict
 from torchbuild.wheelhouse import add_wheels, wheels_in
 
 TORCHBUILD = Path(sys.executable).with_name("torchbuild")
-TORCH_TAG = "cp313-cp313-linux_x86_64"
-
-
-def make_wheel(
-    directory: Path, name: str, version: str, tag: str = "py3-none-any", *, module: str = "", salt: str = ""
-) -> Path:
-    """A minimal wheel: dist-info METADATA, WHEEL and RECORD, and module/__init__.py (with
-    __version__) when module is given; salt changes the content, not the name."""
-    directory.mkdir(parents=True, exist_ok=True)
-    dist = f"{name}-{version}"
-    files = {}
-    if module:
-        files[f"{module}/__init__.py"] = f'__version__ = "{version}"\n# {salt}\n'
-    files[f"{dist}.dist-info/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\n{salt}\n"
-    files[f"{dist}.dist-info/WHEEL"] = f"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: {tag}\n"
-    record = []
-    for path, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(text.encode())}")
-    files[f"{dist}.dist-info/RECORD"] = "\n".join([*record, f"{dist}.dist-info/RECORD,,"]) + "\n"
-    wheel = directory / f"{dist}-{tag}.whl"
-    with zipfile.ZipFile(wheel, "w") as zf:
-        for path, text in files.items():
-            zf.writestr(path, text)
-    return wheel
 
 
 def sha256(path: Path) -> str:
