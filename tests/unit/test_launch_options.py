@@ -25,6 +25,54 @@ def test_torchbuild_and_invoke_take_the_same_build_options():
     assert torchbuild_opts == invoke_opts
 
 
+LAUNCH_TASKS = ["build", "verify", "install", "mpi-check"]
+
+
+def _short_flags(task: str) -> dict[str, str]:
+    """--long -> -x, as `invoke --help TASK` lists them."""
+    res = subprocess.run([sys.executable, "-m", "invoke", "--help", task], capture_output=True, text=True, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    return {long: short for short, long in re.findall(r"^  (-\S)(?: STRING)?, (--[a-z-]+)", res.stdout, re.M)}
+
+
+@pytest.mark.parametrize("task", LAUNCH_TASKS)
+def test_every_launching_task_takes_the_launch_options_with_the_same_short_flags(task):
+    """`-s` is --set and `-p` --profile in every task: a short flag that means --source in one
+    task and --set in another would turn `-s key=value` into a source path."""
+    flags = _short_flags(task)
+    assert {k: flags.get(k) for k in BUILD_LAUNCH_FLAGS} == BUILD_LAUNCH_FLAGS
+    assert "--user" in _options_of(task)
+    assert "--" not in flags.values()  # invoke would take "-" for --no-retry, making `--` an option
+
+
+# build's short flags before the launch options were shared; scripts may use them
+BUILD_LAUNCH_FLAGS = {
+    "--profile": "-p", "--arch": "-a", "--set": "-s", "--in-container": "-i", "--engine": "-e", "--sif": "-f",
+    "--apptainer": "-t", "--nv": "-n", "--memory": "-m", "--rebuild-image": "-b",
+}  # fmt: skip
+
+
+def test_builds_own_short_flags_did_not_move():
+    flags = _short_flags("build")
+    assert {k: flags[k] for k in ("--source", "--ref", "--out", "--preflight", "--target", "--canary", "--jobs")} == {
+        "--source": "-o", "--ref": "-r", "--out": "-u", "--preflight": "-l", "--target": "-g", "--canary": "-c",
+        "--jobs": "-j",
+    }  # fmt: skip
+
+
+def _options_of(task: str) -> set[str]:
+    res = subprocess.run([sys.executable, "-m", "invoke", "--help", task], capture_output=True, text=True, cwd=REPO)
+    return set(re.findall(r"--[a-z][a-z-]*", res.stdout))
+
+
+def test_a_task_gets_the_launch_options_as_keywords(tmp_path):
+    """Each --set reaches the profile through the shared option set, the first one too."""
+    res = run_invoke(
+        "mpi-check", "--profile", "cpu", "--set", "mpi=bogus", "--set", "python_version=3.12", "--out", str(tmp_path)
+    )
+    assert res.returncode == 2 and "ProfileError" in res.stderr and "bogus" in res.stderr, res.stderr
+
+
 BAD_OPTIONS = [
     ("jobs zero", ["--jobs", "0"], "--jobs"),
     ("jobs negative", ["--jobs", "-2"], "--jobs"),

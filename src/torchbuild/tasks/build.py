@@ -15,15 +15,13 @@ from ..patches import load_series
 from ..progress import MODES
 from ..runner import BuildOptions, describe_patches, patch_tree
 from ..source import get_source, update_tree
-from .common import HELP, RUNTIME_HELP, backend_from, handles_errors, spec_from
+from .common import HELP, Launch, handles_errors, launch_task, spec_from
 
 SOURCE_HELP = "git URL, local tree, tarball or Debian .dsc (default: the profile's torch_repo at its ref)"
 
 
-@task(
+@launch_task(
     help={
-        **HELP,
-        **RUNTIME_HELP,
         "source": SOURCE_HELP + "; in the image or SIF: /src",
         "ref": "git tag, branch or commit (default: the profile's torch_ref, else v<torch_version>)",
         "out": "output directory for the wheel, its manifest and logs (default ./out; in the image or SIF: /out)",
@@ -37,19 +35,11 @@ SOURCE_HELP = "git URL, local tree, tarball or Debian .dsc (default: the profile
         "resume": "skip the steps an earlier run of this same request finished (source, wheel, verify); batch jobs always resume",
         "progress": "bar (a terminal), lines (a progress line every 30 s, for CI logs), raw (every line); default auto",
     },
-    iterable=["set_", "target", "canary"],
+    iterable=["target", "canary"],
 )
-@handles_errors
 def build(
     c: Context,
-    profile: str = "",
-    arch: str = "",
-    set_: list[str] | None = None,
-    in_container: bool = False,
-    engine: str = "docker",
-    sif: str = "",
-    apptainer: str = "auto",
-    nv: bool = False,
+    launch: Launch,
     source: str = "",
     ref: str = "",
     out: str = "",
@@ -58,17 +48,14 @@ def build(
     canary: list[str] | None = None,
     clean: bool = False,
     jobs: str = "",
-    user: str = "",
-    memory: str = "",
-    rebuild_image: bool = False,
     progress: str = "auto",
     no_retry: bool = False,
     no_verify: bool = False,
     resume: bool = False,
 ) -> None:
     """Fetch and patch the source, then build a wheel (or --preflight) with a manifest and a log."""
-    spec = spec_from(profile, set_, arch)
-    backend = backend_from(spec, locals())
+    spec = launch.spec()
+    backend = launch.backend(spec)
     options = build_options(preflight, clean, jobs, target, canary, progress_mode(progress), no_retry)
     runner.build(
         spec, backend, runner.places(spec, source, out), ref=ref, options=options, verify=not no_verify, resume=resume

@@ -4,12 +4,15 @@ one place a task turns its runtime options into a backend."""
 from __future__ import annotations
 
 import functools
+import inspect
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from invoke.exceptions import Exit
+from invoke.tasks import Task, task
 
 from ..backends import Backend, Options, choose
 from ..config import DEFAULT_PROFILE, BuildSpec, resolve
@@ -79,3 +82,101 @@ def backend_from(spec: BuildSpec, given: Mapping[str, Any]) -> Backend:
     sif = opts.pop("sif", "")
     options = Options(sif=Path(sif) if sif else None, **opts)
     return choose(spec, engine if in_container else "native", options)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The options of every task that runs a step natively, in the image or in the SIF: the
+    profile, its overrides and where the step runs (HELP and RUNTIME_HELP say what each does)."""
+
+    profile: str = ""
+    arch: str = ""
+    set_: tuple[str, ...] = ()
+    in_container: bool = False
+    engine: str = "docker"
+    sif: str = ""
+    apptainer: str = "auto"
+    nv: bool = False
+    user: str = ""
+    memory: str = ""
+    rebuild_image: bool = False
+
+    def spec(self) -> BuildSpec:
+        return spec_from(self.profile, list(self.set_), self.arch)
+
+    def backend(self, spec: BuildSpec, **extra: Any) -> Backend:
+        """The backend these options name; extra: a task's own runtime options (EXTRA_RUNTIME)."""
+        return backend_from(spec, {**asdict(self), **extra})
+
+
+_LAUNCH_PARAMS = [
+    inspect.Parameter(
+        name,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        default=None if name == "set_" else default,
+        annotation="list[str] | None" if name == "set_" else type(default),
+    )
+    for name, default in asdict(Launch()).items()
+]
+
+
+# One short flag per launch option, the same in every task that takes them (build's, from
+# before they were shared); user has none there (-u is build's --out). A task's own options
+# get the first free letter of their name, after these, in the order the task lists them.
+LAUNCH_SHORT = {
+    "profile": "p",
+    "arch": "a",
+    "set_": "s",
+    "in_container": "i",
+    "engine": "e",
+    "sif": "f",
+    "apptainer": "t",
+    "nv": "n",
+    "memory": "m",
+    "rebuild_image": "b",
+}
+
+
+class LaunchTask(Task):  # type: ignore[type-arg]
+    """A Task whose launch options keep the short flags of LAUNCH_SHORT. Invoke would pick them
+    in signature order, so adding an option could move -s from --set to --source; and it never
+    picks "-" (invoke would, for --no-retry, making `--` an option)."""
+
+    def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
+        pinned = LAUNCH_SHORT.get(name)
+        self.auto_shortflags = pinned is None
+        try:
+            opts: dict[str, Any] = super().arg_opts(name, default, {*taken_names, *LAUNCH_SHORT.values(), "-"})
+        finally:
+            self.auto_shortflags = True
+        if pinned:
+            opts["names"].append(pinned)
+        return opts
+
+
+def launch_task(help: Mapping[str, str], iterable: Iterable[str] = (), name: str = "") -> Callable[[F], LaunchTask]:
+    """@task for a task whose body is fn(c, launch: Launch, *its own options): the Launch options
+    are added to its command line (with their help) in one place, and errors are handled."""
+
+    def decorate(fn: F) -> LaunchTask:
+        params = list(inspect.signature(fn).parameters.values())
+        context, own = params[0], params[2:]
+
+        @functools.wraps(fn)
+        def body(c: Any, *args: Any, **kwargs: Any) -> Any:
+            given = {key: kwargs.pop(key) for key in asdict(Launch()) if key in kwargs}
+            given["set_"] = tuple(given.get("set_") or ())
+            return fn(c, Launch(**given), *args, **kwargs)
+
+        body.__signature__ = inspect.Signature([context, *own, *_LAUNCH_PARAMS])  # type: ignore[attr-defined]
+        options: dict[str, Any] = {
+            "help": {**HELP, **RUNTIME_HELP, **help},
+            "iterable": ["set_", *iterable],
+            "klass": LaunchTask,
+        }
+        if name:
+            options["name"] = name
+        made: LaunchTask = task(**options)(handles_errors(body))
+        return made
+
+    return decorate

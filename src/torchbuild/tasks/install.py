@@ -11,15 +11,13 @@ from ..errors import UsageError
 from ..install import install as install_env
 from ..install import mpi_check as check_mpi
 from ..wheelhouse import add_wheels, wheels_in
-from .common import HELP, RUNTIME_HELP, backend_from, handles_errors, spec_from
+from .common import Launch, handles_errors, launch_task
 
 OUT_HELP = "the directory of built wheels (default ./out); staging files go there too"
 
 
-@task(
+@launch_task(
     help={
-        **HELP,
-        **RUNTIME_HELP,
         "prefix": "where the environment goes (a new or empty directory, or one torchbuild installed, with --force)",
         "wheel": "a wheel to install (repeatable; default: every wheel in --out)",
         "out": OUT_HELP,
@@ -29,11 +27,11 @@ OUT_HELP = "the directory of built wheels (default ./out); staging files go ther
         "python": "the interpreter the venv is made from (default python<python_version> on PATH where it runs)",
         "module_name": "the modulefile's name (default torch, or the first wheel's project)",
     },
-    iterable=["set_", "wheel", "find_links"],
+    iterable=["wheel", "find_links"],
 )
-@handles_errors
 def install(
     c: Context,
+    launch: Launch,
     prefix: str,
     wheel: list[str] | None = None,
     out: str = "out",
@@ -42,27 +40,15 @@ def install(
     force: bool = False,
     python: str = "",
     module_name: str = "",
-    profile: str = "",
-    arch: str = "",
-    set_: list[str] | None = None,
-    in_container: bool = False,
-    engine: str = "docker",
-    sif: str = "",
-    apptainer: str = "auto",
-    nv: bool = False,
-    user: str = "",
-    memory: str = "",
-    rebuild_image: bool = False,
 ) -> None:
     """Make a venv of the built wheels with runtime_packages, mpi4py, activate and modulefiles.
 
     Its activate script and Lmod/Tcl modulefiles set runtime_env. Natively, in the toolchain image (--in-container) or in the SIF (--engine apptainer):
     the environment runs where it was made. See README "After the build"."""
-    spec = spec_from(profile, set_, arch)
-    backend = backend_from(spec, locals())
+    spec = launch.spec()
     install_env(
         spec,
-        backend,
+        launch.backend(spec),
         prefix=Path(prefix),
         wheels=[Path(w) for w in wheel or []],
         out_dir=Path(out).expanduser().absolute(),
@@ -101,47 +87,28 @@ def wheelhouse(
     print(f"use: pip install --no-index --find-links {target} <name>")
 
 
-@task(
+@launch_task(
     name="mpi-check",
     help={
-        **HELP,
-        **RUNTIME_HELP,
         "host_mpi": "a host directory with the MPI library to bind in and put first on LD_LIBRARY_PATH "
         "(repeatable; default the profile's host_mpi; containers only)",
         "python": "check this interpreter (e.g. PREFIX/bin/python of an install, which imports mpi4py and torch)",
         "out": "where the step's request file goes (default ./out)",
     },
-    iterable=["set_", "host_mpi"],
+    iterable=["host_mpi"],
 )
-@handles_errors
 def mpi_check(
-    c: Context,
-    host_mpi: list[str] | None = None,
-    python: str = "",
-    out: str = "out",
-    profile: str = "",
-    arch: str = "",
-    set_: list[str] | None = None,
-    in_container: bool = False,
-    engine: str = "docker",
-    sif: str = "",
-    apptainer: str = "auto",
-    nv: bool = False,
-    user: str = "",
-    memory: str = "",
-    rebuild_image: bool = False,
+    c: Context, launch: Launch, host_mpi: list[str] | None = None, python: str = "", out: str = "out"
 ) -> None:
     """Print which MPI library a Python process really loads, and its version string.
 
     The path and MPI_Get_library_version, natively, in the image or in the SIF with the host's MPI bound in;
     fails when host MPI was asked for and another library was loaded."""
-    spec = spec_from(profile, set_, arch)
-    given = dict(locals())
-    given["host_mpi"] = tuple(host_mpi or (spec.host_mpi if in_container else ()))
-    for d in given["host_mpi"]:
+    spec = launch.spec()
+    dirs = tuple(host_mpi or (spec.host_mpi if launch.in_container else ()))
+    for d in dirs:
         if not Path(d).is_absolute() or not Path(d).is_dir():
             raise UsageError(
                 f"--host-mpi {d} is not an existing absolute directory", hint="give the directory of libmpi.so.12"
             )
-    backend = backend_from(spec, given)
-    check_mpi(spec, backend, out_dir=Path(out).expanduser().absolute(), python=python)
+    check_mpi(spec, launch.backend(spec, host_mpi=dirs), out_dir=Path(out).expanduser().absolute(), python=python)

@@ -6,39 +6,24 @@ from __future__ import annotations
 from pathlib import Path
 
 from invoke.context import Context
-from invoke.tasks import task
 
 from ..runner import verify_with
-from .common import HELP, RUNTIME_HELP, backend_from, handles_errors, spec_from
+from .common import Launch, launch_task
 
 
-@task(
+@launch_task(
     help={
-        **HELP,
-        **RUNTIME_HELP,
         "wheel": "the wheel to verify (its directory also gets <wheel>.verify.json)",
         "installed": "verify this already-installed package instead (e.g. torch from the image's distribution)",
         "expect_version": "the version the package must report (default: the profile's, e.g. 2.6.0+gh200)",
         "report": "where to write the JSON report (default <wheel>.verify.json; --installed: none)",
     },
-    iterable=["set_"],
 )
-@handles_errors
 def verify(
     c: Context,
+    launch: Launch,
     wheel: str = "",
     installed: str = "",
-    profile: str = "",
-    arch: str = "",
-    set_: list[str] | None = None,
-    in_container: bool = False,
-    engine: str = "docker",
-    sif: str = "",
-    apptainer: str = "auto",
-    nv: bool = False,
-    user: str = "",
-    memory: str = "",
-    rebuild_image: bool = False,
     expect_version: str = "",
     report: str = "",
 ) -> None:
@@ -48,11 +33,10 @@ def verify(
         from ..errors import UsageError
 
         raise UsageError("give exactly one of --wheel W and --installed NAME", hint="invoke verify --wheel out/x.whl")
-    spec = spec_from(profile, set_, arch)
-    backend = backend_from(spec, locals())
+    spec = launch.spec()
     verify_with(
         spec,
-        backend,
+        launch.backend(spec),
         wheel=Path(wheel).expanduser().resolve() if wheel else None,
         installed=installed,
         expect_version=expect_version,
