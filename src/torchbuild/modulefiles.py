@@ -78,22 +78,23 @@ def add_activate_hook(text: str, env: Mapping[str, str]) -> str:
     return body.rstrip("\n") + "\n\n" + exports
 
 
+def _literal_table(special: dict[str, str], control: str) -> dict[int, str]:
+    """A str.translate table for a double-quoted literal: the language's special characters
+    as given, other control characters (0-31, 127) in its numeric escape (control.format)."""
+    table = {code: control.format(code) for code in (*range(32), 127)}
+    table.update({ord(ch): escaped for ch, escaped in special.items()})
+    return table
+
+
 # --------------------------------------------------------------------------- Lua (Lmod)
 
-_LUA_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# Lua: backslash escapes; a decimal \ddd for the other control characters
+_LUA = _literal_table({"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}, "\\{:03d}")
 
 
 def lua_string(value: str) -> str:
     """A Lua double-quoted string literal for value (control characters as \\ddd)."""
-    out = []
-    for ch in value:
-        if ch in _LUA_ESCAPES:
-            out.append(_LUA_ESCAPES[ch])
-        elif ord(ch) < 32 or ord(ch) == 127:
-            out.append(f"\\{ord(ch):03d}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
+    return '"' + value.translate(_LUA) + '"'
 
 
 def lua_modulefile(info: ModuleInfo) -> str:
@@ -118,22 +119,16 @@ def lua_modulefile(info: ModuleInfo) -> str:
 
 # --------------------------------------------------------------------------- Tcl (Environment Modules)
 
-_TCL_SPECIAL = {"\\": "\\\\", '"': '\\"', "$": "\\$", "[": "\\[", "]": "\\]", "{": "\\{", "}": "\\}"}
+# Tcl: no $ substitution, no [command], no {} or "" word ends; \xhh for control characters
+_TCL = _literal_table(
+    {"\\": "\\\\", '"': '\\"', "$": "\\$", "[": "\\[", "]": "\\]", "{": "\\{", "}": "\\}", "\n": "\\n"},
+    "\\x{:02x}",
+)
 
 
 def tcl_string(value: str) -> str:
     """A Tcl double-quoted word for value: no substitution, no command, newlines escaped."""
-    out = []
-    for ch in value:
-        if ch in _TCL_SPECIAL:
-            out.append(_TCL_SPECIAL[ch])
-        elif ch == "\n":
-            out.append("\\n")
-        elif ord(ch) < 32 or ord(ch) == 127:
-            out.append(f"\\x{ord(ch):02x}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
+    return '"' + value.translate(_TCL) + '"'
 
 
 def tcl_modulefile(info: ModuleInfo) -> str:
