@@ -292,9 +292,11 @@ class _Step:
         )
         with named_os_errors(self.prefix / "modulefiles", "writing the modulefiles"):
             lua, tcl = write_modulefiles(self.prefix / "modulefiles", info)
-        python_version = self._capture(
-            [str(self.py), "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"], "python"
-        ).strip()
+        # the interpreter the venv runs on: `python3.13` on PATH may be a pyenv or conda shim
+        python_version, base_python = self._capture(
+            [str(self.py), "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3]); print(sys._base_executable)"],
+            "python",
+        ).splitlines()[:2]
         house_dir = Path(house)
         manifest = InstallManifest(
             schema_version=1,
@@ -304,7 +306,7 @@ class _Step:
             profile_hash=self.spec.hash,
             engine=str(self.req.get("engine", "native")),
             prefix=str(self.prefix),
-            python=base,
+            python=base_python,
             python_version=python_version,
             started=started.isoformat(timespec="seconds"),
             finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -254,7 +254,7 @@ class InstallManifest:
     profile_hash: str
     engine: str  # where the environment was made (and runs): native | docker | apptainer
     prefix: str
-    python: str  # the interpreter the venv was made from
+    python: str  # the interpreter the venv runs on (its sys._base_executable, not a shim on PATH)
     python_version: str
     started: str
     finished: str

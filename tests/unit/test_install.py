@@ -325,6 +325,22 @@ def test_install_records_the_environment_in_its_manifest(installed):
 
 
 @needs_python
+def test_install_records_the_real_interpreter_not_the_shim_on_path(tmp_path):
+    """A pyenv or conda `python3.X` on PATH is a script that execs the real one: the manifest
+    names the interpreter the venv runs on, which outlives the shim's settings."""
+    real = Path(sys._base_executable).resolve()
+    shim = tmp_path / "shims" / f"python{PYVER}"
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\nexec "{real}" "$@"\n')
+    shim.chmod(0o755)
+    wheel = make_wheel(tmp_path / "wheels", "tb_tiny", "0.1.0", module="tb_tiny")
+    done = _install(tmp_path, tmp_path / "env", wheel, extra=("--python", str(shim)))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+    recorded = read_install(tmp_path / "env" / INSTALL_MANIFEST).python
+    assert recorded != str(shim) and Path(recorded).resolve() == real, recorded
+
+
+@needs_python
 def test_installed_environment_runs_the_package_with_runtime_env(installed):
     tmp, prefix, _wheel, _done = installed
     script = f'. {prefix}/bin/activate && python -c "import tb_tiny, os; print(tb_tiny.__version__); print(os.environ[\'A_VAR\']); print(os.environ[\'B_VAR\'])" && deactivate && printf "%s" "${{A_VAR-unset}}"'
