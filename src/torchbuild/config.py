@@ -25,6 +25,7 @@ from packaging.version import InvalidVersion, Version
 
 from .arch import Arch
 from .errors import ProfileError, UsageError
+from .nccl_arch import nccl_cannot_target
 
 DEFAULT_PROFILE = "cpu"
 _CUDA_ARCH_RE = re.compile(r"\d+\.\d+a?(\+PTX)?")
@@ -131,7 +132,14 @@ class BuildSpec:
     mkl_threading: str
     mpi: str
     distributed: tuple[str, ...]
-    system_nccl: bool
+    nccl: str
+    nccl_version: str
+    nccl_source: str
+    nccl_sha256: str
+    aws_ofi_nccl_version: str
+    aws_ofi_nccl_source: str
+    aws_ofi_nccl_sha256: str
+    libfabric_prefix: str
     switches: StrMap
     cflags: tuple[str, ...]
     cxxflags: tuple[str, ...]
@@ -362,6 +370,8 @@ def parse_set(items: Iterable[str]) -> _Layer:
         key = key.strip()
         top, dot, sub = key.partition(".")
         spec = keys.get(top)
+        if top in RENAMED:
+            raise ProfileError(f"--set: key {top!r} was replaced", hint=f"write {RENAMED[top]}")
         if spec is None:
             raise ProfileError(f"--set: unknown key {top!r}{_suggest(top)}")
         if dot:
@@ -561,8 +571,14 @@ def parse_jobs_option(value: object, option: str = "--jobs") -> int:
     return jobs
 
 
+# keys that were replaced, and what to write instead
+RENAMED = {"system_nccl": "nccl: system (was system_nccl: true) or nccl: bundled (was false)"}
+
+
 def _check_keys(layer: _Layer) -> None:
     for key in layer.values:
+        if key in RENAMED:
+            raise ProfileError(f"{layer.where(key)}: key {key!r} was replaced", hint=f"write {RENAMED[key]}")
         if key not in schema():
             where = layer.where(key)
             raise ProfileError(
@@ -592,8 +608,25 @@ def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], host: Arch
         fail("cuda_version", "CUDA build without cuda_arch_list", 'set cuda_arch_list, e.g. ["8.0", "9.0"]')
     if "nccl" in values["distributed"] and not cuda:
         fail("distributed", "nccl needs a CUDA build", "drop nccl from distributed or set cuda_version")
-    if values["system_nccl"] and "nccl" not in values["distributed"]:
-        fail("system_nccl", "true, but nccl is not in distributed", "add nccl to distributed")
+    if values["nccl"] != "bundled" and "nccl" not in values["distributed"]:
+        fail("nccl", f"{values['nccl']}, but nccl is not in distributed", "add nccl to distributed")
+    for key in ("nccl_source", "nccl_sha256"):
+        if values[key] and values["nccl"] != "source":
+            fail(key, f"only applies with nccl: source (nccl is {values['nccl']})", f"set nccl: source or remove {key}")
+    plugin = values["aws_ofi_nccl_version"]
+    for key in ("aws_ofi_nccl_source", "aws_ofi_nccl_sha256", "libfabric_prefix"):
+        if values[key] and not plugin:
+            fail(
+                key,
+                "set, but aws_ofi_nccl_version is empty (no plugin is built)",
+                "set aws_ofi_nccl_version, e.g. 1.17.1",
+            )
+    if plugin and "nccl" not in values["distributed"]:
+        fail("aws_ofi_nccl_version", "the NCCL plugin needs nccl in distributed", "add nccl to distributed")
+    if values["nccl"] == "source":
+        bad = nccl_cannot_target(values["nccl_version"], values["cuda_arch_list"])
+        if bad:
+            fail("nccl_version", bad, "choose a newer nccl_version, or drop that arch from cuda_arch_list")
     if "mpi" in values["distributed"] and values["mpi"] == "none":
         fail("distributed", "mpi backend requested but mpi is none", "set mpi: openmpi, mpich or system")
     if values["mkl_threading"] and values["blas"] != "mkl":

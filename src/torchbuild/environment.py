@@ -115,7 +115,7 @@ def _compile_env(spec: BuildSpec, cache_root: str, jobs: int, nvcc_threads: int 
     for backend in ("gloo", "nccl", "mpi", "ucc"):
         env[f"USE_{backend.upper()}"] = _flag(backend in spec.distributed)
     if "nccl" in spec.distributed:
-        env["USE_SYSTEM_NCCL"] = _flag(spec.system_nccl)
+        env["USE_SYSTEM_NCCL"] = _flag(spec.nccl != "bundled")
     for var, flags in (("CFLAGS", spec.cflags), ("CXXFLAGS", spec.cxxflags), ("LDFLAGS", spec.ldflags)):
         if flags:
             env[var] = shlex.join(flags)

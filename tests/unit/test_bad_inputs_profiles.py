@@ -51,7 +51,7 @@ BAD_SET_VALUES = [
     ("cflags=[-O2", ["--set cflags=", "not valid YAML"]),
     ("cuda_arch_list=[8.0", ["--set cuda_arch_list=", "not valid YAML"]),
     ("nvcc_threads=[", ["--set nvcc_threads=", "not valid YAML"]),
-    ("system_nccl={", ["--set system_nccl=", "not valid YAML"]),
+    ("module_purge={", ["--set module_purge=", "not valid YAML"]),
     ("env={A: [}", ["--set env=", "not valid YAML"]),
     (f"local_version={LONG_LOCAL}", ["--set", "'local_version'", "255 bytes"]),
     ("torch_version=2.6.0xyz", ["--set", "'torch_version'", "PEP 440"]),

@@ -66,7 +66,7 @@ def test_unknown_key_in_set_is_suggested():
         ("python_version=three", "malformed"),
         ("switches.CMAKE_FOO=1", "not allowed"),
         ("distributed=gloo,tcp", "'tcp' is not allowed"),
-        ("system_nccl=maybe", "true or false"),
+        ("nccl=maybe", "'maybe' is not allowed"),
     ],
 )
 def test_bad_values_are_named(override, fragment):
