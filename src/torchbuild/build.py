@@ -52,12 +52,15 @@ class BuildRequest:
     progress: str = "auto"  # bar, lines, raw; auto: bar on a terminal, else lines
     oom_retry: bool = True  # resume with fewer jobs after an out-of-memory kill
     backend: str = "native"  # which backend runs it (the environment differs; recorded as the engine)
+    # variables added to the build's environment (NCCL_ROOT and friends of the NCCL `invoke comms` built)
+    extra_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["spec"] = self.spec.to_dict()
         d["provenance"] = dict(self.provenance)
+        d["extra_env"] = dict(self.extra_env)
         d["targets"], d["canaries"] = list(self.targets), list(self.canaries)
         return d
 
@@ -361,6 +364,7 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
         nvcc_threads=plan.nvcc_threads or None,
         backend=req.backend,
     )
+    env_vars.update(req.extra_env)
     tmp = Path(req.cache_root) / "tmp" / req.run_id
     for d in (env_vars["CCACHE_DIR"], env_vars["PIP_CACHE_DIR"], tmp):
         with named_os_errors(d, "creating the build's cache directories"):

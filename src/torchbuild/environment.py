@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .config import BuildSpec
 
@@ -166,3 +167,15 @@ def prepend_path_lines(var: str, dirs: Sequence[str], *, only_if_present: bool =
         line = f'{var}={q}"${{{var}:+:${var}}}"; export {var}'
         lines.append(f"if [ -d {q} ]; then {line}; fi" if only_if_present else line)
     return lines
+
+
+def comms_runtime_env(prefix: str, manifest: Mapping[str, Any]) -> dict[str, str]:
+    """What a job needs to load the NCCL `invoke comms` built at prefix and to find its plugin
+    the way the plugin's release needs: prefix/lib first on LD_LIBRARY_PATH (NCCL dlopens
+    libnccl-net.so by default, which aws-ofi-nccl 1.6 installs), and NCCL_NET_PLUGIN naming
+    the file when the release installs libnccl-net-ofi.so (1.17; NCCL 2.21+ takes a path)."""
+    env = {"LD_LIBRARY_PATH": f"{prefix}/lib"}
+    plugin = manifest.get("plugin") or {}
+    if str(plugin.get("library", "")).endswith("libnccl-net-ofi.so"):
+        env["NCCL_NET_PLUGIN"] = f"{prefix}/lib/libnccl-net-ofi.so"
+    return env

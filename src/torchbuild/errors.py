@@ -232,6 +232,14 @@ class WheelhouseConflict(TorchbuildError):
     default_hint = "use one wheelhouse per build flavour"
 
 
+class CommsFailed(TorchbuildError):
+    """NCCL or the aws-ofi-nccl plugin did not build, or what was built fails its checks
+    (`invoke comms`); nothing of the run is kept."""
+
+    exit_code = 24
+    default_hint = "the compiler output above says why; fix it and run the same command again"
+
+
 StrPath = Union[str, "os.PathLike[str]"]
 
 _NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)

@@ -60,6 +60,17 @@ def _checked_apt_names(key: str, names: Iterable[str]) -> list[str]:
     return list(names)
 
 
+def comms_packages(spec: BuildSpec) -> list[str]:
+    """What `invoke comms` needs in the image: make for NCCL; autotools and hwloc for the
+    aws-ofi-nccl plugin (1.17 requires hwloc), and libfabric-dev unless the site's is bound in."""
+    packages = ["make"] if spec.nccl == "source" else []
+    if spec.aws_ofi_nccl_version:
+        packages += ["make", "autoconf", "automake", "libtool", "libhwloc-dev"]
+        if not spec.libfabric_prefix:
+            packages.append("libfabric-dev")
+    return packages
+
+
 def apt_packages(spec: BuildSpec) -> list[str]:
     """The profile-dependent apt packages, in a stable order without duplicates."""
     cc, cxx = compilers(spec)
@@ -72,6 +83,7 @@ def apt_packages(spec: BuildSpec) -> list[str]:
         *BLAS_PACKAGES[spec.blas],
         *MPI_PACKAGES[spec.mpi],
         *_checked_apt_names("cuda_packages", spec.cuda_packages),
+        *comms_packages(spec),
         *_checked_apt_names("apt_packages", spec.apt_packages),
     ]
     return list(dict.fromkeys(wanted))

@@ -33,7 +33,8 @@ from .errors import BuildFailed, PathError, TorchbuildError, named_os_errors, os
 if typing.TYPE_CHECKING:
     from .config import BuildSpec
 
-SCHEMA_VERSION = 1
+# 2: `comms` (the NCCL and aws-ofi-nccl plugin `invoke comms` built and torch was linked to)
+SCHEMA_VERSION = 2
 SUFFIX = ".manifest.json"
 ENGINES = ("native", "docker", "apptainer")
 KINDS = ("wheel", "preflight")
@@ -187,11 +188,42 @@ class PreflightRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class CommsNcclRecord:
+    version: str  # nccl_version, e.g. 2.21.5-1
+    version_code: int  # ncclGetVersion() of the built library
+    sha256: str  # of the source archive (or the tree's files)
+    gencode: str  # NVCC_GENCODE it was built with
+    library: str  # lib/libnccl.so.2.x.y, relative to the prefix
+
+
+@dataclasses.dataclass(frozen=True)
+class CommsPluginRecord:
+    version: str  # aws_ofi_nccl_version
+    sha256: str
+    libfabric_prefix: str
+    libfabric_version: str  # from rdma/fabric.h
+    library: str  # lib/libnccl-net*.so, relative to the prefix
+    symbols: tuple[str, ...]  # the ncclNetPlugin_v* it exports
+
+
+@dataclasses.dataclass(frozen=True)
+class CommsRecord:
+    """The NCCL torch was linked to and the network plugin, as `invoke comms` built them."""
+
+    omit_if_none: ClassVar[tuple[str, ...]] = ("nccl", "plugin")
+
+    prefix: str  # <cache_dir>/comms/<versions>-<key> on the host
+    key: str
+    nccl: Optional[CommsNcclRecord] = None
+    plugin: Optional[CommsPluginRecord] = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Manifest:
     """One build. Field order is the JSON's key order; exactly one of wheel and preflight."""
 
     # left out of the JSON when None, as before (a native build has no `image` key)
-    omit_if_none: ClassVar[tuple[str, ...]] = ("source", "patches", "image", "wheel", "preflight")
+    omit_if_none: ClassVar[tuple[str, ...]] = ("source", "patches", "image", "wheel", "preflight", "comms")
 
     schema_version: int
     torchbuild_version: str
@@ -215,6 +247,7 @@ class Manifest:
     image: Optional[ImageRecord] = None
     wheel: Optional[WheelRecord] = None
     preflight: Optional[PreflightRecord] = None
+    comms: Optional[CommsRecord] = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -20,6 +20,9 @@ from typing import Any, TextIO
 from . import manifest
 from .backends import Backend, Binds
 from .build import BuildRequest, Outcome
+from .comms import comms as build_comms
+from .comms import link_env
+from .comms import wanted as comms_wanted
 from .config import BuildSpec, cache_dir
 from .errors import SourceError, TorchbuildError, UsageError, writable_dir
 from .patches import ApplyResult, Series, apply_series, load_series
@@ -125,6 +128,7 @@ def build(
     )
     outcome = _finished_build(done, out_dir, out)
     if outcome is None:
+        extra_env, linked = _comms(spec, backend, out_dir, out)
         info, series, result = _source(spec, where, ref, done, out)
         binds = Binds(cache=cache, out=out_dir, src=info.path)
         view = backend.view(binds)
@@ -137,8 +141,10 @@ def build(
                 **provenance(info, series, result),
                 "engine": backend.engine,
                 **({"image": image} if image else {}),
+                **({"comms": linked} if linked else {}),
             },
             backend=backend.name,
+            extra_env=extra_env,
             **dataclasses.asdict(options),
         )
         backend.run("build", req.to_dict(), binds)
@@ -156,6 +162,45 @@ def build(
             verify_with(spec, backend, wheel=outcome.wheel, cache=cache, checked=True)
             done.done("verify", wheel_sha256=digest)
     return outcome
+
+
+def _comms(
+    spec: BuildSpec, backend: Backend, out_dir: Path, out: TextIO
+) -> tuple[dict[str, str], dict[str, Any] | None]:
+    """NCCL and the plugin the profile builds from source (a no-op when they are built): the
+    variables that link torch to that NCCL, and what the wheel's manifest records of them."""
+    if not comms_wanted(spec):
+        return {}, None
+    made = build_comms(spec, backend, out_dir=out_dir, out=out)
+    m = made.manifest
+    record: dict[str, Any] = {"prefix": str(made.prefix), "key": m.get("key", "")}
+    if m.get("nccl"):
+        record["nccl"] = {k: m["nccl"][k] for k in ("version", "version_code", "sha256", "gencode", "library")}
+    if m.get("plugin"):
+        record["plugin"] = {
+            k: m["plugin"][k]
+            for k in ("version", "sha256", "libfabric_prefix", "libfabric_version", "library", "symbols")
+        }
+    return link_env(str(made.view), m), record
+
+
+def comms_for_verify(wheel: Path, cache: Path, view_cache: Path) -> dict[str, Any]:
+    """Where the NCCL and plugin the wheel was built with are, as the verify step sees them,
+    and their comms manifest; {"error": why} when the wheel's manifest does not say."""
+    from . import manifest as mf
+    from .comms import COMMS_MANIFEST, read_manifest
+
+    path = Path(f"{wheel}{mf.SUFFIX}")
+    try:
+        record = mf.read(path).comms
+    except TorchbuildError as err:
+        return {"error": f"the wheel's manifest cannot say which NCCL it was linked to: {err.message}"}
+    if record is None:
+        return {"error": f"{path.name} records no NCCL built by `invoke comms`: the wheel was built without it"}
+    prefix = Path(record.prefix)
+    if not (prefix / COMMS_MANIFEST).is_file() or not prefix.is_relative_to(cache):
+        return {"error": f"{prefix} (the NCCL the wheel was built with) is not in the cache {cache} any more"}
+    return {"prefix": str(view_cache / prefix.relative_to(cache)), "manifest": read_manifest(prefix / COMMS_MANIFEST)}
 
 
 def key_of(spec: BuildSpec, where: Places, ref: str, options: BuildOptions, backend: Backend | str) -> str:
@@ -257,4 +302,6 @@ def verify_with(
         expect_version=expect_version,
         report=view.out / report.name if report else None,
     )
+    if wheel is not None and comms_wanted(spec):
+        req["comms"] = comms_for_verify(wheel, binds.cache, view.cache)
     backend.run("verify", req, binds)

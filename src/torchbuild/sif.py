@@ -38,14 +38,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TextIO, cast
+from typing import Any, TextIO, cast
 
 from . import __version__
 from .arch import Arch
 from .build import Tee
 from .config import DEFAULT_PROFILE, BuildSpec, cache_dir, profile_text
 from .engine import Engine
-from .environment import build_env, prepend_path_lines, runtime_env
+from .environment import build_env, comms_runtime_env, prepend_path_lines, runtime_env
 from .errors import BuildInterrupted, InsufficientSpace, SifError, ToolMissing
 from .image import LABEL_PREFIX, inputs_hash, make_context, require_image
 from .process import interrupts_unwind, run_streamed
@@ -86,12 +86,24 @@ def sif_build_env(spec: BuildSpec) -> dict[str, str]:
     return {"TORCHBUILD_PROFILE": baked_profile_path(spec), **env}
 
 
-def environment_section(spec: BuildSpec) -> str:
+# where a SIF carries the NCCL and plugin `invoke comms` built
+SIF_COMMS = "/opt/torchbuild/comms"
+
+
+def environment_section(spec: BuildSpec, comms: Mapping[str, Any] | None = None) -> str:
     """The %environment body: the build's environment, then apart from it the profile's
     runtime_env (what jobs running torch need), then the host_mpi directories first on
-    LD_LIBRARY_PATH wherever they are bound in (`apptainer exec --bind DIR ...`)."""
+    LD_LIBRARY_PATH wherever they are bound in (`apptainer exec --bind DIR ...`); with comms
+    (the comms manifest), the carried NCCL's lib/ first and the plugin NCCL should load."""
     lines = ["# the build's environment (invoke build, `torchbuild build`)"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sif_build_env(spec).items()]
+    if comms:
+        lines.append(f"# the NCCL and aws-ofi-nccl plugin of `invoke comms`, carried in {SIF_COMMS}")
+        for k, v in comms_runtime_env(SIF_COMMS, comms).items():
+            if k == "LD_LIBRARY_PATH":
+                lines += prepend_path_lines(k, [v])
+            else:
+                lines.append(f"export {k}={shlex.quote(v)}")
     runtime = runtime_env(spec)
     if runtime:
         lines.append("# runtime_env: what jobs that run torch need")
@@ -102,10 +114,13 @@ def environment_section(spec: BuildSpec) -> str:
     return "\n".join(f"    {line}" for line in lines)
 
 
-def runtime_hash(spec: BuildSpec) -> str:
-    """What of the runtime keys the SIF bakes in (its %environment), as a label: a SIF whose
-    label differs is converted again even when the image is the same."""
-    blob = json.dumps({"runtime_env": dict(spec.runtime_env), "host_mpi": list(spec.host_mpi)}, sort_keys=True)
+def runtime_hash(spec: BuildSpec, comms: Mapping[str, Any] | None = None) -> str:
+    """What of the runtime keys the SIF bakes in (its %environment and the comms it carries),
+    as a label: a SIF whose label differs is converted again even when the image is the same."""
+    data: dict[str, Any] = {"runtime_env": dict(spec.runtime_env), "host_mpi": list(spec.host_mpi)}
+    if comms:
+        data["comms"] = comms.get("key", "")
+    blob = json.dumps(data, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -127,29 +142,41 @@ Examples:
 """
 
 
-def definition(spec: BuildSpec, *, archive: Path, profile_file: Path, image_id: str) -> str:
-    """The definition file: bootstrap from the docker-archive, add metadata only (no %post)."""
-    for p in (archive, profile_file):
+def definition(
+    spec: BuildSpec,
+    *,
+    archive: Path,
+    profile_file: Path,
+    image_id: str,
+    comms: tuple[Path, Mapping[str, Any]] | None = None,
+) -> str:
+    """The definition file: bootstrap from the docker-archive, add metadata only (no %post);
+    comms: (the host prefix, its manifest) of `invoke comms`, copied to SIF_COMMS."""
+    for p in (archive, profile_file, *([comms[0]] if comms else [])):
         if any(c.isspace() for c in str(p)):
             raise SifError(
                 f"{p}: Apptainer definition files cannot name paths with whitespace",
                 hint="set cache_dir to a path without spaces (--set cache_dir=...)",
             )
-    env = environment_section(spec)
+    manifest = comms[1] if comms else None
+    env = environment_section(spec, manifest)
     labels = {
         f"{SIF_LABEL}.image": spec.image_tag,
         f"{SIF_LABEL}.image-id": image_id,
         f"{SIF_LABEL}.profile-hash": spec.hash,
         f"{SIF_LABEL}.torchbuild-version": __version__,
-        f"{SIF_LABEL}.runtime-hash": runtime_hash(spec),
+        f"{SIF_LABEL}.runtime-hash": runtime_hash(spec, manifest),
     }
+    files = f"    {profile_file} {baked_profile_path(spec)}"
+    if comms:
+        files += f"\n    {comms[0]} {SIF_COMMS}"
     label_lines = "\n".join(f"    {k} {v}" for k, v in labels.items())
     help_lines = "\n".join(f"    {line}" if line else "" for line in help_text(spec).splitlines())
     return f"""Bootstrap: docker-archive
 From: {archive}
 
 %files
-    {profile_file} {baked_profile_path(spec)}
+{files}
 
 %environment
 {env}
@@ -426,9 +453,11 @@ def build_sif(
     out_dir: Path,
     *,
     rebuild: bool = False,
+    comms: tuple[Path, Mapping[str, Any]] | None = None,
     out: TextIO = sys.stdout,
 ) -> SifResult:
-    """Convert spec's toolchain image into out_dir/torch-build-<profile>-<arch>.sif.
+    """Convert spec's toolchain image into out_dir/torch-build-<profile>-<arch>.sif (carrying
+    the prefix `invoke comms` built, when given).
 
     Nothing changes when the SIF already comes from the current image (a label check). The SIF
     is written under a temporary name and renamed into place, so a failed or interrupted
@@ -444,7 +473,7 @@ def build_sif(
         if (
             labels.get(f"{SIF_LABEL}.image-id") == image_id
             and labels.get(f"{LABEL_PREFIX}.version") == __version__
-            and labels.get(f"{SIF_LABEL}.runtime-hash") == runtime_hash(spec)
+            and labels.get(f"{SIF_LABEL}.runtime-hash") == runtime_hash(spec, comms[1] if comms else None)
         ):
             link = _link_default(spec, final)
             return SifResult(final, True, time.monotonic() - start, final.stat().st_size, image_size, link=link)
@@ -472,11 +501,17 @@ def build_sif(
             profile_file = work / f"{spec.profile}.yaml"
             profile_file.write_text(profile_text(spec))
             deffile = work / "torch-build.def"
-            deffile.write_text(definition(spec, archive=archive, profile_file=profile_file, image_id=image_id))
+            deffile.write_text(
+                definition(spec, archive=archive, profile_file=profile_file, image_id=image_id, comms=comms)
+            )
             print(f"converting with {apptainer.description}", file=out, flush=True)
             t1 = time.monotonic()
             rc = apptainer.call(
-                ["build", "--force", str(partial), str(deffile)], env=env, paths=[root, out_dir], out=out, log=log
+                ["build", "--force", str(partial), str(deffile)],
+                env=env,
+                paths=[root, out_dir, *([comms[0]] if comms else [])],
+                out=out,
+                log=log,
             )
             build_seconds = time.monotonic() - t1
             if rc != 0 or not partial.is_file():

@@ -39,7 +39,13 @@ def _mpi(payload: Mapping[str, Any]) -> int:
     return run_mpi_step(payload)
 
 
-STEPS: dict[str, Step] = {"build": _build, "verify": _verify, "install": _install, "mpi": _mpi}
+def _comms(payload: Mapping[str, Any]) -> int:
+    from .comms import run_comms_step
+
+    return run_comms_step(payload)
+
+
+STEPS: dict[str, Step] = {"build": _build, "verify": _verify, "install": _install, "mpi": _mpi, "comms": _comms}
 
 
 def run_step(name: str, payload: Mapping[str, Any]) -> int:

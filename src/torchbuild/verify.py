@@ -23,7 +23,7 @@ import sys
 import sysconfig
 import tempfile
 import zipfile
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -190,8 +190,68 @@ def _install(wheel: Path, root: Path) -> tuple[str, str]:
     return (python, "") if proc.returncode == 0 else ("", proc.stderr)
 
 
-def verify_wheel(wheel: Path, spec: BuildSpec, expect_version: str) -> list[Check]:
-    """Tags, then install into a fresh venv (dependencies from this interpreter) and probe.
+def comms_checks(torch_lib: Path | None, comms: Mapping[str, Any]) -> list[Check]:
+    """Without a GPU: the plugin `invoke comms` built loads and exports the ncclNetPlugin_v*
+    symbols NCCL looks up, `ldd` resolves its libfabric and CUDA dependencies, and torch's
+    libtorch_cuda loads the NCCL built there (its path, and ncclGetVersion of that library)."""
+    from .comms import nccl_version_of, plugin_symbols, unresolved
+
+    if comms.get("error"):
+        return [Check("NCCL and plugin of `invoke comms`", "fail", comms["error"])]
+    prefix, m = Path(comms["prefix"]), comms["manifest"]
+    lib_env = {
+        **os.environ,
+        "LD_LIBRARY_PATH": ":".join(filter(None, [str(prefix / "lib"), os.environ.get("LD_LIBRARY_PATH")])),
+    }
+    checks = []
+    if m.get("plugin"):
+        plugin = prefix / m["plugin"]["library"]
+        missing = unresolved(plugin, lib_env) if plugin.exists() else [str(plugin)]
+        checks.append(
+            Check("nccl plugin: ldd resolves its libraries", "fail" if missing else "pass",
+                  f"missing: {', '.join(missing)}" if missing else f"{plugin.name} against libfabric {m['plugin']['libfabric_version']}")
+        )  # fmt: skip
+        try:
+            symbols = plugin_symbols(plugin)
+        except OSError as exc:
+            checks.append(Check("nccl plugin: loads, exports ncclNetPlugin_v*", "fail", str(exc)[-300:]))
+        else:
+            checks.append(
+                Check("nccl plugin: loads, exports ncclNetPlugin_v*", "pass" if symbols else "fail",
+                      ", ".join(symbols) or f"{plugin.name} exports no ncclNetPlugin_v* symbol")
+            )  # fmt: skip
+    if m.get("nccl"):
+        checks.append(_linked_nccl(torch_lib, prefix, m["nccl"], nccl_version_of))
+    return checks
+
+
+def _linked_nccl(torch_lib: Path | None, prefix: Path, nccl: Mapping[str, Any], version_of: Any) -> Check:
+    name = "torch links the NCCL comms built"
+    cuda_libs = sorted(torch_lib.glob("libtorch_cuda*.so")) if torch_lib else []
+    if not cuda_libs:
+        return Check(name, "fail", f"no libtorch_cuda*.so in {torch_lib}: not a CUDA build")
+    proc = subprocess.run(["ldd", str(cuda_libs[0])], capture_output=True, text=True, check=False)
+    found = re.search(r"libnccl\.so\.2 => (\S+)", proc.stdout)
+    if not found:
+        return Check(name, "fail", f"{cuda_libs[0].name} does not load libnccl.so.2 (static or bundled NCCL)")
+    loaded = Path(found[1]).resolve()
+    if loaded.parent != (prefix / "lib").resolve():
+        return Check(name, "fail", f"{cuda_libs[0].name} loads {loaded}, not the NCCL in {prefix}/lib")
+    code = version_of(loaded)
+    ok = code == nccl["version_code"]
+    return Check(name, "pass" if ok else "fail", f"{loaded} (ncclGetVersion {code}, built {nccl['version']})")
+
+
+def _torch_lib(site: Path) -> Path | None:
+    found = sorted(site.glob("lib/python*/site-packages/torch/lib"))
+    return found[0] if found else None
+
+
+def verify_wheel(
+    wheel: Path, spec: BuildSpec, expect_version: str, comms: Mapping[str, Any] | None = None
+) -> list[Check]:
+    """Tags, then install into a fresh venv (dependencies from this interpreter) and probe;
+    with comms, the NCCL and plugin checks (comms_checks) against the venv's torch.
     WheelError (or PathError) first when the file is not a readable wheel."""
     check_wheel_file(wheel)
     checks = tag_checks(wheel.name, expect_version)
@@ -203,7 +263,10 @@ def verify_wheel(wheel: Path, spec: BuildSpec, expect_version: str) -> list[Chec
         if error:
             return [*checks, Check("install into a fresh venv", "fail", error.strip()[-500:])]
         checks.append(Check("install into a fresh venv", "pass", wheel.name))
-        return checks + _probe(python, name, spec, expect_version)
+        checks += _probe(python, name, spec, expect_version)
+        if comms:
+            checks += comms_checks(_torch_lib(root / "venv"), comms)
+        return checks
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -265,7 +328,7 @@ def run_request(req: dict[str, Any]) -> int:
         checks = verify_installed(req["installed"], spec, req.get("expect_version", ""))
     else:
         subject = Path(req["wheel"]).name
-        checks = verify_wheel(Path(req["wheel"]), spec, req.get("expect_version", ""))
+        checks = verify_wheel(Path(req["wheel"]), spec, req.get("expect_version", ""), req.get("comms"))
     data = report(checks, subject)
     print(f"verify {subject} ({data['machine']}, Python {data['python']}):")
     print(render(checks))

@@ -39,6 +39,8 @@ class Binds:
     # host directories the step sees at their own path (an install's prefix: a venv is not
     # relocatable; pip's --find-links directories)
     extra: tuple[Path, ...] = ()
+    # host directories the step only reads, at their own path (a site's libfabric)
+    read_only: tuple[Path, ...] = ()
 
     def mounts(self, view: Binds) -> dict[Path, str]:
         """host path -> the path the step sees, for each declared bind."""
@@ -78,6 +80,7 @@ def container_view(binds: Binds) -> Binds:
         out=CONTAINER_VIEW.out,
         src=CONTAINER_VIEW.src if binds.src is not None else None,
         extra=binds.extra,
+        read_only=binds.read_only,
     )
 
 

@@ -49,14 +49,17 @@ def run_args(
     flags: Sequence[str] = (),
     nv: bool = False,
     host_mpi: Sequence[str] = (),
+    read_only: Sequence[str] = (),
 ) -> list[str]:
-    """`apptainer run` arguments: a clean environment, the binds, --nv for GPU nodes, and the
+    """`apptainer run` arguments: a clean environment, the binds, --nv for GPU nodes, the
     host MPI directories bound read-only at their own paths and first on LD_LIBRARY_PATH
-    (Apptainer appends its /.singularity.d/libs after them)."""
+    (Apptainer appends its /.singularity.d/libs after them), and read_only directories bound
+    read-only at their own paths."""
     args = ["run", *flags, "--cleanenv"]
     if nv:
         args.append("--nv")
-    specs = [f"{host}:{inside}" for host, inside in binds.items()] + [f"{d}:{d}:ro" for d in host_mpi]
+    specs = [f"{host}:{inside}" for host, inside in binds.items()]
+    specs += [f"{d}:{d}:ro" for d in dict.fromkeys([*host_mpi, *read_only])]
     args += ["--bind", ",".join(specs)]
     env = {**launch_env("apptainer", str(CONTAINER_VIEW.cache)), **allocation_env()}
     if host_mpi:
@@ -97,8 +100,9 @@ class ApptainerBackend(Backend):
                 flags=self.runner.run_flags,
                 nv=self.options.nv,
                 host_mpi=host_mpi,
+                read_only=[str(d) for d in binds.read_only],
             ),
-            paths=[*mounts, self.sif.parent, *(Path(d) for d in host_mpi)],
+            paths=[*mounts, self.sif.parent, *(Path(d) for d in host_mpi), *binds.read_only],
             out=self.out,
             memory_limit=self.options.memory or None,
         )

@@ -78,7 +78,7 @@ class DockerBackend(Backend):
             self.spec.image_tag,
             ["torchbuild", "inside.step", step, request_file],
             mounts={str(host): inside for host, inside in binds.mounts(view).items()},
-            read_only={d: d for d in self.options.host_mpi},
+            read_only={d: d for d in (*self.options.host_mpi, *map(str, binds.read_only))},
             user=self.user,
             environment={**launch_env(self.name, str(view.cache)), **allocation_env(), **self._host_mpi_env()},
             workdir=str(view.src or view.out),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from invoke.collection import Collection
 
 from .build import build, patches, source
+from .comms import comms
 from .config import config
 from .doctor import doctor
 from .image import base_image, image
@@ -21,6 +22,7 @@ ns = Collection(
     base_image,
     sif,
     build,
+    comms,
     submit,
     verify,
     install,

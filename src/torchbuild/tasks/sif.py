@@ -7,7 +7,10 @@ from pathlib import Path
 from invoke.context import Context
 from invoke.tasks import task
 
-from ..config import DEFAULT_PROFILE
+from ..backends import Options, choose
+from ..comms import comms as build_comms
+from ..comms import wanted as comms_wanted
+from ..config import DEFAULT_PROFILE, cache_dir
 from ..engine import Engine
 from ..sif import build_sif, locate
 from .common import HELP, handles_errors, spec_from
@@ -36,7 +39,11 @@ def sif(
     spec = spec_from(profile, set_, arch)
     engine = Engine.connect()
     runner = locate(spec, apptainer, engine=lambda: engine)
-    result = build_sif(spec, engine, runner, Path(out).expanduser(), rebuild=rebuild)
+    carried = None
+    if comms_wanted(spec):  # the SIF carries the NCCL and plugin built in its image
+        made = build_comms(spec, choose(spec, "docker", Options()), out_dir=cache_dir(spec) / "comms-out")
+        carried = (made.prefix, made.manifest)
+    result = build_sif(spec, engine, runner, Path(out).expanduser(), rebuild=rebuild, comms=carried)
     ratio = result.size / result.image_size if result.image_size else 0.0
     state = "up to date (made from the current image)" if result.cached else f"written in {result.seconds:.1f} s"
     print(f"{result.path} {state}: {result.size / 2**20:.0f} MiB, {ratio:.2f} x the image ({spec.image_tag})")
