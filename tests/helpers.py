@@ -15,6 +15,8 @@ REPO = Path(__file__).resolve().parents[1]
 SUITE = os.environ.get("TORCHBUILD_TEST_SUITE", "trixie")
 SUITE_PYTHON = {"bookworm": "3.11", "trixie": "3.13"}[SUITE]
 FIXTURES = REPO / "tests" / "fixtures"
+# the aws-ofi-nccl release the cuda-offline test image is made for (it builds against libfabric 2.x)
+OFI_PLUGIN = "1.17.1"
 
 
 def run_invoke(*args: str, env: dict[str, str] | None = None, timeout: int = 1800) -> subprocess.CompletedProcess[str]:

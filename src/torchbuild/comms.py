@@ -182,6 +182,13 @@ def comms(spec: BuildSpec, backend: Backend, *, out_dir: Path, out: TextIO = sys
             f"profile {spec.profile} builds neither NCCL nor a plugin (nccl: {spec.nccl}, no aws_ofi_nccl_version)",
             hint="set nccl: source and/or aws_ofi_nccl_version (e.g. --set nccl=source)",
         )
+    if spec.libfabric_prefix and backend.name != "native" and not Path(spec.libfabric_prefix).is_dir():
+        # checked here: a container engine would create a missing bind source as root
+        raise ProfileError(
+            f"libfabric_prefix: no libfabric at {spec.libfabric_prefix} (not a directory on this host)",
+            hint="set libfabric_prefix to the directory holding include/rdma/fabric.h and lib/libfabric.so "
+            "(`module show libfabric`)",
+        )
     image = backend.check()
     out_dir = writable_dir(out_dir, "--out")
     cache = writable_dir(cache_dir(spec), "cache_dir")

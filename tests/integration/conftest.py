@@ -5,11 +5,12 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, SUITE, SUITE_PYTHON, run_invoke, set_args
+from helpers import FIXTURES, OFI_PLUGIN, SUITE, SUITE_PYTHON, run_invoke, set_args
 from slurm_cluster import SlurmCluster, missing_tools
 
 from torchbuild.arch import Arch
@@ -136,3 +137,45 @@ def slurm(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+
+
+# Where the aws-ofi-nccl release tarballs are (SHA256SUMS beside them): the project's shared
+# sources next to the checkout, or TORCHBUILD_TEST_SOURCES.
+SOURCE_DIRS = [
+    Path(p)
+    for p in (
+        os.environ.get("TORCHBUILD_TEST_SOURCES", ""),
+        str(FIXTURES.parents[2] / "shared" / "sources"),
+        "/work/shared/sources",
+    )
+    if p
+]
+
+
+@pytest.fixture(scope="session")
+def ofi_sources(test_cache) -> dict[str, tuple[Path, str]]:
+    """version -> (the aws-ofi-nccl tarball copied into the test cache, its sha256 from SHA256SUMS)."""
+    found = next((d for d in SOURCE_DIRS if (d / "SHA256SUMS").is_file()), None)
+    if found is None:
+        pytest.fail(f"no aws-ofi-nccl tarballs with SHA256SUMS in {', '.join(map(str, SOURCE_DIRS))}")
+    dest = test_cache / "sources"
+    dest.mkdir(parents=True, exist_ok=True)
+    sums = dict(reversed(line.split()) for line in (found / "SHA256SUMS").read_text().splitlines() if line.strip())
+    tarballs = {}
+    for name, sha in sums.items():
+        version = name.removeprefix("aws-ofi-nccl-").removesuffix(".tar.gz")
+        copy = dest / name
+        if not copy.exists():
+            shutil.copyfile(found / name, copy)
+        tarballs[version] = (copy, sha)
+    return tarballs
+
+
+@pytest.fixture(scope="session")
+def cuda_image(engine, local_base, site_certs) -> tuple[object, list[str]]:
+    """The cuda-offline toolchain image, made for building the aws-ofi-nccl plugin too (autotools,
+    hwloc, trixie's libfabric-dev 2.1): one image for the CUDA and the comms tests."""
+    sets = [f"base_image={local_base}", *site_certs, f"aws_ofi_nccl_version={OFI_PLUGIN}"]
+    res = run_invoke("image", "--profile", "cuda-offline", *set_args(sets))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+    return resolve("cuda-offline", sets), sets

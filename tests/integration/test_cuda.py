@@ -6,9 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, image_ok, preflight_ok, run_invoke, set_args
-
-from torchbuild.config import resolve
+from helpers import FIXTURES, image_ok, preflight_ok, set_args
 
 pytestmark = pytest.mark.docker
 
@@ -20,14 +18,6 @@ __global__ void axpy(float a, const float* x, float* y, int n) {
 """
 
 
-@pytest.fixture(scope="module")
-def cuda_image(engine, local_base, site_certs):
-    sets = [f"base_image={local_base}", *site_certs]
-    res = run_invoke("image", "--profile", "cuda-offline", *set_args(sets))
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
-    return resolve("cuda-offline", sets)
-
-
 def test_offline_cuda_image_compiles_for_sm90(engine, cuda_image, tmp_path):
     (tmp_path / "axpy.cu").write_text(KERNEL)
     script = (
@@ -36,7 +26,10 @@ def test_offline_cuda_image_compiles_for_sm90(engine, cuda_image, tmp_path):
         "cuobjdump --list-elf /w/axpy.o"
     )
     out = engine.client.containers.run(
-        cuda_image.image_tag, ["bash", "-c", script], volumes={str(tmp_path): {"bind": "/w", "mode": "rw"}}, remove=True
+        cuda_image[0].image_tag,
+        ["bash", "-c", script],
+        volumes={str(tmp_path): {"bind": "/w", "mode": "rw"}},
+        remove=True,
     ).decode()
     assert "release 12.4" in out
     assert "sm_90" in out  # the object carries device code for Hopper

@@ -1,5 +1,5 @@
-"""The slow tests share the integration tests' fixtures (engine, test cache, local bases)."""
+"""The slow tests share the integration tests' fixtures (engine, test cache, local bases, sources)."""
 
-from integration.conftest import arm64_base, engine, site_certs, test_cache
+from integration.conftest import arm64_base, debian_dsc, engine, local_base, ofi_sources, site_certs, test_cache
 
-__all__ = ["arm64_base", "engine", "site_certs", "test_cache"]
+__all__ = ["arm64_base", "debian_dsc", "engine", "local_base", "ofi_sources", "site_certs", "test_cache"]
