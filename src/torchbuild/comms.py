@@ -43,7 +43,7 @@ from .environment import build_env
 from .errors import CommsFailed, ProfileError, SourceError, ToolMissing, UsageError, named_os_errors, writable_dir
 from .image import tree_digest
 from .nccl_arch import gencode, nccl_release
-from .source import looks_like_url, sha256_file, unpack_archive
+from .source import describe_dir, fetch_git, looks_like_url, sha256_file, unpack_archive
 
 COMMS_MANIFEST = "torchbuild-comms.json"
 NCCL_ARCHIVE = "https://github.com/NVIDIA/nccl/archive/refs/tags/v{version}.tar.gz"
@@ -77,16 +77,25 @@ def wanted(spec: BuildSpec) -> bool:
     return spec.nccl == "source" or bool(spec.aws_ofi_nccl_version)
 
 
-def fetch(what: str, source: str, default_url: str, sha256: str, cache: Path, out: TextIO = sys.stdout) -> Source:
-    """The source of `what` (nccl or aws-ofi-nccl) unpacked in the cache: source is a URL, a
-    tarball, a .dsc or a directory ('' = default_url); sha256, when given, is checked before
-    anything is unpacked."""
+def fetch(
+    what: str, source: str, default_url: str, sha256: str, cache: Path, out: TextIO = sys.stdout, ref: str = ""
+) -> Source:
+    """The source of `what` (nccl or aws-ofi-nccl) unpacked in the cache: source is an archive
+    URL, a git URL (cloned at ref), a tarball, a .dsc or a directory ('' = default_url);
+    sha256, when given, is checked before anything is unpacked."""
     key = f"{what}_source"
     origin = source or default_url
-    if looks_like_url(origin):
+    local = Path(origin).expanduser().absolute()
+    if is_git_url(origin) and not local.is_dir():
+        if sha256:
+            raise ProfileError(
+                f"{key}: {origin} is a git repository; a sha256 checks an archive", hint=f"drop {what}_sha256"
+            )
+        return _clone(origin, ref, cache, out)
+    if looks_like_url(origin) and not local.is_dir():
         archive = download(origin, cache / "downloads", sha256, key, out)
     else:
-        path = Path(origin).expanduser().absolute()
+        path = local
         if path.is_dir():
             if sha256:
                 raise ProfileError(
@@ -101,20 +110,34 @@ def fetch(what: str, source: str, default_url: str, sha256: str, cache: Path, ou
     return Source(tree=info.path, origin=origin, digest=info.sha256 or sha256_file(archive))
 
 
-def _check_sha(archive: Path, sha256: str, key: str) -> None:
+def is_git_url(text: str) -> bool:
+    """A repository to clone (git@, git://, ssh:// or a URL ending in .git), not an archive."""
+    return text.startswith(("git@", "git://", "ssh://")) or (looks_like_url(text) and text.rstrip("/").endswith(".git"))
+
+
+def _clone(url: str, ref: str, cache: Path, out: TextIO) -> Source:
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", url.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git"))
+    dest = cache / "comms-src" / f"{name}-{hashlib.sha256(url.encode()).hexdigest()[:8]}-{ref or 'HEAD'}"
+    info = describe_dir(dest) if dest.is_dir() else fetch_git(url, ref, dest, cache, out)
+    return Source(tree=dest, origin=f"{url}@{ref}", digest=info.commit or tree_digest(dest))
+
+
+def _check_sha(archive: Path, sha256: str, key: str, label: str = "") -> None:
     if sha256:
         with named_os_errors(archive, key):
             got = sha256_file(archive)
         if got != sha256:
             raise SourceError(
-                f"{key}: {archive.name} has sha256 {got}, not the {sha256} expected",
+                f"{key}: {label or archive.name} has sha256 {got}, not the {sha256} expected",
                 hint="download it again from the release page; if the release was re-tagged, check and update the sha256",
             )
 
 
 def download(url: str, dest_dir: Path, sha256: str, key: str, out: TextIO = sys.stdout) -> Path:
     """url saved as dest_dir/<its name> (kept for the next run), whole or not at all."""
-    name = re.sub(r"[^A-Za-z0-9._+-]", "_", url.rstrip("/").rsplit("/", 1)[-1]) or "download"
+    # the URL's own hash first: two URLs ending in the same name (master.tar.gz) stay apart
+    base = re.sub(r"[^A-Za-z0-9._+-]", "_", url.rstrip("/").rsplit("/", 1)[-1]) or "download"
+    name = f"{hashlib.sha256(url.encode()).hexdigest()[:12]}-{base}"
     dest = writable_dir(dest_dir, "cache_dir") / name
     if dest.is_file() and (not sha256 or sha256_file(dest) == sha256):
         return dest
@@ -123,7 +146,7 @@ def download(url: str, dest_dir: Path, sha256: str, key: str, out: TextIO = sys.
     try:
         with os.fdopen(fd, "wb") as f, urllib.request.urlopen(url, timeout=60) as resp:
             shutil.copyfileobj(resp, f, 1 << 20)
-        _check_sha(Path(tmp), sha256, key)
+        _check_sha(Path(tmp), sha256, key, label=url)
         os.replace(tmp, dest)
     except (urllib.error.URLError, TimeoutError) as exc:
         raise SourceError(
@@ -147,7 +170,8 @@ def comms_key(spec: BuildSpec, nccl: Source | None, plugin: Source | None, image
         else None,
         "cuda_home": spec.cuda_home,
         "cuda_version": spec.cuda_version,
-        "compilers": [env.get("CC", ""), env.get("CXX", "")],
+        # what configure and make see of the toolchain
+        "toolchain": {k: env.get(k, "") for k in ("CC", "CXX", "CFLAGS", "CXXFLAGS", "LDFLAGS")},
         "env": dict(spec.env),
         "image": image,
     }
@@ -194,17 +218,17 @@ def comms(spec: BuildSpec, backend: Backend, *, out_dir: Path, out: TextIO = sys
     cache = writable_dir(cache_dir(spec), "cache_dir")
     nccl = plugin = None
     if spec.nccl == "source":
-        nccl = fetch(
-            "nccl", spec.nccl_source, NCCL_ARCHIVE.format(version=spec.nccl_version), spec.nccl_sha256, cache, out
-        )
+        default = NCCL_ARCHIVE.format(version=spec.nccl_version)
+        nccl = fetch("nccl", spec.nccl_source, default, spec.nccl_sha256, cache, out, ref=f"v{spec.nccl_version}")
     if spec.aws_ofi_nccl_version:
         default = OFI_ARCHIVE.format(version=spec.aws_ofi_nccl_version)
         sha = spec.aws_ofi_nccl_sha256 or (
             "" if spec.aws_ofi_nccl_source else OFI_PINS.get(spec.aws_ofi_nccl_version, "")
         )
-        plugin = fetch("aws_ofi_nccl", spec.aws_ofi_nccl_source, default, sha, cache, out)
+        ref = f"v{spec.aws_ofi_nccl_version}"
+        plugin = fetch("aws_ofi_nccl", spec.aws_ofi_nccl_source, default, sha, cache, out, ref=ref)
     # the image's id, the same for the image and the SIF made from it (natively: this host's tools)
-    key = comms_key(spec, nccl, plugin, str((image or {}).get("image_id") or backend.name))
+    key = comms_key(spec, nccl, plugin, str((image or {}).get("id") or backend.name))
     prefix = cache / "comms" / comms_dir(spec, key)
     read_only = (Path(spec.libfabric_prefix),) if spec.libfabric_prefix and backend.name != "native" else ()
     binds = Binds(cache=cache, out=out_dir, extra=tuple(s.tree for s in (nccl, plugin) if s), read_only=read_only)
@@ -404,7 +428,10 @@ class _Step:
         nvcc = Path(self.spec.cuda_home) / "bin" / "nvcc"
         if self.req.get("nccl") and not nvcc.exists():
             raise ToolMissing(f"nvcc is not at {nvcc} (cuda_home): NCCL's device code needs it", hint="set cuda_home")
-        tools = ["make", *(["autoreconf", "libtoolize"] if self.req.get("plugin") else [])]
+        plugin = self.req.get("plugin")
+        # a release archive of a git tag has no configure: autogen.sh needs autotools
+        autotools = plugin and not (Path(plugin["tree"]) / "configure").exists()
+        tools = ["make", *(["autoreconf", "libtoolize"] if autotools else [])]
         missing = [t for t in tools if shutil.which(t, path=self.env.get("PATH")) is None]
         if missing:
             raise ToolMissing(
