@@ -70,14 +70,21 @@ SPECIFIED_PACKAGES = ("six<2", "packaging>=23")
 @pytest.fixture(scope="session")
 def site_overrides(local_base: str, site_certs: list[str]) -> list[str]:
     """--set options that point the cpu profile at the local base (and this host's local CAs),
-    with the cpu profile's python_packages plus SPECIFIED_PACKAGES."""
+    with the cpu profile's python_packages plus SPECIFIED_PACKAGES, and MPICH in the image (the
+    cray-mpich ABI: the SIF's host MPI test binds another MPICH build over it; distributed stays
+    [gloo], so builds still have USE_MPI=0)."""
     packages = [*resolve("cpu").python_packages, *SPECIFIED_PACKAGES]
     return [
         f"base_image={local_base}",
         f"python_version={SUITE_PYTHON}",
         f"python_packages={json.dumps(packages)}",
+        "mpi=mpich",
         *site_certs,
     ]
+
+
+# runtime keys the cpu SIF is converted with (left out of the image: no image rebuild)
+SIF_RUNTIME_ENV = 'runtime_env={NCCL_SOCKET_IFNAME: hsn, TB_RUNTIME_CHECK: "two words; $HOME stays literal"}'
 
 
 @pytest.fixture(scope="session")
@@ -110,7 +117,7 @@ def sid_base(engine: Engine, test_cache: Path) -> str:
 def cpu_sif(engine, cpu_image, site_overrides, sid_base, tmp_path_factory):
     """`invoke sif` of the cpu image, as a user types it; returns (spec, sif, first output, builder, sets)."""
     spec, _ = cpu_image
-    sets = [*site_overrides, f"sif_builder_base={sid_base}"]
+    sets = [*site_overrides, f"sif_builder_base={sid_base}", SIF_RUNTIME_ENV]
     out = tmp_path_factory.mktemp("sif")
     res = run_invoke(
         "sif", "--profile", "cpu", "--arch", "x86_64", "--apptainer", "docker", "--out", str(out), *set_args(sets)

@@ -20,7 +20,6 @@ from torchbuild.manifest import read_install
 pytestmark = pytest.mark.docker
 
 TORCH_PROFILE = str(FIXTURES / "profiles" / "debian-torch-installed.yaml")
-MPICH_PROFILE = str(FIXTURES / "profiles" / "debian-mpich.yaml")
 RUNTIME_ENV = {
     "NCCL_NET": "AWS Libfabric",
     "FI_CXI_DEFAULT_CQ_SIZE": "131072",
@@ -221,22 +220,12 @@ def bookworm_mpich(engine, local_base, test_cache):
     return lib
 
 
-@pytest.fixture(scope="module")
-def mpich_sif(engine, local_base, site_certs, sid_base, tmp_path_factory):
-    sets = [f"base_image={local_base}", *site_certs, f"sif_builder_base={sid_base}"]
-    image_ok(MPICH_PROFILE, set_args(sets))
-    out = tmp_path_factory.mktemp("mpich-sif")
-    res = run_invoke("sif", "--profile", MPICH_PROFILE, "--apptainer", "docker", "--out", str(out), *set_args(sets))
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
-    (sif,) = out.glob("*.sif")
-    return sif, sets
-
-
-def test_sif_uses_the_host_mpi_bound_in(mpich_sif, bookworm_mpich, tmp_path):
-    sif, sets = mpich_sif
+def test_sif_uses_the_host_mpi_bound_in(cpu_sif, bookworm_mpich, tmp_path):
+    """The cpu SIF's MPICH 4.2.1 (trixie), then bookworm's 4.0.2 bound over it through the ABI."""
+    _, sif, _, _, sets = cpu_sif
     base = [
         "mpi-check", "--in-container", "--engine", "apptainer", "--apptainer", "docker", "--sif", str(sif),
-        "--profile", MPICH_PROFILE, "--out", str(tmp_path), *set_args(sets),
+        "--profile", "cpu", "--arch", "x86_64", "--out", str(tmp_path), *set_args(sets),
     ]  # fmt: skip
     own = run_invoke(*base)
     assert own.returncode == 0, own.stdout[-3000:] + own.stderr
@@ -258,10 +247,9 @@ def test_sif_uses_the_host_mpi_bound_in(mpich_sif, bookworm_mpich, tmp_path):
     ]
 
 
-def test_sif_environment_keeps_runtime_env_apart(mpich_sif, cpu_sif):
+def test_sif_environment_keeps_runtime_env_apart(cpu_sif):
     """%environment has the profile's runtime_env after the build's, values literal."""
-    sif, _ = mpich_sif
-    apptainer = cpu_sif[3]
+    _, sif, _, apptainer, _ = cpu_sif
     buf = io.StringIO()
     rc = apptainer.call(
         ["exec", *apptainer.run_flags, "--cleanenv", str(sif), "sh", "-c",
