@@ -516,7 +516,8 @@ class _Step:
         work = self.partial / "work" / "aws-ofi-nccl"
         shutil.copytree(src["tree"], work, symlinks=True)
         if not (work / "configure").exists():
-            self._call(["./autogen.sh"], "aws-ofi-nccl autogen.sh", cwd=work)
+            # autogen.sh has no #! line in the release archives: run it with sh
+            self._call(["sh", "./autogen.sh"], "aws-ofi-nccl autogen.sh", cwd=work)
         args = [f"--prefix={self.prefix}", "--disable-tests", "--disable-platform-aws"]
         # their configure adds -isystem <path>/include: never /usr, which breaks g++'s <cstdlib>
         if str(root) != "/usr":

@@ -267,6 +267,11 @@ def os_fault(exc: OSError, path: StrPath, what: str) -> TorchbuildError:
         return PathError(f"{what}: {p} is a directory, a file was expected")
     if exc.errno == errno.ENOENT:
         return PathError(f"{what}: {p} does not exist")
+    if exc.errno == errno.ENOEXEC:
+        return PathError(
+            f"{what}: {p} cannot be executed here (no #! line, or built for another machine)",
+            hint="run it through its interpreter (sh, python3), or use a build for this machine",
+        )
     return PathError(f"{what}: {p}: {reason}")
 
 

@@ -138,7 +138,8 @@ def _plugin_tree(root: Path, symbols: tuple[int, ...] = (6, 8)) -> Path:
     root.mkdir(parents=True)
     (root / "plugin.c").write_text(_plugin_c(symbols))
     (root / "configure.sh").write_text(CONFIGURE)
-    (root / "autogen.sh").write_text("#!/bin/sh\ncp configure.sh configure && chmod +x configure\n")
+    # as in the release archives: no #! line (run with sh)
+    (root / "autogen.sh").write_text("cp configure.sh configure && chmod +x configure\n")
     (root / "autogen.sh").chmod(0o755)
     (root / "Makefile.in").write_text(
         "prefix = @prefix@\n"
@@ -160,6 +161,22 @@ def _tarball(tree: Path, dest: Path) -> tuple[Path, str]:
     with tarfile.open(dest, "w:gz") as tar:
         tar.add(tree, arcname=tree.name)
     return dest, sha256_file(dest)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def autotools_on_path(tmp_path_factory) -> Iterator[None]:
+    """autoreconf and libtoolize, which the step requires for a tree without configure (the
+    stand-in's autogen.sh does not call them): this machine need not have autotools."""
+    tools = tmp_path_factory.mktemp("autotools")
+    for name in ("autoreconf", "libtoolize"):
+        (tools / name).write_text("#!/bin/sh\nexit 0\n")
+        (tools / name).chmod(0o755)
+    before = os.environ["PATH"]
+    os.environ["PATH"] = f"{tools}:{before}"
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = before
 
 
 @dataclasses.dataclass
@@ -982,3 +999,15 @@ def test_a_comms_record_of_the_wrong_shape_is_a_manifest_error(tmp_path):
     bad["comms"]["nccl"]["version_code"] = "22105"
     with pytest.raises(mf.ManifestError, match=r"comms\.nccl\.version_code"):
         mf.from_dict(bad)
+
+
+def test_a_script_without_a_shebang_is_named_as_not_executable_not_as_a_write_problem(tmp_path):
+    """What `./autogen.sh` of a release archive did before it was run with sh: ENOEXEC."""
+    from torchbuild.errors import PathError, named_os_errors
+
+    script = tmp_path / "autogen.sh"
+    script.write_text("echo hi\n")
+    script.chmod(0o755)
+    with pytest.raises(PathError) as exc, named_os_errors(script, "aws-ofi-nccl autogen.sh"):
+        subprocess.run([str(script)], check=False)
+    assert "cannot be executed here" in exc.value.message and "write" not in (exc.value.hint or "")
