@@ -57,7 +57,6 @@ OFI_PINS = {
 # container_of, which libfabric 1.x defined in rdma/fabric.h and 2.0 no longer does
 OFI_LIBFABRIC_MAX = {"1.6.0": 1}
 # the symbols NCCL looks up in a net plugin (one per interface version it speaks)
-NET_SYMBOL = re.compile(r"ncclNetPlugin_v(\d+)")
 NET_VERSIONS = range(2, 12)
 
 
@@ -251,7 +250,10 @@ def comms(spec: BuildSpec, backend: Backend, *, out_dir: Path, out: TextIO = sys
     }
     with named_os_errors(prefix.parent, "cache_dir"):
         prefix.parent.mkdir(parents=True, exist_ok=True)
-    backend.run("comms", request, binds)
+    try:
+        backend.run("comms", request, binds)
+    finally:  # a container stopped mid-build cannot clean up after itself
+        shutil.rmtree(prefix.with_name(f"{prefix.name}.partial-{request['run_id']}"), ignore_errors=True)
     manifest = read_manifest(done)
     _summary(manifest, prefix)
     return Comms(prefix, view_prefix, manifest, built_now=True)
