@@ -20,8 +20,8 @@ from typing import Any, TextIO
 from . import manifest
 from .backends import Backend, Binds
 from .build import BuildRequest, Outcome
+from .comms import COMMS_MANIFEST, link_env, read_manifest
 from .comms import comms as build_comms
-from .comms import link_env
 from .comms import wanted as comms_wanted
 from .config import BuildSpec, cache_dir
 from .errors import SourceError, TorchbuildError, UsageError, writable_dir
@@ -187,12 +187,9 @@ def _comms(
 def comms_for_verify(wheel: Path, cache: Path, view_cache: Path) -> dict[str, Any]:
     """Where the NCCL and plugin the wheel was built with are, as the verify step sees them,
     and their comms manifest; {"error": why} when the wheel's manifest does not say."""
-    from . import manifest as mf
-    from .comms import COMMS_MANIFEST, read_manifest
-
-    path = Path(f"{wheel}{mf.SUFFIX}")
+    path = Path(f"{wheel}{manifest.SUFFIX}")
     try:
-        record = mf.read(path).comms
+        record = manifest.read(path).comms
     except TorchbuildError as err:
         return {"error": f"the wheel's manifest cannot say which NCCL it was linked to: {err.message}"}
     if record is None:

@@ -232,7 +232,9 @@ def _linked_nccl(torch_lib: Path | None, prefix: Path, nccl: Mapping[str, Any], 
         return Check(name, "fail", f"no libtorch_cuda*.so in {torch_lib}: not a CUDA build")
     proc = subprocess.run(["ldd", str(cuda_libs[0])], capture_output=True, text=True, check=False)
     if re.search(r"libnccl\.so\.2 => not found", proc.stdout):
-        return Check(name, "fail", f"{cuda_libs[0].name} needs libnccl.so.2: not found (no rpath or LD_LIBRARY_PATH leads to it)")
+        return Check(
+            name, "fail", f"{cuda_libs[0].name} needs libnccl.so.2: not found (no rpath or LD_LIBRARY_PATH leads to it)"
+        )
     found = re.search(r"libnccl\.so\.2 => (\S+)", proc.stdout)
     if not found:
         return Check(name, "fail", f"{cuda_libs[0].name} does not load libnccl.so.2 (static or bundled NCCL)")
