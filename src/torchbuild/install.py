@@ -246,6 +246,14 @@ def _empty(prefix: Path) -> None:
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
 
 
+def _on_path(name: str, problem: str, hint: str) -> str:
+    """The path of the program name on PATH; ToolMissing saying problem when there is none."""
+    found = shutil.which(name)
+    if not found:
+        raise ToolMissing(problem, hint=hint)
+    return found
+
+
 class _Step:
     def __init__(self, spec: BuildSpec, prefix: Path, req: Mapping[str, Any]) -> None:
         self.spec, self.prefix, self.req = spec, prefix, req
@@ -328,23 +336,19 @@ class _Step:
     def _python(self) -> str:
         """--python, else python<python_version> on PATH (the profile's Python, as the wheel's tag)."""
         want = self.req.get("python") or f"python{self.spec.python_version}"
-        found = shutil.which(want)
-        if not found:
-            raise ToolMissing(
-                f"{want} is not on PATH here: the environment needs the Python the wheels were built for",
-                hint="install it, load its module, or give --python /path/to/python3.X",
-            )
-        return found
+        return _on_path(
+            want,
+            f"{want} is not on PATH here: the environment needs the Python the wheels were built for",
+            "install it, load its module, or give --python /path/to/python3.X",
+        )
 
     def _mpicc(self) -> str:
         want = self.spec.mpicc or "mpicc"
-        found = shutil.which(want)
-        if not found:
-            raise ToolMissing(
-                f"the MPI compiler wrapper {want!r} (mpicc) is not on PATH: mpi4py is built with it",
-                hint="load the MPI module (e.g. cray-mpich, with mpicc: cc), or set mpicc to the wrapper",
-            )
-        return found
+        return _on_path(
+            want,
+            f"the MPI compiler wrapper {want!r} (mpicc) is not on PATH: mpi4py is built with it",
+            "load the MPI module (e.g. cray-mpich, with mpicc: cc), or set mpicc to the wrapper",
+        )
 
     def _mpi4py(self, mpicc: str) -> MpiRecord:
         req = mpi4py_requirement(self.spec)
