@@ -17,6 +17,9 @@ SUITE_PYTHON = {"bookworm": "3.11", "trixie": "3.13"}[SUITE]
 FIXTURES = REPO / "tests" / "fixtures"
 # the aws-ofi-nccl release the cuda-offline test image is made for (it builds against libfabric 2.x)
 OFI_PLUGIN = "1.17.1"
+# Debian trixie's python3-torch 2.6 (with Open MPI, pybind11 and setuptools to build against it)
+TORCH_PROFILE = str(FIXTURES / "profiles" / "debian-torch-installed.yaml")
+CALLER = f"{os.getuid()}:{os.getgid()}"
 
 
 def run_invoke(*args: str, env: dict[str, str] | None = None, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
@@ -98,3 +101,23 @@ def make_wheel(
         for path, text in files.items():
             zf.writestr(path, text)
     return wheel
+
+
+def run_in(engine, tag: str, script: str, mounts: dict[str, str], env: dict[str, str] | None = None) -> str:
+    """bash -c script in a fresh container of tag as the caller; stdout+stderr. Fails the test on
+    a non-zero exit, showing the output."""
+    container = engine.client.containers.run(
+        tag,
+        ["bash", "-c", script],
+        volumes={h: {"bind": c, "mode": "rw"} for h, c in mounts.items()},
+        user=CALLER,
+        environment={"HOME": "/tmp", **(env or {})},
+        detach=True,
+    )
+    try:
+        status = container.wait(timeout=900)
+        logs = container.logs().decode(errors="replace")
+    finally:
+        container.remove(force=True)
+    assert status["StatusCode"] == 0, logs[-4000:]
+    return logs

@@ -77,18 +77,29 @@ def wanted(spec: BuildSpec) -> bool:
 
 
 def fetch(
-    what: str, source: str, default_url: str, sha256: str, cache: Path, out: TextIO = sys.stdout, ref: str = ""
+    what: str,
+    source: str,
+    default_url: str,
+    sha256: str,
+    cache: Path,
+    out: TextIO = sys.stdout,
+    ref: str = "",
+    *,
+    key: str = "",
+    area: str = "comms-src",
+    sha_key: str = "",
 ) -> Source:
-    """The source of `what` (nccl or aws-ofi-nccl) unpacked in the cache: source is an archive
-    URL, a git URL (cloned at ref), a tarball, a .dsc or a directory ('' = default_url);
-    sha256, when given, is checked before anything is unpacked."""
-    key = f"{what}_source"
+    """The source of `what` (nccl, aws-ofi-nccl, a companion library) unpacked in <cache>/<area>:
+    source is an archive URL, a git URL (cloned at ref), a tarball, a .dsc or a directory
+    ('' = default_url); sha256, when given, is checked before anything is unpacked. key is the
+    profile key named in errors (default <what>_source)."""
+    key, sha_key = key or f"{what}_source", sha_key or f"{what}_sha256"
     origin = source or default_url
     local = Path(origin).expanduser().absolute()
     if is_git_url(origin) and not local.is_dir():
         if sha256:
             raise ProfileError(
-                f"{key}: {origin} is a git repository; a sha256 checks an archive", hint=f"drop {what}_sha256"
+                f"{key}: {origin} is a git repository; a sha256 checks an archive", hint=f"drop {sha_key}"
             )
         return _clone(origin, ref, cache, out)
     if looks_like_url(origin) and not local.is_dir():
@@ -97,15 +108,13 @@ def fetch(
         path = local
         if path.is_dir():
             if sha256:
-                raise ProfileError(
-                    f"{key}: {path} is a directory; a sha256 checks an archive", hint=f"drop {what}_sha256"
-                )
+                raise ProfileError(f"{key}: {path} is a directory; a sha256 checks an archive", hint=f"drop {sha_key}")
             return Source(tree=path, origin=str(path), digest=tree_digest(path))
         if not path.is_file():
             raise ProfileError(f"{key}: {path} does not exist", hint="give a tarball, a .dsc, a directory or a URL")
         archive = path
         _check_sha(archive, sha256, key)
-    info = unpack_archive(archive, cache / "comms-src", out)
+    info = unpack_archive(archive, cache / area, out)
     return Source(tree=info.path, origin=origin, digest=info.sha256 or sha256_file(archive))
 
 

@@ -24,6 +24,7 @@ import yaml
 from packaging.version import InvalidVersion, Version
 
 from .arch import Arch
+from .companion_table import pairing_problem
 from .errors import ProfileError, UsageError
 from .nccl_arch import nccl_cannot_target
 
@@ -140,6 +141,11 @@ class BuildSpec:
     aws_ofi_nccl_source: str
     aws_ofi_nccl_sha256: str
     libfabric_prefix: str
+    companions: tuple[str, ...]
+    companion_repos: StrMap
+    companion_refs: StrMap
+    companion_sha256: StrMap
+    companion_env: StrMap
     switches: StrMap
     cflags: tuple[str, ...]
     cxxflags: tuple[str, ...]
@@ -627,6 +633,18 @@ def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], host: Arch
         bad = nccl_cannot_target(values["nccl_version"], values["cuda_arch_list"])
         if bad:
             fail("nccl_version", bad, "choose a newer nccl_version, or drop that arch from cuda_arch_list")
+    for key in ("companion_repos", "companion_refs", "companion_sha256"):
+        extra = sorted(set(values[key]) - set(values["companions"]))
+        if extra:
+            fail(
+                key,
+                f"names {', '.join(extra)}, which companions does not list",
+                f"add it to companions or drop it from {key}",
+            )
+    for name in values["companions"]:
+        problem = pairing_problem(name, values["torch_version"], values["torch_ref"])
+        if problem:
+            fail("companions", problem, "drop it from companions, or choose a torch_version the table pairs it with")
     if "mpi" in values["distributed"] and values["mpi"] == "none":
         fail("distributed", "mpi backend requested but mpi is none", "set mpi: openmpi, mpich or system")
     if values["mkl_threading"] and values["blas"] != "mkl":

@@ -240,6 +240,29 @@ class CommsFailed(TorchbuildError):
     default_hint = "the compiler output above says why; fix it and run the same command again"
 
 
+class HostSetupFailed(TorchbuildError):
+    """`invoke host-check --apply/--restore` could not change (or put back) a setting of the
+    benchmark host; what it had already changed is put back."""
+
+    exit_code = 25
+    default_hint = "run it as root, or apply the printed command by hand"
+
+
+class CompanionError(TorchbuildError):
+    """A companion library (torchvision, torchaudio, torchtext) cannot be paired with the torch
+    being built, or did not build or pass its checks; no wheel of it is kept."""
+
+    exit_code = 26
+    default_hint = "see the companion table in the README's section 'For PyTorch developers'"
+
+
+class BenchFailed(TorchbuildError):
+    """torchbench could not be installed against the built torch, or its run failed."""
+
+    exit_code = 27
+    default_hint = "the pip or benchmark output above says why"
+
+
 StrPath = Union[str, "os.PathLike[str]"]
 
 _NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)

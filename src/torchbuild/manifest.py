@@ -34,7 +34,8 @@ if typing.TYPE_CHECKING:
     from .config import BuildSpec
 
 # 2: `comms` (the NCCL and aws-ofi-nccl plugin `invoke comms` built and torch was linked to)
-SCHEMA_VERSION = 2
+# 3: `companion` (a torchvision/torchaudio/torchtext wheel: the torch wheel it was built against)
+SCHEMA_VERSION = 3
 SUFFIX = ".manifest.json"
 ENGINES = ("native", "docker", "apptainer")
 KINDS = ("wheel", "preflight")
@@ -219,11 +220,30 @@ class CommsRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class CompanionRecord:
+    """A companion library's wheel (torchvision, torchaudio, torchtext): what it was built against."""
+
+    name: str
+    version: str  # BUILD_VERSION: its version.txt with torch's local part
+    torch_wheel: WheelRecord  # the torch wheel it was compiled against and checked beside
+    torch_version: str  # PYTORCH_VERSION: the torch its Requires-Dist pins
+    check: str  # the operator of its extension that ran, and what it returned
+
+
+@dataclasses.dataclass(frozen=True)
 class Manifest:
     """One build. Field order is the JSON's key order; exactly one of wheel and preflight."""
 
     # left out of the JSON when None, as before (a native build has no `image` key)
-    omit_if_none: ClassVar[tuple[str, ...]] = ("source", "patches", "image", "wheel", "preflight", "comms")
+    omit_if_none: ClassVar[tuple[str, ...]] = (
+        "source",
+        "patches",
+        "image",
+        "wheel",
+        "preflight",
+        "comms",
+        "companion",
+    )
 
     schema_version: int
     torchbuild_version: str
@@ -248,6 +268,7 @@ class Manifest:
     wheel: Optional[WheelRecord] = None
     preflight: Optional[PreflightRecord] = None
     comms: Optional[CommsRecord] = None
+    companion: Optional[CompanionRecord] = None  # set on a companion library's wheel
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -444,6 +465,7 @@ def for_build(
     report: Mapping[str, str] | None,
     wheel: Path | None = None,
     preflight: Mapping[str, Any] | None = None,
+    companion: Mapping[str, Any] | None = None,
 ) -> Manifest:
     """The manifest of a build that just finished, from what the build knows.
 
@@ -474,6 +496,7 @@ def for_build(
         "report": dict(report) if report else None,
         "wheel": _plain(WheelRecord.of(wheel)) if wheel is not None else None,
         "preflight": dict(preflight) if preflight is not None else None,
+        **({"companion": dict(companion)} if companion is not None else {}),
     }
     return _record(Manifest, data, "")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -23,8 +24,11 @@ from .build import BuildRequest, Outcome
 from .comms import COMMS_MANIFEST, link_env, read_manifest
 from .comms import comms as build_comms
 from .comms import wanted as comms_wanted
+from .companions import Fetched, Job
+from .companions import Request as CompanionsRequest
+from .companions import fetch as fetch_companions
 from .config import BuildSpec, cache_dir
-from .errors import SourceError, TorchbuildError, UsageError, writable_dir
+from .errors import SourceError, TorchbuildError, UsageError, named_os_errors, writable_dir
 from .patches import ApplyResult, Series, apply_series, load_series
 from .resume import Record, request_key
 from .source import SourceInfo, get_source, looks_like_url, sha256_file
@@ -127,6 +131,8 @@ def build(
         else Record.off()
     )
     outcome = _finished_build(done, out_dir, out)
+    # the companions are fetched and paired with torch before anything compiles
+    fetched = fetch_companions(spec, cache, out=out) if spec.companions and not options.preflight else []
     if outcome is None:
         extra_env, linked = _comms(spec, backend, out_dir, out)
         info, series, result = _source(spec, where, ref, done, out)
@@ -151,6 +157,8 @@ def build(
         outcome = outcome_of(out_dir, req.run_id)
         done.done("wheel", run_id=req.run_id)
     print(f"{outcome.wheel or 'preflight passed'}\nmanifest: {outcome.manifest}\nlog: {outcome.log}", file=out)
+    if outcome.wheel and fetched:
+        companions_with(spec, backend, fetched, outcome.wheel, cache=cache, options=options, out=out)
     if outcome.wheel and verify:
         digest = sha256_file(outcome.wheel)
         if _verified(done, outcome.wheel, digest):
@@ -182,6 +190,50 @@ def _comms(
             for k in ("version", "sha256", "libfabric_prefix", "libfabric_version", "library", "symbols")
         }
     return link_env(str(made.view), m), record
+
+
+def companions_with(
+    spec: BuildSpec,
+    backend: Backend,
+    fetched: list[Fetched],
+    torch_wheel: Path,
+    *,
+    cache: Path,
+    options: BuildOptions = BuildOptions(),
+    run_id: str = "",
+    out: TextIO = sys.stdout,
+) -> list[Path]:
+    """Build the fetched companions against torch_wheel with `backend` (the companions step);
+    their wheels land beside it. A tree outside the cache is bound at its own path."""
+    out_dir = torch_wheel.parent
+    local = tuple(f.tree for f in fetched if not f.tree.is_relative_to(cache))
+    binds = Binds(cache=cache, out=out_dir, extra=local)
+    view = backend.view(binds)
+    jobs = tuple(
+        Job.of(f, str(view.cache / f.tree.relative_to(cache)) if f.tree.is_relative_to(cache) else str(f.tree))
+        for f in fetched
+    )
+    req = CompanionsRequest(
+        torch_wheel=str(view.out / torch_wheel.name),
+        jobs=jobs,
+        out_dir=str(view.out),
+        cache_root=str(view.cache),
+        run_id=run_id or uuid.uuid4().hex[:12],
+        backend=backend.name,
+        max_jobs=options.jobs,
+        oom_retry=options.oom_retry,
+    )
+    backend.run("companions", {"spec": spec.to_dict(), "request": req.to_dict()}, binds)
+    made = []
+    with named_os_errors(out_dir, "looking for the companions' manifests"):
+        for path in sorted(out_dir.glob(f"*{manifest.SUFFIX}")):
+            if f'"{req.run_id}.' not in path.read_text(encoding="utf-8", errors="replace"):
+                continue  # another run's
+            m = manifest.read(path)
+            if m.companion is not None and m.wheel is not None:
+                made.append(out_dir / m.wheel.name)
+                print(f"{m.companion.name}: {out_dir / m.wheel.name} ({m.companion.check})", file=out)
+    return made
 
 
 def comms_for_verify(wheel: Path, cache: Path, view_cache: Path) -> dict[str, Any]:

@@ -45,7 +45,34 @@ def _comms(payload: Mapping[str, Any]) -> int:
     return run_comms_step(payload)
 
 
-STEPS: dict[str, Step] = {"build": _build, "verify": _verify, "install": _install, "mpi": _mpi, "comms": _comms}
+def _companions(payload: Mapping[str, Any]) -> int:
+    from .companions import run_companions_step
+
+    return run_companions_step(payload)
+
+
+def _develop(payload: Mapping[str, Any]) -> int:
+    from .develop import run_develop_step
+
+    return run_develop_step(payload)
+
+
+def _bench(payload: Mapping[str, Any]) -> int:
+    from .bench import run_bench_step
+
+    return run_bench_step(payload)
+
+
+STEPS: dict[str, Step] = {
+    "build": _build,
+    "verify": _verify,
+    "install": _install,
+    "mpi": _mpi,
+    "comms": _comms,
+    "companions": _companions,
+    "develop": _develop,
+    "bench": _bench,
+}
 
 
 def run_step(name: str, payload: Mapping[str, Any]) -> int:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, OFI_PLUGIN, SUITE, SUITE_PYTHON, run_invoke, set_args
+from helpers import FIXTURES, OFI_PLUGIN, SUITE, SUITE_PYTHON, TORCH_PROFILE, image_ok, run_in, run_invoke, set_args
 from slurm_cluster import SlurmCluster, missing_tools
 
 from torchbuild.arch import Arch
@@ -186,3 +186,24 @@ def cuda_image(engine, local_base, site_certs) -> tuple[object, list[str]]:
     res = run_invoke("image", "--profile", "cuda-offline", *set_args(sets))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
     return resolve("cuda-offline", sets), sets
+
+
+@pytest.fixture(scope="session")
+def torch_image(engine, local_base, site_certs):
+    """The debian-torch-installed image (python3-torch 2.6, Open MPI, pybind11), built through
+    the CLI: (its spec, the --set values it was built with)."""
+    sets = [f"base_image={local_base}", *site_certs]
+    image_ok(TORCH_PROFILE, set_args(sets))
+    return resolve(TORCH_PROFILE, sets), sets
+
+
+@pytest.fixture(scope="session")
+def debian_torch_wheel(engine, torch_image, tmp_path_factory) -> Path:
+    """Debian's installed torch 2.6.0+debian packed as a wheel (tests/fixtures/debian_torch_wheel.py)."""
+    spec, _ = torch_image
+    out = tmp_path_factory.mktemp("debian-torch-wheel")
+    fixtures = tmp_path_factory.mktemp("fx")
+    shutil.copy(FIXTURES / "debian_torch_wheel.py", fixtures)
+    run_in(engine, spec.image_tag, "python3 /fx/debian_torch_wheel.py /out", {str(out): "/out", str(fixtures): "/fx"})
+    (wheel,) = out.glob("torch-2.6.0+debian-cp313-cp313-linux_x86_64.whl")
+    return wheel

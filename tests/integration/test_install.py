@@ -8,64 +8,29 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shutil
+from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, image_ok, run_invoke, set_args
+from helpers import CALLER, FIXTURES, TORCH_PROFILE, run_in, run_invoke, set_args
 
-from torchbuild.config import resolve
 from torchbuild.manifest import read_install
 
 pytestmark = pytest.mark.docker
 
-TORCH_PROFILE = str(FIXTURES / "profiles" / "debian-torch-installed.yaml")
 RUNTIME_ENV = {
     "NCCL_NET": "AWS Libfabric",
     "FI_CXI_DEFAULT_CQ_SIZE": "131072",
     "TB_QUOTED": "it's $HOME; `x`",
 }
-CALLER = f"{os.getuid()}:{os.getgid()}"
 OMPI_AS_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
 @pytest.fixture(scope="module")
-def torch_image(engine, local_base, site_certs):
-    """The debian-torch-installed image (python3-torch, Open MPI), built through the CLI."""
-    sets = [f"base_image={local_base}", *site_certs]
-    image_ok(TORCH_PROFILE, set_args(sets))
-    return resolve(TORCH_PROFILE, sets), sets
-
-
-def run_in(engine, tag: str, script: str, mounts: dict[str, str], env: dict[str, str] | None = None) -> str:
-    """bash -c script in a fresh container of tag as the caller; stdout+stderr. Fails the test on
-    a non-zero exit, showing the output."""
-    container = engine.client.containers.run(
-        tag,
-        ["bash", "-c", script],
-        volumes={h: {"bind": c, "mode": "rw"} for h, c in mounts.items()},
-        user=CALLER,
-        environment={"HOME": "/tmp", **(env or {})},
-        detach=True,
-    )
-    try:
-        status = container.wait(timeout=900)
-        logs = container.logs().decode(errors="replace")
-    finally:
-        container.remove(force=True)
-    assert status["StatusCode"] == 0, logs[-4000:]
-    return logs
-
-
-@pytest.fixture(scope="module")
-def wheels(engine, torch_image, cpu_image, site_overrides, tmp_path_factory):
+def wheels(engine, torch_image, debian_torch_wheel, cpu_image, site_overrides, tmp_path_factory):
     """(Debian's torch packed as a wheel, the minitorch fixture wheel built in the cpu image)."""
-    spec, _ = torch_image
     out = tmp_path_factory.mktemp("wheels")
-    fixtures = tmp_path_factory.mktemp("fx")
-    shutil.copy(FIXTURES / "debian_torch_wheel.py", fixtures)
-    run_in(engine, spec.image_tag, "python3 /fx/debian_torch_wheel.py /out", {str(out): "/out", str(fixtures): "/fx"})
-    (torch_wheel,) = out.glob("torch-2.6.0+debian-cp313-cp313-linux_x86_64.whl")
+    torch_wheel = Path(shutil.copy(debian_torch_wheel, out))
     tree = tmp_path_factory.mktemp("src") / "minitorch"
     shutil.copytree(FIXTURES / "minitorch", tree, ignore=shutil.ignore_patterns("build", "*.so", "_version.py"))
     res = run_invoke(

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from invoke.collection import Collection
 
-from .build import build, patches, source
+from .bench import bench
+from .build import build, companions_, patches, source
 from .comms import comms
 from .config import config
+from .develop import develop
 from .doctor import doctor
 from .image import base_image, image
 from .inside import inside
@@ -22,13 +24,16 @@ ns = Collection(
     base_image,
     sif,
     build,
+    companions_,
     comms,
     submit,
     verify,
     install,
     wheelhouse,
+    bench,
     mpi_check,
     source,
+    develop,
     patches,
     doctor,
     manifest,

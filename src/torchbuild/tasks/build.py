@@ -8,13 +8,14 @@ from pathlib import Path
 from invoke.context import Context
 from invoke.tasks import task
 
-from .. import runner
-from ..config import parse_jobs_option
-from ..errors import UsageError
+from .. import companions, runner
+from ..config import cache_dir, parse_jobs_option
+from ..errors import UsageError, writable_dir
 from ..patches import load_series
 from ..progress import MODES
 from ..runner import BuildOptions, describe_patches, patch_tree
 from ..source import get_source, update_tree
+from ..verify import check_wheel_file
 from .common import HELP, Launch, handles_errors, launch_task, spec_from
 
 SOURCE_HELP = "git URL, local tree, tarball or Debian .dsc (default: the profile's torch_repo at its ref)"
@@ -117,15 +118,46 @@ def source(
 ) -> None:
     """Fetch the PyTorch source (git with submodules via a cached mirror, dir, tarball, .dsc) and patch it."""
     spec = spec_from(profile, set_, arch)
+    cache = cache_dir(spec)
     if update:
         tree = Path(dest or source).expanduser()
         info = update_tree(tree)
+        companions.update(spec, cache)  # every companion checkout of the profile, fast-forwarded too
     else:
         info = get_source(spec, source, ref, dest)
+        companions.fetch(spec, cache)  # through the same mirror cache, checked against the table
     if not no_patch:
         series, result = patch_tree(spec, info.path)
         print(describe_patches(series, result))
     print(f"{info.path} ({info.kind}{', ' + info.commit[:12] if info.commit else ''})")
+
+
+@launch_task(
+    help={
+        "wheel": "the torch wheel to build the profile's companions against (their wheels go beside it)",
+        "jobs": "parallel compile jobs, an integer >= 1 (default: planned from cores and memory)",
+        "no_retry": "fail with OutOfMemory at the first out-of-memory kill instead of resuming with fewer jobs",
+    },
+    name="companions",
+)
+def companions_(c: Context, launch: Launch, wheel: str = "", jobs: str = "", no_retry: bool = False) -> None:
+    """Build the profile's companions (torchvision, torchaudio, torchtext) against a torch wheel, natively, in the image or the SIF."""
+    if not wheel:
+        raise UsageError("--wheel is required", hint="invoke companions --wheel out/torch-2.6.0+site-....whl")
+    spec = launch.spec()
+    if not spec.companions:
+        raise UsageError(
+            f"profile {spec.profile} lists no companions", hint="--set 'companions=[torchvision, torchaudio]'"
+        )
+    torch_wheel = Path(wheel).expanduser().absolute()
+    check_wheel_file(torch_wheel)
+    backend = launch.backend(spec)
+    backend.check()
+    cache = writable_dir(cache_dir(spec), "cache_dir")
+    torch_version = str(companions.torch_wheel_version(torch_wheel))
+    fetched = companions.fetch(spec, cache, torch_version=torch_version)
+    options = BuildOptions(jobs=parse_jobs_option(jobs), oom_retry=not no_retry)
+    runner.companions_with(spec, backend, fetched, torch_wheel, cache=cache, options=options)
 
 
 @task(

@@ -1,0 +1,151 @@
+"""`invoke bench`: torchbench (pytorch/benchmark) installed against the built torch, then run.
+
+torchbench's install step calls pip many times (its requirements, each model's own), and any of
+those calls may ask for a torch: pip would fetch an official wheel over the built one. Every pip
+call it makes runs with PIP_CONSTRAINT naming a constraints file that pins torch (and the
+companions present) to exactly what the venv has, so a request for another torch fails instead
+of replacing it; after the install, the venv's torch must still be the same file with the same
+version, or the install is a BenchFailed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from .errors import BenchFailed, SourceError, named_os_errors
+
+PINNED = ("torch", "torchvision", "torchaudio", "torchtext")
+DEFAULT_REPO = "https://github.com/pytorch/benchmark.git"
+
+_PROBE = """
+import importlib.metadata as md, json
+found = {}
+for name in NAMES:
+    try:
+        d = md.distribution(name)
+    except md.PackageNotFoundError:
+        continue
+    found[name] = {"version": d.version, "location": str(d.locate_file(""))}
+print(json.dumps(found))
+"""
+
+
+def pinned_packages(python: Path, env: Mapping[str, str] | None = None) -> dict[str, dict[str, str]]:
+    """{name: {version, location}} of torch and the companions installed for python."""
+    proc = subprocess.run(
+        [str(python), "-c", _PROBE.replace("NAMES", repr(PINNED))],
+        capture_output=True,
+        text=True,
+        env=dict(env) if env else None,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise BenchFailed(f"{python} cannot list its packages: {(proc.stderr or proc.stdout).strip()[-500:]}")
+    found: dict[str, dict[str, str]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return found
+
+
+def constraints_text(found: Mapping[str, Mapping[str, str]]) -> str:
+    return "".join(f"{name}=={info['version']}\n" for name, info in sorted(found.items()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    venv: str
+    benchmark: str  # the torchbench tree as the step sees it
+    install: bool = True
+    install_args: tuple[str, ...] = ()  # to its install.py (model names)
+    script: str = "run.py"
+    args: tuple[str, ...] = ()  # to the script; empty: no run
+    log: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["install_args"], d["args"] = list(self.install_args), list(self.args)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Request:
+        d = dict(data)
+        d["install_args"], d["args"] = tuple(d["install_args"]), tuple(d["args"])
+        return cls(**d)
+
+
+def _run(cmd: Sequence[str], cwd: Path, env: Mapping[str, str], log: TextIO, out: TextIO) -> int:
+    print(f"$ {shlex.join(cmd)}", file=out, flush=True)
+    log.write(f"$ {shlex.join(cmd)}\n")
+    proc = subprocess.Popen(
+        list(cmd), cwd=cwd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        out.write(line)
+        log.write(line)
+    return proc.wait()
+
+
+def bench(req: Request, out: TextIO = sys.stdout) -> dict[str, Any]:
+    venv, tree = Path(req.venv), Path(req.benchmark)
+    python = venv / "bin" / "python"
+    if not python.exists():
+        raise BenchFailed(
+            f"{venv} is not a venv (no bin/python)",
+            hint="give the prefix `invoke install` made, or the venv `invoke develop` printed",
+        )
+    if not (tree / req.script).is_file() and req.args:
+        raise SourceError(f"{tree} has no {req.script}: is it a torchbench checkout?")
+    env = {**os.environ, "VIRTUAL_ENV": str(venv), "PATH": f"{venv}/bin{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("PYTHONHOME", None)
+    before = pinned_packages(python, env)
+    if "torch" not in before:
+        raise BenchFailed(f"{venv} has no torch installed", hint="install the built wheel first: invoke install")
+    result: dict[str, Any] = {"venv": str(venv), "torch": before["torch"], "pinned": constraints_text(before).split()}
+    constraints = venv / "torchbuild-constraints.txt"
+    log_path = Path(req.log) if req.log else venv / f"torchbuild-bench-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    with named_os_errors(venv, "writing the constraints file and the bench log"):
+        constraints.write_text(constraints_text(before))
+        log = log_path.open("a", buffering=1)
+    env["PIP_CONSTRAINT"] = str(constraints)
+    try:
+        if req.install:
+            t0 = time.monotonic()
+            if (tree / "requirements.txt").is_file():
+                cmd = [str(python), "-m", "pip", "install", "-c", str(constraints), "-r", "requirements.txt"]
+                if _run(cmd, tree, env, log, out) != 0:
+                    raise BenchFailed(f"installing {tree}/requirements.txt failed (log: {log_path})")
+            installer = [str(python), "install.py", *req.install_args]
+            if (tree / "install.py").is_file() and _run(installer, tree, env, log, out) != 0:
+                raise BenchFailed(f"torchbench's install.py failed (log: {log_path})")
+            after = pinned_packages(python, env)
+            changed = [n for n in before if after.get(n) != before[n]]
+            if changed:
+                raise BenchFailed(
+                    f"the install replaced {', '.join(f'{n} {before[n]} -> {after.get(n)}' for n in changed)}",
+                    hint="reinstall the built wheel (invoke install); a model that needs another torch cannot run here",
+                )
+            result["install_s"] = round(time.monotonic() - t0, 1)
+            print(f"torchbench installed in {venv} against torch {before['torch']['version']} (kept)", file=out)
+        if req.args:
+            t0 = time.monotonic()
+            code = _run([str(python), req.script, *req.args], tree, env, log, out)
+            result["run_s"] = round(time.monotonic() - t0, 1)
+            if code != 0:
+                raise BenchFailed(f"{req.script} {shlex.join(req.args)} exited {code} (log: {log_path})")
+    finally:
+        log.close()
+    result["log"] = str(log_path)
+    return result
+
+
+def run_bench_step(payload: Mapping[str, Any]) -> int:
+    bench(Request.from_dict(payload))
+    return 0

@@ -1,0 +1,71 @@
+"""invoke bench: torchbench installed against the built torch (which stays), then run."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from invoke.context import Context
+
+from ..backends import Binds
+from ..bench import DEFAULT_REPO, Request
+from ..config import cache_dir
+from ..errors import UsageError, writable_dir
+from ..source import describe_dir, fetch_git, looks_like_url
+from .common import Launch, launch_task
+
+
+@launch_task(
+    help={
+        "venv": "the venv with the built torch (the prefix of `invoke install`, or the venv `invoke develop` printed)",
+        "benchmark": f"torchbench: a local tree or a git URL (default {DEFAULT_REPO})",
+        "ref": "git ref of a --benchmark URL (default main)",
+        "model": "a model for torchbench's install.py (repeatable; default: what install.py installs by default)",
+        "no_install": "skip the install (it is there already)",
+        "script": "the script --args are given to (default run.py)",
+        "args": "arguments for the script, one shell-quoted string (e.g. 'resnet50 -d cpu -t eval'); empty: install only",
+    },
+    iterable=["model"],
+)
+def bench(
+    c: Context,
+    launch: Launch,
+    venv: str = "",
+    benchmark: str = "",
+    ref: str = "main",
+    model: list[str] | None = None,
+    no_install: bool = False,
+    script: str = "run.py",
+    args: str = "",
+) -> None:
+    """Install torchbench against the built torch without letting pip replace it, and run it with --args."""
+    if not venv:
+        raise UsageError("--venv is required", hint="invoke bench --venv ~/envs/torch-2.6 --args 'resnet50 -d cpu'")
+    spec = launch.spec()
+    backend = launch.backend(spec)
+    backend.check()
+    cache = writable_dir(cache_dir(spec), "cache_dir")
+    origin = benchmark or DEFAULT_REPO
+    local = Path(origin).expanduser().absolute()
+    if looks_like_url(origin) and not local.is_dir():
+        tree = cache / "src" / f"benchmark-{ref.replace('/', '_')}"
+        if not tree.is_dir():
+            fetch_git(origin, ref, tree, cache)
+    else:
+        tree = local
+        describe_dir(tree)
+    try:
+        words = tuple(shlex.split(args))
+    except ValueError as exc:
+        raise UsageError(f"--args {args!r} is not shell-quoted text ({exc})", hint="quote it as one string") from None
+    prefix = Path(venv).expanduser().absolute()
+    binds = Binds(cache=cache, out=prefix, extra=(tree,))
+    req = Request(
+        venv=str(prefix),
+        benchmark=str(tree),
+        install=not no_install,
+        install_args=tuple(model or ()),
+        script=script,
+        args=words,
+    )
+    backend.run("bench", req.to_dict(), binds)

@@ -1,0 +1,43 @@
+"""invoke develop: the tree installed in a venv in development mode (edit, rerun, only the
+changed objects recompile)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from invoke.context import Context
+
+from ..config import cache_dir, parse_jobs_option
+from ..develop import develop_with
+from ..errors import UsageError, writable_dir
+from .common import Launch, launch_task
+
+
+@launch_task(
+    help={
+        "source": "the tree to install in development mode (a PyTorch checkout, or any setup.py project)",
+        "venv": "the venv to install into (made if missing; default <cache_dir>/venvs/develop-<profile>-<tree>-<hash>)",
+        "jobs": "parallel compile jobs, an integer >= 1 (default: planned from cores and memory)",
+        "no_retry": "fail with OutOfMemory at the first out-of-memory kill instead of resuming with fewer jobs",
+    }
+)
+def develop(
+    c: Context, launch: Launch, source: str = "", venv: str = "", jobs: str = "", no_retry: bool = False
+) -> None:
+    """Install a tree in a venv in development mode (pip install -e, setup.py develop before 2.8); prints the venv's path."""
+    if not source:
+        raise UsageError(
+            "--source is required", hint="invoke develop --source ~/dev/pytorch (`invoke source --dest` fetches one)"
+        )
+    spec = launch.spec()
+    backend = launch.backend(spec)
+    cache = writable_dir(cache_dir(spec), "cache_dir")
+    develop_with(
+        spec,
+        backend,
+        Path(source).expanduser().absolute(),
+        Path(venv).expanduser() if venv else None,
+        cache,
+        jobs=parse_jobs_option(jobs),
+        oom_retry=not no_retry,
+    )
