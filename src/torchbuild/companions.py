@@ -62,8 +62,9 @@ class Fetched:
     name: str
     tree: Path
     origin: str  # URL@ref, archive or directory it came from
-    digest: str  # the commit, or the archive's (or tree's) sha256
+    digest: str  # the commit (git), the archive's sha256 (tarball) or the tree's digest (dir)
     version: str  # version.txt
+    kind: str = "git"  # git | tarball | dir
 
     def to_dict(self) -> dict[str, str]:
         return {**dataclasses.asdict(self), "tree": str(self.tree)}
@@ -105,7 +106,7 @@ def fetch_one(spec: BuildSpec, name: str, cache: Path, out: TextIO = sys.stdout)
             info = describe_dir(dest)
         else:
             info = fetch_git(origin, ref, dest, cache, out)
-        tree, digest, shown = dest, info.commit, f"{origin}@{ref}"
+        tree, digest, shown, kind = dest, info.commit, f"{origin}@{ref}", "git"
     else:
         if name in spec.companion_refs:
             raise CompanionError(
@@ -124,7 +125,8 @@ def fetch_one(spec: BuildSpec, name: str, cache: Path, out: TextIO = sys.stdout)
             sha_key=f"companion_sha256.{name}",
         )
         tree, digest, shown = got.tree, got.digest, got.origin
-    return Fetched(name=name, tree=tree, origin=shown, digest=digest, version=tree_version(name, tree))
+        kind = "dir" if Path(origin).expanduser().is_dir() else "tarball"
+    return Fetched(name=name, tree=tree, origin=shown, digest=digest, version=tree_version(name, tree), kind=kind)
 
 
 def fetch(spec: BuildSpec, cache: Path, torch_version: str = "", out: TextIO = sys.stdout) -> list[Fetched]:
@@ -174,10 +176,20 @@ class Job:
     origin: str
     digest: str
     version: str  # version.txt
+    kind: str = "git"
 
     @classmethod
     def of(cls, f: Fetched, tree: str) -> Job:
-        return cls(name=f.name, tree=tree, origin=f.origin, digest=f.digest, version=f.version)
+        return cls(name=f.name, tree=tree, origin=f.origin, digest=f.digest, version=f.version, kind=f.kind)
+
+    def source_record(self) -> dict[str, str]:
+        """The manifest's source record: a git commit, an archive's sha256, or a local tree."""
+        record = {"kind": self.kind, "path": self.tree, "url": self.origin}
+        if self.kind == "git":
+            record["commit"] = self.digest
+        elif self.kind == "tarball":
+            record["sha256"] = self.digest
+        return record
 
 
 def torch_wheel_version(wheel: Path) -> Version:
@@ -441,7 +453,7 @@ def _build_one(
             provenance={
                 "engine": req.backend,
                 **{k: v for k, v in req.provenance.items() if k in ("image", "engine")},
-                "source": {"kind": "dir", "path": job.tree, "url": job.origin, "commit": job.digest},
+                "source": job.source_record(),
             },
             toolchain=toolchain_versions(spec, env),
             environment=env_vars,

@@ -237,7 +237,7 @@ def _groups(by_cpu: dict[int, str]) -> str:
 
 
 def _check_governor(root: Path) -> Setting:
-    fix = f"echo performance | sudo tee {CPU_DIR}/cpu*/cpufreq/scaling_governor"
+    fix = "sudo cpupower frequency-set -g performance"
     cpus = online_cpus(root)
     if not cpus:
         return Setting(GOVERNOR, f"no online CPUs listed under {CPU_DIR}", UNKNOWN, "")
@@ -410,7 +410,6 @@ def _gpu_rows(gpus: Sequence[_Gpu], locked: dict[str, int]) -> list[Setting]:
         if gpu.max_mhz is None:
             rows.append(Setting(f"{label} clocks", "nvidia-smi reports no maximum graphics clock", UNKNOWN, ""))
             continue
-        undo = _shown(_smi(gpu.index, "-rgc"))
         if gpu.index in locked:
             rows.append(
                 Setting(f"{label} clocks", f"locked at {locked[gpu.index]} MHz by host-check --apply", READY, "")
@@ -421,9 +420,9 @@ def _gpu_rows(gpus: Sequence[_Gpu], locked: dict[str, int]) -> list[Setting]:
         rows.append(
             Setting(
                 f"{label} clocks",
-                f"applications {apps}, max {gpu.max_mhz} MHz; nvidia-smi cannot show a -lgc lock",
+                f"applications {apps}, max {gpu.max_mhz} MHz (a -lgc lock cannot be read back)",
                 UNKNOWN,
-                f"{lock} (undo: {undo})",
+                f"{lock} (undo: -rgc)",
             )
         )
     return rows
@@ -502,9 +501,11 @@ def render(settings: Sequence[Setting]) -> str:
 
 
 def as_json(settings: Sequence[Setting], **extra: Any) -> str:
-    """The report for machines: ready (no row NOT_READY), settings, kernel_cmdline, and extra."""
+    """The report for machines: ready (no row NOT_READY; unknown ones do not count), counts per
+    verdict, settings, kernel_cmdline (the words to add), and extra."""
     data: dict[str, Any] = {
         "ready": not not_ready(settings),
+        "counts": {v: sum(1 for s in settings if s.verdict == v) for v in VERDICTS},
         "settings": [dataclasses.asdict(s) for s in settings],
         "kernel_cmdline": kernel_words(settings),
         **extra,
@@ -537,11 +538,15 @@ def _valid_state(data: object) -> bool:
     return (
         isinstance(files, list)
         and isinstance(gpus, list)
-        and all(
-            isinstance(f, dict) and isinstance(f.get("path"), str) and isinstance(f.get("previous"), str) for f in files
-        )
-        and all(isinstance(g, dict) and isinstance(g.get("index"), str) for g in gpus)
+        and all(isinstance(f, dict) and _settable(f.get("path")) and isinstance(f.get("previous"), str) for f in files)
+        and all(isinstance(g, dict) and isinstance(g.get("index"), str) and g["index"].isdigit() for g in gpus)
     )
+
+
+def _settable(path: object) -> bool:
+    """Whether a state file's path is one --apply writes: under /sys/devices/system/cpu, no "..".
+    (--restore runs as root and writes what the file says: it writes nowhere else.)"""
+    return isinstance(path, str) and path.startswith(f"{CPU_DIR}/") and ".." not in path.split("/")
 
 
 def _load_state_quietly(path: Path) -> dict[str, Any] | None:
@@ -717,6 +722,21 @@ def _merge(
     return state
 
 
+def _summary(written: Sequence[tuple[str, str, str, str]]) -> list[str]:
+    """One line per file written (setting, path, before, after); the governors in one line per
+    (before, after): "cpu governor: powersave -> performance on cpu0-63"."""
+    lines: list[str] = []
+    governors: dict[tuple[str, str], list[int]] = {}
+    for setting, path, before, after in written:
+        m = re.fullmatch(rf"{CPU_DIR}/cpu(\d+)/cpufreq/scaling_governor", path)
+        if m:
+            governors.setdefault((before.strip(), after.strip()), []).append(int(m.group(1)))
+        else:
+            lines.append(f"{setting}: {path} {before.strip()} -> {after.strip()}")
+    gov = [f"{GOVERNOR}: {b} -> {a} on cpu{format_cpulist(cpus)}" for (b, a), cpus in governors.items()]
+    return gov + lines
+
+
 def _require_root(as_root: bool | None, what: str) -> None:
     if not (is_root() if as_root is None else as_root):
         raise HostSetupFailed(
@@ -773,6 +793,7 @@ def apply(
 
     undo: list[tuple[str, Callable[[], str | None]]] = []  # (what, put it back -> error or None)
     done: list[str] = []
+    written: list[tuple[str, str, str, str]] = []
 
     def fail(what: str, reason: str, hint: str) -> HostSetupFailed:
         failed_undo = []
@@ -811,8 +832,9 @@ def apply(
             return None
 
         undo.append((str(target), put_file_back))
-        done.append(f"{ch.setting}: {ch.path} {ch.previous.strip()} -> {ch.applied.strip()}")
+        written.append((ch.setting, ch.path, ch.previous, ch.applied))
 
+    done.extend(_summary(written))
     run = _resolve_runner(rootp, runner)
     for g in gpus:
         assert run is not None  # GPU changes are planned only with a runner
@@ -878,6 +900,7 @@ def restore(
         )
     run = _resolve_runner(rootp, runner) or _not_run(rootp)
     done: list[str] = []
+    written: list[tuple[str, str, str, str]] = []
     failures: list[str] = []
     left_gpus: list[dict[str, Any]] = []
     for gpu in reversed(state["gpus"]):
@@ -907,7 +930,9 @@ def restore(
             failures.append(f"{target} ({exc.strerror or exc})")
             left_files.insert(0, entry)
             continue
-        done.append(f"{entry.get('setting', 'setting')}: {entry['path']} -> {entry['previous'].strip()}")
+        written.append(
+            (str(entry.get("setting", "setting")), entry["path"], entry.get("applied", "?"), entry["previous"])
+        )
     if failures:
         with contextlib.suppress(HostSetupFailed):
             _save_state(state_path, {**state, "files": left_files, "gpus": left_gpus})
@@ -923,4 +948,4 @@ def restore(
         raise HostSetupFailed(
             f"put every value back, but cannot remove {state_path}: {exc.strerror}", hint="remove it by hand"
         ) from exc
-    return [*done, f"removed {state_path}"]
+    return [*done, *_summary(written), f"removed {state_path}"]

@@ -113,7 +113,7 @@ def test_a_host_as_it_boots_is_not_ready_with_a_fix_per_setting(host):
         "cpu governor",
         "powersave on cpu0-3",
         NOT_READY,
-        "echo performance | sudo tee /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor",
+        "sudo cpupower frequency-set -g performance",
     )
     assert got["turbo boost"].verdict == NOT_READY and "no_turbo=0" in got["turbo boost"].value
     assert got["turbo boost"].fix == "echo 1 | sudo tee /sys/devices/system/cpu/intel_pstate/no_turbo"
@@ -303,7 +303,7 @@ def test_gpu_rows_from_nvidia_smi(host):
     assert got["gpu 1 persistence"].verdict == READY
     clocks = got["gpu 0 clocks"]
     assert clocks.verdict == UNKNOWN and "applications 1755 MHz, max 1980 MHz" in clocks.value
-    assert clocks.fix == "sudo nvidia-smi -i 0 -lgc 1980,1980 (undo: sudo nvidia-smi -i 0 -rgc)"
+    assert clocks.fix == "sudo nvidia-smi -i 0 -lgc 1980,1980 (undo: -rgc)"
     assert smi.calls == [list(hc.GPU_QUERY)]
 
 
@@ -343,7 +343,8 @@ def test_apply_changes_the_files_and_saves_the_previous_state_first(host):
     assert (host / CPU / "intel_pstate/no_turbo").read_text() == "1\n"
     assert (host / CPU / "smt/control").read_text() == "off\n"
     assert smi.changes() == ["-i 0 -pm 1", "-i 0 -lgc 1980,1980"]
-    assert any("powersave -> performance" in line for line in done)
+    assert done[0] == "cpu governor: powersave -> performance on cpu0-3"
+    assert "turbo boost: /sys/devices/system/cpu/intel_pstate/no_turbo 0 -> 1" in done
     assert done[-1].startswith(f"saved the previous values to {state}")
 
     saved = json.loads(state.read_text())
@@ -415,6 +416,17 @@ def test_a_state_file_that_is_not_one_is_refused(host):
         with pytest.raises(HostSetupFailed, match="is not a host-check state file"):
             action(host, runner=FakeSmi(), as_root=True)
     assert snapshot(host) == before and state.read_text() == "{not json"
+
+
+@pytest.mark.parametrize("path", ["/etc/shadow", f"/{CPU}/../../../etc/shadow", "relative"])
+def test_restore_writes_only_where_apply_writes(host, tmp_path, path):
+    state = tmp_path / "state.json"
+    hc.apply(host, state, runner=FakeSmi(1), as_root=True)
+    saved = json.loads(state.read_text())
+    saved["files"][0]["path"] = path
+    state.write_text(json.dumps(saved))
+    with pytest.raises(HostSetupFailed, match="is not a host-check state file"):
+        hc.restore(host, state, runner=FakeSmi(1), as_root=True)
 
 
 @pytest.mark.parametrize("action", [hc.apply, hc.restore])
@@ -556,6 +568,7 @@ def test_task_json_apply_and_restore(host, capsys, monkeypatch):
     assert report["state_saved"] and any("powersave -> performance" in line for line in report["changed"])
     assert {s["name"]: s["verdict"] for s in report["settings"]}["smt"] == READY
     assert report["ready"] is False  # the boot-time settings are not
+    assert report["counts"] == {READY: 3, NOT_READY: 2, UNKNOWN: 1}  # no GPU queried for a fake root
     host_check(Context(), root=str(host), restore=True, json_=True)
     report = json.loads(capsys.readouterr().out)
     assert not report["state_saved"] and report["restored"][-1].startswith("removed")
@@ -573,9 +586,12 @@ def test_task_without_root_exits_25(host, monkeypatch, capsys):
     assert len([line for line in err.splitlines() if line.startswith("hint:")]) == 1
 
 
-def test_task_refuses_apply_with_restore(host):
+def test_task_refuses_apply_with_restore_and_a_root_that_is_no_directory(host):
     with pytest.raises(Exit) as done:
         host_check(Context(), root=str(host), apply=True, restore=True)
+    assert done.value.code == 2
+    with pytest.raises(Exit) as done:
+        host_check(Context(), root=str(host / "nowhere"))
     assert done.value.code == 2
 
 

@@ -10,6 +10,7 @@ from .comms import comms
 from .config import config
 from .develop import develop
 from .doctor import doctor
+from .hostcheck import host_check
 from .image import base_image, image
 from .inside import inside
 from .install import install, mpi_check, wheelhouse
@@ -31,6 +32,7 @@ ns = Collection(
     install,
     wheelhouse,
     bench,
+    host_check,
     mpi_check,
     source,
     develop,

@@ -59,7 +59,8 @@ def bench(
     except ValueError as exc:
         raise UsageError(f"--args {args!r} is not shell-quoted text ({exc})", hint="quote it as one string") from None
     prefix = Path(venv).expanduser().absolute()
-    binds = Binds(cache=cache, out=prefix, extra=(tree,))
+    # the venv and the tree at their own paths (a venv is not relocatable)
+    binds = Binds(cache=cache, out=writable_dir(cache / "bench", "cache_dir"), extra=(tree, prefix))
     req = Request(
         venv=str(prefix),
         benchmark=str(tree),

@@ -56,6 +56,8 @@ def host_check(
     """
     if apply and restore:
         raise UsageError("--apply and --restore undo each other", hint="give one of them")
+    if not Path(root).is_dir():
+        raise UsageError(f"--root {root} is not a directory", hint="give the directory /sys and /proc are read under")
     state_file = Path(state).expanduser() if state else hc.default_state_file(root)
     actions: list[str] = []
     if apply:

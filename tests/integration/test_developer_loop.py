@@ -1,0 +1,192 @@
+"""The PyTorch developer's loop with real parts: torchvision built by `invoke companions` from
+Debian trixie's real pytorch-vision 0.21.0 source (downloaded from Debian's pool and checked
+against the sha256 of trixie's Sources index) against Debian's real torch 2.6 in the
+debian-torch-installed image, then installed in a fresh venv beside that torch; `invoke develop`
+on the minitorch fixture in the cpu image and natively (touch one .cpp: one compile); and
+`invoke bench` in the image with a torchbench stand-in whose install asks pip for the newest
+torch. torchaudio, and torchvision's full figures, are in tests/slow/test_companions.py."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers import FIXTURES, TORCH_PROFILE, run_in, run_invoke, set_args
+
+from torchbuild import manifest
+from torchbuild.source import sha256_file
+
+pytestmark = pytest.mark.docker
+
+DEBIAN_POOL = "http://deb.debian.org/debian/pool/main/p"
+# trixie's pytorch-vision 0.21.0-3 and pytorch-audio 2.6.0-1: the orig tarballs are upstream's
+# release archives (the .dsc and debian.tar.xz answer 404 from this mirror); sha256s from
+# dists/trixie/main/source/Sources.xz
+SOURCES = {
+    "torchvision": (
+        f"{DEBIAN_POOL}/pytorch-vision/pytorch-vision_0.21.0.orig.tar.gz",
+        "0a4a967bbb7f9810f792cd0289a07fb98c8fb5d1303fae8b63e3a6b05d720058",
+        "0.21.0",
+    ),
+    "torchaudio": (
+        f"{DEBIAN_POOL}/pytorch-audio/pytorch-audio_2.6.0.orig.tar.gz",
+        "3335d8fcf58c26acf3c628d751103b59226e01c91847ce56efb2a4e7ae8351ef",
+        "2.6.0",
+    ),
+}
+
+
+def companion_sets(sets: list[str], names: list[str], cache: Path) -> list[str]:
+    repos = ", ".join(f'"{n}": "{SOURCES[n][0]}"' for n in names)
+    shas = ", ".join(f'"{n}": "{SOURCES[n][1]}"' for n in names)
+    return [
+        *sets,
+        f"cache_dir={cache}",
+        f"companions=[{', '.join(names)}]",
+        f"companion_repos={{{repos}}}",
+        f"companion_sha256={{{shas}}}",
+    ]
+
+
+def build_companions(torch_image, debian_torch_wheel, names: list[str], tmp_path: Path):
+    """`invoke companions --in-container` against Debian's torch wheel: (out dir, stdout)."""
+    _, sets = torch_image
+    out = tmp_path / "out"
+    out.mkdir()
+    wheel = Path(shutil.copy(debian_torch_wheel, out))
+    res = run_invoke(
+        "companions", "--in-container", "--profile", TORCH_PROFILE, "--wheel", str(wheel),
+        *set_args(companion_sets(sets, names, tmp_path / "cache")), timeout=3600,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-5000:] + res.stderr
+    return out, res.stdout
+
+
+def check_companion(out: Path, name: str, torch_wheel: Path) -> Path:
+    """The wheel is named with torch's local version, and its manifest records the torch wheel
+    it was built against and the operator that ran."""
+    version = SOURCES[name][2]
+    (wheel,) = out.glob(f"{name}-{version}+debian-cp313-cp313-linux_x86_64.whl")
+    m = manifest.read(Path(f"{wheel}{manifest.SUFFIX}"))
+    assert m.companion is not None and m.companion.name == name and m.companion.version == f"{version}+debian"
+    assert m.companion.torch_wheel.sha256 == sha256_file(torch_wheel)
+    assert m.companion.torch_version == "2.6.0+debian" and m.environment["PYTORCH_VERSION"] == "2.6.0+debian"
+    assert m.source is not None and m.source.kind == "tarball" and m.source.sha256 == SOURCES[name][1]
+    assert m.engine == "docker" and m.wheel is not None and m.wheel.sha256 == sha256_file(wheel)
+    assert not list(out.glob(".partial-*")), "a partial directory was left behind"
+    return wheel
+
+
+def install_beside_debian_torch(engine, torch_image, out: Path, name: str, check: str) -> str:
+    """pip installs the wheel in a fresh venv that sees Debian's torch, with PyPI reachable for
+    its other dependencies; the log must show torch already satisfied, never collected."""
+    spec, _ = torch_image
+    version = SOURCES[name][2]
+    script = f"""
+        set -e
+        python3 -m venv --system-site-packages /tmp/v
+        /tmp/v/bin/pip install --find-links /out "{name}=={version}+debian" 2>&1 | tee /tmp/pip.log
+        cd /tmp && /tmp/v/bin/python -c '{check}'
+    """
+    return run_in(engine, spec.image_tag, script, {str(out): "/out"})
+
+
+def assert_torch_kept(log: str) -> None:
+    assert "Requirement already satisfied: torch==2.6.0+debian" in log, log[-3000:]
+    assert "Collecting torch" not in log and "Downloading torch" not in log, log[-3000:]
+    installed = [ln for ln in log.splitlines() if ln.startswith("Successfully installed")]
+    assert not any("torch-" in ln.replace("torchvision-", "").replace("torchaudio-", "") for ln in installed), installed
+
+
+NMS = (
+    "import torch, torchvision; from torchvision.ops import nms; "
+    "b = torch.tensor([[0., 0, 10, 10], [1, 1, 11, 11], [50, 50, 60, 60]]); "
+    "print(torchvision.__version__, torch.__file__, nms(b, torch.tensor([0.9, 0.8, 0.7]), 0.5).tolist())"
+)
+
+
+def test_torchvision_built_against_debian_torch_installs_beside_it(engine, torch_image, debian_torch_wheel, tmp_path):
+    out, stdout = build_companions(torch_image, debian_torch_wheel, ["torchvision"], tmp_path)
+    assert "torchvision.ops.nms -> [0, 2]" in stdout
+    check_companion(out, "torchvision", debian_torch_wheel)
+    log = install_beside_debian_torch(engine, torch_image, out, "torchvision", NMS)
+    assert_torch_kept(log)
+    assert "0.21.0+debian /usr/lib/python3/dist-packages/torch/__init__.py [0, 2]" in log
+
+
+def test_a_companion_of_another_line_is_refused_before_compiling(torch_image, debian_torch_wheel, tmp_path):
+    """torchvision 0.21's source with a torch 2.5 wheel: refused by the table, nothing built."""
+    _, sets = torch_image
+    out = tmp_path / "out"
+    out.mkdir()
+    wheel = out / "torch-2.5.1+debian-cp313-cp313-linux_x86_64.whl"
+    shutil.copy(debian_torch_wheel, wheel)
+    res = run_invoke(
+        "companions", "--in-container", "--profile", TORCH_PROFILE, "--wheel", str(wheel),
+        *set_args(companion_sets(sets, ["torchvision"], tmp_path / "cache")),
+    )  # fmt: skip
+    assert res.returncode == 26, res.stdout[-3000:] + res.stderr
+    assert "torchvision 0.21.0 does not go with torch 2.5.1" in res.stderr and "TABLE" in res.stderr
+    assert sorted(p.name for p in out.iterdir()) == [wheel.name]
+
+
+# --------------------------------------------------------------------------- develop
+
+
+def _compiled(tree: Path, before: int) -> list[str]:
+    lines = (tree / "build" / ".ninja_log").read_text().splitlines()[before:]
+    return [ln.split("\t")[3] for ln in lines if not ln.startswith("#") and ln.split("\t")[3].endswith(".o")]
+
+
+@pytest.mark.parametrize("where", ["in-container", "native"])
+def test_develop_recompiles_only_the_touched_file(where, cpu_image, site_overrides, tmp_path):
+    tree = tmp_path / "src" / "minitorch"
+    shutil.copytree(FIXTURES / "minitorch", tree, ignore=shutil.ignore_patterns("build", "*.so", "_version.py"))
+    venv = tmp_path / "envs" / "dev"
+    args = ["develop", "--source", str(tree), "--venv", str(venv)]
+    if where == "in-container":
+        args += ["--in-container", "--profile", "cpu", "--arch", "x86_64"]
+    sets = set_args([*(site_overrides if where == "in-container" else []), f"cache_dir={tmp_path / 'cache'}"])
+    first = run_invoke(*args, *sets)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr
+    assert first.stdout.strip().splitlines()[-1] == str(venv)
+    assert "minitorch==2.6.0 installed in development mode" in first.stdout
+    assert len(_compiled(tree, 0)) >= 3
+    before = len((tree / "build" / ".ninja_log").read_text().splitlines())
+    (tree / "csrc" / "ops.cpp").touch()
+    again = run_invoke(*args, *sets)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr
+    assert _compiled(tree, before) == ["CMakeFiles/minitorch.dir/csrc/ops.cpp.o"]
+    assert "1 object(s) compiled" in again.stdout
+    if where == "native":  # the venv runs here: the tree is what it imports
+        code = "import minitorch; print(minitorch.__file__, minitorch.add(2, 3))"
+        got = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True)
+        assert got.stdout.split() == [str(tree / "minitorch" / "__init__.py"), "5.0"]
+
+
+# --------------------------------------------------------------------------- torchbench
+
+
+def test_bench_install_keeps_the_built_torch_and_runs(engine, torch_image, tmp_path):
+    """The stand-in's install.py runs `pip install --upgrade torch six` against PyPI: without
+    the constraint pip would install the newest official torch over Debian's."""
+    spec, sets = torch_image
+    tree = Path(shutil.copytree(FIXTURES / "torchbench", tmp_path / "benchmark"))
+    venv = tmp_path / "envs" / "bench"
+    venv.parent.mkdir()
+    run_in(
+        engine, spec.image_tag, f"python3 -m venv --system-site-packages {venv}", {str(venv.parent): str(venv.parent)}
+    )
+    res = run_invoke(
+        "bench", "--in-container", "--profile", TORCH_PROFILE, "--venv", str(venv),
+        "--benchmark", str(tree), "--args", "tiny -d cpu -t eval", *set_args([*sets, f"cache_dir={tmp_path / 'cache'}"]),
+        timeout=1800,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr
+    assert "Requirement already satisfied: torch in /usr/lib/python3/dist-packages" in res.stdout
+    assert "Collecting torch" not in res.stdout and "Downloading torch" not in res.stdout
+    assert "torchbench installed" in res.stdout and "against torch 2.6.0+debian (kept)" in res.stdout
+    assert "model tiny on cpu (eval): torch 2.6.0+debian from /usr/lib/python3/dist-packages/torch" in res.stdout
+    assert (venv / "torchbuild-constraints.txt").read_text() == "torch==2.6.0+debian\n"
