@@ -200,8 +200,11 @@ def torch_wheel_version(wheel: Path) -> Version:
 
 
 def build_version(job: Job, torch_version: Version, local: str) -> str:
-    """The companion's version: its version.txt with torch's local part (0.21.0+gh200)."""
-    base = Version(job.version).public
+    """The companion's version: its version.txt with torch's local part (0.21.0+gh200). Release
+    trees carry a development number (torchaudio's v2.6.0 tag says 2.6.0a0; the release process
+    sets BUILD_VERSION): built against a release torch, the companion gets its release number."""
+    tree = Version(job.version)
+    base = tree.public if torch_version.is_prerelease else tree.base_version
     part = torch_version.local or local
     return f"{base}+{part}" if part else base
 

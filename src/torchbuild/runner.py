@@ -223,7 +223,8 @@ def companions_with(
         max_jobs=options.jobs,
         oom_retry=options.oom_retry,
     )
-    backend.run("companions", {"spec": spec.to_dict(), "request": req.to_dict()}, binds)
+    # run_id at the top: on a failure or Ctrl-C the backend removes the step's .partial-<run_id>* too
+    backend.run("companions", {"spec": spec.to_dict(), "request": req.to_dict(), "run_id": req.run_id}, binds)
     made = []
     with named_os_errors(out_dir, "looking for the companions' manifests"):
         for path in sorted(out_dir.glob(f"*{manifest.SUFFIX}")):

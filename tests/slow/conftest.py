@@ -1,5 +1,25 @@
 """The slow tests share the integration tests' fixtures (engine, test cache, local bases, sources)."""
 
-from integration.conftest import arm64_base, debian_dsc, engine, local_base, ofi_sources, site_certs, test_cache
+from integration.conftest import (
+    arm64_base,
+    debian_dsc,
+    debian_torch_wheel,
+    engine,
+    local_base,
+    ofi_sources,
+    site_certs,
+    test_cache,
+    torch_image,
+)
 
-__all__ = ["arm64_base", "debian_dsc", "engine", "local_base", "ofi_sources", "site_certs", "test_cache"]
+__all__ = [
+    "arm64_base",
+    "debian_dsc",
+    "debian_torch_wheel",
+    "engine",
+    "local_base",
+    "ofi_sources",
+    "site_certs",
+    "test_cache",
+    "torch_image",
+]

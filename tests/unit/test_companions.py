@@ -200,7 +200,8 @@ def test_a_companion_gets_the_toolchain_not_torch_s_switches():
     ("tree", "torch", "local", "want"),
     [
         ("0.21.0", "2.6.0+gh200", "", "0.21.0+gh200"),
-        ("0.21.0a0", "2.6.0+debian", "x", "0.21.0a0+debian"),
+        ("2.6.0a0", "2.6.0+debian", "x", "2.6.0+debian"),  # a release tag's version.txt, a release torch
+        ("0.22.0a0", "2.7.0a0+git1234", "gh200", "0.22.0a0+git1234"),  # main with main
         ("2.6.0", "2.6.0", "site", "2.6.0+site"),
         ("2.6.0", "2.6.0", "", "2.6.0"),
     ],
