@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -75,6 +76,17 @@ def make_venv(venv: Path, say: Callable[[str], None]) -> Path:
     if python.exists():
         return python
     say(f"making the venv {venv}")
+    existed = venv.exists()
+    try:
+        _make_venv(venv, python)
+    except BaseException:
+        if not existed:  # a half-made venv would pass for a made one next time
+            shutil.rmtree(venv, ignore_errors=True)
+        raise
+    return python
+
+
+def _make_venv(venv: Path, python: Path) -> None:
     with named_os_errors(venv, "making the develop venv"):
         proc = subprocess.run(
             [sys.executable, "-m", "venv", "--system-site-packages", str(venv)], capture_output=True, text=True
@@ -83,16 +95,11 @@ def make_venv(venv: Path, say: Callable[[str], None]) -> Path:
             raise BuildFailed(f"python -m venv {venv} failed: {(proc.stderr or proc.stdout).strip()}")
         if sys.prefix != sys.base_prefix:  # this interpreter is a venv: its packages too
             paths = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
-            site = Path(
-                subprocess.run(
-                    [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                ).stdout.strip()
-            )
-            (site / BASE_PTH).write_text("".join(f"{p}\n" for p in paths))
-    return python
+            code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+            site = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+            if site.returncode != 0:
+                raise BuildFailed(f"the new venv's python does not run: {(site.stderr or site.stdout).strip()}")
+            (Path(site.stdout.strip()) / BASE_PTH).write_text("".join(f"{p}\n" for p in paths))
 
 
 def develop(req: Request, out: TextIO = sys.stdout) -> dict[str, Any]:
@@ -114,7 +121,8 @@ def develop(req: Request, out: TextIO = sys.stdout) -> dict[str, Any]:
             backend=req.backend,
         )
         for d in (env_vars["CCACHE_DIR"], env_vars["PIP_CACHE_DIR"]):
-            Path(d).mkdir(parents=True, exist_ok=True)
+            with named_os_errors(d, "creating the build's cache directories"):
+                Path(d).mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ,
             **env_vars,
