@@ -316,7 +316,7 @@ def _pip(args: Sequence[str], env: Mapping[str, str], what: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """What the companions part of a build step needs (plain data inside BuildRequest)."""
+    """The companions step's request (plain data, as a backend hands it over)."""
 
     torch_wheel: str
     jobs: tuple[Job, ...]
@@ -326,7 +326,7 @@ class Request:
     backend: str = "native"
     max_jobs: int = 0  # 0: plan
     oom_retry: bool = True
-    provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # {"image": ...} in a container
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

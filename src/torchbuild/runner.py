@@ -158,7 +158,7 @@ def build(
         done.done("wheel", run_id=req.run_id)
     print(f"{outcome.wheel or 'preflight passed'}\nmanifest: {outcome.manifest}\nlog: {outcome.log}", file=out)
     if outcome.wheel and fetched:
-        companions_with(spec, backend, fetched, outcome.wheel, cache=cache, options=options, out=out)
+        companions_with(spec, backend, fetched, outcome.wheel, cache=cache, options=options, image=image, out=out)
     if outcome.wheel and verify:
         digest = sha256_file(outcome.wheel)
         if _verified(done, outcome.wheel, digest):
@@ -201,6 +201,7 @@ def companions_with(
     cache: Path,
     options: BuildOptions = BuildOptions(),
     run_id: str = "",
+    image: dict[str, Any] | None = None,
     out: TextIO = sys.stdout,
 ) -> list[Path]:
     """Build the fetched companions against torch_wheel with `backend` (the companions step);
@@ -222,6 +223,7 @@ def companions_with(
         backend=backend.name,
         max_jobs=options.jobs,
         oom_retry=options.oom_retry,
+        provenance={"image": image} if image else {},
     )
     # run_id at the top: on a failure or Ctrl-C the backend removes the step's .partial-<run_id>* too
     backend.run("companions", {"spec": spec.to_dict(), "request": req.to_dict(), "run_id": req.run_id}, binds)

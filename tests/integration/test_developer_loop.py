@@ -76,6 +76,7 @@ def check_companion(out: Path, name: str, torch_wheel: Path) -> Path:
     assert m.companion.torch_version == "2.6.0+debian" and m.environment["PYTORCH_VERSION"] == "2.6.0+debian"
     assert m.source is not None and m.source.kind == "tarball" and m.source.sha256 == SOURCES[name][1]
     assert m.engine == "docker" and m.wheel is not None and m.wheel.sha256 == sha256_file(wheel)
+    assert m.image is not None and m.image.tag == "torchbuild/toolchain:debian-torch-installed-2.6.0-x86_64"
     assert not list(out.glob(".partial-*")), "a partial directory was left behind"
     return wheel
 

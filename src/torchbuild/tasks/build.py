@@ -152,12 +152,12 @@ def companions_(c: Context, launch: Launch, wheel: str = "", jobs: str = "", no_
     torch_wheel = Path(wheel).expanduser().absolute()
     check_wheel_file(torch_wheel)
     backend = launch.backend(spec)
-    backend.check()
+    image = backend.check()
     cache = writable_dir(cache_dir(spec), "cache_dir")
     torch_version = str(companions.torch_wheel_version(torch_wheel))
     fetched = companions.fetch(spec, cache, torch_version=torch_version)
     options = BuildOptions(jobs=parse_jobs_option(jobs), oom_retry=not no_retry)
-    runner.companions_with(spec, backend, fetched, torch_wheel, cache=cache, options=options)
+    runner.companions_with(spec, backend, fetched, torch_wheel, cache=cache, options=options, image=image)
 
 
 @task(
