@@ -437,6 +437,12 @@ def check_wheel_tools(source: str) -> None:
         )
 
 
+def pip_wheel(partial: Path, source: str) -> list[str]:
+    """The wheel build: with this interpreter's packages (torch's build requirements, or the torch
+    a companion is built against), no dependencies, verbose for the log."""
+    return [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w", str(partial), source]
+
+
 def _build_wheel(run: Run, watch: ConfigureWatch) -> Path:
     """pip wheel --no-build-isolation into a partial directory, then rename into out_dir; an
     out-of-memory kill resumes it with fewer jobs (MAX_JOBS) in the same build tree."""
@@ -447,18 +453,7 @@ def _build_wheel(run: Run, watch: ConfigureWatch) -> Path:
         partial = Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{req.run_id}-", dir=out_dir))
     try:
         run_compile(
-            lambda n: [
-                sys.executable,
-                "-m",
-                "pip",
-                "wheel",
-                "--no-build-isolation",
-                "--no-deps",
-                "-v",
-                "-w",
-                str(partial),
-                req.source,
-            ],
+            lambda n: pip_wheel(partial, req.source),
             cwd=req.source,
             env_for=run.env_for,
             sink=run.tee,

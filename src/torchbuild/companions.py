@@ -385,7 +385,7 @@ def _build_one(
     work: Path,
     out: TextIO,
 ) -> Path:
-    from .build import Tee, _now, ccache_stats, hit_rate, toolchain_versions
+    from .build import Tee, _now, ccache_stats, check_wheel_tools, hit_rate, pip_wheel, toolchain_versions
 
     version = build_version(job, torch_version, spec.local_version)
     env_vars = {
@@ -412,23 +412,13 @@ def _build_one(
         tee.line(f"{job.name} {version} against {torch_wheel.name} ({job.tree})")
         for k in sorted(env_vars):
             tee.line(f"  {k}={env_vars[k]}")
+        check_wheel_tools(job.tree)  # setuptools (and wheel) for --no-build-isolation, named up front
         subprocess.run(["ccache", "--zero-stats"], env=env, capture_output=True, check=False)
         with named_os_errors(out_dir, "creating the companion wheel's partial directory"):
             partial = Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{run_id}-", dir=out_dir))
         try:
             run_compile(
-                lambda n: [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "wheel",
-                    "--no-build-isolation",
-                    "--no-deps",
-                    "-v",
-                    "-w",
-                    str(partial),
-                    job.tree,
-                ],
+                lambda n: pip_wheel(partial, job.tree),
                 cwd=job.tree,
                 env_for=lambda n: {**env, "MAX_JOBS": str(n), "CMAKE_BUILD_PARALLEL_LEVEL": str(n)},
                 sink=tee,
