@@ -353,3 +353,60 @@ def test_bench_without_a_venv_or_torch_is_named(tmp_path):
     venv.create(env, with_pip=False)
     with pytest.raises(BenchFailed, match=r"has no torch"):
         benchmod.bench(benchmod.Request(venv=str(env), benchmark=str(tmp_path)))
+
+
+# --------------------------------------------------------------------------- invoke build's path
+
+
+def _minitorch(tmp_path: Path) -> Path:
+    import shutil
+
+    from helpers import FIXTURES
+
+    tree = tmp_path / "minitorch"
+    shutil.copytree(FIXTURES / "minitorch", tree, ignore=shutil.ignore_patterns("build", "*.so", "_version.py"))
+    return tree
+
+
+def test_build_refuses_a_companion_of_another_line_before_compiling_torch(tmp_path):
+    from torchbuild import runner
+    from torchbuild.backends import Options, choose
+
+    archive, _ = _archive(tmp_path, "vision-0.20.0", "0.20.0")
+    spec = resolve(
+        "cpu",
+        [
+            "companions=[torchvision]",
+            f'companion_repos={{"torchvision": "{archive}"}}',
+            f"cache_dir={tmp_path / 'cache'}",
+        ],
+    )
+    tree = _minitorch(tmp_path)
+    where = runner.Places(str(tree), tmp_path / "out", tmp_path / "cache")
+    with pytest.raises(CompanionError, match=r"torchvision 0.20.0 does not go with torch 2.6.0"):
+        runner.build(spec, choose(spec, "native", Options()), where, out=io.StringIO())
+    assert not (tree / "build").exists(), "torch was compiled although the companion could never pair with it"
+    assert not list((tmp_path / "out").glob("*.whl"))
+
+
+def test_build_runs_the_companions_after_the_wheel_and_before_verify(tmp_path, monkeypatch):
+    from torchbuild import runner
+    from torchbuild.backends import Options, choose
+
+    archive, _ = _archive(tmp_path, "vision-0.21.0", "0.21.0")
+    spec = resolve(
+        "cpu",
+        [
+            "companions=[torchvision]",
+            f'companion_repos={{"torchvision": "{archive}"}}',
+            f"cache_dir={tmp_path / 'cache'}",
+            "patches=none",
+        ],
+    )
+    calls: list[tuple[str, object]] = []
+    monkeypatch.setattr(runner, "companions_with", lambda *a, **k: calls.append(("companions", a[3])) or [])
+    monkeypatch.setattr(runner, "verify_with", lambda *a, **k: calls.append(("verify", k.get("wheel"))))
+    where = runner.Places(str(_minitorch(tmp_path)), tmp_path / "out", tmp_path / "cache")
+    outcome = runner.build(spec, choose(spec, "native", Options()), where, out=io.StringIO())
+    assert outcome.wheel is not None and outcome.wheel.is_file()
+    assert calls == [("companions", outcome.wheel), ("verify", outcome.wheel)]
