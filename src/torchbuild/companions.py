@@ -279,6 +279,29 @@ print("TORCHBUILD_CHECK " + json.dumps(result))
 """
 
 
+def missing_requirements(target: Path) -> list[str]:
+    """The unconditional requirements of the wheel unpacked in target that this interpreter
+    cannot import, torch and the companions left out (torch is the built one, beside it)."""
+    from importlib.metadata import PackageNotFoundError, PathDistribution, distribution
+
+    from packaging.requirements import Requirement
+
+    infos = list(target.glob("*.dist-info"))
+    requires = (PathDistribution(infos[0]).requires or []) if infos else []
+    missing = []
+    for text in requires:
+        req = Requirement(text)
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        if canonicalize_name(req.name) in {"torch", *map(canonicalize_name, REPOS)}:
+            continue
+        try:
+            distribution(req.name)
+        except PackageNotFoundError:
+            missing.append(str(req))
+    return missing
+
+
 def check_wheel(name: str, wheel: Path, torch_dir: Path, work: Path, env: Mapping[str, str]) -> dict[str, str]:
     """Unpack wheel beside torch_dir and run the library's check in a fresh interpreter (from
     another directory, so the source tree is not what is imported)."""
@@ -288,8 +311,16 @@ def check_wheel(name: str, wheel: Path, torch_dir: Path, work: Path, env: Mappin
         env,
         f"unpacking {wheel.name}",
     )
+    deps = work / f"check-{name}-deps"
+    missing = missing_requirements(target)
+    if missing:  # e.g. pillow for torchvision: its import needs them, the image may not have them
+        _pip(
+            ["install", "--no-deps", "--quiet", "--target", str(deps), *missing],
+            env,
+            f"installing {name}'s runtime dependencies {', '.join(missing)} for its check",
+        )
     script = _CHECK.replace("NAME", repr(name)).replace("BODY", CHECKS[name])
-    run_env = {**env, "PYTHONPATH": os.pathsep.join([str(target), str(torch_dir)])}
+    run_env = {**env, "PYTHONPATH": os.pathsep.join([str(target), str(torch_dir), str(deps)])}
     proc = subprocess.run(
         [sys.executable, "-c", script], cwd=work, env=run_env, capture_output=True, text=True, check=False
     )

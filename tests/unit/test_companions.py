@@ -410,3 +410,17 @@ def test_build_runs_the_companions_after_the_wheel_and_before_verify(tmp_path, m
     outcome = runner.build(spec, choose(spec, "native", Options()), where, out=io.StringIO())
     assert outcome.wheel is not None and outcome.wheel.is_file()
     assert calls == [("companions", outcome.wheel), ("verify", outcome.wheel)]
+
+
+def test_the_check_installs_only_the_runtime_requirements_this_interpreter_lacks(tmp_path):
+    """torchvision's import needs pillow, which an image with torch may lack; torch itself (the
+    built one), companions, extras, false markers and what is importable here are never fetched."""
+    info = tmp_path / "torchvision-0.21.0+x.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: torchvision\nVersion: 0.21.0+x\n"
+        "Requires-Dist: packaging\nRequires-Dist: torch==2.6.0+x\nRequires-Dist: pillow-not-here>=5.3.0\n"
+        'Requires-Dist: torchaudio\nRequires-Dist: scipy; extra == "scipy"\n'
+        'Requires-Dist: nothere2; python_version < "3"\n'
+    )
+    assert companions.missing_requirements(tmp_path) == ["pillow-not-here>=5.3.0"]
