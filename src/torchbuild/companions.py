@@ -100,6 +100,11 @@ def fetch_one(spec: BuildSpec, name: str, cache: Path, out: TextIO = sys.stdout)
     origin = spec.companion_repos.get(name) or REPOS[name]
     ref = spec.companion_refs.get(name) or default_ref(name, spec.torch_version, spec.torch_ref)
     if _is_git(origin):
+        if name in spec.companion_sha256:
+            raise CompanionError(
+                f"companion_sha256.{name}: {origin} is a git repository; a sha256 checks an archive",
+                hint=f"drop companion_sha256.{name} (a git ref, or a commit id in companion_refs, pins it)",
+            )
         dest = cache / "src" / f"{short(name)}-{ref.replace('/', '_')}"
         if dest.is_dir():
             print(f"{name}: using the existing checkout {dest}", file=out)

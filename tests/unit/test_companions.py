@@ -130,6 +130,20 @@ def test_a_wrong_sha256_is_refused_before_unpacking(tmp_path):
     assert not (tmp_path / "cache" / "src").exists()
 
 
+def test_a_sha256_for_a_git_repository_is_refused(tmp_path):
+    spec = resolve(
+        "cpu",
+        [
+            "companions=[torchvision]",
+            'companion_repos={"torchvision": "https://example.org/vision.git"}',
+            f'companion_sha256={{"torchvision": "{"a" * 64}"}}',
+        ],
+    )
+    with pytest.raises(CompanionError, match=r"a sha256 checks an archive"):
+        companions.fetch(spec, tmp_path / "cache", out=io.StringIO())
+    assert not (tmp_path / "cache").exists()
+
+
 def test_a_tree_without_version_txt_is_not_taken_for_a_companion(tmp_path):
     tree = tmp_path / "notvision"
     tree.mkdir()
