@@ -96,16 +96,14 @@ def _archive(tmp_path: Path, top: str, version: str) -> tuple[Path, str]:
     return archive, hashlib.sha256(archive.read_bytes()).hexdigest()
 
 
+def _vision_spec(repo: object, *extra: str):
+    """The cpu profile with torchvision from repo, plus extra --set values."""
+    return resolve("cpu", ["companions=[torchvision]", f'companion_repos={{"torchvision": "{repo}"}}', *extra])
+
+
 def test_an_archive_is_checked_unpacked_and_paired_before_anything_compiles(tmp_path):
     archive, digest = _archive(tmp_path, "vision-0.21.0", "0.21.0")
-    spec = resolve(
-        "cpu",
-        [
-            "companions=[torchvision]",
-            f'companion_repos={{"torchvision": "{archive}"}}',
-            f'companion_sha256={{"torchvision": "{digest}"}}',
-        ],
-    )
+    spec = _vision_spec(archive, f'companion_sha256={{"torchvision": "{digest}"}}')
     out = io.StringIO()
     (got,) = companions.fetch(spec, tmp_path / "cache", out=out)
     assert got.version == "0.21.0" and got.digest == digest
@@ -117,14 +115,7 @@ def test_an_archive_is_checked_unpacked_and_paired_before_anything_compiles(tmp_
 
 def test_a_wrong_sha256_is_refused_before_unpacking(tmp_path):
     archive, _ = _archive(tmp_path, "vision-0.21.0", "0.21.0")
-    spec = resolve(
-        "cpu",
-        [
-            "companions=[torchvision]",
-            f'companion_repos={{"torchvision": "{archive}"}}',
-            f'companion_sha256={{"torchvision": "{"0" * 64}"}}',
-        ],
-    )
+    spec = _vision_spec(archive, f'companion_sha256={{"torchvision": "{"0" * 64}"}}')
     with pytest.raises(SourceError, match=r"companion_repos.torchvision: .* has sha256"):
         companions.fetch(spec, tmp_path / "cache", out=io.StringIO())
     assert not (tmp_path / "cache" / "src").exists()
