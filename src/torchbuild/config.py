@@ -115,6 +115,7 @@ class BuildSpec:
     arch: Arch
     base_image: str
     python_version: str
+    python_versions: tuple[str, ...]
     compiler: str
     compiler_version: str
     apt_packages: tuple[str, ...]
@@ -184,6 +185,11 @@ class BuildSpec:
     @property
     def cuda(self) -> bool:
         return bool(self.cuda_version)
+
+    @property
+    def pythons(self) -> tuple[str, ...]:
+        """Every Python the image provides: python_version first, then python_versions' others."""
+        return (self.python_version, *(v for v in self.python_versions if v != self.python_version))
 
     @property
     def git_ref(self) -> str:
@@ -645,6 +651,9 @@ def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], host: Arch
         problem = pairing_problem(name, values["torch_version"], values["torch_ref"])
         if problem:
             fail("companions", problem, "drop it from companions, or choose a torch_version the table pairs it with")
+    twice = sorted({v for v in values["python_versions"] if values["python_versions"].count(v) > 1})
+    if twice:
+        fail("python_versions", f"lists {', '.join(twice)} twice", "list each Python once")
     if "mpi" in values["distributed"] and values["mpi"] == "none":
         fail("distributed", "mpi backend requested but mpi is none", "set mpi: openmpi, mpich or system")
     if values["mkl_threading"] and values["blas"] != "mkl":
