@@ -34,6 +34,7 @@ from .oom import JobsUsed, run_compile, run_watched
 from .process import Finished
 from .progress import Progress
 from .report import LogMark, mark, write_report
+from .repro import normalize_wheel
 from .source import sha256_file
 
 
@@ -54,6 +55,9 @@ class BuildRequest:
     backend: str = "native"  # which backend runs it (the environment differs; recorded as the engine)
     # variables added to the build's environment (NCCL_ROOT and friends of the NCCL `invoke comms` built)
     extra_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    python: str = ""  # X.Y of the interpreter to build with; "": the one running this step
+    source_date_epoch: int = 0  # the source's time (repro.source_date_epoch); 0: none known
+    epoch_origin: str = ""  # where that time came from
     run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def to_dict(self) -> dict[str, Any]:
@@ -181,10 +185,16 @@ def build_dir(source: str) -> Path:
     return Path(source) / "build"
 
 
-def configure(source: str, env: Mapping[str, str], tee: Tee, watch: Callable[[str], None] | None = None) -> float:
+def configure(
+    source: str,
+    env: Mapping[str, str],
+    tee: Tee,
+    watch: Callable[[str], None] | None = None,
+    python: str = sys.executable,
+) -> float:
     """CMake configure the way the wheel build would: setup.py --cmake-only, else plain CMake."""
     if (Path(source) / "setup.py").is_file():
-        cmd = [sys.executable, "setup.py", "build", "--cmake-only"]
+        cmd = [python, "setup.py", "build", "--cmake-only"]
     else:
         cmd = ["cmake", "-S", source, "-B", str(build_dir(source)), "-G", "Ninja"]
     return run_logged(cmd, cwd=source, env=env, tee=tee, what="configure", watch=watch).seconds
@@ -319,6 +329,8 @@ class Run:
     canaries: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
     ninja_mark: LogMark | None = None  # where .ninja_log stood before this build
+    python: str = sys.executable  # the interpreter that configures and builds the wheel
+    normalized: bool = False  # the wheel's zip was rewritten into canonical form
 
     def env_for(self, n: int) -> dict[str, str]:
         return {**self.env, "MAX_JOBS": str(n)}
@@ -338,7 +350,9 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
             tee.line(f"removing {build_dir(req.source)} (--clean)")
             shutil.rmtree(build_dir(req.source))
         run.ninja_mark = mark(build_dir(req.source) / ".ninja_log")
-        inputs = configure_inputs(run.env_vars)
+        # another interpreter is another configure (Python's paths are in CMake's cache); ninja
+        # and ccache still reuse every object whose command line is the same
+        inputs = {**configure_inputs(run.env_vars), "torchbuild:python": run.python}
         prepare_configure(req.source, inputs, tee)
         watch = ConfigureWatch(req.source, inputs)
         subprocess.run(["ccache", "--zero-stats"], env=run.env, capture_output=True, check=False)
@@ -365,6 +379,10 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
         backend=req.backend,
     )
     env_vars.update(req.extra_env)
+    env_vars.update(path_independent(env_vars, req.source))
+    if req.source_date_epoch and "SOURCE_DATE_EPOCH" not in spec.env:
+        env_vars["SOURCE_DATE_EPOCH"] = str(req.source_date_epoch)
+    python = interpreter(req.python)
     tmp = Path(req.cache_root) / "tmp" / req.run_id
     for d in (env_vars["CCACHE_DIR"], env_vars["PIP_CACHE_DIR"], tmp):
         with named_os_errors(d, "creating the build's cache directories"):
@@ -373,17 +391,21 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     tee.line(f"torchbuild {__version__}: {'preflight' if req.preflight else 'wheel build'} of {req.source}")
     tee.line(f"profile {spec.profile} (sha256 {spec.hash[:16]}), version {spec.build_version}, on {req.backend}")
     tee.line(f"jobs: {plan.jobs} ({plan.reason})")
+    if req.python:
+        tee.line(f"python: {python} (Python {req.python})")
     tee.line("environment:")
     for line in format_env(env_vars).splitlines():
         tee.line(f"  {line}")
     versions = toolchain_versions(spec, env)
-    return Run(req, tee, log, plan, env_vars, env, versions, JobsUsed(plan.jobs, plan.jobs), started, t0, tmp)
+    run = Run(req, tee, log, plan, env_vars, env, versions, JobsUsed(plan.jobs, plan.jobs), started, t0, tmp)
+    run.python = python
+    return run
 
 
 def _preflight(run: Run, watch: ConfigureWatch) -> None:
     """Configure, the preflight targets, then each canary alone (its peak memory recorded)."""
     req, tee = run.req, run.tee
-    run.phases["configure_s"] = round(configure(req.source, run.env, tee, watch), 1)
+    run.phases["configure_s"] = round(configure(req.source, run.env, tee, watch, python=run.python), 1)
     # CMake's try_compile checks run in randomly named directories and can never hit the
     # cache: count hits from here on, over the compiles that can
     subprocess.run(["ccache", "--zero-stats"], env=run.env, capture_output=True, check=False)
@@ -419,41 +441,90 @@ def _fmt_peaks(measured: Mapping[str, int]) -> str:
     return ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in measured.items()) or "none"
 
 
-def check_wheel_tools(source: str) -> None:
-    """--no-build-isolation builds with this Python's packages: say what is missing up front."""
+_WHEEL_TOOLS = """
+import importlib.util as u
+missing = []
+if u.find_spec("setuptools") is None:
+    missing.append("setuptools")
+elif u.find_spec("setuptools.command.bdist_wheel") is None and u.find_spec("wheel") is None:
+    missing.append("wheel")  # setuptools < 70.1 needs the wheel package for bdist_wheel
+print(" ".join(missing))
+"""
+
+
+def check_wheel_tools(source: str, python: str = sys.executable) -> None:
+    """--no-build-isolation builds with the interpreter's packages: say what is missing up front."""
     if not (Path(source) / "setup.py").is_file():
         return
-    missing = []
-    if importlib.util.find_spec("setuptools") is None:
-        missing.append("setuptools")
-    elif (
-        importlib.util.find_spec("setuptools.command.bdist_wheel") is None and importlib.util.find_spec("wheel") is None
-    ):
-        missing.append("wheel")  # setuptools < 70.1 needs the wheel package for bdist_wheel
+    if python == sys.executable:
+        missing = []
+        if importlib.util.find_spec("setuptools") is None:
+            missing.append("setuptools")
+        elif (
+            importlib.util.find_spec("setuptools.command.bdist_wheel") is None
+            and importlib.util.find_spec("wheel") is None
+        ):
+            missing.append("wheel")
+    else:
+        proc = subprocess.run([python, "-c", _WHEEL_TOOLS], capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise ToolMissing(f"{python} does not run: {proc.stderr.strip()[-300:]}")
+        missing = proc.stdout.split()
     if missing:
         raise ToolMissing(
-            f"{sys.executable} lacks {', '.join(missing)}, which a setup.py build needs",
-            hint=f"{sys.executable} -m pip install {' '.join(missing)} (with the rest of PyTorch's requirements.txt)",
+            f"{python} lacks {', '.join(missing)}, which a setup.py build needs",
+            hint=f"{python} -m pip install {' '.join(missing)} (with the rest of PyTorch's requirements.txt)",
         )
 
 
-def pip_wheel(partial: Path, source: str) -> list[str]:
-    """The wheel build: with this interpreter's packages (torch's build requirements, or the torch
+def interpreter(version: str) -> str:
+    """The interpreter for Python X.Y as this step sees it: this one when it is X.Y (or no
+    version is asked), else the image's /opt/venv-X.Y (profile key python_versions), else
+    pythonX.Y on PATH. ToolMissing naming the fix otherwise."""
+    if not version or version == "{}.{}".format(*sys.version_info[:2]):
+        return sys.executable
+    venv = Path(f"/opt/venv-{version}/bin/python")
+    if venv.is_file():
+        return str(venv)
+    found = shutil.which(f"python{version}")
+    if found:
+        return found
+    raise ToolMissing(
+        f"no Python {version} here: neither /opt/venv-{version} (the image's) nor python{version} on PATH",
+        hint=f"add {version!r} to the profile's python_versions and run `invoke image`, or install python{version}",
+    )
+
+
+def path_independent(env_vars: Mapping[str, str], source: str) -> dict[str, str]:
+    """What makes objects independent of where the tree is: ccache rewrites the tree's absolute
+    paths into relative ones, for its hash and for the compiler (so __FILE__ and assert messages
+    say `../aten/...`), and leaves the working directory out of the hash. A profile's own
+    CCACHE_BASEDIR wins. No -ffile-prefix-map is added to CFLAGS/CXXFLAGS: PyTorch (and the
+    fixture) record those flags in the library (torch.__config__.show()), so the tree's path
+    would be in every wheel."""
+    return {
+        "CCACHE_BASEDIR": env_vars.get("CCACHE_BASEDIR") or os.path.abspath(source),
+        "CCACHE_NOHASHDIR": env_vars.get("CCACHE_NOHASHDIR", "1"),
+    }
+
+
+def pip_wheel(partial: Path, source: str, python: str = sys.executable) -> list[str]:
+    """The wheel build: with the interpreter's packages (torch's build requirements, or the torch
     a companion is built against), no dependencies, verbose for the log."""
-    return [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w", str(partial), source]
+    return [python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w", str(partial), source]
 
 
 def _build_wheel(run: Run, watch: ConfigureWatch) -> Path:
     """pip wheel --no-build-isolation into a partial directory, then rename into out_dir; an
     out-of-memory kill resumes it with fewer jobs (MAX_JOBS) in the same build tree."""
     req = run.req
-    check_wheel_tools(req.source)
+    check_wheel_tools(req.source, run.python)
     out_dir = Path(req.out_dir)
     with named_os_errors(out_dir, "creating the wheel's partial directory"):
         partial = Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{req.run_id}-", dir=out_dir))
     try:
         run_compile(
-            lambda n: pip_wheel(partial, req.source),
+            lambda n: pip_wheel(partial, req.source, run.python),
             cwd=req.source,
             env_for=run.env_for,
             sink=run.tee,
@@ -465,6 +536,11 @@ def _build_wheel(run: Run, watch: ConfigureWatch) -> Path:
         wheels = sorted(partial.glob("*.whl"))
         if len(wheels) != 1:
             raise BuildFailed(f"pip wheel produced {len(wheels)} wheels in {partial}; expected one")
+        epoch = int(run.env_vars.get("SOURCE_DATE_EPOCH") or 0)
+        if epoch:
+            run.normalized = normalize_wheel(wheels[0], epoch)
+            if run.normalized:
+                run.tee.line(f"torchbuild: rewrote {wheels[0].name} in canonical zip form (SOURCE_DATE_EPOCH {epoch})")
         final = out_dir / wheels[0].name
         with named_os_errors(final, "moving the wheel into place"):
             os.replace(wheels[0], final)
@@ -531,9 +607,22 @@ def _write_manifest(
         preflight=None
         if wheel is not None
         else {"targets": list(req.targets or spec.preflight_targets), "canaries": run.canaries, **run.phases},
+        reproducibility=_repro_record(run),
     )
     path = manifest.manifest_path(Path(req.out_dir), wheel.name if wheel else None, spec.profile, req.run_id)
     return manifest.write(m, path)
+
+
+def _repro_record(run: Run) -> dict[str, Any]:
+    epoch = run.env_vars.get("SOURCE_DATE_EPOCH", "")
+    given = run.req.spec.env.get("SOURCE_DATE_EPOCH")
+    return {
+        "source_date_epoch": int(epoch) if epoch.isdigit() else 0,
+        "origin": "profile env" if given else (run.req.epoch_origin or ("" if epoch else "none")),
+        "ccache_basedir": run.env_vars.get("CCACHE_BASEDIR", ""),
+        "python": run.req.python or "{}.{}".format(*sys.version_info[:2]),
+        "normalized": run.normalized,
+    }
 
 
 def _summary(

@@ -35,7 +35,8 @@ if typing.TYPE_CHECKING:
 
 # 2: `comms` (the NCCL and aws-ofi-nccl plugin `invoke comms` built and torch was linked to)
 # 3: `companion` (a torchvision/torchaudio/torchtext wheel: the torch wheel it was built against)
-SCHEMA_VERSION = 3
+# 4: `reproducibility` (SOURCE_DATE_EPOCH and its origin, ccache's base dir, the Python, the zip rewrite)
+SCHEMA_VERSION = 4
 SUFFIX = ".manifest.json"
 ENGINES = ("native", "docker", "apptainer")
 KINDS = ("wheel", "preflight")
@@ -231,6 +232,17 @@ class CompanionRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReproRecord:
+    """What makes the wheel's bytes a function of its inputs (repro.py)."""
+
+    source_date_epoch: int  # the wheel's timestamps and the compiler's __DATE__/__TIME__
+    origin: str  # where that time came from: "commit 1a2b...", "archive x.tar.xz", "env"...
+    ccache_basedir: str = ""  # compiles saw paths relative to it (CCACHE_BASEDIR)
+    python: str = ""  # the interpreter's X.Y the wheel was built with
+    normalized: bool = False  # the zip was rewritten into canonical form (False: it already was)
+
+
+@dataclasses.dataclass(frozen=True)
 class Manifest:
     """One build. Field order is the JSON's key order; exactly one of wheel and preflight."""
 
@@ -243,6 +255,7 @@ class Manifest:
         "preflight",
         "comms",
         "companion",
+        "reproducibility",
     )
 
     schema_version: int
@@ -269,6 +282,7 @@ class Manifest:
     preflight: Optional[PreflightRecord] = None
     comms: Optional[CommsRecord] = None
     companion: Optional[CompanionRecord] = None  # set on a companion library's wheel
+    reproducibility: Optional[ReproRecord] = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -466,6 +480,7 @@ def for_build(
     wheel: Path | None = None,
     preflight: Mapping[str, Any] | None = None,
     companion: Mapping[str, Any] | None = None,
+    reproducibility: Mapping[str, Any] | None = None,
 ) -> Manifest:
     """The manifest of a build that just finished, from what the build knows.
 
@@ -497,6 +512,7 @@ def for_build(
         "wheel": _plain(WheelRecord.of(wheel)) if wheel is not None else None,
         "preflight": dict(preflight) if preflight is not None else None,
         **({"companion": dict(companion)} if companion is not None else {}),
+        **({"reproducibility": dict(reproducibility)} if reproducibility is not None else {}),
     }
     return _record(Manifest, data, "")
 

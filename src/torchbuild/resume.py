@@ -41,8 +41,10 @@ def request_key(
     targets: Sequence[str],
     canaries: Sequence[str],
     backend: str,
+    python: str = "",
 ) -> str:
-    """The hash that names a build request across runs (24 hex digits)."""
+    """The hash that names a build request across runs (24 hex digits); a wheel for another
+    Python (`--python`) is another request. Without one the key is what it was before."""
     blob = json.dumps(
         {
             "spec": spec_hash,
@@ -52,6 +54,7 @@ def request_key(
             "targets": list(targets),
             "canaries": list(canaries),
             "backend": backend,
+            **({"python": python} if python else {}),
         },
         sort_keys=True,
     )

@@ -15,6 +15,7 @@ import dataclasses
 import os
 import sys
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -30,6 +31,7 @@ from .companions import fetch as fetch_companions
 from .config import BuildSpec, cache_dir
 from .errors import SourceError, TorchbuildError, UsageError, named_os_errors, writable_dir
 from .patches import ApplyResult, Series, apply_series, load_series
+from .repro import source_date_epoch
 from .resume import Record, request_key
 from .source import SourceInfo, get_source, looks_like_url, sha256_file
 
@@ -118,24 +120,30 @@ def build(
     options: BuildOptions = BuildOptions(),
     verify: bool = True,
     resume: bool = False,
+    python: str = "",
     out: TextIO = sys.stdout,
 ) -> Outcome:
     """Check, fetch, patch, build with `backend`, then verify the wheel where it was built.
-    With resume, the steps this request finished in an earlier run are skipped (resume.py)."""
+    With resume, the steps this request finished in an earlier run are skipped (resume.py).
+    python: X.Y to build with (one of spec.pythons); "": the interpreter the step runs on."""
     image = backend.check()
     out_dir = writable_dir(where.out, "--out")
     cache = writable_dir(where.cache, "cache_dir")
     done = (
-        Record.load(out_dir, key_of(spec, where, ref, options, backend))
+        Record.load(out_dir, key_of(spec, where, ref, options, backend, python))
         if resume and not options.clean
         else Record.off()
     )
     outcome = _finished_build(done, out_dir, out)
-    # the companions are fetched and paired with torch before anything compiles
-    fetched = fetch_companions(spec, cache, out=out) if spec.companions and not options.preflight else []
+    # the companions are fetched and paired with torch before anything compiles; they are built
+    # with the step's own interpreter, so only beside a wheel for it
+    primary = python in ("", spec.python_version)
+    wanted = spec.companions and not options.preflight and primary
+    fetched = fetch_companions(spec, cache, out=out) if wanted else []
     if outcome is None:
         extra_env, linked = _comms(spec, backend, out_dir, out)
         info, series, result = _source(spec, where, ref, done, out)
+        epoch = source_date_epoch(info, {**os.environ, **spec.env})
         binds = Binds(cache=cache, out=out_dir, src=info.path)
         view = backend.view(binds)
         req = BuildRequest(
@@ -151,6 +159,9 @@ def build(
             },
             backend=backend.name,
             extra_env=extra_env,
+            python=python,
+            source_date_epoch=epoch.seconds,
+            epoch_origin=epoch.origin,
             **dataclasses.asdict(options),
         )
         backend.run("build", req.to_dict(), binds)
@@ -167,9 +178,44 @@ def build(
                 file=out,
             )
         else:
-            verify_with(spec, backend, wheel=outcome.wheel, cache=cache, checked=True)
+            verify_with(spec, backend, wheel=outcome.wheel, cache=cache, checked=True, python=python)
             done.done("verify", wheel_sha256=digest)
     return outcome
+
+
+def pythons_option(spec: BuildSpec, text: str) -> tuple[str, ...]:
+    """--python: "" (the step's own interpreter), "all" (spec.pythons) or X.Y[,X.Y...], each one
+    the profile provides (python_version or python_versions): the image has only those."""
+    if not text.strip():
+        return ()
+    if text.strip() == "all":
+        return spec.pythons
+    asked = tuple(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
+    unknown = [v for v in asked if v not in spec.pythons]
+    if unknown or not asked:
+        raise UsageError(
+            f"--python {text}: {', '.join(unknown) or 'no version'} is not among the profile's Pythons "
+            f"({', '.join(spec.pythons)})",
+            hint="add it to python_versions (then `invoke image`), or choose from those; `--python all` builds each",
+        )
+    return asked
+
+
+def build_pythons(
+    spec: BuildSpec, backend: Backend, where: Places, pythons: Sequence[str], *, out: TextIO = sys.stdout, **kw: Any
+) -> list[Outcome]:
+    """One wheel per Python from one tree and one ccache, in order: each build reconfigures for
+    its interpreter, and ninja and ccache reuse every object whose compile does not involve
+    Python. Each wheel is verified in its own interpreter. Stops at the first failure."""
+    outcomes = []
+    for i, python in enumerate(pythons or ("",)):
+        if len(pythons) > 1:
+            print(f"== Python {python} ({i + 1} of {len(pythons)})", file=out)
+        outcomes.append(build(spec, backend, where, python=python, out=out, **kw))
+    if len(outcomes) > 1:
+        for python, o in zip(pythons, outcomes):
+            print(f"Python {python}: {o.wheel}", file=out)
+    return outcomes
 
 
 def _comms(
@@ -255,7 +301,9 @@ def comms_for_verify(wheel: Path, cache: Path, view_cache: Path) -> dict[str, An
     return {"prefix": str(view_cache / prefix.relative_to(cache)), "manifest": read_manifest(prefix / COMMS_MANIFEST)}
 
 
-def key_of(spec: BuildSpec, where: Places, ref: str, options: BuildOptions, backend: Backend | str) -> str:
+def key_of(
+    spec: BuildSpec, where: Places, ref: str, options: BuildOptions, backend: Backend | str, python: str = ""
+) -> str:
     """The request's hash (resume.request_key) for a build of where.source at ref."""
     source = where.source
     if source and not looks_like_url(source):
@@ -268,6 +316,7 @@ def key_of(spec: BuildSpec, where: Places, ref: str, options: BuildOptions, back
         targets=options.targets,
         canaries=options.canaries,
         backend=backend if isinstance(backend, str) else backend.name,
+        python=python,
     )
 
 
@@ -333,6 +382,7 @@ def verify_with(
     report: Path | None = None,
     cache: Path | None = None,
     checked: bool = False,
+    python: str = "",
 ) -> None:
     """Verify a wheel (or an installed package) with `backend`: natively, in the image or in
     the SIF. The wheel's (or the report's) directory is the step's output bind."""
@@ -356,4 +406,6 @@ def verify_with(
     )
     if wheel is not None and comms_wanted(spec):
         req["comms"] = comms_for_verify(wheel, binds.cache, view.cache)
+    if python:
+        req["python"] = python
     backend.run("verify", req, binds)

@@ -27,7 +27,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from packaging.tags import Tag, sys_tags
+from packaging.tags import Tag, compatible_tags, cpython_tags, sys_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
@@ -68,10 +68,15 @@ def check_wheel_file(path: Path) -> None:
         raise WheelError(f"--wheel {path} is a zip archive without a *.dist-info/WHEEL: not a wheel")
 
 
-def supported_tags(machine: str | None = None) -> tuple[Tag, ...]:
+def supported_tags(machine: str | None = None, python: str = "") -> tuple[Tag, ...]:
     """The tags a wheel may carry to install into this interpreter, most specific first
-    (packaging's sys_tags); with machine (e.g. "aarch64"), those tags for that machine instead."""
-    here = tuple(sys_tags())
+    (packaging's sys_tags); with machine (e.g. "aarch64"), those tags for that machine instead;
+    with python ("3.14"), those of CPython X.Y on this machine."""
+    if python and python != "{}.{}".format(*sys.version_info[:2]):
+        version = tuple(int(p) for p in python.split("."))
+        here = (*cpython_tags(python_version=version), *compatible_tags(python_version=version))
+    else:
+        here = tuple(sys_tags())
     host = platform.machine()
     if not machine or machine == host:
         return here
@@ -120,9 +125,14 @@ def tag_checks(wheel_name: str, expect_version: str, supported: Sequence[Tag] | 
     return checks
 
 
-def _site_paths() -> list[str]:
-    """This interpreter's package directories: the fresh venv sees them for dependencies only."""
-    paths = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+def _site_paths(python: str = sys.executable) -> list[str]:
+    """The interpreter's package directories: the fresh venv sees them for dependencies only."""
+    if python == sys.executable:
+        paths = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    else:
+        code = "import sysconfig; p = sysconfig.get_paths(); print(p['purelib']); print(p['platlib'])"
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout
+        paths = set(out.split())
     return [p for p in sorted(paths) if os.path.isdir(p)]
 
 
@@ -154,26 +164,24 @@ def _probe(python: str, name: str, spec: BuildSpec, version: str) -> list[Check]
         return [Check(f"probe {name}", "fail", (proc.stdout + proc.stderr).strip()[-500:])]
 
 
-def _fresh_venv(root: Path) -> str:
-    """A venv without pip under root that sees this interpreter's packages (for dependencies
+def _fresh_venv(root: Path, base: str = sys.executable) -> str:
+    """A venv of `base` without pip under root that sees base's packages (for dependencies
     only); returns its python. CalledProcessError or OSError when it cannot be made."""
     venv = root / "venv"
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True, check=True
-    )
+    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True, check=True)
     python = str(venv / "bin" / "python")
     purelib = subprocess.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
-    Path(purelib, "torchbuild-deps.pth").write_text("\n".join(_site_paths()) + "\n")
+    Path(purelib, "torchbuild-deps.pth").write_text("\n".join(_site_paths(base)) + "\n")
     return python
 
 
-def _install(wheel: Path, root: Path) -> tuple[str, str]:
-    """Install the wheel alone into a fresh venv under root: (its python, "") or ("", why not)."""
+def _install(wheel: Path, root: Path, base: str = sys.executable) -> tuple[str, str]:
+    """Install the wheel alone into a fresh venv of base under root: (its python, "") or ("", why not)."""
     try:
-        python = _fresh_venv(root)
+        python = _fresh_venv(root, base)
         # pip reads a requirement, not a path: "; " starts an environment marker, so a wheel
         # under a directory named "a; b" would not install. A link with a plain name would.
         plain = root / "wheel" / wheel.name
@@ -252,22 +260,25 @@ def _torch_lib(site: Path) -> Path | None:
 
 
 def verify_wheel(
-    wheel: Path, spec: BuildSpec, expect_version: str, comms: Mapping[str, Any] | None = None
+    wheel: Path, spec: BuildSpec, expect_version: str, comms: Mapping[str, Any] | None = None, python: str = ""
 ) -> list[Check]:
     """Tags, then install into a fresh venv (dependencies from this interpreter) and probe;
     with comms, the NCCL and plugin checks (comms_checks) against the venv's torch.
     WheelError (or PathError) first when the file is not a readable wheel."""
+    from .build import interpreter
+
     check_wheel_file(wheel)
-    checks = tag_checks(wheel.name, expect_version)
+    base = interpreter(python)
+    checks = tag_checks(wheel.name, expect_version, supported_tags(python=python) if python else None)
     name = parse_wheel_filename(wheel.name)[0].replace("-", "_")  # the import name, by convention
     with named_os_errors(tempfile.gettempdir(), "verify: a folder for the fresh venv"):
         root = Path(tempfile.mkdtemp(prefix="torchbuild-verify-"))
     try:
-        python, error = _install(wheel, root)
+        venv_python, error = _install(wheel, root, base)
         if error:
             return [*checks, Check("install into a fresh venv", "fail", error.strip()[-500:])]
-        checks.append(Check("install into a fresh venv", "pass", wheel.name))
-        checks += _probe(python, name, spec, expect_version)
+        checks.append(Check("install into a fresh venv", "pass", f"{wheel.name} (Python of {base})"))
+        checks += _probe(venv_python, name, spec, expect_version)
         if comms:
             checks += comms_checks(_torch_lib(root / "venv"), comms)
         return checks
@@ -332,8 +343,12 @@ def run_request(req: dict[str, Any]) -> int:
         checks = verify_installed(req["installed"], spec, req.get("expect_version", ""))
     else:
         subject = Path(req["wheel"]).name
-        checks = verify_wheel(Path(req["wheel"]), spec, req.get("expect_version", ""), req.get("comms"))
+        checks = verify_wheel(
+            Path(req["wheel"]), spec, req.get("expect_version", ""), req.get("comms"), req.get("python", "")
+        )
     data = report(checks, subject)
+    if req.get("python"):
+        data["python"] = req["python"]
     print(f"verify {subject} ({data['machine']}, Python {data['python']}):")
     print(render(checks))
     if req.get("json"):

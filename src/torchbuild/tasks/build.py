@@ -35,6 +35,8 @@ SOURCE_HELP = "git URL, local tree, tarball or Debian .dsc (default: the profile
         "no_retry": "fail with OutOfMemory at the first out-of-memory kill instead of resuming with fewer jobs",
         "resume": "skip the steps an earlier run of this same request finished (source, wheel, verify); batch jobs always resume",
         "progress": "bar (a terminal), lines (a progress line every 30 s, for CI logs), raw (every line); default auto",
+        "python": "X.Y[,X.Y...] or all: one wheel per Python from one tree and ccache (the profile's "
+        "python_version and python_versions); default: the interpreter the build runs on",
     },
     iterable=["target", "canary"],
 )
@@ -53,13 +55,22 @@ def build(
     no_retry: bool = False,
     no_verify: bool = False,
     resume: bool = False,
+    python: str = "",
 ) -> None:
     """Fetch and patch the source, then build a wheel (or --preflight) with a manifest and a log."""
     spec = launch.spec()
+    pythons = runner.pythons_option(spec, python)
     backend = launch.backend(spec)
     options = build_options(preflight, clean, jobs, target, canary, progress_mode(progress), no_retry)
-    runner.build(
-        spec, backend, runner.places(spec, source, out), ref=ref, options=options, verify=not no_verify, resume=resume
+    runner.build_pythons(
+        spec,
+        backend,
+        runner.places(spec, source, out),
+        pythons,
+        ref=ref,
+        options=options,
+        verify=not no_verify,
+        resume=resume,
     )
 
 

@@ -10,6 +10,8 @@ from invoke.exceptions import Exit
 from invoke.tasks import task
 
 from .. import manifest as mf
+from .. import repro
+from ..verify import check_wheel_file
 from .common import handles_errors
 
 # `invoke manifest diff` when the manifests differ. Not 1: invoke itself exits 1 for a bad
@@ -29,18 +31,42 @@ def show(c: Context, file: str) -> None:
     print(mf.show(mf.read(Path(file).expanduser())))
 
 
-@task(help={"a": FILE_HELP, "b": "the manifest to compare it with", "all_": "also compare " + ", ".join(mf.PER_RUN)})
+@task(
+    help={
+        "a": FILE_HELP + ", or a wheel",
+        "b": "the manifest (or wheel) to compare it with",
+        "all_": "also compare " + ", ".join(mf.PER_RUN),
+    }
+)
 @handles_errors
 def diff(c: Context, a: str, b: str, all_: bool = False) -> None:
-    """Compare two manifests; exit 0 when identical, 99 when they differ.
+    """Compare two manifests, or two wheels; exit 0 when identical, 99 when they differ.
 
-    Each differing field is named by its dotted path (resolved_profile.cxxflags,
-    environment.CXXFLAGS, wheel.sha256, source.commit, image.id, toolchain.cxx).
+    Manifests: each differing field is named by its dotted path (resolved_profile.cxxflags,
+    environment.CXXFLAGS, wheel.sha256, source.commit, image.id, toolchain.cxx); when both
+    wheels are beside their manifests and their bytes differ, the members that differ follow.
+    Wheels: identical (same sha256), or each member that differs (content, only in one,
+    timestamp, mode, compression, position in the archive).
     Exit status: 0 when identical ("identical" is printed), 99 when they differ, any other
-    non-zero on an error (invoke's own 1 for a bad option; 2-19 for torchbuild's named errors)."""
+    non-zero on an error (invoke's own 1 for a bad option; torchbuild's named errors)."""
     pa, pb = Path(a).expanduser(), Path(b).expanduser()
-    differences = mf.diff(mf.read(pa), mf.read(pb), everything=all_)
+    if pa.suffix == ".whl" or pb.suffix == ".whl":
+        for p in (pa, pb):
+            check_wheel_file(p)
+        wheels = repro.diff_wheels(pa, pb)
+        print(repro.describe(wheels, pa, pb))
+        if not wheels.identical:
+            raise Exit(code=DIFFERENT)
+        return
+    ma, mb = mf.read(pa), mf.read(pb)
+    differences = mf.diff(ma, mb, everything=all_)
     print(mf.show_diff(differences, pa, pb, everything=all_))
+    if ma.wheel and mb.wheel and ma.wheel.sha256 != mb.wheel.sha256:
+        wa, wb = pa.parent / ma.wheel.name, pb.parent / mb.wheel.name
+        if wa.is_file() and wb.is_file():
+            print(repro.describe(repro.diff_wheels(wa, wb), wa, wb))
+        else:
+            print(f"the wheels are not both beside their manifests ({wa}, {wb}): their members are not compared")
     if differences:
         raise Exit(code=DIFFERENT)
 

@@ -1,0 +1,202 @@
+"""Reproducible wheels (repro.py): SOURCE_DATE_EPOCH from the source, the canonical zip, the
+member-by-member comparison behind `invoke manifest.diff A.whl B.whl`, and the --python option."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+from helpers import make_wheel
+from invoke.program import Program
+
+from torchbuild import repro
+from torchbuild.build import interpreter, path_independent
+from torchbuild.config import resolve
+from torchbuild.errors import ToolMissing, UsageError, WheelError
+from torchbuild.runner import pythons_option
+from torchbuild.source import SourceInfo
+from torchbuild.tasks import ns
+from torchbuild.tasks.manifest import DIFFERENT
+
+EPOCH = 1700000000  # 2023-11-14T22:13:20Z
+
+
+def _shuffled(wheel: Path, *, when: tuple[int, ...], mode: int, reverse: bool) -> Path:
+    """The same members as wheel, in another order, with another timestamp and mode."""
+    out = wheel.parent / ("reversed" if reverse else "sorted") / wheel.name
+    out.parent.mkdir(exist_ok=True)
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
+        infos = sorted(src.infolist(), key=lambda i: i.filename, reverse=reverse)
+        for info in infos:
+            new = zipfile.ZipInfo(info.filename, date_time=when)
+            new.external_attr = mode << 16
+            new.compress_type = zipfile.ZIP_STORED if reverse else zipfile.ZIP_DEFLATED
+            dst.writestr(new, src.read(info))
+    return out
+
+
+def test_two_wheels_with_the_same_files_become_byte_identical(tmp_path):
+    wheel = make_wheel(tmp_path / "w", "pkg", "1.0", module="pkg")
+    a = _shuffled(wheel, when=(2024, 5, 1, 12, 0, 0), mode=0o100664, reverse=False)
+    b = _shuffled(wheel, when=(1999, 1, 1, 0, 0, 0), mode=0o100600, reverse=True)
+    assert a.read_bytes() != b.read_bytes()
+    assert repro.normalize_wheel(a, EPOCH) and repro.normalize_wheel(b, EPOCH)
+    assert a.read_bytes() == b.read_bytes()
+    with zipfile.ZipFile(a) as z:
+        names = z.namelist()
+        assert names[-1] == "pkg-1.0.dist-info/RECORD" and names[0] == "pkg/__init__.py"
+        assert {i.date_time for i in z.infolist()} == {(2023, 11, 14, 22, 13, 20)}
+        assert {i.external_attr >> 16 for i in z.infolist()} == {0o100644}
+        # the contents are untouched: RECORD's hashes stay true
+        with zipfile.ZipFile(wheel) as orig:
+            assert {n: z.read(n) for n in names} == {n: orig.read(n) for n in orig.namelist()}
+    # a canonical wheel is left as it is
+    before = a.stat().st_mtime_ns
+    assert repro.normalize_wheel(a, EPOCH) is False and a.stat().st_mtime_ns == before
+    assert not list(a.parent.glob("*.partial"))
+
+
+def test_executables_keep_their_execute_bit(tmp_path):
+    wheel = tmp_path / "e-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        info = zipfile.ZipInfo("e-1.0.data/scripts/run", date_time=(2020, 1, 1, 0, 0, 0))
+        info.external_attr = 0o100775 << 16
+        z.writestr(info, "#!/bin/sh\n")
+        z.writestr("e-1.0.dist-info/RECORD", "")
+    repro.normalize_wheel(wheel, EPOCH)
+    with zipfile.ZipFile(wheel) as z:
+        assert z.getinfo("e-1.0.data/scripts/run").external_attr >> 16 == 0o100755
+
+
+def test_a_date_before_1980_becomes_1980():
+    assert repro.zip_time(0) == (1980, 1, 1, 0, 0, 0)
+    assert repro.zip_time(EPOCH + 1) == (2023, 11, 14, 22, 13, 20)  # zip keeps even seconds
+
+
+def test_a_file_that_is_not_a_zip_is_a_named_error(tmp_path):
+    bad = tmp_path / "bad-1.0-py3-none-any.whl"
+    bad.write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(WheelError):
+        repro.normalize_wheel(bad, EPOCH)
+    assert list(tmp_path.iterdir()) == [bad]
+
+
+def test_diff_names_each_member_and_how_it_differs(tmp_path):
+    a = make_wheel(tmp_path / "a", "pkg", "1.0", module="pkg", salt="one")
+    b = make_wheel(tmp_path / "b", "pkg", "1.0", module="pkg", salt="two")
+    with zipfile.ZipFile(b, "a") as z:
+        z.writestr("pkg/extra.py", "x = 1\n")
+    d = repro.diff_wheels(a, b)
+    assert not d.identical
+    found = {(m.name, m.what) for m in d.members}
+    assert ("pkg/__init__.py", "content") in found
+    assert ("pkg-1.0.dist-info/METADATA", "content") in found
+    assert ("pkg/extra.py", "only in B") in found
+    text = repro.describe(d, a, b)
+    assert text.startswith("different: ") and "pkg/extra.py" in text and "members differ" in text
+
+    c = _shuffled(a, when=(2024, 5, 1, 12, 0, 0), mode=0o100755, reverse=False)
+    metadata_only = {(m.name, m.what) for m in repro.diff_wheels(a, c).members}
+    assert ("pkg/__init__.py", "timestamp") in metadata_only and ("pkg/__init__.py", "mode") in metadata_only
+    assert not any(what == "content" for _, what in metadata_only)
+
+    same = tmp_path / "same.whl"
+    same.write_bytes(a.read_bytes())
+    assert repro.diff_wheels(a, same).identical
+    assert repro.describe(repro.diff_wheels(a, same), a, same).startswith("identical: ")
+
+
+def invoke(*argv: str) -> int:
+    try:
+        Program(namespace=ns).run(["invoke", *argv])
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+def test_manifest_diff_of_two_wheels_exits_99_when_they_differ(tmp_path, capsys):
+    a = make_wheel(tmp_path / "a", "pkg", "1.0", module="pkg", salt="one")
+    b = make_wheel(tmp_path / "b", "pkg", "1.0", module="pkg", salt="two")
+    assert invoke("manifest.diff", str(a), str(b)) == DIFFERENT
+    assert "pkg/__init__.py" in capsys.readouterr().out
+    same = make_wheel(tmp_path / "c", "pkg", "1.0", module="pkg", salt="one")
+    assert invoke("manifest.diff", str(a), str(same)) == 0
+    assert "identical" in capsys.readouterr().out
+    # a wheel that is not a wheel: a named error, not a traceback
+    bad = tmp_path / "bad-1.0-py3-none-any.whl"
+    bad.write_text("no zip")
+    code = invoke("manifest.diff", str(a), str(bad))
+    assert code == WheelError.exit_code and "not a zip archive" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- SOURCE_DATE_EPOCH
+
+
+def test_a_git_tree_takes_its_commit_time(tmp_path):
+    tree = tmp_path / "t"
+    tree.mkdir()
+    env = {**os.environ, "GIT_COMMITTER_DATE": "@1600000000 +0000", "GIT_AUTHOR_DATE": "@1500000000 +0000"}
+    for cmd in (["init", "-q"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x"]):
+        subprocess.run(["git", "-C", str(tree), *cmd], check=True, env=env)
+    commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    epoch = repro.source_date_epoch(SourceInfo(kind="git", path=tree, commit=commit), {})
+    assert epoch == repro.Epoch(1600000000, f"commit {commit[:12]}")
+    # a release process's own SOURCE_DATE_EPOCH wins
+    assert repro.source_date_epoch(SourceInfo(kind="git", path=tree, commit=commit), {"SOURCE_DATE_EPOCH": "42"}) == (
+        repro.Epoch(42, "env")
+    )
+
+
+def test_an_archive_takes_its_newest_member(tmp_path):
+    archive = tmp_path / "src.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, mtime in (("src/a.py", 1600000000), ("src/b.py", 1650000000)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = 2, mtime
+            tar.addfile(info, io.BytesIO(b"x\n"))
+    info = SourceInfo(kind="tarball", path=tmp_path / "unpacked", url=str(archive))
+    assert repro.source_date_epoch(info, {}) == repro.Epoch(1650000000, "archive src.tar.gz")
+
+
+def test_a_plain_tree_takes_its_newest_file_outside_build(tmp_path):
+    (tmp_path / "setup.py").write_text("")
+    os.utime(tmp_path / "setup.py", (1600000000, 1600000000))
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / "new.o").write_text("")  # newer, but a build output
+    assert repro.source_date_epoch(SourceInfo(kind="dir", path=tmp_path), {}) == repro.Epoch(1600000000, "tree mtime")
+
+
+# --------------------------------------------------------------------------- paths and Pythons
+
+
+def test_ccache_sees_paths_relative_to_the_tree_and_a_profile_can_choose(tmp_path):
+    env = path_independent({}, str(tmp_path / "tree"))
+    assert env == {"CCACHE_BASEDIR": str(tmp_path / "tree"), "CCACHE_NOHASHDIR": "1"}
+    # the tree's path never reaches the compiler's flags (PyTorch records them in the library)
+    assert "CXXFLAGS" not in env and "CFLAGS" not in env
+    assert path_independent({"CCACHE_BASEDIR": "/site"}, "/x")["CCACHE_BASEDIR"] == "/site"
+
+
+def test_python_option():
+    spec = resolve("cpu", ["python_version=3.13", 'python_versions=["3.13", "3.14"]'])
+    assert pythons_option(spec, "") == ()
+    assert pythons_option(spec, "all") == ("3.13", "3.14")
+    assert pythons_option(spec, "3.14, 3.13,3.14") == ("3.14", "3.13")
+    with pytest.raises(UsageError, match=r"3\.12 is not among the profile's Pythons \(3\.13, 3\.14\)"):
+        pythons_option(spec, "3.13,3.12")
+    with pytest.raises(UsageError):
+        pythons_option(spec, ",")
+
+
+def test_interpreter_for_a_version():
+    here = "{}.{}".format(*sys.version_info[:2])
+    assert interpreter("") == sys.executable and interpreter(here) == sys.executable
+    with pytest.raises(ToolMissing, match=r"no Python 3\.99 here") as err:
+        interpreter("3.99")
+    assert "python_versions" in (err.value.hint or "")
