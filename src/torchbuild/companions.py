@@ -40,7 +40,8 @@ from .environment import build_env, compilers
 from .errors import CompanionError, SourceError, named_os_errors
 from .jobs import HostResources, plan_for
 from .oom import JobsUsed, run_compile
-from .source import describe_dir, fetch_git, update_tree
+from .repro import normalize_wheel, source_date_epoch
+from .source import SourceInfo, describe_dir, fetch_git, update_tree
 
 # what torchbuild sets for each library unless companion_env says otherwise: both switches
 # download third-party code while building (sox from SourceForge, FFmpeg from PyTorch's S3)
@@ -421,7 +422,16 @@ def _build_one(
     work: Path,
     out: TextIO,
 ) -> Path:
-    from .build import Tee, _now, ccache_stats, check_wheel_tools, hit_rate, pip_wheel, toolchain_versions
+    from .build import (
+        Tee,
+        _now,
+        ccache_stats,
+        check_wheel_tools,
+        hit_rate,
+        path_independent,
+        pip_wheel,
+        toolchain_versions,
+    )
 
     version = build_version(job, torch_version, spec.local_version)
     env_vars = {
@@ -429,6 +439,13 @@ def _build_one(
         "BUILD_VERSION": version,
         "PYTORCH_VERSION": str(torch_version),
     }
+    env_vars.update(path_independent(env_vars, job.tree))
+    tree_info = SourceInfo(kind="git" if job.kind == "git" else "dir", path=Path(job.tree))
+    epoch = source_date_epoch(
+        dataclasses.replace(tree_info, commit=job.digest) if job.kind == "git" else tree_info,
+        {**os.environ, **env_vars},
+    )
+    env_vars.setdefault("SOURCE_DATE_EPOCH", str(epoch.seconds))
     search_path = os.environ.get("PATH", "")
     env = {
         **os.environ,
@@ -468,6 +485,7 @@ def _build_one(
             name, got, _, _ = parse_wheel_filename(built[0].name)
             if canonicalize_name(name) != canonicalize_name(job.name) or got != Version(version):
                 raise CompanionError(f"{job.name}: pip built {built[0].name}, not {job.name} {version}")
+            normalized = normalize_wheel(built[0], int(env_vars["SOURCE_DATE_EPOCH"]))
             checked = check_wheel(job.name, built[0], torch_dir, work, env)
             tee.line(f"{job.name}: {checked['op']} (torch from {checked['torch_file']})")
             final = out_dir / built[0].name
@@ -505,6 +523,13 @@ def _build_one(
                 "torch_wheel": dataclasses.asdict(manifest.WheelRecord.of(torch_wheel)),
                 "torch_version": str(torch_version),
                 "check": checked["op"],
+            },
+            reproducibility={
+                "source_date_epoch": int(env_vars["SOURCE_DATE_EPOCH"]),
+                "origin": epoch.origin,
+                "ccache_basedir": env_vars["CCACHE_BASEDIR"],
+                "python": "{}.{}".format(*sys.version_info[:2]),
+                "normalized": normalized,
             },
         )
         path = manifest.write(m, manifest.manifest_path(out_dir, final.name, spec.profile, run_id))

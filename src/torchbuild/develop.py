@@ -104,7 +104,7 @@ def _make_venv(venv: Path, python: Path) -> None:
 
 def develop(req: Request, out: TextIO = sys.stdout) -> dict[str, Any]:
     """Install req.tree in development mode into req.venv; what was done (also printed)."""
-    from .build import Tee, ccache_stats, hit_rate
+    from .build import Tee, ccache_stats, hit_rate, path_independent
 
     tree, venv = Path(req.tree), Path(req.venv)
     t0 = time.monotonic()
@@ -120,6 +120,7 @@ def develop(req: Request, out: TextIO = sys.stdout) -> dict[str, Any]:
             nvcc_threads=plan.nvcc_threads or None,
             backend=req.backend,
         )
+        env_vars.update(path_independent(env_vars, str(tree)))  # another checkout of it hits the cache
         for d in (env_vars["CCACHE_DIR"], env_vars["PIP_CACHE_DIR"]):
             with named_os_errors(d, "creating the build's cache directories"):
                 Path(d).mkdir(parents=True, exist_ok=True)
