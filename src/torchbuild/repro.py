@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -69,6 +70,28 @@ def source_date_epoch(info: SourceInfo, environ: dict[str, str] | None = None) -
         if seconds is not None:
             return Epoch(seconds, f"archive {Path(info.url).name}")
     return Epoch(_newest_file(info.path), "tree mtime")
+
+
+def tree_epoch(info: SourceInfo, environ: dict[str, str], cache: Path) -> Epoch:
+    """source_date_epoch, except that a plain tree (no commit, no archive) keeps the time its
+    first build found, in <cache>/epochs: the build itself writes into the tree (PyTorch's
+    torch/version.py and torch/lib, the fixture's _version.py), which would move its newest
+    file, and a rebuild of the same tree would get another clock."""
+    epoch = source_date_epoch(info, environ)
+    if epoch.origin != "tree mtime":
+        return epoch
+    tree = str(info.path.absolute())
+    record = cache / "epochs" / f"{hashlib.sha256(tree.encode()).hexdigest()[:24]}.json"
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        saved = json.loads(record.read_text())
+        if saved["tree"] == tree:
+            return Epoch(int(saved["seconds"]), "tree mtime at its first build")
+    with contextlib.suppress(OSError):  # not remembered: the next rebuild computes it again
+        record.parent.mkdir(parents=True, exist_ok=True)
+        tmp = record.with_name(f".{record.name}.partial")
+        tmp.write_text(json.dumps({"tree": tree, "seconds": epoch.seconds}) + "\n")
+        os.replace(tmp, record)
+    return epoch
 
 
 def _changelog_time(tree: Path) -> int | None:

@@ -9,8 +9,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, run_invoke, set_args
+from helpers import FIXTURES, image_ok, run_invoke, set_args
 
+from torchbuild.config import resolve
 from torchbuild.source import sha256_file
 
 NATIVE_TOOLS = ("g++", "cmake", "ninja", "ccache")
@@ -54,7 +55,11 @@ def test_native_rebuilds_are_byte_identical_and_path_independent(tmp_path):
     assert sha256_file(wa) == sha256_file(wb)
     assert ma["ccache"]["misses"] >= 10 and mb["ccache"]["misses"] >= 10
     repro = ma["reproducibility"]
-    assert repro["source_date_epoch"] == int((a / "setup.py").stat().st_mtime) == mb["reproducibility"]["source_date_epoch"]
+    assert (
+        repro["source_date_epoch"]
+        == int((a / "setup.py").stat().st_mtime)
+        == mb["reproducibility"]["source_date_epoch"]
+    )
     assert repro["origin"] == "tree mtime" and repro["ccache_basedir"] == str(a)
     assert ma["environment"]["SOURCE_DATE_EPOCH"] == str(repro["source_date_epoch"])
     same = run_invoke("manifest.diff", str(wa), str(wb))
@@ -97,3 +102,52 @@ def test_in_container_rebuilds_at_other_paths_are_byte_identical(cpu_image, site
     assert ma["ccache"]["misses"] >= 10 and mb["ccache"]["misses"] >= 10  # two cold caches
     assert sha256_file(wheel_of(tmp_path / "out-a")) == sha256_file(wheel_of(tmp_path / "out-b"))
     assert ma["wheel"]["name"].startswith(f"minitorch-2.6.0+repro-cp{spec.python_version.replace('.', '')}-")
+
+
+SID_PYTHONS = str(FIXTURES / "profiles" / "sid-pythons.yaml")
+
+
+@pytest.fixture(scope="module")
+def sid_pythons(engine, sid_base, site_certs):
+    """The sid-pythons image (Python 3.13 in /opt/venv, 3.14 in /opt/venv-3.14); its --set options."""
+    sets = [f"base_image={sid_base}", *site_certs]
+    image_ok(SID_PYTHONS, [*set_args(sets), "--arch", "x86_64"])
+    return sets
+
+
+@pytest.mark.docker
+def test_one_tree_two_pythons_two_wheels_only_the_extension_recompiles(engine, sid_pythons, tmp_path):
+    tree = copy_fixture(tmp_path / "minitorch")
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    sets = [*sid_pythons, f"cache_dir={cache}", "patches=none", "local_version=py"]
+    res = run_invoke(
+        "build", "--in-container", "--profile", SID_PYTHONS, "--arch", "x86_64", "--python", "3.13,3.14",
+        "--source", str(tree), "--out", str(out), *set_args(sets),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr
+    wheels = sorted(w.name for w in out.glob("*.whl"))
+    assert wheels == [f"minitorch-2.6.0+py-{t}-{t}-linux_x86_64.whl" for t in ("cp313", "cp314")]
+    first, second = (json.loads((out / f"{w}.manifest.json").read_text()) for w in wheels)
+    assert first["reproducibility"]["python"] == "3.13" and second["reproducibility"]["python"] == "3.14"
+    assert first["reproducibility"]["source_date_epoch"] == second["reproducibility"]["source_date_epoch"]
+    # cold for 3.13; for 3.14 the one translation unit that includes Python.h is the only miss
+    assert first["ccache"]["misses"] >= 10
+    assert second["ccache"]["misses"] == 1 and second["ccache"]["hits"] >= 10, second["ccache"]
+    assert "reconfiguring /src/build: torchbuild:python changed" in res.stdout
+    # each was verified in a venv of its own interpreter
+    for w, python in zip(wheels, ("3.13", "3.14")):
+        verified = json.loads((out / f"{w}.verify.json").read_text())
+        assert verified["ok"] and verified["python"] == python
+    # and each wheel's extension was compiled against its own Python's headers
+    script = (
+        "for v in 3.13 3.14; do p=/opt/venv/bin/python; [ $v = 3.14 ] && p=/opt/venv-3.14/bin/python; "
+        "$p -m venv --without-pip /tmp/v$v && $p -m pip --python /tmp/v$v/bin/python install -q --no-index "
+        '/out/minitorch-*-cp${v/./}-*.whl && /tmp/v$v/bin/python -c "import minitorch; print(minitorch.python_headers())"; '
+        "done"
+    )
+    spec = resolve(SID_PYTHONS, sid_pythons, arch="x86_64")
+    raw = engine.client.containers.run(
+        spec.image_tag, ["bash", "-c", script], volumes={str(out): {"bind": "/out", "mode": "ro"}}, remove=True
+    )
+    headers = raw.decode().split()
+    assert [h.rsplit(".", 1)[0] for h in headers] == ["3.13", "3.14"], headers

@@ -200,3 +200,24 @@ def test_interpreter_for_a_version():
     with pytest.raises(ToolMissing, match=r"no Python 3\.99 here") as err:
         interpreter("3.99")
     assert "python_versions" in (err.value.hint or "")
+
+
+def test_a_plain_tree_keeps_the_time_of_its_first_build(tmp_path):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "setup.py").write_text("")
+    os.utime(tree / "setup.py", (1600000000, 1600000000))
+    info = SourceInfo(kind="dir", path=tree)
+    assert repro.tree_epoch(info, {}, tmp_path / "cache") == repro.Epoch(1600000000, "tree mtime")
+    (tree / "_version.py").write_text("")  # what a build writes into the tree
+    assert repro.tree_epoch(info, {}, tmp_path / "cache") == repro.Epoch(1600000000, "tree mtime at its first build")
+    # a copy elsewhere is another tree: its own first build, from its own files
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "setup.py").write_text("")
+    os.utime(copy / "setup.py", (1500000000, 1500000000))
+    assert repro.tree_epoch(SourceInfo(kind="dir", path=copy), {}, tmp_path / "cache").seconds == 1500000000
+    # an unwritable cache only means it is not remembered
+    ro = tmp_path / "ro"
+    ro.write_text("a file, not a directory")
+    assert repro.tree_epoch(SourceInfo(kind="dir", path=copy), {}, ro).seconds == 1500000000
