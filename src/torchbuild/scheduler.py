@@ -638,6 +638,7 @@ def submit_build(
     dependency: str = "",
     dry_run: bool = False,
     wait: bool = False,
+    pythons: Sequence[str] = (),
     out: TextIO = sys.stdout,
 ) -> Submitted | None:
     """`invoke submit`: check everything, get a git source here (compute nodes are often
@@ -670,12 +671,14 @@ def submit_build(
         if ref:
             raise UsageError(f"--ref {ref} applies to git sources only", hint="drop --ref")
         job_source = str(Path(source).expanduser().absolute())
-    key = key_of(spec, Places(job_source, outp, Path()), "", options, runtime.engine)
+    key = key_of(spec, Places(job_source, outp, Path()), "", options, runtime.engine, ",".join(pythons))
     name = f"torchbuild-{spec.profile}-{key[:8]}"
     profile_file = outp / ".torchbuild" / "jobs" / key / f"{spec.profile}.yaml"
     command = [sys.executable, "-m", "torchbuild", "build", "--resume", "--progress", "lines"]
     command += ["--profile", str(profile_file), "--source", job_source, "--out", str(outp), *engine_args]
     command += build_option_args(options, verify)
+    if pythons:
+        command += ["--python", ",".join(pythons)]
     job = Job(name, tuple(command), Path.cwd(), outp, spec, account, dependency)
     if str(Path(spec.cache_dir).expanduser()).startswith("/tmp/"):
         print(

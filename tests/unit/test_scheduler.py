@@ -907,9 +907,14 @@ def test_invoke_submit_dry_run_prints_the_script_and_writes_nothing(tmp_path):
         "--cpus",
         "8",
         "--directive=--exclusive",
+        "--set",
+        'python_versions=["3.12", "3.14"]',
+        "--python",
+        "all",
         timeout=120,
     )
     assert res.returncode == 0, res.stdout + res.stderr
+    assert "--python 3.12,3.14" in res.stdout  # one job builds a wheel per Python
     assert "#SBATCH --account=e123\n" in res.stdout
     assert "#SBATCH --cpus-per-task=8\n" in res.stdout
     assert "#SBATCH --exclusive\n" in res.stdout
@@ -925,6 +930,7 @@ BAD_SUBMIT = [
     ("cpus", ["--cpus", "0"], 2, "cpus"),
     ("walltime", ["--walltime", "4h"], 2, "walltime"),
     ("scheduler", ["--scheduler", "lsf"], 2, "scheduler"),
+    ("python", ["--python", "3.99"], 2, "--python 3.99"),
     ("pbs constraint", ["--scheduler", "pbs", "--constraint", "avx512"], 2, "constraint"),
 ]
 

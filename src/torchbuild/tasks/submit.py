@@ -7,6 +7,7 @@ import json
 from invoke.context import Context
 from invoke.tasks import task
 
+from ..runner import pythons_option
 from ..scheduler import Runtime, submit_build
 from .build import SOURCE_HELP, build_options
 from .common import HELP, handles_errors, spec_from
@@ -46,6 +47,7 @@ JOB_OPTIONS = ("scheduler", "account", "partition", "qos", "walltime", "cpus", "
         "jobs": "parallel compile jobs (default: planned in the job from its cores and memory)",
         "no_retry": "fail at the first out-of-memory kill instead of resuming with fewer jobs",
         "no_verify": "skip verifying the wheel in the job",
+        "python": "X.Y[,X.Y...] or all: a wheel per Python in the one job (as invoke build --python)",
         "dependency": "start only after this job id finished successfully (afterok)",
         "dry_run": "print the script and the submit command; write and submit nothing",
         "wait": "follow the job's log until it ends, then exit with the build's exit code",
@@ -87,6 +89,7 @@ def submit(
     dependency: str = "",
     dry_run: bool = False,
     wait: bool = False,
+    python: str = "",
 ) -> None:
     """Run the build on a compute node: render a Slurm or PBS batch script and submit it."""
     given = locals()
@@ -111,4 +114,5 @@ def submit(
         dependency=dependency,
         dry_run=dry_run,
         wait=wait,
+        pythons=pythons_option(spec, python),
     )
