@@ -20,38 +20,83 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY certs/ /usr/local/share/ca-certificates/torchbuild/
 
 # The profile's lists, one entry a line: apt-packages.txt (compiler, BLAS, MPI, CUDA, extras),
-# requirements.txt (pip requirements, specifiers intact) and apt-options.txt (one word a line:
-# `-o`, `Acquire::Check-Valid-Until=false` for snapshot mirrors). mapfile reads them into arrays
-# expanded quoted, so no value is split, globbed or interpreted by the shell.
+# requirements.txt (pip requirements, specifiers intact), pythons.txt (python_version, then
+# python_versions' others) and apt-options.txt (one word a line: `-o`,
+# `Acquire::Check-Valid-Until=false` for snapshot mirrors). With a lock (`invoke image --lock`),
+# lock/apt.txt (name=version pins) and lock/pip-<version>.txt (pinned, hashed requirements).
+# mapfile reads them into arrays expanded quoted, so no value is split, globbed or interpreted
+# by the shell; pip reads the requirement files itself.
 COPY inputs/ /opt/torchbuild/inputs/
 
+# apt. Unlocked: the fixed tools, python<v>, -dev and -venv for each Python, the profile's
+# packages. Locked: exactly the lock's pins (dependencies included, so nothing else is chosen).
+# record/dpkg-base.txt (the base image's packages) is what `invoke image --lock` subtracts.
 RUN mapfile -t apt_options < /opt/torchbuild/inputs/apt-options.txt \
  && mapfile -t apt_packages < /opt/torchbuild/inputs/apt-packages.txt \
+ && mapfile -t pythons < /opt/torchbuild/inputs/pythons.txt \
+ && for v in "${pythons[@]}"; do apt_packages+=("python$v" "python$v-dev" "python$v-venv"); done \
+ && mkdir -p /opt/torchbuild/record \
+ && dpkg-query -W -f='${db:Status-Status} ${binary:Package}=${Version}\n' \
+      | sed -n 's/^installed //p' | LC_ALL=C sort > /opt/torchbuild/record/dpkg-base.txt \
  && apt-get "${apt_options[@]}" update \
- && apt-get "${apt_options[@]}" install -y --no-install-recommends \
-      ca-certificates git patch make pkg-config ccache cmake ninja-build \
-      "python${PYTHON_VERSION}" "python${PYTHON_VERSION}-dev" "python${PYTHON_VERSION}-venv" \
-      "${apt_packages[@]}" \
+ && if [ -f /opt/torchbuild/inputs/lock/apt.txt ]; then \
+      mapfile -t apt_lock < /opt/torchbuild/inputs/lock/apt.txt \
+      && { apt-get "${apt_options[@]}" install -y --no-install-recommends "${apt_lock[@]}" \
+           || { printf 'torchbuild-lock: the locked %s packages did not install\n' apt; exit 1; }; }; \
+    else \
+      apt-get "${apt_options[@]}" install -y --no-install-recommends \
+        ca-certificates git patch make pkg-config ccache cmake ninja-build "${apt_packages[@]}"; \
+    fi \
  && update-ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 # pip and requests use the system trust store, so site CAs apply to them too.
 ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
     REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
     SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
+# The same shell again: hadolint forgets SHELL after an ENV and would lint bash arrays as sh.
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# The build venv: `python3` in the image is the profile's Python.
+# The venvs: /opt/venv for python_version (`python3` in the image is the profile's Python) and
+# /opt/venv-<v> for each other Python, each with the same requirements. Unlocked, pip is
+# upgraded from a downloaded wheel whose sha256 is recorded, and the requirements' install
+# writes pip's --report (the sha256 of every file it installed): `invoke image --lock` pins
+# from these. Locked: `pip install --require-hashes --no-deps` of the lock's pins, pip included.
 # hadolint ignore=SC2086
-RUN "python${PYTHON_VERSION}" -m venv ${VENV_FLAGS} /opt/venv \
- && /opt/venv/bin/python -m pip install --upgrade pip \
- && if [ -s /opt/torchbuild/inputs/requirements.txt ]; then \
-      /opt/venv/bin/python -m pip install -r /opt/torchbuild/inputs/requirements.txt; fi
+RUN mapfile -t pythons < /opt/torchbuild/inputs/pythons.txt \
+ && for v in "${pythons[@]}"; do \
+      venv="/opt/venv-$v"; if [ "$v" = "${PYTHON_VERSION}" ]; then venv=/opt/venv; fi; \
+      lock="/opt/torchbuild/inputs/lock/pip-$v.txt"; \
+      "python$v" -m venv ${VENV_FLAGS} "$venv" || exit 1; \
+      if [ -f /opt/torchbuild/inputs/lock/apt.txt ]; then \
+        "$venv/bin/python" -m pip install --require-hashes --no-deps -r "$lock" \
+        || { printf 'torchbuild-lock: the locked %s packages did not install\n' "pip (Python $v)"; exit 1; }; \
+      else \
+        "$venv/bin/python" -m pip download --no-deps --only-binary=:all: --dest /tmp/pip pip \
+        && sha256sum /tmp/pip/pip-*.whl > "/opt/torchbuild/record/pip-$v.sha256" \
+        && "$venv/bin/python" -m pip install --no-index /tmp/pip/pip-*.whl \
+        && rm -rf /tmp/pip \
+        && if [ -s /opt/torchbuild/inputs/requirements.txt ]; then \
+             "$venv/bin/python" -m pip install --report "/opt/torchbuild/record/pip-$v.json" \
+               -r /opt/torchbuild/inputs/requirements.txt; \
+           fi || exit 1; \
+      fi; \
+    done
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:${PATH}
 
-# torchbuild itself, so `torchbuild build` runs inside the image (and the SIF).
+# torchbuild itself, so `torchbuild build` runs inside the image (and the SIF). Locked, its
+# dependencies come from the lock (--no-deps) and are checked to be all there. Last, the
+# installed list (every dpkg and venv package, name and version) a build's manifest records.
 COPY torchbuild-src /opt/torchbuild-src
-RUN python -m pip install /opt/torchbuild-src \
- && torchbuild --version
+RUN if [ -f /opt/torchbuild/inputs/lock/apt.txt ]; then \
+      python -m pip install --no-deps /opt/torchbuild-src \
+      && { python -m torchbuild.lock requires torchbuild \
+           || { printf 'torchbuild-lock: the locked %s packages did not install\n' "torchbuild dependency"; exit 1; }; }; \
+    else \
+      python -m pip install --report /opt/torchbuild/record/torchbuild.json /opt/torchbuild-src; \
+    fi \
+ && torchbuild --version \
+ && python -m torchbuild.lock installed > /opt/torchbuild/installed.txt
 
 # The build's environment (HOME and ccache in the /cache bind...) is set by the backend that
 # starts the container (torchbuild.environment), not here.

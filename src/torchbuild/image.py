@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import re
 import shlex
 import shutil
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
@@ -18,11 +20,22 @@ from typing import Any, TextIO
 from packaging.requirements import InvalidRequirement, Requirement
 
 from . import __version__
+from . import lock as lockfile
 from .arch import Arch, binfmt_ready
 from .config import BuildSpec, data_dir
 from .engine import Engine
 from .environment import compilers
-from .errors import ImageBuildFailed, ImageNotFound, ImageOutOfDate, ProfileError, ToolMissing, named_os_errors
+from .errors import (
+    ImageBuildFailed,
+    ImageNotFound,
+    ImageOutOfDate,
+    ProfileError,
+    ToolMissing,
+    TorchbuildError,
+    named_os_errors,
+    writable_dir,
+)
+from .lock import Lock, LockError
 
 LABEL_PREFIX = "org.torchbuild"
 DOCKERFILE = "toolchain.Dockerfile"
@@ -116,21 +129,37 @@ def build_args(spec: BuildSpec) -> dict[str, str]:
 INPUTS_DIR = "inputs"
 
 
-def write_package_lists(spec: BuildSpec, dest: Path, apt_options: Iterable[str] = ()) -> None:
-    """Write the apt packages, the pip requirements and the apt options into dest/inputs/, one
-    entry a line. The Dockerfile reads them with `mapfile` into bash arrays it expands quoted
-    and with `pip install -r`, so no profile value is ever re-parsed by a shell: a specifier
-    such as `numpy<2` reaches pip intact, and a value cannot become a redirection or a command.
-    An apt option is split like a command line (`-o Acquire::Check-Valid-Until=false`)."""
+@dataclasses.dataclass(frozen=True)
+class LockedBy:
+    """A lock an image is built from: where it was read, what it pins, the file's sha256."""
+
+    path: Path
+    lock: Lock
+    sha256: str
+
+
+def write_package_lists(
+    spec: BuildSpec, dest: Path, apt_options: Iterable[str] = (), locked: LockedBy | None = None
+) -> None:
+    """Write the apt packages, the pip requirements, the Pythons and the apt options into
+    dest/inputs/, one entry a line, and with a lock its pins into dest/inputs/lock/. The
+    Dockerfile reads them with `mapfile` into bash arrays it expands quoted and with `pip
+    install -r`, so no profile or lock value is ever re-parsed by a shell: a specifier such as
+    `numpy<2` reaches pip intact, and a value cannot become a redirection or a command. An apt
+    option is split like a command line (`-o Acquire::Check-Valid-Until=false`)."""
     lists = {
         "apt-packages.txt": apt_packages(spec),
         "requirements.txt": python_requirements(spec),
+        "pythons.txt": list(spec.pythons),
         "apt-options.txt": [word for option in apt_options for word in shlex.split(option)],
     }
     inputs = dest / INPUTS_DIR
     inputs.mkdir()
     for name, entries in lists.items():
         (inputs / name).write_text("".join(f"{entry}\n" for entry in entries))
+    if locked is not None:
+        locked.lock.render(inputs / "lock")
+        (inputs / "lock" / "lock.sha256").write_text(f"{locked.sha256}  {locked.path.name}\n")
 
 
 _SOURCE_PARTS = ("pyproject.toml", "README.md", "src", "configs", "containers", "patches")
@@ -144,7 +173,8 @@ def _copy_tree(root: Path, dest: Path) -> None:
             hint="run `invoke image` from a torchbuild git checkout",
         )
     dest.mkdir(parents=True, exist_ok=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".*")
+    # locks beside the profiles reach the image as inputs/lock/, not as part of the source
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".*", f"*{lockfile.SUFFIX}")
     for part in _SOURCE_PARTS:
         src = root / part
         if src.is_dir():
@@ -202,13 +232,14 @@ IMAGE_INPUTS = (
     "base_image",
     "base_image_id",
     "python_version",
+    "python_versions",
     "compiler",
     "apt_packages",
     "python_packages",
     "python_system_site_packages",
     "ca_certificates",
 )
-_LIST_INPUTS = frozenset({"apt_packages", "python_packages", "ca_certificates"})
+_LIST_INPUTS = frozenset({"apt_packages", "python_packages", "ca_certificates", "python_versions"})
 
 
 def input_label(name: str) -> str:
@@ -234,6 +265,7 @@ def wanted_inputs(spec: BuildSpec, base_id: str | None = None) -> dict[str, str]
     wanted = {
         "base_image": spec.base_image,
         "python_version": spec.python_version,
+        "python_versions": json.dumps(list(spec.pythons[1:])),  # the Pythons besides python_version
         "compiler": compiler,
         "apt_packages": json.dumps(apt_packages(spec)),
         "python_packages": json.dumps(python_requirements(spec)),
@@ -245,7 +277,9 @@ def wanted_inputs(spec: BuildSpec, base_id: str | None = None) -> dict[str, str]
     return wanted
 
 
-def labels(spec: BuildSpec, inputs_hash: str, base_id: str) -> dict[str, str]:
+def labels(spec: BuildSpec, inputs_hash: str, base_id: str, lock_sha256: str = "") -> dict[str, str]:
+    """The image's labels: what it is, its inputs, and whether it was installed from a lock
+    (org.torchbuild.locked, org.torchbuild.lock-sha256: the lock file's sha256)."""
     p = LABEL_PREFIX
     return {
         "org.opencontainers.image.title": "torchbuild toolchain",
@@ -256,6 +290,8 @@ def labels(spec: BuildSpec, inputs_hash: str, base_id: str) -> dict[str, str]:
         f"{p}.inputs-hash": inputs_hash,
         f"{p}.torch-version": spec.torch_version,
         f"{p}.arch": spec.arch.value,
+        f"{p}.locked": json.dumps(bool(lock_sha256)),
+        **({f"{p}.lock-sha256": lock_sha256} if lock_sha256 else {}),
         **{input_label(k): v for k, v in wanted_inputs(spec, base_id).items()},
     }
 
@@ -287,16 +323,17 @@ def _items(name: str, text: str | None) -> list[str] | None:
     return [str(x) for x in value] if isinstance(value, list) else None
 
 
-def _describe(name: str, image: str | None, profile: str) -> str:
-    """One line for one differing input: `python_version: image 3.13, profile 3.12`."""
+def _describe(name: str, image: str | None, profile: str, what: str = "image") -> str:
+    """One line for one differing input: `python_version: image 3.13, profile 3.12` (what: the
+    thing compared with the profile, an image or a lock)."""
     if image is None:
-        return f"{name}: not recorded in the image, profile {profile}"
+        return f"{name}: not recorded in the {what}, profile {profile}"
     had, want = _items(name, image), _items(name, profile)
     if had is None or want is None:
-        return f"{name}: image {image}, profile {profile}"
+        return f"{name}: {what} {image}, profile {profile}"
     parts = [f"profile adds {', '.join(_brief(x) for x in want if x not in had)}"] if set(want) - set(had) else []
     if set(had) - set(want):
-        parts.append(f"image has {', '.join(_brief(x) for x in had if x not in want)} the profile does not")
+        parts.append(f"{what} has {', '.join(_brief(x) for x in had if x not in want)} the profile does not")
     return f"{name}: {'; '.join(parts)}"
 
 
@@ -323,6 +360,7 @@ def input_differences(attrs: Mapping[str, Any], wanted: Mapping[str, str]) -> li
 _IMAGE_KEYS = (
     "base_image",
     "python_version",
+    "python_versions",
     "compiler",
     "compiler_version",
     "apt_packages",
@@ -387,10 +425,189 @@ def check_platform(engine: Engine, ref: str, arch: Arch) -> None:
         )
 
 
-def image_context(spec: BuildSpec, dest: Path, apt_options: Iterable[str] = ()) -> None:
-    """The toolchain image's build context: make_context plus the package lists."""
+def image_context(spec: BuildSpec, dest: Path, apt_options: Iterable[str] = (), locked: LockedBy | None = None) -> None:
+    """The toolchain image's build context: make_context plus the package lists (and the lock's)."""
     make_context(spec, dest)
-    write_package_lists(spec, dest, apt_options)
+    write_package_lists(spec, dest, apt_options, locked)
+
+
+# --------------------------------------------------------------------------- locks
+
+
+def default_lock_path(spec: BuildSpec) -> Path:
+    """Where spec's lock lives: beside its profile file, `<profile>.<arch>.lock`, so that it is
+    versioned, reviewed and copied with the profile it pins (one per arch: the pins differ)."""
+    profile_file = Path(spec.origins.get("profile", spec.profile))
+    return profile_file.with_name(f"{spec.profile}.{spec.arch.value}{lockfile.SUFFIX}")
+
+
+_JSON_INPUTS = _LIST_INPUTS | {"python_system_site_packages"}
+
+
+def lock_inputs(spec: BuildSpec) -> dict[str, Any]:
+    """The image inputs a lock is made from and checked against (wanted_inputs without the
+    base image's local id), as plain YAML values."""
+    return {k: json.loads(v) if k in _JSON_INPUTS else v for k, v in wanted_inputs(spec).items()}
+
+
+def _label_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def lock_differences(lock: Lock, spec: BuildSpec) -> list[str]:
+    """Where a lock was made for something else than spec asks for (profile, arch, an image
+    input, the Pythons it pins), described for people; empty when it fits."""
+    diffs = [
+        f"{name}: lock {had}, profile {want}"
+        for name, had, want in (("profile", lock.profile, spec.profile), ("arch", lock.arch, spec.arch.value))
+        if had != want
+    ]
+    wanted = {k: _label_text(v) for k, v in lock_inputs(spec).items()}
+    recorded = {k: _label_text(v) for k, v in lock.inputs.items()}
+    diffs += [_describe(k, recorded.get(k), v, "lock") for k, v in wanted.items() if not _same(k, recorded.get(k), v)]
+    if not diffs and list(lock.pip) != list(spec.pythons):
+        diffs.append(f"pip: lock pins Pythons {', '.join(lock.pip)}, profile has {', '.join(spec.pythons)}")
+    return diffs
+
+
+def _lock_command(spec: BuildSpec, path: Path, *flags: str) -> str:
+    command = image_command(spec)
+    given = [] if path == default_lock_path(spec) else ["--lock-file", str(path)]
+    return shlex.join([*shlex.split(command), *flags, *given])
+
+
+def read_lock(spec: BuildSpec, path: Path) -> LockedBy:
+    """The lock in path, checked to fit spec; LockError naming each difference otherwise."""
+    lock, sha256 = lockfile.read(path)
+    diffs = lock_differences(lock, spec)
+    if diffs:
+        raise LockError(
+            f"the lock {path} was made for other inputs than profile {spec.profile} asks for: {'; '.join(diffs)}",
+            hint=f"refresh it with `{_lock_command(spec, path, '--lock')}`",
+        )
+    return LockedBy(path, lock, sha256)
+
+
+def find_lock(spec: BuildSpec, path: Path | None = None) -> LockedBy | None:
+    """spec's lock: the one in path (which must exist), else the one at default_lock_path when
+    there is one; None when spec is not locked."""
+    if path is not None:
+        if not path.is_file():
+            raise LockError(
+                f"no lock at {path}", hint=f"write it with `{_lock_command(spec, path, '--lock')}`, or fix the path"
+            )
+        return read_lock(spec, path)
+    default = default_lock_path(spec)
+    return read_lock(spec, default) if default.is_file() else None
+
+
+def _lock_failure(spec: BuildSpec, locked: LockedBy, log: Path, err: ImageBuildFailed) -> TorchbuildError:
+    """LockError when the build log shows a locked install step failed; err otherwise."""
+    try:
+        steps, errors = lockfile.install_failures(log.read_text(errors="replace"))
+    except OSError:
+        return err
+    if not steps:
+        return err
+    why = "; ".join(errors[:4]) or "see the log"
+    return LockError(
+        f"the lock {locked.path} no longer installs: the locked {', '.join(steps)} packages did not install "
+        f"({why}) (full log: {log})",
+        hint=f"refresh it (resolving every package afresh) with `{_lock_command(spec, locked.path, '--lock', '--rebuild')}`",
+    )
+
+
+def read_image_files(engine: Engine, image: str, paths: Iterable[str]) -> dict[str, bytes]:
+    """The regular files at paths in image (a directory's files by name; a missing path is left
+    out), read from a container that is created but never started (so a foreign-arch image
+    needs no emulation)."""
+    import docker.errors
+
+    found: dict[str, bytes] = {}
+    container = engine.client.containers.create(image, command=["true"])
+    try:
+        for path in paths:
+            try:
+                stream, _ = container.get_archive(path)
+            except docker.errors.NotFound:
+                continue
+            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+                for member in tar.getmembers():
+                    data = tar.extractfile(member) if member.isfile() else None
+                    if data is not None:
+                        found[Path(member.name).name] = data.read()
+    finally:
+        container.remove(force=True)
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class LockOutcome:
+    unlocked: ImageResult  # the image the lock was made from
+    locked: ImageResult  # the image built from the new lock (same tag)
+    path: Path
+    sha256: str
+    size: int
+    apt: int
+    pip: int
+
+
+def lock_image(
+    spec: BuildSpec,
+    engine: Engine,
+    *,
+    path: Path,
+    logs_dir: Path,
+    rebuild: bool = False,
+    pull: bool = False,
+    apt_options: Iterable[str] = (),
+    out: TextIO = sys.stdout,
+) -> LockOutcome:
+    """`invoke image --lock`: build spec's image without a lock (rebuild: resolving everything
+    afresh, without Docker's layer cache), pin what it installed, build the image again from
+    those pins, and write the lock to path only when both images list the same packages."""
+    writable_dir(path.parent, "the lock's directory")
+    unlocked = build_image(
+        spec, engine, logs_dir=logs_dir, rebuild=rebuild, pull=pull, apt_options=apt_options, out=out, locked=None
+    )
+    records = read_image_files(engine, unlocked.image_id, [lockfile.RECORD_DIR, lockfile.INSTALLED_LIST])
+    listed = records.pop(Path(lockfile.INSTALLED_LIST).name, None)
+    if listed is None:
+        raise LockError(f"{spec.image_tag} has no {lockfile.INSTALLED_LIST}: it was not built by this torchbuild")
+    installed = listed.decode().splitlines()
+    base_id = str((engine.image_attrs(spec.base_image) or {}).get("Id", ""))
+    lock = lockfile.from_records(
+        records,
+        installed,
+        profile=spec.profile,
+        arch=spec.arch.value,
+        pythons=spec.pythons,
+        inputs=lock_inputs(spec),
+        base_image_id=base_id,
+        torchbuild_version=__version__,
+    )
+    raw = lock.dump().encode()
+    locked_by = LockedBy(path, lock, hashlib.sha256(raw).hexdigest())
+    apt, pip = lock.counts()
+    print(f"pinned {apt} apt and {pip} pip packages; building {spec.image_tag} from them", file=out, flush=True)
+    locked = build_image(
+        spec, engine, logs_dir=logs_dir, rebuild=rebuild, apt_options=apt_options, out=out, locked=locked_by
+    )
+    again = read_image_files(engine, locked.image_id, [lockfile.INSTALLED_LIST])
+    relisted = again.get(Path(lockfile.INSTALLED_LIST).name, b"").decode().splitlines()
+    differences = lockfile.list_differences(installed, relisted)
+    if differences:
+        raise LockError(
+            f"the image built from the pins differs from the one they were taken from ({', '.join(differences[:6])}); "
+            f"no lock was written to {path}",
+            hint="report it: a lock must reproduce the image's packages exactly",
+        )
+    sha256, size = lockfile.write(lock, path)
+    assert sha256 == locked_by.sha256
+    return LockOutcome(unlocked, locked, path, sha256, size, apt, pip)
+
+
+# --------------------------------------------------------------------------- build
 
 
 def build_image(
@@ -402,8 +619,10 @@ def build_image(
     pull: bool = False,
     apt_options: Iterable[str] = (),
     out: TextIO = sys.stdout,
+    locked: LockedBy | None = None,
 ) -> ImageResult:
-    """Build (or find current) the toolchain image for spec; a rerun with nothing changed is a hit."""
+    """Build (or find current) the toolchain image for spec, from the lock when one is given;
+    a rerun with nothing changed is a hit."""
     start = time.monotonic()
     platform = spec.arch.docker_platform
     packages = apt_packages(spec)
@@ -416,7 +635,7 @@ def build_image(
     args = build_args(spec)
     with tempfile.TemporaryDirectory(prefix="torchbuild-ctx-") as tmp:
         ctx = Path(tmp)
-        image_context(spec, ctx, apt_options)
+        image_context(spec, ctx, apt_options, locked)
         digest = inputs_hash(spec.arch, ctx, args, base_id)
         current = engine.image_attrs(spec.image_tag)
         if not rebuild and current and _labels_of(current).get(f"{LABEL_PREFIX}.inputs-hash") == digest:
@@ -425,16 +644,33 @@ def build_image(
         log = logs_dir / f"image-{spec.profile}-{spec.arch.value}-{stamp}.log"
         print(f"building {spec.image_tag} for {platform} from {spec.base_image}", file=out, flush=True)
         print(f"  apt packages: {' '.join(packages) or '(none beyond the base set)'}", file=out, flush=True)
-        image_id = engine.build(
-            ctx,
-            tag=spec.image_tag,
-            buildargs=args,
-            labels=labels(spec, digest, base_id),
-            platform=platform,
-            nocache=rebuild,
-            log=log,
-            out=out,
-        )
+        if len(spec.pythons) > 1:
+            print(f"  Pythons: {', '.join(spec.pythons)} (/opt/venv is {spec.python_version})", file=out, flush=True)
+        if locked is None:
+            print(f"  lock: none (`invoke image --lock` writes {default_lock_path(spec)})", file=out, flush=True)
+        else:
+            apt, pip = locked.lock.counts()
+            print(
+                f"  lock: {locked.path} (sha256 {locked.sha256[:16]}...): {apt} apt and {pip} pip pins",
+                file=out,
+                flush=True,
+            )
+        try:
+            image_id = engine.build(
+                ctx,
+                tag=spec.image_tag,
+                buildargs=args,
+                labels=labels(spec, digest, base_id, locked.sha256 if locked else ""),
+                platform=platform,
+                nocache=rebuild,
+                log=log,
+                out=out,
+            )
+        except ImageBuildFailed as err:
+            named = _lock_failure(spec, locked, log, err) if locked else err
+            if named is err:
+                raise
+            raise named from err
     check_platform(engine, spec.image_tag, spec.arch)
     return ImageResult(spec.image_tag, image_id, False, time.monotonic() - start, log)
 
@@ -470,7 +706,8 @@ def require_image(
     if not rebuild:
         raise problem
     print(f"{problem}: building it", file=out, flush=True)
-    build_image(spec, engine, logs_dir=Path(spec.cache_dir).expanduser() / "logs", out=out)
+    logs = Path(spec.cache_dir).expanduser() / "logs"
+    build_image(spec, engine, logs_dir=logs, out=out, locked=find_lock(spec))
     return engine.image_attrs(spec.image_tag) or {}
 
 

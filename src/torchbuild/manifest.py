@@ -36,7 +36,8 @@ if typing.TYPE_CHECKING:
 # 2: `comms` (the NCCL and aws-ofi-nccl plugin `invoke comms` built and torch was linked to)
 # 3: `companion` (a torchvision/torchaudio/torchtext wheel: the torch wheel it was built against)
 # 4: `reproducibility` (SOURCE_DATE_EPOCH and its origin, ccache's base dir, the Python, the zip rewrite)
-SCHEMA_VERSION = 4
+# 5: `packages` (the toolchain image's installed list: its sha256, and the copy in <out>/logs)
+SCHEMA_VERSION = 5
 SUFFIX = ".manifest.json"
 ENGINES = ("native", "docker", "apptainer")
 KINDS = ("wheel", "preflight")
@@ -243,6 +244,17 @@ class ReproRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class PackagesRecord:
+    """What the toolchain image had installed (its /opt/torchbuild/installed.txt): every dpkg
+    package and each venv's pip packages with their versions."""
+
+    sha256: str  # of the canonical list (lock.installed_digest)
+    file: str  # the list's copy, a file name in <out>/logs
+    dpkg: int  # how many Debian packages
+    pip: int  # how many pip packages, over every venv
+
+
+@dataclasses.dataclass(frozen=True)
 class Manifest:
     """One build. Field order is the JSON's key order; exactly one of wheel and preflight."""
 
@@ -256,6 +268,7 @@ class Manifest:
         "comms",
         "companion",
         "reproducibility",
+        "packages",
     )
 
     schema_version: int
@@ -283,6 +296,7 @@ class Manifest:
     comms: Optional[CommsRecord] = None
     companion: Optional[CompanionRecord] = None  # set on a companion library's wheel
     reproducibility: Optional[ReproRecord] = None
+    packages: Optional[PackagesRecord] = None  # a build in a toolchain image (schema 5)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -520,6 +534,30 @@ def for_build(
 # --------------------------------------------------------------------------- files
 
 
+def installed_packages(logs_dir: Path, name: str, source: Path | None = None) -> dict[str, Any]:
+    """In a toolchain image: copy its installed list (source, default lock.INSTALLED_LIST) into
+    logs_dir as name and return {"packages": {...}} for the manifest (for_build's provenance);
+    {} where there is no list (a native build, an image from before schema 5)."""
+    from .lock import INSTALLED_LIST, canonical_list, installed_digest
+
+    source = Path(INSTALLED_LIST) if source is None else source
+    try:
+        text = source.read_text(encoding="utf-8")
+    except OSError:
+        return {}
+    lines = canonical_list(text.splitlines())
+    with named_os_errors(logs_dir, "copying the image's installed list beside the log"):
+        (Path(logs_dir) / name).write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    return {
+        "packages": {
+            "sha256": installed_digest(lines),
+            "file": name,
+            "dpkg": sum(line.startswith("dpkg ") for line in lines),
+            "pip": sum(line.startswith("pip ") for line in lines),
+        }
+    }
+
+
 def manifest_path(out_dir: Path, wheel_name: str | None, profile: str, run_id: str) -> Path:
     """`<wheel>.manifest.json` next to the wheel, or `preflight-<profile>-<run_id>.manifest.json`."""
     name = wheel_name if wheel_name is not None else f"preflight-{profile}-{run_id}"
@@ -620,6 +658,7 @@ PER_RUN = (
     "preflight.targets_s",
     "preflight.canaries[].seconds",
     "jobs.retries[].seconds",
+    "packages.file",
 )
 
 
@@ -707,6 +746,9 @@ def _image_rows(m: Manifest) -> list[tuple[str, Any]]:
     if i is None:
         return [("image", "none (native build)")]
     rows: list[tuple[str, Any]] = [("tag", i.tag), ("id", i.id), ("sif", i.sif), ("profile hash", i.profile_hash)]
+    if m.packages is not None:
+        p = m.packages
+        rows.append(("installed packages", f"sha256 {p.sha256} ({p.dpkg} dpkg, {p.pip} pip; logs/{p.file})"))
     return [r for r in rows if r[1] is not None] + [(f"input {k}", v) for k, v in sorted(i.inputs.items())]
 
 

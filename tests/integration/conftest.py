@@ -197,6 +197,19 @@ def torch_image(engine, local_base, site_certs):
     return resolve(TORCH_PROFILE, sets), sets
 
 
+# Debian sid with Python 3.13 (/opt/venv) and 3.14 (/opt/venv-3.14): several Pythons in one image
+SID_PYTHONS = str(FIXTURES / "profiles" / "sid-pythons.yaml")
+
+
+@pytest.fixture(scope="session")
+def sid_pythons_image(engine, sid_base, site_certs):
+    """The sid-pythons toolchain image (tests/fixtures/profiles/sid-pythons.yaml), built through
+    the CLI: (its spec, the --set values it was built with)."""
+    sets = [f"base_image={sid_base}", *site_certs]
+    image_ok(SID_PYTHONS, set_args(sets))
+    return resolve(SID_PYTHONS, sets, arch="x86_64"), sets
+
+
 @pytest.fixture(scope="session")
 def debian_torch_wheel(engine, torch_image, tmp_path_factory) -> Path:
     """Debian's installed torch 2.6.0+debian packed as a wheel (tests/fixtures/debian_torch_wheel.py)."""

@@ -9,12 +9,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, image_ok, run_invoke, set_args
+from helpers import FIXTURES, run_invoke, set_args
 
-from torchbuild.config import resolve
 from torchbuild.source import sha256_file
 
 NATIVE_TOOLS = ("g++", "cmake", "ninja", "ccache")
+SID_PYTHONS = str(FIXTURES / "profiles" / "sid-pythons.yaml")  # the sid_pythons_image fixture's profile
 
 
 def copy_fixture(dest: Path) -> Path:
@@ -104,22 +104,12 @@ def test_in_container_rebuilds_at_other_paths_are_byte_identical(cpu_image, site
     assert ma["wheel"]["name"].startswith(f"minitorch-2.6.0+repro-cp{spec.python_version.replace('.', '')}-")
 
 
-SID_PYTHONS = str(FIXTURES / "profiles" / "sid-pythons.yaml")
-
-
-@pytest.fixture(scope="module")
-def sid_pythons(engine, sid_base, site_certs):
-    """The sid-pythons image (Python 3.13 in /opt/venv, 3.14 in /opt/venv-3.14); its --set options."""
-    sets = [f"base_image={sid_base}", *site_certs]
-    image_ok(SID_PYTHONS, [*set_args(sets), "--arch", "x86_64"])
-    return sets
-
-
 @pytest.mark.docker
-def test_one_tree_two_pythons_two_wheels_only_the_extension_recompiles(engine, sid_pythons, tmp_path):
+def test_one_tree_two_pythons_two_wheels_only_the_extension_recompiles(engine, sid_pythons_image, tmp_path):
+    spec, image_sets = sid_pythons_image
     tree = copy_fixture(tmp_path / "minitorch")
     out, cache = tmp_path / "out", tmp_path / "cache"
-    sets = [*sid_pythons, f"cache_dir={cache}", "patches=none", "local_version=py"]
+    sets = [*image_sets, f"cache_dir={cache}", "patches=none", "local_version=py"]
     res = run_invoke(
         "build", "--in-container", "--profile", SID_PYTHONS, "--arch", "x86_64", "--python", "3.13,3.14",
         "--source", str(tree), "--out", str(out), *set_args(sets),
@@ -145,7 +135,6 @@ def test_one_tree_two_pythons_two_wheels_only_the_extension_recompiles(engine, s
         '/out/minitorch-*-cp${v/./}-*.whl && /tmp/v$v/bin/python -c "import minitorch; print(minitorch.python_headers())"; '
         "done"
     )
-    spec = resolve(SID_PYTHONS, sid_pythons, arch="x86_64")
     raw = engine.client.containers.run(
         spec.image_tag, ["bash", "-c", script], volumes={str(out): {"bind": "/out", "mode": "ro"}}, remove=True
     )

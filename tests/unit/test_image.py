@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,20 +15,27 @@ from torchbuild.config import resolve
 from torchbuild.engine import build_failure, certificate_failure, certificate_hint, host_ca_files, pull_failure
 from torchbuild.errors import ImageBuildFailed, ProfileError
 from torchbuild.image import (
+    LockedBy,
+    _lock_failure,
     apt_packages,
     build_args,
+    default_lock_path,
+    find_lock,
     image_command,
     image_context,
     image_inputs,
     input_differences,
     inputs_hash,
     labels,
+    lock_differences,
+    lock_inputs,
     make_context,
     manifest_commands,
     tree_digest,
     wanted_inputs,
     write_package_lists,
 )
+from torchbuild.lock import Lock, LockError, PipPin
 
 
 def test_apt_packages_follow_the_profile():
@@ -62,6 +72,8 @@ def test_specifiers_and_apt_options_reach_pip_and_apt_intact(tmp_path):
     ]
     assert _bash_reads(inputs / "apt-options.txt") == ["-o", "Acquire::Check-Valid-Until=false", "-q"]
     assert _bash_reads(inputs / "apt-packages.txt") == ["gcc", "g++", "libopenblas-dev"]
+    assert _bash_reads(inputs / "pythons.txt") == ["3.12"]
+    assert not (inputs / "lock").exists()
     # no build arg carries a list for a shell to split, nor a quote for pip to choke on
     assert not any(c in v for v in build_args(spec).values() for c in "'\" <>")
     dockerfile = (tmp_path / "Dockerfile").read_text() if (tmp_path / "Dockerfile").exists() else ""
@@ -71,7 +83,10 @@ def test_specifiers_and_apt_options_reach_pip_and_apt_intact(tmp_path):
 def test_dockerfile_reads_the_lists_without_shell_splitting(tmp_path):
     image_context(resolve("cpu"), tmp_path)
     dockerfile = (tmp_path / "Dockerfile").read_text()
-    assert "pip install -r /opt/torchbuild/inputs/requirements.txt" in dockerfile
+    assert (
+        '--report "/opt/torchbuild/record/pip-$v.json" \\\n               -r /opt/torchbuild/inputs/requirements.txt'
+        in dockerfile
+    )
     assert '"${apt_packages[@]}"' in dockerfile and '"${apt_options[@]}"' in dockerfile
     for arg in ("${PYTHON_PACKAGES}", "${APT_PACKAGES}", "${APT_OPTIONS}"):
         assert arg not in dockerfile
@@ -325,3 +340,184 @@ def test_a_pull_the_engine_cannot_verify_points_at_the_engine_trust_store():
     )
     assert "/etc/docker/certs.d" in err.hint
     assert "invoke base-image" in pull_failure("ubuntu:24.04", "manifest unknown").hint
+
+
+# --------------------------------------------------------------------------- several Pythons
+
+
+def test_each_python_reaches_the_dockerfile_as_a_quoted_word(tmp_path):
+    spec = resolve("cpu", ['python_versions=["3.13", "3.12", "3.14"]'])
+    assert spec.pythons == ("3.12", "3.13", "3.14")
+    image_context(spec, tmp_path)
+    assert _bash_reads(tmp_path / "inputs" / "pythons.txt") == ["3.12", "3.13", "3.14"]
+    assert build_args(spec)["PYTHON_VERSION"] == "3.12"  # /opt/venv
+    dockerfile = (tmp_path / "Dockerfile").read_text()
+    assert "mapfile -t pythons < /opt/torchbuild/inputs/pythons.txt" in dockerfile
+    assert 'apt_packages+=("python$v" "python$v-dev" "python$v-venv")' in dockerfile
+    assert 'venv="/opt/venv-$v"; if [ "$v" = "${PYTHON_VERSION}" ]; then venv=/opt/venv; fi' in dockerfile
+    assert '"python$v" -m venv ${VENV_FLAGS} "$venv"' in dockerfile
+
+
+def test_python_versions_are_an_image_input(tmp_path):
+    def digest(spec):
+        ctx = tmp_path / f"ctx-{len(list(tmp_path.iterdir()))}"
+        ctx.mkdir()
+        image_context(spec, ctx)
+        return inputs_hash(spec.arch, ctx, build_args(spec), "sha256:base")
+
+    one, two = resolve("cpu"), resolve("cpu", ["python_versions=3.12,3.13"])
+    assert digest(resolve("cpu", ["python_versions=3.12"])) == digest(one)  # python_version is always there
+    assert digest(two) != digest(one)
+    assert json.loads(wanted_inputs(two)["python_versions"]) == ["3.13"]
+    assert json.loads(image_inputs(_inspect(two))["python_versions"]) == ["3.13"]
+    diffs = input_differences(_inspect(one), wanted_inputs(two, "sha256:base"))
+    assert diffs == ["python_versions: profile adds 3.13"]
+    assert input_differences(_inspect(two), wanted_inputs(one, "sha256:base")) == [
+        "python_versions: image has 3.13 the profile does not"
+    ]
+    assert "--set python_versions=3.12,3.13" in image_command(two)
+
+
+# --------------------------------------------------------------------------- locks
+
+H = "f" * 64
+
+
+def _lock_for(spec, **changes) -> Lock:
+    fields = {
+        "profile": spec.profile,
+        "arch": spec.arch.value,
+        "inputs": lock_inputs(spec),
+        "apt": ("gcc=4:13.2.0-7ubuntu1", "libstdc++-13-dev=13.2.0-23ubuntu4"),
+        "pip": {v: (PipPin("pip", "26.3", (H,)), PipPin("numpy", "2.1.0", (H,))) for v in spec.pythons},
+        **changes,
+    }
+    return Lock(**fields)
+
+
+def test_the_lock_lives_beside_the_profile_one_per_arch():
+    spec = resolve("cpu", arch="aarch64")
+    assert default_lock_path(spec) == Path(spec.origins["profile"]).with_name("cpu.aarch64.lock")
+
+
+def test_a_locked_context_carries_the_pins_quoted_and_the_lock_sha256(tmp_path):
+    spec = resolve("cpu", ["python_versions=3.12,3.13"], arch="x86_64")
+    locked = LockedBy(tmp_path / "cpu.x86_64.lock", _lock_for(spec), "1" * 64)
+    (tmp_path / "ctx").mkdir()
+    image_context(spec, tmp_path / "ctx", locked=locked)
+    lock_dir = tmp_path / "ctx" / "inputs" / "lock"
+    assert _bash_reads(lock_dir / "apt.txt") == ["gcc=4:13.2.0-7ubuntu1", "libstdc++-13-dev=13.2.0-23ubuntu4"]
+    assert (lock_dir / "pip-3.13.txt").read_text() == f"pip==26.3 --hash=sha256:{H}\nnumpy==2.1.0 --hash=sha256:{H}\n"
+    assert (lock_dir / "lock.sha256").read_text() == f"{'1' * 64}  cpu.x86_64.lock\n"
+    dockerfile = (tmp_path / "ctx" / "Dockerfile").read_text()
+    assert (
+        '"${apt_lock[@]}"' in dockerfile and "mapfile -t apt_lock < /opt/torchbuild/inputs/lock/apt.txt" in dockerfile
+    )
+    assert 'pip install --require-hashes --no-deps -r "$lock"' in dockerfile
+    assert "python -m pip install --no-deps /opt/torchbuild-src" in dockerfile
+
+
+def test_a_lock_changes_the_inputs_hash_and_the_labels(tmp_path):
+    spec = resolve("cpu", arch="x86_64")
+
+    def digest(locked):
+        ctx = tmp_path / f"ctx-{len(list(tmp_path.iterdir()))}"
+        ctx.mkdir()
+        image_context(spec, ctx, locked=locked)
+        return inputs_hash(spec.arch, ctx, build_args(spec), "sha256:base")
+
+    lock = _lock_for(spec)
+    unlocked = digest(None)
+    first = digest(LockedBy(tmp_path / "a.lock", lock, "1" * 64))
+    assert len({unlocked, first, digest(LockedBy(tmp_path / "a.lock", lock, "2" * 64))}) == 3
+    assert labels(spec, "abc", "sha256:base")["org.torchbuild.locked"] == "false"
+    assert "org.torchbuild.lock-sha256" not in labels(spec, "abc", "sha256:base")
+    locked = labels(spec, "abc", "sha256:base", "1" * 64)
+    assert locked["org.torchbuild.locked"] == "true" and locked["org.torchbuild.lock-sha256"] == "1" * 64
+    # whether an image was locked is recorded, not compared: a locked image is current for its profile
+    assert input_differences(_inspect(spec, **locked), wanted_inputs(spec, "sha256:base")) == []
+
+
+def test_a_lock_source_tree_copy_leaves_lock_files_out(tmp_path, monkeypatch):
+    from torchbuild import image as image_mod
+
+    root = tmp_path / "root"
+    (root / "configs" / "profiles").mkdir(parents=True)
+    (root / "pyproject.toml").write_text("[project]\n")
+    (root / "configs" / "profiles" / "cpu.yaml").write_text("{}\n")
+    (root / "configs" / "profiles" / "cpu.x86_64.lock").write_text("lock_version: 1\n")
+    image_mod._copy_tree(root, tmp_path / "copy")
+    assert sorted(p.name for p in (tmp_path / "copy" / "configs" / "profiles").iterdir()) == ["cpu.yaml"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "sets", "expected"),
+    [
+        ({"arch": "aarch64"}, [], "arch: lock aarch64, profile x86_64"),
+        ({"profile": "gh200"}, [], "profile: lock gh200, profile cpu"),
+        ({}, ["apt_packages=libnuma-dev"], "apt_packages: profile adds libnuma-dev"),
+        ({}, ["python_versions=3.12,3.13"], "python_versions: profile adds 3.13"),
+        ({}, ["python_packages=numpy<2"], "python_packages: profile adds numpy<2; lock has numpy"),
+        ({}, ["python_version=3.13"], "python_version: lock 3.12, profile 3.13"),
+        ({}, ["python_system_site_packages=true"], "python_system_site_packages: lock false, profile true"),
+    ],
+)
+def test_a_lock_made_for_other_inputs_is_refused_naming_them(tmp_path, changes, sets, expected):
+    lock = _lock_for(resolve("cpu", arch="x86_64"), **changes)
+    spec = resolve("cpu", sets, arch="x86_64")
+    diffs = lock_differences(lock, spec)
+    assert any(d.startswith(expected) for d in diffs), diffs
+    path = tmp_path / "cpu.x86_64.lock"
+    path.write_text(lock.dump())
+    with pytest.raises(LockError) as err:
+        find_lock(spec, path)
+    assert err.value.exit_code == 28 and expected in err.value.message
+    assert err.value.hint.startswith("refresh it with `invoke image --profile cpu --arch x86_64")
+    assert f"--lock --lock-file {path}" in err.value.hint
+
+
+def test_build_settings_do_not_invalidate_a_lock(tmp_path):
+    spec = resolve("cpu", arch="x86_64")
+    path = tmp_path / "x.lock"
+    path.write_text(_lock_for(spec).dump())
+    for sets in (["cxxflags=-O3"], ["switches.USE_MAGMA=0"], ["max_jobs=2"]):
+        found = find_lock(resolve("cpu", sets, arch="x86_64"), path)
+        assert found is not None and found.lock.apt == _lock_for(spec).apt
+        assert found.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_no_lock_beside_the_profile_means_unlocked_and_a_named_missing_one_is_an_error(tmp_path):
+    spec = resolve("cpu", arch="x86_64")
+    assert not default_lock_path(spec).exists()
+    assert find_lock(spec) is None
+    with pytest.raises(LockError, match=f"no lock at {tmp_path}/nope.lock"):
+        find_lock(spec, tmp_path / "nope.lock")
+
+
+def test_a_failed_locked_install_is_a_lock_error_with_the_refresh_command(tmp_path):
+    spec = resolve("cpu", arch="x86_64")
+    locked = LockedBy(tmp_path / "cpu.x86_64.lock", _lock_for(spec), "1" * 64)
+    log = tmp_path / "image.log"
+    log.write_text(
+        "Step 9/36 : RUN ... printf 'torchbuild-lock: the locked %s packages did not install\\n' apt\n"
+        "\x1b[91mE: Version '9.9.9-1' for 'cmake' was not found\n\x1b[0m"
+        "torchbuild-lock: the locked apt packages did not install\n"
+    )
+    plain = ImageBuildFailed("building t failed")
+    err = _lock_failure(spec, locked, log, plain)
+    assert isinstance(err, LockError) and err.exit_code == 28
+    assert "no longer installs: the locked apt packages did not install" in err.message
+    assert "E: Version '9.9.9-1' for 'cmake' was not found" in err.message
+    assert "--lock --rebuild --lock-file" in err.hint
+    log.write_text("E: Unable to locate package gcc-99\n")  # not a locked step: the build's own error
+    assert _lock_failure(spec, locked, log, plain) is plain
+
+
+def test_lock_file_with_both_arches_is_refused_before_the_engine(tmp_path):
+    res = subprocess.run(
+        [sys.executable, "-m", "invoke", "image", "--arch", "all", "--lock-file", str(tmp_path / "x.lock")],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert res.returncode == 2 and "UsageError" in res.stderr and "--lock-file names one lock" in res.stderr

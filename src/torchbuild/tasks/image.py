@@ -9,7 +9,8 @@ from ..arch import Arch
 from ..baseimage import DEFAULT_COMPONENTS, make_base_image
 from ..config import DEFAULT_PROFILE, cache_dir
 from ..engine import Engine
-from ..image import build_image, push_images
+from ..errors import UsageError
+from ..image import build_image, default_lock_path, find_lock, lock_image, push_images
 from .common import HELP, handles_errors, spec_from
 
 
@@ -20,6 +21,9 @@ from .common import HELP, handles_errors, spec_from
         "pull": "pull the base image again before building",
         "apt_option": "extra apt-get option inside the build (repeatable), e.g. -o Acquire::Check-Valid-Until=false",
         "push": "push the images and a multi-arch manifest list <image_name>:<profile>-<torch_version>",
+        "lock": "pin what the image installs (apt name=version, pip with sha256s) in a lock file, then build "
+        "from it; with --rebuild every package is resolved afresh",
+        "lock_file": "the lock to use or write (default: <profile>.<arch>.lock beside the profile file)",
     },
     iterable=["set_", "apt_option"],
 )
@@ -33,19 +37,51 @@ def image(
     pull: bool = False,
     apt_option: list[str] | None = None,
     push: bool = False,
+    lock: bool = False,
+    lock_file: str = "",
 ) -> None:
-    """Build the Docker toolchain image for a profile and arch (--arch all: both); a cache hit when nothing changed."""
+    """Build the Docker toolchain image for a profile and arch (--arch all: both); a cache hit when nothing
+    changed. With a lock file present (<profile>.<arch>.lock beside the profile), it installs exactly the lock;
+    --lock writes (or refreshes) it."""
+    from pathlib import Path
+
+    if lock_file and arch == "all":
+        raise UsageError(
+            "--lock-file names one lock, --arch all builds two",
+            hint="leave --lock-file out: each arch uses <profile>.<arch>.lock beside the profile",
+        )
     arches = [a.value for a in Arch] if arch == "all" else [arch]
     specs = [spec_from(profile, set_, a) for a in arches]
     engine = Engine.connect()
+    given = Path(lock_file).expanduser().absolute() if lock_file else None
     for spec in specs:
+        logs = cache_dir(spec) / "logs"
+        if lock:
+            done = lock_image(
+                spec,
+                engine,
+                path=given or default_lock_path(spec),
+                logs_dir=logs,
+                rebuild=rebuild,
+                pull=pull,
+                apt_options=apt_option or [],
+            )
+            for what, step in (("without the lock", done.unlocked), ("from the lock", done.locked)):
+                state = "up to date (cache hit)" if step.cached else "built"
+                print(f"{step.tag} {what} {state}: {step.image_id[:19]} in {step.seconds:.1f} s")
+            print(
+                f"lock written: {done.path} ({done.apt} apt and {done.pip} pip pins, {done.size} bytes, "
+                f"sha256 {done.sha256[:16]}...): both images list the same packages"
+            )
+            continue
         result = build_image(
             spec,
             engine,
-            logs_dir=cache_dir(spec) / "logs",
+            logs_dir=logs,
             rebuild=rebuild,
             pull=pull,
             apt_options=apt_option or [],
+            locked=find_lock(spec, given),
         )
         state = "up to date (cache hit)" if result.cached else "built"
         print(f"{result.tag} {state}: {result.image_id[:19]} in {result.seconds:.1f} s")
