@@ -21,9 +21,9 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
-from . import __version__, manifest
+from . import __version__, cmakecache, manifest
 from .backends import PARTIAL_PREFIX
 from .config import BuildSpec, spec_from_dict
 from .console import table
@@ -34,7 +34,7 @@ from .oom import JobsUsed, run_compile, run_watched
 from .process import Finished
 from .progress import Progress
 from .report import LogMark, mark, write_report
-from .repro import normalize_wheel
+from .repro import Epoch, normalize_wheel, remembered
 from .source import sha256_file
 
 
@@ -58,6 +58,7 @@ class BuildRequest:
     python: str = ""  # X.Y of the interpreter to build with; "": the one running this step
     source_date_epoch: int = 0  # the source's time (repro.source_date_epoch); 0: none known
     epoch_origin: str = ""  # where that time came from
+    epoch_tree: str = ""  # the tree's path on the host: a plain tree's time is remembered under it
     run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def to_dict(self) -> dict[str, Any]:
@@ -251,14 +252,26 @@ def prepare_configure(source: str, inputs: Mapping[str, str], tee: Tee) -> None:
     b = build_dir(source)
     if reason is not None:
         tee.line(f"torchbuild: reconfiguring {b}: {reason}")
-        for name in ("CMakeCache.txt", "build.ninja"):
-            (b / name).unlink(missing_ok=True)
-        shutil.rmtree(b / "CMakeFiles", ignore_errors=True)
+        clear_cmake_state(b)
         write_stamp(source, inputs, complete=False)
     elif (b / "CMakeCache.txt").exists():  # configured with these inputs, and it finished
         tee.line(f"torchbuild: skipping configure: {b} was configured with these inputs and finished")
     else:
         write_stamp(source, inputs, complete=False)
+
+
+def clear_cmake_state(b: Path) -> None:
+    """Remove what makes setup.py (or CMake) reuse a configure: its cache, build.ninja, CMakeFiles."""
+    for name in ("CMakeCache.txt", "build.ninja"):
+        (b / name).unlink(missing_ok=True)
+    shutil.rmtree(b / "CMakeFiles", ignore_errors=True)
+
+
+def configure_finished(source: str) -> bool:
+    try:
+        return bool(json.loads(_stamp(source).read_text()).get("complete"))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 class ConfigureWatch:
@@ -270,6 +283,51 @@ class ConfigureWatch:
     def __call__(self, line: str) -> None:
         if CONFIGURE_DONE in line:  # pip -v indents the build's output
             write_stamp(self.source, self.inputs, complete=True)
+
+
+_T = TypeVar("_T")
+
+
+def with_checks(run: Run, watch: ConfigureWatch, step: Callable[[Callable[[str], None]], _T]) -> _T:
+    """Run step (what configures: setup.py --cmake-only, or pip wheel) with the watch it gets on
+    its output, after seeding a fresh tree with the probe results an earlier configure in this
+    image saved (cmakecache.py). A seeded configure that fails drops them and step runs once more
+    from a clean tree; a configure that finished saves its probe results for the next fresh tree."""
+    req, tee, b = run.req, run.tee, build_dir(run.req.source)
+    checks = cmakecache.for_build(req.cache_root, req.provenance.get("image"), run.versions, watch.inputs)
+    if checks is None:
+        tee.line("torchbuild: CMake checks: not reused outside a toolchain image (a host's libraries change unseen)")
+        return step(watch)
+    try:
+        seeded, why = checks.seed(b, Path(req.source))
+    except OSError as exc:
+        seeded, why = 0, f"could not seed them: {exc}"
+    if seeded:
+        tee.line(f"torchbuild: CMake checks: seeding {b}/CMakeCache.txt with {seeded} results: {checks.path}")
+    probes = cmakecache.ProbeCounter(watch)
+    try:
+        result = step(probes)
+    except BuildFailed:
+        if not seeded or configure_finished(req.source):
+            raise
+        tee.line(f"torchbuild: configure failed with seeded CMake checks: dropped {checks.path}, retrying")
+        checks.drop()
+        clear_cmake_state(b)
+        write_stamp(req.source, watch.inputs, complete=False)
+        seeded, why, probes = 0, "the seeded configure failed", cmakecache.ProbeCounter(watch)
+        result = step(probes)
+    if why != cmakecache.OWN_CACHE:
+        done = f"{seeded} seeded" if seeded else f"none seeded ({why})"
+        tee.line(f"torchbuild: CMake checks: {done}, {probes.count} probes ran")
+    if configure_finished(req.source):
+        try:
+            saved, wrote = checks.save(b, Path(req.source), run.versions)
+        except OSError as exc:
+            tee.line(f"torchbuild: CMake checks: not saved: {exc}")
+        else:
+            if wrote:
+                tee.line(f"torchbuild: CMake checks: saved {saved} for the next fresh tree: {checks.path}")
+    return result
 
 
 def object_target(source: str, file: str, env: Mapping[str, str]) -> str:
@@ -331,6 +389,7 @@ class Run:
     ninja_mark: LogMark | None = None  # where .ninja_log stood before this build
     python: str = sys.executable  # the interpreter that configures and builds the wheel
     normalized: bool = False  # the wheel's zip was rewritten into canonical form
+    epoch_origin: str = ""  # where SOURCE_DATE_EPOCH came from
 
     def env_for(self, n: int) -> dict[str, str]:
         return {**self.env, "MAX_JOBS": str(n)}
@@ -380,8 +439,9 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     )
     env_vars.update(req.extra_env)
     env_vars.update(path_independent(env_vars, req.source))
-    if req.source_date_epoch and "SOURCE_DATE_EPOCH" not in spec.env:
-        env_vars["SOURCE_DATE_EPOCH"] = str(req.source_date_epoch)
+    epoch = remembered(Epoch(req.source_date_epoch, req.epoch_origin), req.epoch_tree, Path(req.cache_root))
+    if epoch.seconds and "SOURCE_DATE_EPOCH" not in spec.env:
+        env_vars["SOURCE_DATE_EPOCH"] = str(epoch.seconds)
     python = interpreter(req.python)
     tmp = Path(req.cache_root) / "tmp" / req.run_id
     for d in (env_vars["CCACHE_DIR"], env_vars["PIP_CACHE_DIR"], tmp):
@@ -398,14 +458,15 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
         tee.line(f"  {line}")
     versions = toolchain_versions(spec, env)
     run = Run(req, tee, log, plan, env_vars, env, versions, JobsUsed(plan.jobs, plan.jobs), started, t0, tmp)
-    run.python = python
+    run.python, run.epoch_origin = python, epoch.origin
     return run
 
 
 def _preflight(run: Run, watch: ConfigureWatch) -> None:
     """Configure, the preflight targets, then each canary alone (its peak memory recorded)."""
     req, tee = run.req, run.tee
-    run.phases["configure_s"] = round(configure(req.source, run.env, tee, watch, python=run.python), 1)
+    seconds = with_checks(run, watch, lambda w: configure(req.source, run.env, tee, w, python=run.python))
+    run.phases["configure_s"] = round(seconds, 1)
     # CMake's try_compile checks run in randomly named directories and can never hit the
     # cache: count hits from here on, over the compiles that can
     subprocess.run(["ccache", "--zero-stats"], env=run.env, capture_output=True, check=False)
@@ -523,15 +584,19 @@ def _build_wheel(run: Run, watch: ConfigureWatch) -> Path:
     with named_os_errors(out_dir, "creating the wheel's partial directory"):
         partial = Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{req.run_id}-", dir=out_dir))
     try:
-        run_compile(
-            lambda n: pip_wheel(partial, req.source, run.python),
-            cwd=req.source,
-            env_for=run.env_for,
-            sink=run.tee,
-            what="pip wheel",
-            jobs=run.jobs,
-            retry=req.oom_retry,
-            watch=watch,
+        with_checks(
+            run,
+            watch,
+            lambda w: run_compile(
+                lambda n: pip_wheel(partial, req.source, run.python),
+                cwd=req.source,
+                env_for=run.env_for,
+                sink=run.tee,
+                what="pip wheel",
+                jobs=run.jobs,
+                retry=req.oom_retry,
+                watch=w,
+            ),
         )
         wheels = sorted(partial.glob("*.whl"))
         if len(wheels) != 1:
@@ -587,7 +652,12 @@ def _write_manifest(
     m = manifest.for_build(
         spec,
         run_id=req.run_id,
-        provenance={"engine": req.backend, **req.provenance},
+        # the image's installed list, copied beside the log, and its sha256 (none natively)
+        provenance={
+            "engine": req.backend,
+            **req.provenance,
+            **manifest.installed_packages(run.log.parent, f"installed-{spec.profile}-{req.run_id}.txt"),
+        },
         toolchain=run.versions,
         environment=run.env_vars,
         jobs={
@@ -618,7 +688,7 @@ def _repro_record(run: Run) -> dict[str, Any]:
     given = run.req.spec.env.get("SOURCE_DATE_EPOCH")
     return {
         "source_date_epoch": int(epoch) if epoch.isdigit() else 0,
-        "origin": "profile env" if given else (run.req.epoch_origin or ("" if epoch else "none")),
+        "origin": "profile env" if given else (run.epoch_origin or ("" if epoch else "none")),
         "ccache_basedir": run.env_vars.get("CCACHE_BASEDIR", ""),
         "python": run.req.python or "{}.{}".format(*sys.version_info[:2]),
         "normalized": run.normalized,

@@ -72,15 +72,15 @@ def source_date_epoch(info: SourceInfo, environ: dict[str, str] | None = None) -
     return Epoch(_newest_file(info.path), "tree mtime")
 
 
-def tree_epoch(info: SourceInfo, environ: dict[str, str], cache: Path) -> Epoch:
-    """source_date_epoch, except that a plain tree (no commit, no archive) keeps the time its
-    first build found, in <cache>/epochs: the build itself writes into the tree (PyTorch's
-    torch/version.py and torch/lib, the fixture's _version.py), which would move its newest
-    file, and a rebuild of the same tree would get another clock."""
-    epoch = source_date_epoch(info, environ)
-    if epoch.origin != "tree mtime":
+def remembered(epoch: Epoch, tree: str, cache: Path) -> Epoch:
+    """A plain tree (no commit, no archive: origin "tree mtime") keeps the time its first build
+    found, in <cache>/epochs keyed by the tree's path: the build itself writes into the tree
+    (PyTorch's torch/version.py and torch/lib, the fixture's _version.py), which would move its
+    newest file, and a rebuild of the same tree would get another clock. Other origins, and a
+    cache that cannot be written, give epoch as it is. Called by the build step, so the record
+    belongs to the user the build runs as."""
+    if epoch.origin != "tree mtime" or not tree:
         return epoch
-    tree = str(info.path.absolute())
     record = cache / "epochs" / f"{hashlib.sha256(tree.encode()).hexdigest()[:24]}.json"
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         saved = json.loads(record.read_text())

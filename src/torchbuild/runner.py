@@ -31,7 +31,7 @@ from .companions import fetch as fetch_companions
 from .config import BuildSpec, cache_dir
 from .errors import SourceError, TorchbuildError, UsageError, named_os_errors, writable_dir
 from .patches import ApplyResult, Series, apply_series, load_series
-from .repro import tree_epoch
+from .repro import source_date_epoch
 from .resume import Record, request_key
 from .source import SourceInfo, get_source, looks_like_url, sha256_file
 
@@ -143,7 +143,7 @@ def build(
     if outcome is None:
         extra_env, linked = _comms(spec, backend, out_dir, out)
         info, series, result = _source(spec, where, ref, done, out)
-        epoch = tree_epoch(info, {**os.environ, **spec.env}, cache)
+        epoch = source_date_epoch(info, {**os.environ, **spec.env})
         binds = Binds(cache=cache, out=out_dir, src=info.path)
         view = backend.view(binds)
         req = BuildRequest(
@@ -162,6 +162,7 @@ def build(
             python=python,
             source_date_epoch=epoch.seconds,
             epoch_origin=epoch.origin,
+            epoch_tree=str(info.path.absolute()),
             **dataclasses.asdict(options),
         )
         backend.run("build", req.to_dict(), binds)

@@ -154,9 +154,17 @@ def test_missing_image_is_named(engine, site_overrides, workspace):
     assert res.returncode == 7 and "ImageNotFound" in res.stderr and "invoke image" in res.stderr
 
 
+def configure_result(build: Path) -> tuple[list[str], str]:
+    """What a configure decided: CMakeCache.txt's entries (not its comments) and build.ninja."""
+    text = (build / "CMakeCache.txt").read_text()
+    entries = sorted(ln for ln in text.splitlines() if ln and not ln.startswith(("#", "//")))
+    return entries, sha256_file(build / "build.ninja")
+
+
 @pytest.mark.slow
 def test_real_pytorch_preflight_and_ccache_reuse(engine, local_base, site_certs, debian_dsc, tmp_path):
-    """Debian's de-vendored PyTorch 2.6: configure + c10 in a tool-built image, twice."""
+    """Debian's de-vendored PyTorch 2.6: configure + c10 in a tool-built image, twice; the second
+    time in a fresh tree (--clean) with the ccache warm and CMake's probe results of the first."""
     profile = str(FIXTURES / "profiles" / "debian-pytorch-2.6.yaml")
     sets = set_args([f"base_image={local_base}", *site_certs, f"cache_dir={tmp_path / 'cache'}"])
     image_ok(profile, sets)
@@ -169,8 +177,16 @@ def test_real_pytorch_preflight_and_ccache_reuse(engine, local_base, site_certs,
     # the shipped CUDA-aware MPI series (2.6 reuses 2.4's) was applied to the real source
     assert m1["patches"]["applied_now"] == ["01-cuda-aware-mpi-fallback.patch"]
     assert "MPICH_GPU_SUPPORT_ENABLED" in (tree / "torch/csrc/distributed/c10d/ProcessGroupMPI.cpp").read_text()
+    # the first configure ran CMake's probes and saved their results for the next fresh tree
+    ran = re.search(r"CMake checks: none seeded \(none saved .*\), (\d+) probes ran", first_out)
+    saved = re.search(r"CMake checks: saved (\d+) for the next fresh tree: /cache/cmake-checks/\w+\.json", first_out)
+    assert ran and saved and int(ran[1]) >= 30 and int(saved[1]) >= 30, first_out[-5000:]
+    first = configure_result(tree / "build")
 
     second_out, m2 = preflight_ok(profile, debian_dsc, tmp_path / "out", sets, "--clean")
+    # the fresh tree started from them: no probe ran again, and CMake decided the same
+    assert f"CMake checks: {saved[1]} seeded, 0 probes ran" in second_out, second_out[-5000:]
+    assert configure_result(tree / "build") == first
     assert m2["patches"]["already_applied"] == ["01-cuda-aware-mpi-fallback.patch"]
     assert m2["patches"]["applied_now"] == []
     assert m2["ccache"]["hit_rate"] >= 0.90, m2["ccache"]

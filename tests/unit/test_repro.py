@@ -142,9 +142,14 @@ def test_a_git_tree_takes_its_commit_time(tmp_path):
     tree = tmp_path / "t"
     tree.mkdir()
     env = {**os.environ, "GIT_COMMITTER_DATE": "@1600000000 +0000", "GIT_AUTHOR_DATE": "@1500000000 +0000"}
-    for cmd in (["init", "-q"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x"]):
+    for cmd in (
+        ["init", "-q"],
+        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x"],
+    ):
         subprocess.run(["git", "-C", str(tree), *cmd], check=True, env=env)
-    commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     epoch = repro.source_date_epoch(SourceInfo(kind="git", path=tree, commit=commit), {})
     assert epoch == repro.Epoch(1600000000, f"commit {commit[:12]}")
     # a release process's own SOURCE_DATE_EPOCH wins
@@ -203,21 +208,19 @@ def test_interpreter_for_a_version():
 
 
 def test_a_plain_tree_keeps_the_time_of_its_first_build(tmp_path):
-    tree = tmp_path / "tree"
-    tree.mkdir()
-    (tree / "setup.py").write_text("")
-    os.utime(tree / "setup.py", (1600000000, 1600000000))
-    info = SourceInfo(kind="dir", path=tree)
-    assert repro.tree_epoch(info, {}, tmp_path / "cache") == repro.Epoch(1600000000, "tree mtime")
-    (tree / "_version.py").write_text("")  # what a build writes into the tree
-    assert repro.tree_epoch(info, {}, tmp_path / "cache") == repro.Epoch(1600000000, "tree mtime at its first build")
-    # a copy elsewhere is another tree: its own first build, from its own files
-    copy = tmp_path / "copy"
-    copy.mkdir()
-    (copy / "setup.py").write_text("")
-    os.utime(copy / "setup.py", (1500000000, 1500000000))
-    assert repro.tree_epoch(SourceInfo(kind="dir", path=copy), {}, tmp_path / "cache").seconds == 1500000000
+    first = repro.Epoch(1600000000, "tree mtime")
+    assert repro.remembered(first, "/t/tree", tmp_path / "cache") == first
+    # the build wrote into the tree: its newest file moved, the remembered time did not
+    later = repro.Epoch(1700000000, "tree mtime")
+    assert repro.remembered(later, "/t/tree", tmp_path / "cache") == repro.Epoch(
+        1600000000, "tree mtime at its first build"
+    )
+    # a copy elsewhere is another tree: its own first build
+    assert repro.remembered(later, "/t/copy", tmp_path / "cache") == later
+    # a commit's or an archive's time is never replaced
+    commit = repro.Epoch(1500000000, "commit 0123456789ab")
+    assert repro.remembered(commit, "/t/tree", tmp_path / "cache") == commit
     # an unwritable cache only means it is not remembered
     ro = tmp_path / "ro"
     ro.write_text("a file, not a directory")
-    assert repro.tree_epoch(SourceInfo(kind="dir", path=copy), {}, ro).seconds == 1500000000
+    assert repro.remembered(later, "/t/tree", ro) == later
