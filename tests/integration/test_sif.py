@@ -19,19 +19,48 @@ from helpers import FIXTURES, REPO, image_ok, manifest_of, run_invoke, set_args
 
 from torchbuild import __version__
 from torchbuild.config import cache_dir, resolve
-from torchbuild.sif import DockerApptainer, locate
+from torchbuild.sif import DockerApptainer, builder_tag, locate
 
 pytestmark = [pytest.mark.docker, pytest.mark.apptainer]
 
 
 def run_containers(engine):
-    return engine.client.containers.list(all=True, filters={"label": "org.torchbuild.run=1"})
+    """torchbuild's containers from the apptainer-builder image (other work on the same engine
+    may have its own toolchain containers running)."""
+    filters = {"label": "org.torchbuild.run=1", "ancestor": builder_tag()}
+    return engine.client.containers.list(all=True, filters=filters)
 
 
-def call(apptainer: DockerApptainer, args: list[str], paths: list[Path]) -> tuple[int, str]:
+def first_output_line(output: str, text: str) -> str:
+    return next(line for line in output.splitlines() if text in line)
+
+
+def converting(engine) -> bool:
+    """An `apptainer build --force` container is running (not the short `build --help` probe)."""
+    for c in run_containers(engine):
+        command = " ".join(c.attrs.get("Args") or []) or str(c.attrs.get("Command", ""))
+        if "build --force" in command:
+            return True
+    return False
+
+
+def call(apptainer: DockerApptainer, args: list[str], paths: list[Path], command: tuple[str, ...] = ("apptainer",)):
     buf = io.StringIO()
-    rc = apptainer.call(args, paths=paths, out=buf)
+    rc = apptainer.call(args, paths=paths, out=buf, command=command)
     return rc, buf.getvalue()
+
+
+def squashfs_compression(apptainer: DockerApptainer, sif: Path) -> list[str]:
+    """The compression lines of `unsquashfs -s` on the SIF's squashfs partition, e.g.
+    ["Compression gzip", "compression-level 6"], as a user would check it."""
+    rc, listing = call(apptainer, ["sif", "list", str(sif)], [sif.parent])
+    row = next(line for line in listing.splitlines() if "Squashfs" in line)
+    offset = row.split("|")[3].split("-")[0].strip()  # SIF POSITION (start-end)
+    rc, text = call(apptainer, ["-s", "-o", offset, str(sif)], [sif.parent], command=("unsquashfs",))
+    assert rc == 0, text
+    lines = [line.strip() for line in text.splitlines()]
+    start = next(i for i, line in enumerate(lines) if line.startswith("Compression "))
+    return [lines[start], *(line for line in lines[start + 1 : start + 4] if line.startswith("compression-level"))]
 
 
 def test_sif_runs_python_and_torchbuild(engine, cpu_sif):
@@ -59,6 +88,11 @@ def test_sif_carries_profile_environment_and_labels(engine, cpu_sif):
     assert labels["org.torchbuild.profile-hash"] == image["Config"]["Labels"]["org.torchbuild.profile-hash"]
     assert labels["org.torchbuild.sif.profile-hash"] == spec.hash
     assert labels["org.torchbuild.version"] == __version__
+    # the default compression: gzip (every Apptainer and Singularity runs it) at level 6, not
+    # mksquashfs's slow level 9 and not zstd (which Apptainer before 1.4 cannot open)
+    assert labels["org.torchbuild.sif.compression"] == "gzip:6"
+    assert squashfs_compression(apptainer, sif) == ["Compression gzip", "compression-level 6"]
+    assert "(gzip:6)" in first_output_line(cpu_sif[2], "written in")
     # %environment: the profile's build environment, even under --cleanenv
     rc, text = call(apptainer, ["exec", "--userns", "--cleanenv", str(sif), "env"], [sif.parent])
     env = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
@@ -90,7 +124,7 @@ def test_sif_interrupted_leaves_the_old_sif_and_no_container(engine, cpu_sif):
     )
     try:
         deadline = time.monotonic() + 300
-        while not run_containers(engine):  # the conversion container starts after docker save
+        while not converting(engine):  # the conversion container starts after the OCI layout is written
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the conversion never started"
             time.sleep(0.5)
@@ -104,7 +138,9 @@ def test_sif_interrupted_leaves_the_old_sif_and_no_container(engine, cpu_sif):
     assert not run_containers(engine)
     assert not list(sif.parent.glob(".*partial*")), list(sif.parent.iterdir())
     assert sif.stat().st_mtime_ns == before
-    assert not list((cache_dir(spec) / "apptainer" / "work").iterdir()), "the docker-archive was left behind"
+    assert not list((cache_dir(spec) / "apptainer" / "work").iterdir()), (
+        "the OCI layout or Apptainer's temp files were left behind"
+    )
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
@@ -224,3 +260,22 @@ def test_sif_builds_and_verifies_the_fixture_wheel(engine, cpu_sif, tmp_path):
     verified = json.loads((out / f"{m['wheel']['name']}.verify.json").read_text())
     assert verified["ok"] and verified["python"].startswith("3.13"), verified
     assert not run_containers(engine)
+
+
+@pytest.mark.slow
+def test_sif_with_zstd_runs_on_apptainer_1_4(cpu_sif, tmp_path):
+    """--compression zstd: the label and the squashfs say zstd level 3, and Apptainer 1.4
+    (squashfuse, as unprivileged Apptainer mounts it) runs it."""
+    _spec, _sif, _, apptainer, sets = cpu_sif
+    args = ["sif", "--profile", "cpu", "--arch", "x86_64", "--apptainer", "docker", "--out", str(tmp_path)]
+    res = run_invoke(*args, "--compression", "zstd", *set_args(sets))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+    assert "(zstd:3)" in first_output_line(res.stdout, "written in")
+    sif = tmp_path / "torch-build-cpu-x86_64.sif"
+    assert apptainer.labels(sif)["org.torchbuild.sif.compression"] == "zstd:3"
+    assert squashfs_compression(apptainer, sif) == ["Compression zstd", "compression-level 3"]
+    rc, text = call(apptainer, ["exec", "--userns", str(sif), "python3", "--version"], [sif.parent])
+    assert rc == 0 and re.search(r"^Python 3\.\d+\.\d+$", text, re.M), text
+    # the same compression again: up to date; another one: converted again
+    res = run_invoke(*args, "--compression", "zstd:3", *set_args(sets))
+    assert res.returncode == 0 and "up to date" in res.stdout, res.stdout[-3000:] + res.stderr

@@ -3,11 +3,15 @@ process handling that replaces spython's build()/run() (with small stand-in exec
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import io
 import json
 import os
+import re
 import stat
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -17,24 +21,37 @@ from torchbuild import __version__
 from torchbuild.backends.apptainer import check_sif, run_args
 from torchbuild.cli import main
 from torchbuild.config import profile_text, resolve
-from torchbuild.errors import ImageNotFound, InsufficientSpace, SifError, ToolMissing
+from torchbuild.errors import ImageNotFound, InsufficientSpace, SifError, ToolMissing, UsageError
 from torchbuild.sif import (
+    APPTAINER_DEFAULT_COMPRESSION,
     Apptainer,
+    Compression,
     HostApptainer,
     _stream,
+    build_args,
     check_space,
+    choose_compression,
     definition,
     locate,
+    remove_tree,
     sif_build_env,
     sif_filename,
     space_needed,
+    write_oci_layout,
 )
 
 
-def test_definition_bootstraps_from_the_archive_and_adds_metadata_only(tmp_path):
+def test_definition_bootstraps_from_the_oci_layout_and_adds_metadata_only(tmp_path):
     spec = resolve("gh200")
-    text = definition(spec, archive=tmp_path / "image.tar", profile_file=tmp_path / "gh200.yaml", image_id="sha256:abc")
-    assert text.startswith(f"Bootstrap: docker-archive\nFrom: {tmp_path / 'image.tar'}\n")
+    text = definition(
+        spec,
+        archive=tmp_path / "layout",
+        profile_file=tmp_path / "gh200.yaml",
+        image_id="sha256:abc",
+        compression=Compression("zstd", 3),
+    )
+    assert text.startswith(f"Bootstrap: oci\nFrom: {tmp_path / 'layout'}\n")
+    assert "org.torchbuild.sif.compression zstd:3" in text  # a SIF made otherwise is converted again
     assert f"{tmp_path / 'gh200.yaml'} /opt/torchbuild/profiles/gh200.yaml" in text
     assert "%post" not in text  # the recipe is never run again
     assert 'exec /opt/venv/bin/torchbuild "$@"' in text
@@ -48,9 +65,11 @@ def test_definition_bootstraps_from_the_archive_and_adds_metadata_only(tmp_path)
 
 def test_definition_refuses_paths_with_whitespace(tmp_path):
     with pytest.raises(SifError, match="whitespace"):
-        definition(
-            resolve("cpu"), archive=tmp_path / "my cache" / "image.tar", profile_file=tmp_path / "p", image_id="x"
-        )
+        definition(resolve("cpu"), archive=tmp_path / "my cache" / "layout", profile_file=tmp_path / "p", image_id="x")
+    # `From: DIR:TAG` and `DIR@DIGEST` are how Apptainer names an image in a layout
+    for odd in ("a:b", "a@b"):
+        with pytest.raises(SifError, match="':' or '@'"):
+            definition(resolve("cpu"), archive=tmp_path / odd, profile_file=tmp_path / "p", image_id="x")
 
 
 @pytest.mark.parametrize(
@@ -251,3 +270,229 @@ def test_default_sif_link_is_replaced_without_leftovers(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([final.name, "torch-build.sif"])
     _link_default(resolve("gh200", arch="aarch64"), final)  # not the default profile: no link change
     assert (tmp_path / "torch-build.sif").read_bytes() == b"two"
+
+
+# --------------------------------------------------------------------------- compression
+
+
+@pytest.mark.parametrize(
+    ("text", "algorithm", "level"),
+    [("gzip", "gzip", 6), ("zstd", "zstd", 3), ("GZIP:9", "gzip", 9), ("zstd:19", "zstd", 19), (" gzip:1 ", "gzip", 1)],
+)
+def test_compression_parses_algorithm_and_level(text, algorithm, level):
+    c = Compression.parse(text)
+    assert (c.algorithm, c.level) == (algorithm, level)
+    assert str(c) == f"{algorithm}:{level}"  # the label's value
+    assert c.mksquashfs_args() == f"-comp {algorithm} -Xcompression-level {level}"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("xz", "unknown SIF compression 'xz'"),
+        ("gzip:0", "gzip compression level must be 1 to 9"),
+        ("gzip:10", "must be 1 to 9"),
+        ("zstd:23", "zstd compression level must be 1 to 22"),
+        ("zstd:-1", "must be 1 to 22"),
+        ("zstd:3; rm -rf /", "must be 1 to 22"),
+    ],
+)
+def test_compression_refuses_what_mksquashfs_would_not_take(text, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        Compression.parse(text)
+
+
+def test_build_args_pass_the_compression_as_argv_items(tmp_path):
+    sif, deffile = tmp_path / "my dir" / "t.sif", tmp_path / "t.def"
+    args = build_args(sif, deffile, Compression.parse("zstd:19"))
+    assert args == [
+        "build",
+        "--force",
+        "--mksquashfs-args",
+        "-comp zstd -Xcompression-level 19",  # one item: Apptainer splits it into mksquashfs's argv
+        str(sif),
+        str(deffile),
+    ]
+    assert "--disable-cache" not in args  # the OCI layout is the blob cache (build_sif)
+    assert args[args.index("--mksquashfs-args") + 1].split() == ["-comp", "zstd", "-Xcompression-level", "19"]
+    assert all(isinstance(a, str) for a in args) and str(sif) in args  # never joined into a shell string
+    # an Apptainer before 1.4 has no --mksquashfs-args: only its own default can be made there
+    assert build_args(sif, deffile, APPTAINER_DEFAULT_COMPRESSION, flags=()) == [
+        "build",
+        "--force",
+        str(sif),
+        str(deffile),
+    ]
+    with pytest.raises(SifError, match=r"needs Apptainer 1\.4"):
+        build_args(sif, deffile, Compression.parse("gzip"), flags=())
+
+
+def test_default_compression_is_gzip_6_and_falls_back_where_it_cannot_be_set():
+    flags = ("--mksquashfs-args",)
+    assert choose_compression(None, flags) == Compression("gzip", 6)
+    assert choose_compression(Compression("zstd", 3), flags) == Compression("zstd", 3)
+    assert choose_compression(None, ()) == Compression("gzip", 9) == APPTAINER_DEFAULT_COMPRESSION
+    assert choose_compression(Compression("gzip", 9), ()) == APPTAINER_DEFAULT_COMPRESSION
+    with pytest.raises(SifError, match=r"cannot make a zstd:3 SIF: --mksquashfs-args needs Apptainer 1\.4") as exc:
+        choose_compression(Compression("zstd", 3), ())
+    assert "--apptainer docker" in exc.value.hint
+
+
+@pytest.mark.parametrize(
+    ("help_text", "flags"),
+    [("--mksquashfs-args string   extra arguments", {"--mksquashfs-args"}), ("--fakeroot", set())],
+)
+def test_build_flags_are_read_from_build_help_once(tmp_path, help_text, flags):
+    calls = tmp_path / "calls"
+    fake = _script(
+        tmp_path,
+        "apptainer",
+        f"import sys\nopen({str(calls)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\nprint({help_text!r})\n",
+    )
+    apptainer = HostApptainer(str(fake))
+    assert apptainer.build_flags() == flags
+    assert apptainer.build_flags() == flags
+    assert calls.read_text().splitlines() == ["build --help"]
+
+
+# --------------------------------------------------------------------------- docker save -> OCI layout
+
+
+def _tar(members: list[tuple[str, bytes | str]]) -> bytes:
+    """A tar of (name, data) files and (name, "->target") symlinks, as docker save writes it."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if isinstance(data, str):
+                info.type, info.linkname = tarfile.SYMTYPE, data.removeprefix("->")
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _layer(*files: tuple[str, bytes]) -> bytes:
+    return _tar(list(files))
+
+
+def _chunks(data: bytes, size: int = 1000):
+    """docker-py hands the export over in chunks that cut through tar headers."""
+    return (data[i : i + size] for i in range(0, len(data), size))
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read_layout(path: Path) -> tuple[dict, dict]:
+    index = json.loads((path / "index.json").read_text())
+    assert json.loads((path / "oci-layout").read_text()) == {"imageLayoutVersion": "1.0.0"}
+    assert len(index["manifests"]) == 1
+    digest = index["manifests"][0]["digest"].removeprefix("sha256:")
+    data = (path / "blobs" / "sha256" / digest).read_bytes()
+    assert _sha(data) == digest and index["manifests"][0]["size"] == len(data)
+    return index, json.loads(data)
+
+
+def test_oci_layout_from_a_legacy_docker_save(tmp_path):
+    """Docker 20.10's format: <id>/layer.tar, a repeated layer as a symlink, the config as
+    <sha>.json, manifest.json last; the layers stay uncompressed and in order."""
+    base, top = _layer(("etc/os-release", b"ID=debian\n")), _layer(("opt/venv/bin/torchbuild", b"#!/bin/sh\n"))
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/usr/bin"]}}).encode()
+    manifest = [
+        {"Config": f"{_sha(config)}.json", "RepoTags": ["t:1"], "Layers": ["a/layer.tar", "b/layer.tar", "c/layer.tar"]}
+    ]
+    archive = _tar(
+        [
+            ("a/VERSION", b"1.0"),
+            ("a/json", b"{}"),
+            ("a/layer.tar", base),
+            ("b/layer.tar", top),
+            ("c/layer.tar", "->../a/layer.tar"),  # the same layer again
+            (f"{_sha(config)}.json", config),
+            ("manifest.json", json.dumps(manifest).encode()),
+            ("repositories", b"{}"),
+        ]
+    )
+    layout = write_oci_layout(_chunks(archive), tmp_path / "layout")
+    index, image = _read_layout(layout.path)
+    assert layout.manifest_digest == index["manifests"][0]["digest"]
+    assert image["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
+    assert image["config"] == {
+        "mediaType": "application/vnd.oci.image.config.v1+json",
+        "digest": f"sha256:{_sha(config)}",
+        "size": len(config),
+    }
+    tar_type = "application/vnd.oci.image.layer.v1.tar"
+    assert image["layers"] == [
+        {"mediaType": tar_type, "digest": f"sha256:{_sha(base)}", "size": len(base)},
+        {"mediaType": tar_type, "digest": f"sha256:{_sha(top)}", "size": len(top)},
+        {"mediaType": tar_type, "digest": f"sha256:{_sha(base)}", "size": len(base)},
+    ]
+    blobs = tmp_path / "layout" / "blobs" / "sha256"
+    assert (blobs / _sha(base)).read_bytes() == base  # as docker save wrote it: no compression
+    # VERSION, json and repositories are not blobs of the image; no partial file is left
+    names = sorted(p.name for p in blobs.iterdir())
+    assert names == sorted({_sha(base), _sha(top), _sha(config), index["manifests"][0]["digest"][7:]})
+    assert layout.size == sum((blobs / n).stat().st_size for n in names)
+
+
+def test_oci_layout_from_an_oci_docker_save_with_compressed_layers(tmp_path):
+    """Docker 25+ writes blobs/sha256/<digest> (and the containerd store may keep layers
+    compressed): the media type follows what the blob is."""
+    plain = _layer(("a", b"1"))
+    packed = gzip.compress(_layer(("b", b"2")))
+    config = b'{"architecture": "arm64", "os": "linux"}'
+    manifest = [
+        {
+            "Config": f"blobs/sha256/{_sha(config)}",
+            "Layers": [f"blobs/sha256/{_sha(plain)}", f"blobs/sha256/{_sha(packed)}"],
+        }
+    ]
+    archive = _tar(
+        [
+            ("blobs/sha256/" + _sha(plain), plain),
+            ("blobs/sha256/" + _sha(packed), packed),
+            ("blobs/sha256/" + _sha(config), config),
+            ("index.json", b'{"schemaVersion": 2, "manifests": []}'),
+            ("oci-layout", b'{"imageLayoutVersion": "1.0.0"}'),
+            ("manifest.json", json.dumps(manifest).encode()),
+        ]
+    )
+    _, image = _read_layout(write_oci_layout(_chunks(archive, 777), tmp_path / "l").path)
+    assert [layer["mediaType"] for layer in image["layers"]] == [
+        "application/vnd.oci.image.layer.v1.tar",
+        "application/vnd.oci.image.layer.v1.tar+gzip",
+    ]
+    assert image["config"]["digest"] == f"sha256:{_sha(config)}"
+
+
+@pytest.mark.parametrize(
+    ("members", "message"),
+    [
+        ([("a/layer.tar", b"x")], "no manifest.json for exactly one image"),
+        (
+            [("manifest.json", b'[{"Config": "c.json", "Layers": ["a/layer.tar"]}]'), ("c.json", b"{}")],
+            "no 'a/layer.tar'",
+        ),
+    ],
+)
+def test_oci_layout_refuses_an_archive_it_cannot_read(tmp_path, members, message):
+    with pytest.raises(SifError, match=re.escape(message)):
+        write_oci_layout(_chunks(_tar(members)), tmp_path / "l")
+
+
+def test_remove_tree_removes_read_only_directories_and_never_raises(tmp_path):
+    """What an unprivileged extraction leaves after Ctrl-C can hold read-only directories."""
+    work = tmp_path / "work" / "abc"
+    (work / "rootfs" / "usr" / "lib").mkdir(parents=True)
+    (work / "rootfs" / "usr" / "lib" / "libx.so").write_bytes(b"x")
+    (work / "rootfs" / "proc").mkdir()
+    (work / "rootfs" / "usr" / "lib").chmod(0o555)
+    (work / "rootfs" / "proc").chmod(0o000)
+    mode = (tmp_path / "work").stat().st_mode
+    remove_tree(work)
+    assert not work.exists() and (tmp_path / "work").stat().st_mode == mode
+    remove_tree(work)  # gone already: nothing to do
