@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import email.utils
 import hashlib
 import json
 import os
@@ -95,13 +96,16 @@ def remembered(epoch: Epoch, tree: str, cache: Path) -> Epoch:
 
 
 def _changelog_time(tree: Path) -> int | None:
-    changelog = tree / "debian" / "changelog"
-    if not changelog.is_file() or shutil.which("dpkg-parsechangelog") is None:
+    """The date of debian/changelog's newest entry (its first trailer line, ` -- Name <mail>  DATE`),
+    as dpkg-parsechangelog -STimestamp gives it; read here, so the host needs no dpkg-dev."""
+    try:
+        with (tree / "debian" / "changelog").open(encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(" -- ") and "  " in line[4:]:
+                    return int(email.utils.parsedate_to_datetime(line[4:].split("  ", 1)[1].strip()).timestamp())
+    except (OSError, ValueError, TypeError, IndexError):
         return None
-    proc = subprocess.run(
-        ["dpkg-parsechangelog", "-l", str(changelog), "-STimestamp"], capture_output=True, text=True, check=False
-    )
-    return int(proc.stdout.strip()) if proc.returncode == 0 and proc.stdout.strip().isdigit() else None
+    return None
 
 
 def _newest_member(archive: Path) -> int | None:

@@ -169,6 +169,18 @@ def test_an_archive_takes_its_newest_member(tmp_path):
     assert repro.source_date_epoch(info, {}) == repro.Epoch(1650000000, "archive src.tar.gz")
 
 
+def test_a_debian_source_takes_its_changelog_date(tmp_path):
+    (tmp_path / "debian").mkdir()
+    (tmp_path / "debian" / "changelog").write_text(
+        "pytorch (2.6.0+dfsg-7) unstable; urgency=medium\n\n  * x\n\n"
+        " -- Someone <s@example.org>  Tue, 04 Mar 2025 10:00:00 +0100\n\n"
+        "pytorch (2.6.0+dfsg-6) unstable; urgency=medium\n\n  * y\n\n"
+        " -- Someone <s@example.org>  Mon, 03 Feb 2025 10:00:00 +0100\n"
+    )
+    epoch = repro.source_date_epoch(SourceInfo(kind="dsc", path=tmp_path), {})
+    assert epoch == repro.Epoch(1741078800, "debian/changelog")  # 2025-03-04T09:00:00Z, the newest entry
+
+
 def test_a_plain_tree_takes_its_newest_file_outside_build(tmp_path):
     (tmp_path / "setup.py").write_text("")
     os.utime(tmp_path / "setup.py", (1600000000, 1600000000))
