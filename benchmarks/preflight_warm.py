@@ -22,16 +22,15 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 from debian_source import DSC_NAME, fetch_debian_pytorch  # noqa: E402
+from preflight_ccache import invoke, manifest  # noqa: E402  (this directory is sys.path[0] when run as a script)
 
 from torchbuild.cmakecache import CheckCache  # noqa: E402
 from torchbuild.config import resolve  # noqa: E402
@@ -40,19 +39,6 @@ from torchbuild.engine import Engine  # noqa: E402
 PROFILE = str(ROOT / "tests" / "fixtures" / "profiles" / "debian-pytorch-2.6.yaml")
 CHECKS = re.compile(r"torchbuild: CMake checks: (.*probes ran)")
 CODEGEN = re.compile(r"aten/src/ATen/\w*generated_(headers|sources|declarations_yaml)\.cmake$")
-
-
-def invoke(*args: str) -> tuple[float, str]:
-    start = time.monotonic()
-    res = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, capture_output=True, text=True, check=False)
-    if res.returncode != 0:
-        sys.exit(f"invoke {args[0]} failed ({res.returncode}):\n{res.stdout[-3000:]}{res.stderr}")
-    return time.monotonic() - start, res.stdout
-
-
-def manifest(stdout: str) -> dict:
-    line = next(ln for ln in stdout.splitlines() if ln.startswith("manifest: "))
-    return json.loads(Path(line.split(": ", 1)[1]).read_text())
 
 
 def load() -> str:
