@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
-import importlib.util
 import json
 import os
 import shutil
@@ -517,20 +516,11 @@ def check_wheel_tools(source: str, python: str = sys.executable) -> None:
     """--no-build-isolation builds with the interpreter's packages: say what is missing up front."""
     if not (Path(source) / "setup.py").is_file():
         return
-    if python == sys.executable:
-        missing = []
-        if importlib.util.find_spec("setuptools") is None:
-            missing.append("setuptools")
-        elif (
-            importlib.util.find_spec("setuptools.command.bdist_wheel") is None
-            and importlib.util.find_spec("wheel") is None
-        ):
-            missing.append("wheel")
-    else:
-        proc = subprocess.run([python, "-c", _WHEEL_TOOLS], capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise ToolMissing(f"{python} does not run: {proc.stderr.strip()[-300:]}")
-        missing = proc.stdout.split()
+    # asked of the interpreter itself (another Python's packages are not this process's)
+    proc = subprocess.run([python, "-c", _WHEEL_TOOLS], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise ToolMissing(f"{python} does not run: {proc.stderr.strip()[-300:]}")
+    missing = proc.stdout.split()
     if missing:
         raise ToolMissing(
             f"{python} lacks {', '.join(missing)}, which a setup.py build needs",

@@ -236,3 +236,14 @@ def test_a_plain_tree_keeps_the_time_of_its_first_build(tmp_path):
     ro = tmp_path / "ro"
     ro.write_text("a file, not a directory")
     assert repro.remembered(later, "/t/tree", ro) == later
+
+
+def test_another_interpreter_is_asked_for_its_own_wheel_tools(tmp_path):
+    from torchbuild.build import check_wheel_tools
+
+    (tmp_path / "setup.py").write_text("")
+    bare = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    with pytest.raises(ToolMissing, match=r"venv/bin/python lacks setuptools"):
+        check_wheel_tools(str(tmp_path), str(bare / "bin" / "python"))
+    check_wheel_tools(str(tmp_path), sys.executable)  # this one has them (the test environment)
