@@ -121,3 +121,16 @@ def run_in(engine, tag: str, script: str, mounts: dict[str, str], env: dict[str,
         container.remove(force=True)
     assert status["StatusCode"] == 0, logs[-4000:]
     return logs
+
+
+def invoke_here(*argv: str) -> int:
+    """Run `invoke ARGV` through invoke's own parser in this process (the tasks' collection); its exit status."""
+    from invoke.program import Program
+
+    from torchbuild.tasks import ns
+
+    try:
+        Program(namespace=ns).run(["invoke", *argv])
+    except SystemExit as done:
+        return int(done.code or 0)
+    return 0

@@ -13,14 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from invoke.program import Program
+from helpers import invoke_here
 
 import torchbuild
 from torchbuild import __version__
 from torchbuild import manifest as mf
 from torchbuild.config import resolve
 from torchbuild.errors import BuildFailed, InsufficientSpace, PathError, TorchbuildError
-from torchbuild.tasks import ns
 from torchbuild.tasks.manifest import DIFFERENT
 
 SPEC = resolve("cpu")
@@ -113,13 +112,7 @@ def saved(tmp_path: Path, data: dict[str, Any], name: str = "a.manifest.json") -
     return path
 
 
-def invoke(*argv: str) -> int:
-    """Run `invoke ARGV` through invoke's own parser in this process; its exit status."""
-    try:
-        Program(namespace=ns).run(["invoke", *argv])
-    except SystemExit as done:
-        return int(done.code or 0)
-    return 0
+invoke = invoke_here  # `invoke ARGV` in this process, its exit status
 
 
 # --------------------------------------------------------------------------- shape

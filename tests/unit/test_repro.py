@@ -12,8 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import make_wheel
-from invoke.program import Program
+from helpers import invoke_here, make_wheel
 
 from torchbuild import repro
 from torchbuild.build import interpreter, path_independent
@@ -21,7 +20,6 @@ from torchbuild.config import resolve
 from torchbuild.errors import ToolMissing, UsageError, WheelError
 from torchbuild.runner import pythons_option
 from torchbuild.source import SourceInfo
-from torchbuild.tasks import ns
 from torchbuild.tasks.manifest import DIFFERENT
 
 EPOCH = 1700000000  # 2023-11-14T22:13:20Z
@@ -112,12 +110,7 @@ def test_diff_names_each_member_and_how_it_differs(tmp_path):
     assert repro.describe(repro.diff_wheels(a, same), a, same).startswith("identical: ")
 
 
-def invoke(*argv: str) -> int:
-    try:
-        Program(namespace=ns).run(["invoke", *argv])
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
+invoke = invoke_here  # `invoke ARGV` in this process, its exit status
 
 
 def test_manifest_diff_of_two_wheels_exits_99_when_they_differ(tmp_path, capsys):
