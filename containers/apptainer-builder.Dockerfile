@@ -18,10 +18,12 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # Site CA certificates from the profile's ca_certificates (often none).
 COPY certs/ /usr/local/share/ca-certificates/torchbuild/
 
+# debootstrap and the archive keyrings: `invoke sif --from-recipe` with a debootstrap bootstrap.
 # hadolint ignore=SC2086
 RUN apt-get ${APT_OPTIONS} update \
  && apt-get ${APT_OPTIONS} install -y --no-install-recommends \
       apptainer squashfs-tools squashfuse fuse2fs fuse-overlayfs uidmap ca-certificates \
+      debootstrap debian-archive-keyring ubuntu-keyring \
       python3 python3-venv \
  && update-ca-certificates \
  && rm -rf /var/lib/apt/lists/* \

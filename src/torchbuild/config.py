@@ -124,6 +124,10 @@ class BuildSpec:
     ca_certificates: tuple[str, ...]
     image_name: str
     sif_builder_base: str
+    sif_bootstrap: str
+    sif_suite: str
+    sif_mirror: str
+    sif_components: tuple[str, ...]
     cuda_version: str
     cuda_arch_list: tuple[str, ...]
     cuda_home: str

@@ -45,6 +45,7 @@ import io
 import json
 import os
 import posixpath
+import re
 import shlex
 import shutil
 import subprocess
@@ -56,6 +57,9 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, TextIO, cast
+
+from spython.main.parse.recipe import Recipe
+from spython.main.parse.writers.singularity import SingularityWriter
 
 from . import __version__
 from .arch import Arch
@@ -343,6 +347,86 @@ Examples:
 """
 
 
+def check_definition_paths(paths: Iterable[Path], *, layout: Path | None = None) -> None:
+    """Definition files name paths unquoted (%files, From:): refuse whitespace, and ':' or '@'
+    in an OCI layout's path (Apptainer reads `DIR:TAG` and `DIR@DIGEST` there)."""
+    for p in [*paths, *([layout] if layout else [])]:
+        if any(c.isspace() for c in str(p)) or (p == layout and any(c in str(p) for c in ":@")):
+            raise SifError(
+                f"{p}: Apptainer definition files cannot name paths with whitespace"
+                + (" (nor an OCI layout with ':' or '@')" if p == layout else ""),
+                hint="set cache_dir to a path without spaces, ':' or '@' (--set cache_dir=...)",
+            )
+
+
+def metadata_files(
+    spec: BuildSpec, profile_file: Path, comms: tuple[Path, Mapping[str, Any]] | None = None
+) -> list[list[str]]:
+    """%files: the resolved profile where `torchbuild` in the SIF finds it, and the comms prefix."""
+    files = [[str(profile_file), baked_profile_path(spec)]]
+    if comms:
+        files.append([str(comms[0]), SIF_COMMS])
+    return files
+
+
+STAGE = "torchbuild"
+
+
+class DefinitionWriter(SingularityWriter):  # type: ignore[misc]
+    """spython's Singularity writer for one stage, plus what it does not write: a bootstrap
+    other than `docker` (header), comments, %help, `%post -c SHELL`, and %environment lines
+    that are not assignments (comments, conditional PATH prepends): spython prefixes every
+    environment entry with `export`, so only NAME=VALUE entries get it here. Its %startscript
+    (a copy of the runscript) is left out; sections are separated by a blank line and their
+    lines indented."""
+
+    _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        *,
+        header: Sequence[str] = (),
+        help_text: str = "",
+        comments: Sequence[str] = (),
+        post_interpreter: str = "",
+    ) -> None:
+        super().__init__({STAGE: recipe})
+        self.header, self.help_text, self.comments = list(header), help_text, list(comments)
+        self.post_interpreter = post_interpreter
+
+    def _create_section(self, attribute: str, name: str | None = None, stage: str | None = None) -> list[str]:
+        if attribute != "environ":
+            return list(super()._create_section(attribute, name, stage))
+        lines = self.recipe[self.stage].environ
+        return ["%environment", *(f"export {x}" if self._ASSIGNMENT.match(x) else x for x in lines)] if lines else []
+
+    def convert(self, runscript: str = TORCHBUILD_EXE, force: bool = True) -> str:
+        lines = super().convert(runscript=runscript, force=force).splitlines()
+        stage = lines.index(f"Stage: {STAGE}")  # after spython's "Bootstrap: docker", "From: ..."
+        body: list[str] = []
+        skip = False
+        for line in lines[stage + 1 :]:
+            if not line.strip():  # spython's own spacing; sections get one blank line each
+                continue
+            if line.startswith("%"):
+                skip = line == "%startscript"
+                if line == "%post" and self.post_interpreter:
+                    line = f"%post -c {self.post_interpreter}"
+                if not skip:
+                    body.append("")
+            if not skip:
+                body.append(line if line.startswith("%") else f"    {line}")
+        text = [*(f"# {c}" for c in self.comments), *(self.header or lines[:stage]), *body]
+        if self.help_text:
+            text += ["", "%help", *(f"    {x}" if x else "" for x in self.help_text.splitlines())]
+        return "\n".join(text) + "\n"
+
+
+def environment_section_lines(spec: BuildSpec, comms: Mapping[str, Any] | None = None) -> list[str]:
+    return [line.strip() for line in environment_section(spec, comms).splitlines()]
+
+
 def definition(
     spec: BuildSpec,
     *,
@@ -352,49 +436,26 @@ def definition(
     compression: Compression = APPTAINER_DEFAULT_COMPRESSION,
     comms: tuple[Path, Mapping[str, Any]] | None = None,
 ) -> str:
-    """The definition file: bootstrap from archive, the OCI layout directory the image was
-    saved to (`write_oci_layout`), add metadata only (no %post); comms: (the host prefix, its
-    manifest) of `invoke comms`, copied to SIF_COMMS."""
-    for p in (archive, profile_file, *([comms[0]] if comms else [])):
-        if any(c.isspace() for c in str(p)) or (p == archive and any(c in str(p) for c in ":@")):
-            raise SifError(
-                f"{p}: Apptainer definition files cannot name paths with whitespace"
-                + (" (nor an OCI layout with ':' or '@')" if p == archive else ""),
-                hint="set cache_dir to a path without spaces, ':' or '@' (--set cache_dir=...)",
-            )
+    """The definition file, written through spython's Recipe and Singularity writer: bootstrap
+    from archive, the OCI layout directory the image was saved to (`write_oci_layout`), and
+    add metadata only (no %post); comms: (the host prefix, its manifest) of `invoke comms`,
+    copied to SIF_COMMS."""
+    check_definition_paths([profile_file, *([comms[0]] if comms else [])], layout=archive)
     manifest = comms[1] if comms else None
-    env = environment_section(spec, manifest)
-    labels = {
-        f"{SIF_LABEL}.image": spec.image_tag,
-        f"{SIF_LABEL}.image-id": image_id,
-        f"{SIF_LABEL}.profile-hash": spec.hash,
-        f"{SIF_LABEL}.torchbuild-version": __version__,
-        f"{SIF_LABEL}.runtime-hash": runtime_hash(spec, manifest),
-        f"{SIF_LABEL}.compression": str(compression),
-    }
-    files = f"    {profile_file} {baked_profile_path(spec)}"
-    if comms:
-        files += f"\n    {comms[0]} {SIF_COMMS}"
-    label_lines = "\n".join(f"    {k} {v}" for k, v in labels.items())
-    help_lines = "\n".join(f"    {line}" if line else "" for line in help_text(spec).splitlines())
-    return f"""Bootstrap: oci
-From: {archive}
-
-%files
-{files}
-
-%environment
-{env}
-
-%labels
-{label_lines}
-
-%runscript
-    exec {TORCHBUILD_EXE} "$@"
-
-%help
-{help_lines}
-"""
+    recipe = Recipe()
+    recipe.fromHeader = str(archive)
+    recipe.files = metadata_files(spec, profile_file, comms)
+    recipe.environ = environment_section_lines(spec, manifest)
+    recipe.labels = [
+        [f"{SIF_LABEL}.image", spec.image_tag],
+        [f"{SIF_LABEL}.image-id", image_id],
+        [f"{SIF_LABEL}.profile-hash", spec.hash],
+        [f"{SIF_LABEL}.torchbuild-version", __version__],
+        [f"{SIF_LABEL}.runtime-hash", runtime_hash(spec, manifest)],
+        [f"{SIF_LABEL}.compression", str(compression)],
+    ]
+    writer = DefinitionWriter(recipe, header=["Bootstrap: oci", f"From: {archive}"], help_text=help_text(spec))
+    return writer.convert()
 
 
 # --------------------------------------------------------------------------- reaching apptainer
@@ -716,7 +777,7 @@ def build_sif(
             and labels.get(f"{SIF_LABEL}.runtime-hash") == runtime_hash(spec, comms[1] if comms else None)
             and labels.get(f"{SIF_LABEL}.compression") == str(chosen)
         ):
-            link = _link_default(spec, final)
+            link = link_default(spec, final)
             size = final.stat().st_size
             return SifResult(
                 final, True, time.monotonic() - start, size, image_size, link=link, compression=str(chosen)
@@ -790,7 +851,7 @@ def build_sif(
     finally:
         partial.unlink(missing_ok=True)
         remove_tree(work)
-    link = _link_default(spec, final)
+    link = link_default(spec, final)
     return SifResult(
         final,
         False,
@@ -829,7 +890,7 @@ def remove_tree(path: Path) -> None:
         shutil.rmtree(path, onerror=retry)
 
 
-def _link_default(spec: BuildSpec, final: Path) -> Path | None:
+def link_default(spec: BuildSpec, final: Path) -> Path | None:
     """torch-build.sif names the default profile's SIF for this host (a hard link, replaced
     atomically); returns it, or None for other profiles and arches."""
     if spec.profile != DEFAULT_PROFILE or spec.arch != Arch.host():

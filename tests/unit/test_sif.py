@@ -256,19 +256,19 @@ def test_cli_help_explains_the_binds(capsys):
 
 
 def test_default_sif_link_is_replaced_without_leftovers(tmp_path):
-    from torchbuild.sif import _link_default
+    from torchbuild.sif import link_default
 
     spec = resolve("cpu")
     final = tmp_path / sif_filename(spec)
     final.write_bytes(b"one")
     for _ in range(2):  # the second time the link already names the same file
-        _link_default(spec, final)
+        link_default(spec, final)
     final.unlink()
     final.write_bytes(b"two")  # a new conversion: a new file under the same name
-    _link_default(spec, final)
+    link_default(spec, final)
     assert (tmp_path / "torch-build.sif").read_bytes() == b"two"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([final.name, "torch-build.sif"])
-    _link_default(resolve("gh200", arch="aarch64"), final)  # not the default profile: no link change
+    link_default(resolve("gh200", arch="aarch64"), final)  # not the default profile: no link change
     assert (tmp_path / "torch-build.sif").read_bytes() == b"two"
 
 

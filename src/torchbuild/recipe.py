@@ -1,0 +1,586 @@
+"""The toolchain SIF from the recipe, with no Docker anywhere: `invoke sif --from-recipe`.
+
+Most HPC login and compute nodes have Apptainer and no Docker. This route reads the same
+recipe `invoke image` builds (containers/toolchain.Dockerfile, in the same build context with
+the profile's package lists, CA certificates and torchbuild's source) with spython's Docker
+parser, and writes an Apptainer definition with spython's Singularity writer (sif.DefinitionWriter):
+
+* ARG values come from the profile (image.build_args), exported in %post as Docker exports them
+  to RUN; ENV is exported in %post too (spython writes bare assignments, which apt and pip
+  would not see) and lands in %environment;
+* COPY becomes %files from the build context, by absolute path;
+* SHELL ["/bin/bash", "-o", "pipefail", "-c"] (which spython does not know) becomes
+  `%post -c /bin/bash` with `set -e -o pipefail`;
+* FROM becomes the bootstrap the profile asks for (`sif_bootstrap`): `docker` pulls base_image
+  through a registry, `debootstrap` installs a Debian or Ubuntu suite from a package mirror;
+* WORKDIR and CMD do not reach the runscript: it is the converted SIF's (`exec torchbuild "$@"`,
+  started in the caller's directory), and so are the labels, %environment and %help.
+
+Instructions the parser has no translation for (USER, ONBUILD, SHELL forms other than the one
+above, ARG without a value) are a RecipeError naming the line, never a silently different SIF.
+Apptainer builds unprivileged: as root nothing is needed; otherwise `--fakeroot`, which for
+debootstrap needs the caller in /etc/subuid (a root-mapped namespace cannot unpack a base
+system), and for a docker bootstrap at least user namespaces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import hashlib
+import json
+import os
+import shlex
+import sys
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+from spython.main.parse.parsers.docker import DockerParser
+
+from . import __version__
+from .arch import Arch
+from .comms import wanted as comms_wanted
+from .config import BuildSpec, cache_dir, profile_text
+from .errors import BuildInterrupted, PathError, SifError, TorchbuildError, UsageError, named_os_errors
+from .image import build_args, image_context, labels, tree_digest
+from .process import interrupts_unwind
+from .sif import (
+    DEFAULT_COMPRESSION,
+    SIF_LABEL,
+    Apptainer,
+    Compression,
+    DefinitionWriter,
+    DockerApptainer,
+    SifResult,
+    check_definition_paths,
+    check_space,
+    choose_compression,
+    environment_section_lines,
+    help_text,
+    link_default,
+    metadata_files,
+    remove_tree,
+    runtime_hash,
+    sif_filename,
+    space_needed,
+)
+from .sif import build_args as apptainer_build_args
+
+RECIPE = "Dockerfile"  # containers/toolchain.Dockerfile, as image_context lays it out
+# the root file system a cpu toolchain recipe installs (measured 1.7 GiB as a Docker image): the
+# free space a build needs is sif.space_needed of it (the root file system, its squashfs, the SIF)
+RECIPE_SIZE_ESTIMATE = 2 << 30
+
+
+class RecipeError(TorchbuildError):
+    """The toolchain recipe cannot become an Apptainer definition, or Apptainer cannot build it
+    unprivileged on this host."""
+
+    exit_code = 29
+    default_hint = "build the image with Docker and convert it instead: `invoke image` then `invoke sif`"
+
+
+# --------------------------------------------------------------------------- bootstrap
+
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+UBUNTU_MIRROR = "http://archive.ubuntu.com/ubuntu"
+UBUNTU_PORTS = "http://ports.ubuntu.com/ubuntu-ports"
+# Ubuntu releases by version, for base_image ubuntu:<version>
+UBUNTU_SUITES = {"20.04": "focal", "22.04": "jammy", "24.04": "noble", "24.10": "oracular", "25.04": "plucky"}
+DEBIAN_SUITES = {"11": "bullseye", "12": "bookworm", "13": "trixie", "14": "forky"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Bootstrap:
+    """Where the SIF's root file system comes from."""
+
+    agent: str  # docker | debootstrap
+    source: str  # docker: the image reference; debootstrap: the suite
+    mirror: str = ""
+    components: tuple[str, ...] = ()
+
+    def header(self) -> list[str]:
+        if self.agent == "docker":
+            return ["Bootstrap: docker", f"From: {self.source}"]
+        return ["Bootstrap: debootstrap", f"OSVersion: {self.source}", f"MirrorURL: {self.mirror}"]
+
+    def prelude(self) -> list[str]:
+        """%post lines before the recipe's own: a debootstrapped system has only `main` in its
+        apt sources; the profile's packages may need the other components (non-free CUDA)."""
+        if self.agent != "debootstrap":
+            return []
+        line = shlex.quote(f"deb {self.mirror} {self.source} {' '.join(self.components)}")
+        return [
+            "# debootstrap writes `main` only; the components the profile's packages need:",
+            f"printf '%s\\n' {line} > /etc/apt/sources.list || exit $?",
+        ]
+
+    def __str__(self) -> str:
+        if self.agent == "docker":
+            return f"docker://{self.source}"
+        return f"debootstrap {self.source} {' '.join(self.components)} from {self.mirror}"
+
+
+def _suite_of(base_image: str) -> tuple[str, str]:
+    """(distribution, suite) a base image name says, or ("", "") when it says none."""
+    name, _, tag = base_image.rpartition("/")[2].partition(":")
+    if name == "ubuntu":
+        return "ubuntu", UBUNTU_SUITES.get(tag, tag if tag.isalpha() else "")
+    if name == "debian":
+        tag = tag.split("-")[0]
+        return "debian", DEBIAN_SUITES.get(tag, tag if tag.isalpha() else "")
+    if base_image.startswith("torchbuild/base:"):  # `invoke base-image`: torchbuild/base:<suite>-<arch>
+        return "debian", tag.rsplit("-", 1)[0]
+    return "", ""
+
+
+def bootstrap_for(spec: BuildSpec) -> Bootstrap:
+    """The bootstrap the profile asks for; debootstrap's suite, mirror and components default
+    to what base_image names (debian:trixie, ubuntu:24.04, torchbuild/base:trixie-x86_64)."""
+    if spec.sif_bootstrap == "docker":
+        return Bootstrap("docker", spec.base_image)
+    distro, suite = _suite_of(spec.base_image)
+    suite = spec.sif_suite or suite
+    if not suite:
+        raise UsageError(
+            f"sif_bootstrap debootstrap: cannot tell the suite from base_image {spec.base_image!r}",
+            hint="set it, e.g. --set sif_suite=trixie (or noble, with --set sif_mirror=http://archive.ubuntu.com/ubuntu)",
+        )
+    if not distro:
+        distro = "ubuntu" if suite in UBUNTU_SUITES.values() else "debian"
+    if distro == "ubuntu":
+        mirror = UBUNTU_PORTS if spec.arch == Arch.AARCH64 else UBUNTU_MIRROR
+        components: tuple[str, ...] = ("main", "universe")
+    else:
+        mirror, components = DEBIAN_MIRROR, ("main", "contrib", "non-free")
+    return Bootstrap("debootstrap", suite, spec.sif_mirror or mirror, tuple(spec.sif_components) or components)
+
+
+# --------------------------------------------------------------------------- Dockerfile -> Recipe
+
+
+@dataclasses.dataclass
+class Translation:
+    """The recipe as spython parsed it, and what torchbuild translated around it."""
+
+    recipe: Any  # spython.main.parse.recipe.Recipe
+    shell: list[str]  # SHELL's interpreter and options, [] when the recipe sets none
+    notes: list[str]  # where this definition differs from the Docker build, for its comment
+
+
+# Dockerfile instructions spython's parser has no translation for (it would paste them into
+# %post as commands): refused by name.
+UNTRANSLATABLE = ("USER", "ONBUILD")
+
+
+def translate(dockerfile: Path, context: Path, args: Mapping[str, str]) -> Translation:
+    """Parse dockerfile (whose COPY sources are in context) with spython's DockerParser, ARG
+    values taken from args. RecipeError for what it cannot translate."""
+
+    class ToolchainParser(DockerParser):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.shell: list[str] = []
+            self.number = 0
+            self.run_open = False  # inside a RUN that continues on the next line
+            with _quiet_spython():
+                super().__init__(str(dockerfile), load=True)
+
+        def parse(self) -> Any:
+            parser, previous = None, None
+            for number, line in enumerate(self.lines, 1):
+                self.number = number
+                parser = self._get_mapping(line, parser, previous)
+                if parser:
+                    parser(line)
+                previous = line
+            return self.recipe
+
+        def _where(self) -> str:
+            return f"{dockerfile.name}:{self.number}"
+
+        def _get_mapping(self, line: Any, parser: Any = None, previous: Any = None) -> Any:
+            continued = self._clean_line(previous).endswith("\\")
+            words = line.split() if isinstance(line, str) else line
+            instruction = words[0].upper() if words and not continued else ""
+            if instruction == "SHELL":
+                return self._shell
+            if instruction in UNTRANSLATABLE:
+                raise RecipeError(
+                    f"{self._where()}: spython cannot translate {instruction} into an Apptainer definition",
+                    hint="drop it from the recipe, or build with Docker and convert: `invoke image` then `invoke sif`",
+                )
+            return super()._get_mapping(line, parser, previous)
+
+        def _shell(self, line: str) -> None:
+            try:
+                shell = json.loads(line.split(None, 1)[1])
+            except (IndexError, ValueError):
+                shell = None
+            ok = isinstance(shell, list) and len(shell) >= 2 and shell[-1] == "-c"
+            options = shell[1:-1] if ok else []
+            if not ok or len(options) % 2 or any(o != "-o" for o in options[::2]):
+                raise RecipeError(
+                    f'{self._where()}: only SHELL ["SHELL", "-o", "OPTION", ..., "-c"] has an Apptainer form '
+                    f"(`%post -c SHELL` and `set -o OPTION`), not {line.strip()!r}",
+                    hint="use that form, or build with Docker and convert: `invoke image` then `invoke sif`",
+                )
+            if self.shell and self.shell != shell:
+                raise RecipeError(f"{self._where()}: a second, different SHELL has no Apptainer form")
+            self.shell = shell
+
+        def _arg(self, line: str) -> None:
+            for word in shlex.split(self._setup("ARG", line)[0] if self._setup("ARG", line) else ""):
+                name, eq, default = word.partition("=")
+                value = args.get(name, default if eq else None)
+                if value is None:
+                    raise RecipeError(
+                        f"{self._where()}: ARG {name} has no value (no default, and the profile gives none)",
+                        hint=f"give it a default in the recipe: ARG {name}=...",
+                    )
+                self.args[name] = value  # what FROM ${NAME} resolves to
+                self.recipe[self.active_layer].install.append(f"export {name}={shlex.quote(value)}")
+
+        def _env(self, line: str) -> None:
+            install = self.recipe[self.active_layer].install
+            before = len(install)
+            super()._env(line)
+            install[before:] = [f"export {assignment}" for assignment in install[before:]]
+
+        def _add_files(self, source: str, dest: str, layer: Any = None) -> None:
+            path = context / source
+            if not path.exists():
+                raise RecipeError(f"{self._where()}: COPY source {source!r} is not in the build context {context}")
+            if path.is_dir():  # COPY DIR/ DEST/ copies DIR's content; %files DIR DEST/ would make DEST/DIR
+                dest = dest.rstrip("/") or "/"
+            super()._add_files(str(path), dest, layer)
+
+        def _run(self, line: str) -> None:
+            """Each RUN in a subshell whose failure ends %post, as a failed RUN ends a Docker
+            build (`set -e` would not: it ignores all but the last command of a && chain)."""
+            install = self.recipe[self.active_layer].install
+            before = len(install)
+            super()._run(line)
+            if not self.run_open and len(install) > before:
+                install[before] = f"( {install[before]}"
+                self.run_open = True
+            if self.run_open and not self._clean_line(line).endswith("\\"):
+                install[-1] = f"{install[-1]}\n) || exit $?"
+                self.run_open = False
+
+    parser = ToolchainParser()
+    stages = list(parser.recipe.values())
+    if len(stages) != 1:
+        raise RecipeError(f"{dockerfile.name}: {len(stages)} stages; only a single-stage recipe is translated")
+    recipe = stages[0]
+    notes = [
+        f"made by torchbuild {__version__} from {dockerfile.name} with spython's Docker parser and Singularity writer",
+        "ARG values are the profile's, exported in %post as Docker exports them to RUN",
+        "ENV is exported in %post (for apt and pip) and set in %environment",
+    ]
+    if parser.shell:
+        notes.append(f"SHELL {json.dumps(parser.shell)}: %post runs under {parser.shell[0]} with its -o options")
+    notes.append("each RUN runs in a subshell, and its failure ends %post, as in a Docker build")
+    notes.append(
+        "COPY of a directory: its content goes to a new directory (Docker would also merge into an existing one)"
+    )
+    if recipe.workdir:
+        notes.append(f"WORKDIR {recipe.workdir}: made in %post; the runscript starts in the caller's directory")
+        recipe.workdir = None
+    if recipe.cmd or recipe.entrypoint:
+        notes.append("CMD/ENTRYPOINT: replaced by the runscript (the torchbuild CLI), as in a converted SIF")
+    return Translation(recipe, parser.shell, notes)
+
+
+class _quiet_spython:
+    """spython's logger prints a warning per ARG and COPY; torchbuild says what matters itself."""
+
+    def __enter__(self) -> None:
+        from spython.logger import bot
+
+        self.bot, self.level = bot, bot.level
+        bot.level = 0
+
+    def __exit__(self, *exc: object) -> None:
+        self.bot.level = self.level
+
+
+# --------------------------------------------------------------------------- the definition
+
+
+def recipe_hash(context: Path, args: Mapping[str, str], bootstrap: Bootstrap, arch: Arch) -> str:
+    """Everything that decides the SIF's root file system (the recipe route's inputs-hash)."""
+    blob = json.dumps(
+        {
+            "args": dict(args),
+            "bootstrap": dataclasses.asdict(bootstrap),
+            "context": tree_digest(context),
+            "arch": arch.value,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def recipe_labels(spec: BuildSpec, digest: str, bootstrap: Bootstrap, compression: str) -> dict[str, str]:
+    """The converted SIF's labels (its image's, then its own) with the recipe in place of the image."""
+    return {
+        **labels(spec, digest, ""),
+        "org.opencontainers.image.base.name": str(bootstrap),
+        f"{SIF_LABEL}.route": "recipe",
+        f"{SIF_LABEL}.bootstrap": str(bootstrap),
+        f"{SIF_LABEL}.recipe-hash": digest,
+        f"{SIF_LABEL}.profile-hash": spec.hash,
+        f"{SIF_LABEL}.torchbuild-version": __version__,
+        f"{SIF_LABEL}.runtime-hash": runtime_hash(spec),
+        f"{SIF_LABEL}.compression": compression,
+    }
+
+
+def recipe_definition(
+    spec: BuildSpec,
+    context: Path,
+    bootstrap: Bootstrap,
+    *,
+    profile_file: Path,
+    compression: str,
+    digest: str = "",
+) -> str:
+    """The Apptainer definition of spec's toolchain, from the recipe in context."""
+    check_definition_paths([context, profile_file])
+    args = build_args(spec)
+    translation = translate(context / RECIPE, context, args)
+    recipe = translation.recipe
+    options = [f"set -o {o}" for o in translation.shell[2:-1:2]]
+    recipe.install = [*options, *bootstrap.prelude(), *recipe.install]
+    recipe.files += metadata_files(spec, profile_file)
+    recipe.environ += environment_section_lines(spec)
+    recipe.labels = [[k, v] for k, v in recipe_labels(spec, digest, bootstrap, compression).items()]
+    notes = [
+        *translation.notes,
+        f"bootstrap: {bootstrap} (profile key sif_bootstrap)",
+        "the runscript, labels, %environment and %help are the converted SIF's (`invoke sif`)",
+    ]
+    writer = DefinitionWriter(
+        recipe,
+        header=bootstrap.header(),
+        help_text=help_text(spec),
+        comments=notes,
+        post_interpreter=translation.shell[0] if translation.shell else "",
+    )
+    return writer.convert()
+
+
+# --------------------------------------------------------------------------- unprivileged build
+
+
+def _subid_entry(path: Path, user: str, uid: int) -> bool:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return False
+    return any(line.split(":")[0] in (user, str(uid)) for line in lines if line.count(":") == 2)
+
+
+def _userns_blocked(proc: Path = Path("/proc/sys")) -> str:
+    """Why this kernel refuses unprivileged user namespaces ("" when it allows them)."""
+    for name, off in (("user/max_user_namespaces", "0"), ("kernel/unprivileged_userns_clone", "0")):
+        try:
+            if (proc / name).read_text().strip() == off:
+                return f"{name.replace('/', '.')} = {off}"
+        except OSError:
+            continue
+    return ""
+
+
+def fakeroot_flags(
+    bootstrap: Bootstrap,
+    *,
+    uid: int | None = None,
+    user: str | None = None,
+    etc: Path = Path("/etc"),
+    proc: Path = Path("/proc/sys"),
+) -> list[str]:
+    """The `apptainer build` flags that make the build work unprivileged on this host: none as
+    root; otherwise --fakeroot. RecipeError naming the setting when the host cannot."""
+    uid = os.getuid() if uid is None else uid
+    if uid == 0:
+        return []
+    blocked = _userns_blocked(proc)
+    if blocked:
+        raise RecipeError(
+            f"this host does not allow unprivileged user namespaces ({blocked}), so Apptainer cannot build as you",
+            hint="ask the administrators for `sysctl -w user.max_user_namespaces=15000` (and "
+            "kernel.unprivileged_userns_clone=1 where it exists), or build as root",
+        )
+    user = user or _user_name(uid)
+    if bootstrap.agent == "debootstrap" and not (
+        _subid_entry(etc / "subuid", user, uid) and _subid_entry(etc / "subgid", user, uid)
+    ):
+        raise RecipeError(
+            f"a debootstrap bootstrap needs fakeroot with subordinate ids, and {user} has no entry in "
+            f"{etc / 'subuid'} and {etc / 'subgid'}",
+            hint=f"as root: `apptainer config fakeroot --add {user}`; or use --set sif_bootstrap=docker with a registry",
+        )
+    return ["--fakeroot"]
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return getpass.getuser() if uid == os.getuid() else str(uid)
+    except (KeyError, OSError):
+        return str(uid)
+
+
+# --------------------------------------------------------------------------- build
+
+
+def build_from_recipe(
+    spec: BuildSpec,
+    apptainer: Apptainer,
+    out_dir: Path,
+    *,
+    rebuild: bool = False,
+    compression: str = "",
+    out: TextIO = sys.stdout,
+) -> SifResult:
+    """Build out_dir/torch-build-<profile>-<arch>.sif from the toolchain recipe with Apptainer
+    alone. Up to date (a label check) when the recipe, its context, the bootstrap and the
+    runtime keys are the same; written under a temporary name and renamed, like a conversion."""
+    start = time.monotonic()
+    if spec.arch != Arch.host():
+        raise UsageError(
+            f"--from-recipe builds for this host's arch ({Arch.host()}), not {spec.arch}",
+            hint=f"run it on a {spec.arch} node, or build the image with Docker and convert it: "
+            f"`invoke image --arch {spec.arch}` then `invoke sif --arch {spec.arch}`",
+        )
+    if comms_wanted(spec):
+        raise UsageError(
+            f"profile {spec.profile} wants the NCCL and aws-ofi-nccl `invoke comms` builds, which builds them in the "
+            "Docker toolchain image",
+            hint="convert the image instead (`invoke image` then `invoke sif`), or set nccl_version and "
+            "aws_ofi_nccl_version empty",
+        )
+    bootstrap = bootstrap_for(spec)
+    requested = Compression.parse(compression) if compression else None
+    out_dir = out_dir.resolve()
+    final = out_dir / sif_filename(spec)
+    root = (cache_dir(spec) / "apptainer").resolve()
+    run_id = uuid.uuid4().hex[:12]
+    work = root / "work" / run_id
+    partial = out_dir / f".{final.name}.partial-{run_id}"
+    args = build_args(spec)
+    try:
+        with interrupts_unwind():
+            context = work / "context"
+            context.mkdir(parents=True)
+            image_context(spec, context)
+            digest = recipe_hash(context, args, bootstrap, spec.arch)
+            if final.exists() and not rebuild:
+                chosen = choose_compression(requested, apptainer.build_flags())
+                have = apptainer.labels(final)
+                if (
+                    have.get(f"{SIF_LABEL}.recipe-hash") == digest
+                    and have.get(f"{SIF_LABEL}.runtime-hash") == runtime_hash(spec)
+                    and have.get(f"{SIF_LABEL}.compression") == str(chosen)
+                ):
+                    size = final.stat().st_size
+                    return SifResult(
+                        final,
+                        True,
+                        time.monotonic() - start,
+                        size,
+                        0,
+                        link=link_default(spec, final),
+                        compression=str(chosen),
+                    )
+            check_space(space_needed(RECIPE_SIZE_ESTIMATE, root, out_dir))
+            flags = apptainer.build_flags()
+            chosen = choose_compression(requested, flags)
+            if isinstance(apptainer, DockerApptainer):  # its entrypoint gives the caller subordinate ids
+                privilege = [] if os.getuid() == 0 else ["--fakeroot"]
+            else:
+                privilege = fakeroot_flags(bootstrap)
+            profile_file = work / f"{spec.profile}.yaml"
+            profile_file.write_text(profile_text(spec))
+            text = recipe_definition(
+                spec, context, bootstrap, profile_file=profile_file, compression=str(chosen), digest=digest
+            )
+            deffile = work / "torch-build.def"
+            deffile.write_text(text)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            log = cache_dir(spec) / "logs" / f"sif-recipe-{spec.profile}-{spec.arch.value}-{stamp}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.with_suffix(".def").write_text(text)  # what was built, kept beside its log
+            tmp = work / "apptainer-tmp"
+            tmp.mkdir()
+            env = {}
+            for var, d in (("CACHEDIR", work / "apptainer-cache"), ("TMPDIR", tmp)):
+                env[f"APPTAINER_{var}"] = env[f"SINGULARITY_{var}"] = str(d)
+            print(f"building {final.name} from toolchain.Dockerfile with {apptainer.description}", file=out, flush=True)
+            print(
+                f"  bootstrap: {bootstrap}; {' '.join(privilege) or 'as root'}; squashfs {chosen}", file=out, flush=True
+            )
+            t0 = time.monotonic()
+            build = apptainer_build_args(partial, deffile, chosen, flags)
+            rc = apptainer.call([build[0], *privilege, *build[1:]], env=env, paths=[root, out_dir], out=out, log=log)
+            if rc != 0 or not partial.is_file():
+                raise SifError(
+                    f"apptainer build from the recipe exited with {rc} (log: {log}, definition: {log.with_suffix('.def')})"
+                )
+            os.replace(partial, final)
+            build_seconds = time.monotonic() - t0
+    except KeyboardInterrupt:
+        raise BuildInterrupted(f"build from the recipe interrupted; no {final.name} was written") from None
+    finally:
+        partial.unlink(missing_ok=True)
+        remove_tree(work)
+    return SifResult(
+        final,
+        False,
+        time.monotonic() - start,
+        final.stat().st_size,
+        0,
+        build_seconds=build_seconds,
+        log=log,
+        link=link_default(spec, final),
+        compression=str(chosen),
+    )
+
+
+def write_definition(spec: BuildSpec, dest: Path, compression: str = "") -> Path:
+    """Write the definition `--from-recipe` would build, with its context beside it, into dest
+    (a new or empty directory), for review or for building elsewhere; returns its path. The
+    squashfs compression is only recorded (`apptainer build` is run by hand then)."""
+    with named_os_errors(dest, "--write-definition"):
+        if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+            raise PathError(f"--write-definition: {dest} is not an empty directory", hint="name a new directory")
+        context = dest / "context"
+        context.mkdir(parents=True)
+        image_context(spec, context)
+    bootstrap = bootstrap_for(spec)
+    chosen = str(Compression.parse(compression or DEFAULT_COMPRESSION))
+    with named_os_errors(dest, "--write-definition"):
+        profile_file = dest / f"{spec.profile}.yaml"
+        profile_file.write_text(profile_text(spec))
+        digest = recipe_hash(context, build_args(spec), bootstrap, spec.arch)
+        deffile = dest / "torch-build.def"
+        text = recipe_definition(spec, context, bootstrap, profile_file=profile_file, compression=chosen, digest=digest)
+        deffile.write_text(text)
+    return deffile
+
+
+__all__ = [
+    "Bootstrap",
+    "RecipeError",
+    "Translation",
+    "bootstrap_for",
+    "build_from_recipe",
+    "fakeroot_flags",
+    "recipe_definition",
+    "translate",
+    "write_definition",
+]

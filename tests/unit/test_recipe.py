@@ -1,0 +1,296 @@
+"""`invoke sif --from-recipe` without Apptainer: the toolchain recipe translated by spython into
+an Apptainer definition (checked against the recipe itself), its %post run by a real bash,
+the bootstrap the profile asks for, and the checks that say whether this host can build it
+unprivileged."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from torchbuild import __version__
+from torchbuild.arch import Arch
+from torchbuild.config import data_dir, resolve
+from torchbuild.errors import PathError, UsageError
+from torchbuild.image import apt_packages, build_args, image_context, labels, python_requirements
+from torchbuild.recipe import (
+    Bootstrap,
+    RecipeError,
+    bootstrap_for,
+    fakeroot_flags,
+    recipe_definition,
+    translate,
+    write_definition,
+)
+from torchbuild.sif import SIF_LABEL, TORCHBUILD_EXE, definition
+
+DOCKERFILE = data_dir() / "containers" / "toolchain.Dockerfile"
+
+
+def sections(text: str) -> dict[str, list[str]]:
+    """A definition's sections by header (`%post -c /bin/bash` under "post"), lines unindented."""
+    found: dict[str, list[str]] = {"comments": [], "header": []}
+    current = "header"
+    for line in text.splitlines():
+        if current == "header" and line.startswith("# "):
+            found["comments"].append(line[2:])
+        elif line.startswith("%"):
+            current = line[1:].split()[0]
+            found[current] = []
+        elif line.strip():
+            found[current].append(line.strip())
+    return found
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """The Dockerfile's instructions with their continuation lines joined (comments dropped)."""
+    result: list[tuple[str, str]] = []
+    pending = ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        pending = f"{pending} {line}" if pending else line
+        if pending.endswith("\\"):
+            pending = pending[:-1].rstrip()
+            continue
+        word, _, rest = pending.partition(" ")
+        result.append((word.upper(), rest.strip()))
+        pending = ""
+    return result
+
+
+@pytest.fixture
+def cpu_recipe(tmp_path):
+    spec = resolve("cpu", ["sif_bootstrap=debootstrap", "base_image=debian:trixie", "python_version=3.13"])
+    context = tmp_path / "context"
+    context.mkdir()
+    image_context(spec, context)
+    profile_file = tmp_path / "cpu.yaml"
+    profile_file.write_text("profile")
+    text = recipe_definition(
+        spec, context, bootstrap_for(spec), profile_file=profile_file, compression="gzip:6", digest="d" * 64
+    )
+    return spec, context, text
+
+
+def test_the_definition_carries_every_instruction_of_the_recipe(cpu_recipe):
+    spec, context, text = cpu_recipe
+    parts = sections(text)
+    post = "\n".join(parts["post"])
+    joined = re.sub(r"\s*\\\n", " ", post)  # continuation lines joined, as Docker reads them
+    environment = parts["environment"]
+    steps = instructions(DOCKERFILE)
+    assert {word for word, _ in steps} <= {"ARG", "FROM", "ENV", "SHELL", "COPY", "RUN", "WORKDIR", "CMD"}
+    args = build_args(spec)
+    position = 0
+    for word, rest in steps:
+        if word == "ARG":  # the profile's value, exported for RUN, as `docker build --build-arg` gives it
+            name = rest.split("=", 1)[0]
+            assert f"export {name}={shlex.quote(args[name])}" in parts["post"]
+        elif word == "ENV":  # exported for the later RUNs and set for whatever runs in the SIF
+            for assignment in re.findall(r"(\w+)=(\S+)", rest):
+                line = "export {}={}".format(*assignment)
+                assert line in parts["post"] and line in environment, line
+        elif word == "RUN":  # the whole command, in order, in a subshell whose failure ends %post
+            position = joined.index(f"( {rest}\n) || exit $?", position)
+        elif word == "COPY":  # from the build context, by absolute path
+            source, dest = rest.split()
+            assert f"{context / source.rstrip('/')} {dest.rstrip('/')}" in parts["files"]
+    # the packages: the fixed tools in %post, the profile's in the list %files brings in
+    assert "ca-certificates git patch make pkg-config ccache cmake ninja-build" in post
+    assert (context / "inputs" / "apt-packages.txt").read_text().split() == apt_packages(spec)
+    assert (context / "inputs" / "requirements.txt").read_text().split() == python_requirements(spec)
+    assert (context / "inputs" / "pythons.txt").read_text().split() == ["3.13"]
+    # SHELL ["/bin/bash", "-o", "pipefail", "-c"] has no spython translation: torchbuild's
+    assert re.search(r"^%post -c /bin/bash$", text, re.M) and parts["post"][0] == "set -o pipefail"
+    # the debootstrapped system gets the components the profile's packages come from
+    assert "deb http://deb.debian.org/debian trixie main contrib non-free" in post
+
+
+def test_the_definition_has_the_converted_sifs_labels_runscript_and_environment(cpu_recipe, tmp_path):
+    spec, _, text = cpu_recipe
+    parts = sections(text)
+    assert parts["header"] == ["Bootstrap: debootstrap", "OSVersion: trixie", "MirrorURL: http://deb.debian.org/debian"]
+    recipe_labels = dict(line.split(" ", 1) for line in parts["labels"])
+    for key, value in labels(spec, "d" * 64, "").items():
+        if key != "org.opencontainers.image.base.name":
+            assert recipe_labels[key] == value, key
+    assert recipe_labels[f"{SIF_LABEL}.route"] == "recipe"
+    assert recipe_labels[f"{SIF_LABEL}.torchbuild-version"] == __version__
+    assert recipe_labels[f"{SIF_LABEL}.compression"] == "gzip:6"
+    converted = sections(
+        definition(spec, archive=tmp_path / "layout", profile_file=tmp_path / "cpu.yaml", image_id="sha256:x")
+    )
+    assert parts["runscript"] == converted["runscript"] == [f'exec {TORCHBUILD_EXE} "$@"']
+    assert parts["help"] == converted["help"]
+    # the converted SIF's %environment after the recipe's ENV (which an image carries in its config)
+    assert parts["environment"][-len(converted["environment"]) :] == converted["environment"]
+    assert "startscript" not in parts
+    # where the routes differ is said in the definition
+    assert any("subshell" in c for c in parts["comments"]) and any("WORKDIR /src" in c for c in parts["comments"])
+
+
+def post_script(tmp_path: Path, dockerfile_text: str, args: dict[str, str] | None = None) -> str:
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text(dockerfile_text)
+    recipe = translate(dockerfile, tmp_path, args or {}).recipe
+    return "\n".join(recipe.install)
+
+
+def run_bash(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-c", script], cwd=cwd, capture_output=True, text=True, check=False)
+
+
+def test_a_failing_run_ends_post_as_it_ends_a_docker_build(tmp_path):
+    script = post_script(
+        tmp_path,
+        "FROM x\nRUN echo first >> log \\\n && false \\\n && echo not-reached >> log\nRUN echo second >> log\n",
+    )
+    proc = run_bash(script, tmp_path)
+    assert proc.returncode == 1
+    assert (tmp_path / "log").read_text() == "first\n"  # `set -e` would have gone on to "second"
+
+
+def test_each_run_is_its_own_shell_and_env_carries_over(tmp_path):
+    script = post_script(
+        tmp_path,
+        "FROM x\nARG WHO=nobody\nENV GREETING=hello\n"
+        'RUN cd / && LOCAL=1 && echo "$GREETING $WHO" > "$OLDPWD/out"\n'
+        'RUN echo "${LOCAL:-unset} $(basename "$PWD")" >> out\n',
+        {"WHO": "a b; $(touch pwned)"},
+    )
+    proc = run_bash(script, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    # the profile's value arrives literally; cd and shell variables end with their RUN
+    assert (tmp_path / "out").read_text() == f"hello a b; $(touch pwned)\nunset {tmp_path.name}\n"
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ("USER builder", "Dockerfile:2: spython cannot translate USER"),
+        ("ONBUILD RUN true", "Dockerfile:2: spython cannot translate ONBUILD"),
+        ('SHELL ["/bin/zsh", "-e", "-c"]', "Dockerfile:2: only SHELL"),
+        ("ARG NEEDED", "Dockerfile:2: ARG NEEDED has no value"),
+        ("COPY missing/ /opt/x/", "Dockerfile:2: COPY source 'missing/' is not in the build context"),
+    ],
+)
+def test_what_spython_cannot_translate_is_a_named_error(tmp_path, line, match):
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text(f"FROM debian:trixie\n{line}\nRUN true\n")
+    with pytest.raises(RecipeError, match=re.escape(match)) as err:
+        translate(dockerfile, tmp_path, {})
+    assert err.value.exit_code == 29 and err.value.hint
+
+
+def test_a_multistage_recipe_is_refused(tmp_path):
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text("FROM a AS one\nRUN true\nFROM b AS two\nRUN true\n")
+    with pytest.raises(RecipeError, match="2 stages"):
+        translate(dockerfile, tmp_path, {})
+
+
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        ([], Bootstrap("docker", "ubuntu:24.04")),
+        (
+            ["sif_bootstrap=debootstrap"],
+            Bootstrap("debootstrap", "noble", "http://archive.ubuntu.com/ubuntu", ("main", "universe")),
+        ),
+        (
+            ["sif_bootstrap=debootstrap", "base_image=debian:13"],
+            Bootstrap("debootstrap", "trixie", "http://deb.debian.org/debian", ("main", "contrib", "non-free")),
+        ),
+        (
+            ["sif_bootstrap=debootstrap", "base_image=torchbuild/base:sid-x86_64", "sif_components=[main]"],
+            Bootstrap("debootstrap", "sid", "http://deb.debian.org/debian", ("main",)),
+        ),
+        (
+            [
+                "sif_bootstrap=debootstrap",
+                "base_image=nvidia/cuda:12.6.2-devel-ubuntu24.04",
+                "sif_suite=noble",
+                "sif_mirror=http://mirror.site/ubuntu",
+            ],
+            Bootstrap("debootstrap", "noble", "http://mirror.site/ubuntu", ("main", "universe")),
+        ),
+    ],
+)
+def test_the_bootstrap_follows_the_profile(sets, expected):
+    assert bootstrap_for(resolve("cpu", sets, arch="x86_64")) == expected
+
+
+def test_ubuntu_on_aarch64_debootstraps_from_ports():
+    spec = resolve("gh200", ["sif_bootstrap=debootstrap", "base_image=ubuntu:24.04"])
+    assert spec.arch == Arch.AARCH64 and bootstrap_for(spec).mirror == "http://ports.ubuntu.com/ubuntu-ports"
+
+
+def test_a_suite_that_cannot_be_told_is_asked_for():
+    spec = resolve("cpu", ["sif_bootstrap=debootstrap", "base_image=nvidia/cuda:12.6.2-devel-ubuntu24.04"])
+    with pytest.raises(UsageError, match="cannot tell the suite") as err:
+        bootstrap_for(spec)
+    assert "--set sif_suite=" in err.value.hint
+
+
+def subids(tmp_path: Path, entries: str) -> Path:
+    etc = tmp_path / "etc"
+    etc.mkdir(exist_ok=True)
+    for name in ("subuid", "subgid"):
+        (etc / name).write_text(entries)
+    return etc
+
+
+def procfs(tmp_path: Path, max_userns: str = "15000") -> Path:
+    proc = tmp_path / "proc"
+    (proc / "user").mkdir(parents=True, exist_ok=True)
+    (proc / "user" / "max_user_namespaces").write_text(max_userns + "\n")
+    return proc
+
+
+DEBOOTSTRAP = Bootstrap("debootstrap", "trixie", "http://deb.debian.org/debian", ("main",))
+DOCKER = Bootstrap("docker", "ubuntu:24.04")
+
+
+def test_root_builds_without_fakeroot(tmp_path):
+    assert fakeroot_flags(DEBOOTSTRAP, uid=0, etc=subids(tmp_path, ""), proc=procfs(tmp_path, "0")) == []
+
+
+def test_a_user_in_subuid_builds_with_fakeroot(tmp_path):
+    etc = subids(tmp_path, "other:100000:65536\nalice:165536:65536\n")
+    assert fakeroot_flags(DEBOOTSTRAP, uid=1000, user="alice", etc=etc, proc=procfs(tmp_path)) == ["--fakeroot"]
+    numeric = subids(tmp_path, "1000:100000:65536\n")
+    assert fakeroot_flags(DEBOOTSTRAP, uid=1000, user="alice", etc=numeric, proc=procfs(tmp_path)) == ["--fakeroot"]
+
+
+def test_debootstrap_without_subuid_names_the_fix(tmp_path):
+    etc = subids(tmp_path, "other:100000:65536\n")
+    with pytest.raises(RecipeError, match="alice has no entry") as err:
+        fakeroot_flags(DEBOOTSTRAP, uid=1000, user="alice", etc=etc, proc=procfs(tmp_path))
+    assert "apptainer config fakeroot --add alice" in err.value.hint
+    # a docker bootstrap manages with a root-mapped namespace and fakeroot(1)
+    assert fakeroot_flags(DOCKER, uid=1000, user="alice", etc=etc, proc=procfs(tmp_path)) == ["--fakeroot"]
+
+
+def test_no_user_namespaces_names_the_sysctl(tmp_path):
+    etc = subids(tmp_path, "alice:100000:65536\n")
+    with pytest.raises(RecipeError, match=r"user\.max_user_namespaces = 0") as err:
+        fakeroot_flags(DOCKER, uid=1000, user="alice", etc=etc, proc=procfs(tmp_path, "0"))
+    assert "sysctl -w user.max_user_namespaces" in err.value.hint
+
+
+def test_write_definition_lays_out_a_buildable_directory(tmp_path):
+    spec = resolve("cpu", ["sif_bootstrap=debootstrap", "base_image=debian:trixie"])
+    deffile = write_definition(spec, tmp_path / "def", "zstd")
+    text = deffile.read_text()
+    for line in sections(text)["files"]:
+        assert Path(line.split()[0]).exists(), line
+    assert f"{SIF_LABEL}.compression zstd:3" in text
+    with pytest.raises(PathError, match="not an empty directory"):
+        write_definition(spec, tmp_path / "def")
