@@ -134,3 +134,47 @@ def invoke_here(*argv: str) -> int:
     except SystemExit as done:
         return int(done.code or 0)
     return 0
+
+
+class ApptainerNode:
+    """The apptainer-builder container standing in for an HPC node: Apptainer, no Docker engine,
+    a non-root user (NODE_UID, with the subordinate ids the image's entrypoint gives it) and
+    torchbuild from this checkout on PYTHONPATH. paths are bound at their own paths."""
+
+    NODE_UID = 1000
+
+    def __init__(self, engine, tag: str, home: Path, paths: list[Path]) -> None:
+        self.engine, self.tag, self.home, self.paths = engine, tag, home, list(paths)
+
+    def run(self, *command: str) -> tuple[int, str]:
+        """command in a fresh container as NODE_UID; (exit status, stdout and stderr)."""
+        import io
+
+        from torchbuild.sif import BUILDER_CAPS, BUILDER_DEVICES, BUILDER_SECURITY
+
+        buf = io.StringIO()
+        rc = self.engine.run(
+            self.tag,
+            list(command),
+            mounts={str(p): str(p) for p in {REPO, self.home, *self.paths}},
+            user="0:0",  # the entrypoint drops to TORCHBUILD_UID at once
+            environment={
+                "TORCHBUILD_UID": str(self.NODE_UID),
+                "TORCHBUILD_GID": str(self.NODE_UID),
+                "HOME": str(self.home),
+                "PYTHONPATH": str(REPO / "src"),
+            },
+            workdir=str(self.home),
+            out=buf,
+            cap_add=BUILDER_CAPS,
+            devices=BUILDER_DEVICES,
+            security_opt=BUILDER_SECURITY,
+        )
+        return rc, buf.getvalue()
+
+
+def shared_dir(path: Path) -> Path:
+    """path, made and opened to every uid (a node user other than the caller writes there)."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o777)
+    return path

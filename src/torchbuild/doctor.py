@@ -15,6 +15,7 @@ from .console import table
 from .engine import HOST_CA_DIRS, Engine, engine_address, host_ca_files
 from .errors import EngineUnavailable, TorchbuildError
 from .jobs import GiB, HostResources
+from .recipe import Bootstrap, RecipeError, fakeroot_flags
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +173,7 @@ def _verdicts(h: _Host) -> list[Verdict]:
             "engine reachable (the profile's image must be built)" if h.engine_ok else "needs a Docker engine",
         ),
         Verdict("sif, build --engine apptainer", h.apptainer is not None or (h.engine_ok and h.fuse), sif_why),
+        _recipe_verdict(h),
         Verdict(
             "build (native)",
             not h.native_missing,
@@ -180,6 +182,25 @@ def _verdicts(h: _Host) -> list[Verdict]:
             else f"missing: {', '.join(h.native_missing)}",
         ),
     ]
+
+
+def _recipe_verdict(h: _Host, etc: Path = Path("/etc"), uid: int | None = None, user: str | None = None) -> Verdict:
+    """`invoke sif --from-recipe`: which bootstraps Apptainer can build here unprivileged."""
+    name = "sif --from-recipe"
+    if h.apptainer is None:
+        ok = h.engine_ok and h.fuse
+        return Verdict(
+            name, ok, "in the apptainer-builder container" if ok else "needs apptainer (module load apptainer)"
+        )
+    if h.root:
+        return Verdict(name, True, f"this host's {h.apptainer}, as root: debootstrap or docker bootstrap")
+    try:
+        fakeroot_flags(
+            Bootstrap("debootstrap", "", ""), uid=uid if uid is not None else os.getuid(), user=user, etc=etc
+        )
+    except RecipeError as exc:
+        return Verdict(name, True, f"docker bootstrap only: {exc.message.split(', and ', 1)[-1]} ({exc.hint})")
+    return Verdict(name, True, "--fakeroot with subordinate ids: debootstrap or docker bootstrap")
 
 
 def run_checks(

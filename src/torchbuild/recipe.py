@@ -34,7 +34,7 @@ import shlex
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -350,24 +350,47 @@ def recipe_definition(
 ) -> str:
     """The Apptainer definition of spec's toolchain, from the recipe in context."""
     check_definition_paths([context, profile_file])
-    args = build_args(spec)
-    translation = translate(context / RECIPE, context, args)
+    translation = translate(context / RECIPE, context, build_args(spec))
+    return write_recipe(
+        translation,
+        header=bootstrap.header(),
+        prelude=bootstrap.prelude(),
+        files=metadata_files(spec, profile_file),
+        environment=environment_section_lines(spec),
+        labels=recipe_labels(spec, digest, bootstrap, compression),
+        help_text=help_text(spec),
+        notes=[
+            f"bootstrap: {bootstrap} (profile key sif_bootstrap)",
+            "the runscript, labels, %environment and %help are the converted SIF's (`invoke sif`)",
+        ],
+    )
+
+
+def write_recipe(
+    translation: Translation,
+    *,
+    header: Sequence[str],
+    prelude: Sequence[str] = (),
+    files: Sequence[Sequence[str]] = (),
+    environment: Sequence[str] = (),
+    labels: Mapping[str, str] | None = None,
+    help_text: str = "",
+    notes: Sequence[str] = (),
+) -> str:
+    """The definition of a translated recipe: header (the bootstrap), then %files, %labels,
+    %post (SHELL's options, prelude, the recipe), %environment (the recipe's ENV, then
+    environment), the torchbuild runscript and %help, with the notes as comments on top."""
     recipe = translation.recipe
     options = [f"set -o {o}" for o in translation.shell[2:-1:2]]
-    recipe.install = [*options, *bootstrap.prelude(), *recipe.install]
-    recipe.files += metadata_files(spec, profile_file)
-    recipe.environ += environment_section_lines(spec)
-    recipe.labels = [[k, v] for k, v in recipe_labels(spec, digest, bootstrap, compression).items()]
-    notes = [
-        *translation.notes,
-        f"bootstrap: {bootstrap} (profile key sif_bootstrap)",
-        "the runscript, labels, %environment and %help are the converted SIF's (`invoke sif`)",
-    ]
+    recipe.install = [*options, *prelude, *recipe.install]
+    recipe.files += [list(f) for f in files]
+    recipe.environ += list(environment)
+    recipe.labels = [[k, v] for k, v in (labels or {}).items()]
     writer = DefinitionWriter(
         recipe,
-        header=bootstrap.header(),
-        help_text=help_text(spec),
-        comments=notes,
+        header=header,
+        help_text=help_text,
+        comments=[*translation.notes, *notes],
         post_interpreter=translation.shell[0] if translation.shell else "",
     )
     return writer.convert()
@@ -571,16 +594,3 @@ def write_definition(spec: BuildSpec, dest: Path, compression: str = "") -> Path
         text = recipe_definition(spec, context, bootstrap, profile_file=profile_file, compression=chosen, digest=digest)
         deffile.write_text(text)
     return deffile
-
-
-__all__ = [
-    "Bootstrap",
-    "RecipeError",
-    "Translation",
-    "bootstrap_for",
-    "build_from_recipe",
-    "fakeroot_flags",
-    "recipe_definition",
-    "translate",
-    "write_definition",
-]

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from torchbuild.baseimage import make_base_image
 from torchbuild.config import resolve
 from torchbuild.engine import Engine
 from torchbuild.errors import EngineUnavailable
-from torchbuild.sif import DockerApptainer, locate
+from torchbuild.sif import DockerApptainer, locate, remove_tree
 
 
 @pytest.fixture(scope="session")
@@ -102,6 +103,18 @@ def debian_dsc(engine, local_base, test_cache):
     from debian_source import fetch_debian_pytorch
 
     return fetch_debian_pytorch(engine, local_base, test_cache / "debian-src")
+
+
+@pytest.fixture
+def node_tmp():
+    """A temporary directory every uid can reach (pytest's own are 0700 under the caller's
+    directory): for ApptainerNode, whose user is not the caller. Removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="torchbuild-node-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        remove_tree(path)
 
 
 @pytest.fixture(scope="session")

@@ -10,61 +10,23 @@ Slow (about 6 minutes here: debootstrap, apt and pip from the network, then mksq
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, REPO, set_args
+from helpers import FIXTURES, ApptainerNode, set_args, shared_dir
 from integration.conftest import SPECIFIED_PACKAGES, SUITE_PYTHON
 
 from torchbuild import __version__
 from torchbuild.config import resolve
-from torchbuild.engine import Engine
-from torchbuild.sif import BUILDER_CAPS, BUILDER_DEVICES, BUILDER_SECURITY, ensure_builder
+from torchbuild.sif import ensure_builder
 
 pytestmark = [pytest.mark.docker, pytest.mark.apptainer]
 
-NODE_UID = 1000  # not root: the build must manage with fakeroot
 
-
-class Node:
-    """The apptainer-builder container as an HPC node: Apptainer, no Docker, a user NODE_UID
-    with subordinate ids (the image's entrypoint adds them), torchbuild from this checkout."""
-
-    def __init__(self, engine: Engine, tag: str, home: Path, paths: list[Path]) -> None:
-        self.engine, self.tag, self.home, self.paths = engine, tag, home, paths
-
-    def run(self, *command: str) -> tuple[int, str]:
-        buf = io.StringIO()
-        rc = self.engine.run(
-            self.tag,
-            list(command),
-            mounts={str(p): str(p) for p in {REPO, self.home, *self.paths}},
-            user="0:0",  # the entrypoint drops to TORCHBUILD_UID at once
-            environment={
-                "TORCHBUILD_UID": str(NODE_UID),
-                "TORCHBUILD_GID": str(NODE_UID),
-                "HOME": str(self.home),
-                "PYTHONPATH": str(REPO / "src"),
-            },
-            workdir=str(self.home),
-            out=buf,
-            cap_add=BUILDER_CAPS,
-            devices=BUILDER_DEVICES,
-            security_opt=BUILDER_SECURITY,
-        )
-        return rc, buf.getvalue()
-
-
-def shared_dir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    path.chmod(0o777)
-    return path
-
-
-def test_cpu_sif_from_the_recipe_without_docker_builds_the_fixture(engine, local_base, site_certs, tmp_path):
+def test_cpu_sif_from_the_recipe_without_docker_builds_the_fixture(engine, local_base, sid_base, site_certs, node_tmp):
+    tmp_path = node_tmp
     packages = [*resolve("cpu").python_packages, *SPECIFIED_PACKAGES]
     sets = [
         f"base_image={local_base}",  # torchbuild/base:trixie-x86_64: debootstrap derives trixie from it
@@ -74,13 +36,13 @@ def test_cpu_sif_from_the_recipe_without_docker_builds_the_fixture(engine, local
         *site_certs,
     ]
     spec = resolve("cpu", sets, arch="x86_64")
-    tag = ensure_builder(spec, engine)
+    tag = ensure_builder(resolve("cpu", [f"sif_builder_base={sid_base}", *site_certs]), engine)
     home, out = shared_dir(tmp_path / "home"), shared_dir(tmp_path / "out")
     certs = [Path(c).parent for s in site_certs for c in s.split("=", 1)[1].split(",")]
-    node = Node(engine, tag, home, [out, *certs])
+    node = ApptainerNode(engine, tag, home, [out, *certs])
 
     rc, text = node.run("sh", "-c", "command -v docker dockerd || echo no-docker; id -u; grep -c . /etc/subuid")
-    assert rc == 0 and text.split()[-3:] == ["no-docker", str(NODE_UID), "1"], text
+    assert rc == 0 and text.split()[-3:] == ["no-docker", str(ApptainerNode.NODE_UID), "1"], text
 
     cli = ["/opt/venv/bin/python", "-m", "torchbuild", "sif", "--from-recipe", "--profile", "cpu", "--arch", "x86_64"]
     rc, text = node.run(*cli, "--out", str(out), *set_args(sets))

@@ -54,3 +54,30 @@ def test_render_is_a_table_per_section():
     assert not_ready.split()[:3] == ["NOT", "READY", "base-image"]
     # columns line up: every task starts in the same column
     assert ready.index("config") == not_ready.index("base-image")
+
+
+def node(**facts):
+    from torchbuild.arch import Arch
+    from torchbuild.doctor import _Host
+
+    base = dict(arch=Arch.X86_64, foreign=Arch.AARCH64, engine_ok=False, emulation=False, debootstrap=None)
+    return _Host(
+        **{**base, "root": False, "apptainer": "/usr/bin/apptainer", "fuse": False, "native_missing": (), **facts}
+    )
+
+
+def test_recipe_verdict_says_which_bootstraps_a_node_can_build(tmp_path):
+    from torchbuild.doctor import _recipe_verdict
+
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    for name in ("subuid", "subgid"):
+        (etc / name).write_text("other:100000:65536\n")
+    v = _recipe_verdict(node(), etc=etc, uid=1000, user="alice")
+    assert v.ok and v.why.startswith("docker bootstrap only") and "apptainer config fakeroot --add alice" in v.why
+    for name in ("subuid", "subgid"):
+        (etc / name).write_text("alice:100000:65536\n")
+    assert "debootstrap or docker" in _recipe_verdict(node(), etc=etc, uid=1000, user="alice").why
+    assert "as root" in _recipe_verdict(node(root=True), etc=etc).why
+    assert not _recipe_verdict(node(apptainer=None), etc=etc).ok
+    assert _recipe_verdict(node(apptainer=None, engine_ok=True, fuse=True), etc=etc).ok
