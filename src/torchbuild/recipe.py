@@ -38,6 +38,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from spython.logger import bot
+from spython.logger.message import ERROR as SPYTHON_ERRORS_ONLY
 from spython.main.parse.parsers.docker import DockerParser
 
 from . import __version__
@@ -176,105 +178,120 @@ class Translation:
 UNTRANSLATABLE = ("USER", "ONBUILD")
 
 
+class ToolchainParser(DockerParser):  # type: ignore[misc]
+    """spython's DockerParser with ARG values from the profile (args), ENV exported in %post,
+    each RUN in a subshell, COPY sources from the build context (context) by absolute path,
+    SHELL kept for %post -c, and RecipeError, naming the line, for what has no translation."""
+
+    def __init__(self, dockerfile: Path, context: Path, args: Mapping[str, str]) -> None:
+        self.dockerfile, self.context, self.build_args = dockerfile, context, dict(args)
+        self.shell: list[str] = []
+        self.number = 0
+        self.run_open = False  # inside a RUN that continues on the next line
+        previous, bot.level = bot.level, SPYTHON_ERRORS_ONLY  # its warnings (ARG, COPY) are not for users
+        try:
+            super().__init__(str(dockerfile), load=True)
+        finally:
+            bot.level = previous
+
+    def parse(self) -> Any:
+        parser, previous = None, None
+        for number, line in enumerate(self.lines, 1):
+            self.number = number
+            parser = self._get_mapping(line, parser, previous)
+            if parser:
+                parser(line)
+            previous = line
+        return self.recipe
+
+    def _where(self) -> str:
+        return f"{self.dockerfile.name}:{self.number}"
+
+    def _get_mapping(self, line: Any, parser: Any = None, previous: Any = None) -> Any:
+        continued = self._clean_line(previous).endswith("\\")
+        words = line.split() if isinstance(line, str) else line
+        instruction = words[0].upper() if words and not continued else ""
+        if instruction == "SHELL":
+            return self._shell
+        if instruction in UNTRANSLATABLE:
+            raise RecipeError(
+                f"{self._where()}: spython cannot translate {instruction} into an Apptainer definition",
+                hint="drop it from the recipe, or build with Docker and convert: `invoke image` then `invoke sif`",
+            )
+        return super()._get_mapping(line, parser, previous)
+
+    def _shell(self, line: str) -> None:
+        try:
+            shell = json.loads(line.split(None, 1)[1])
+        except (IndexError, ValueError):
+            shell = None
+        ok = isinstance(shell, list) and len(shell) >= 2 and shell[-1] == "-c"
+        options = shell[1:-1] if ok else []
+        if not ok or len(options) % 2 or any(o != "-o" for o in options[::2]):
+            raise RecipeError(
+                f'{self._where()}: only SHELL ["SHELL", "-o", "OPTION", ..., "-c"] has an Apptainer form '
+                f"(`%post -c SHELL` and `set -o OPTION`), not {line.strip()!r}",
+                hint="use that form, or build with Docker and convert: `invoke image` then `invoke sif`",
+            )
+        if self.shell and self.shell != shell:
+            raise RecipeError(f"{self._where()}: a second, different SHELL has no Apptainer form")
+        self.shell = shell
+
+    def _arg(self, line: str) -> None:
+        rest = self._setup("ARG", line)
+        try:
+            words = shlex.split(rest[0] if rest else "")
+        except ValueError as exc:
+            raise RecipeError(f"{self._where()}: ARG cannot be read: {exc}") from None
+        for word in words:
+            name, eq, default = word.partition("=")
+            value = self.build_args.get(name, default if eq else None)
+            if value is None:
+                raise RecipeError(
+                    f"{self._where()}: ARG {name} has no value (no default, and the profile gives none)",
+                    hint=f"give it a default in the recipe: ARG {name}=...",
+                )
+            self.args[name] = value  # what FROM ${NAME} resolves to
+            self.recipe[self.active_layer].install.append(f"export {name}={shlex.quote(value)}")
+
+    def _env(self, line: str) -> None:
+        install = self.recipe[self.active_layer].install
+        before = len(install)
+        super()._env(line)
+        install[before:] = [f"export {assignment}" for assignment in install[before:]]
+
+    def _add_files(self, source: str, dest: str, layer: Any = None) -> None:
+        path = self.context / source
+        if not path.exists():
+            raise RecipeError(f"{self._where()}: COPY source {source!r} is not in the build context {self.context}")
+        if path.is_dir():  # COPY DIR/ DEST/ copies DIR's content; %files DIR DEST/ would make DEST/DIR
+            dest = dest.rstrip("/") or "/"
+        super()._add_files(str(path), dest, layer)
+
+    def _run(self, line: str) -> None:
+        """Each RUN in a subshell whose failure ends %post, as a failed RUN ends a Docker
+        build (`set -e` would not: it ignores all but the last command of a && chain)."""
+        install = self.recipe[self.active_layer].install
+        before = len(install)
+        super()._run(line)
+        if not self.run_open and len(install) > before:
+            install[before] = f"( {install[before]}"
+            self.run_open = True
+        if self.run_open and not self._clean_line(line).endswith("\\"):
+            install[-1] = f"{install[-1]}\n) || exit $?"
+            self.run_open = False
+
+
 def translate(dockerfile: Path, context: Path, args: Mapping[str, str]) -> Translation:
     """Parse dockerfile (whose COPY sources are in context) with spython's DockerParser, ARG
     values taken from args. RecipeError for what it cannot translate."""
-
-    class ToolchainParser(DockerParser):  # type: ignore[misc]
-        def __init__(self) -> None:
-            self.shell: list[str] = []
-            self.number = 0
-            self.run_open = False  # inside a RUN that continues on the next line
-            with _quiet_spython():
-                super().__init__(str(dockerfile), load=True)
-
-        def parse(self) -> Any:
-            parser, previous = None, None
-            for number, line in enumerate(self.lines, 1):
-                self.number = number
-                parser = self._get_mapping(line, parser, previous)
-                if parser:
-                    parser(line)
-                previous = line
-            return self.recipe
-
-        def _where(self) -> str:
-            return f"{dockerfile.name}:{self.number}"
-
-        def _get_mapping(self, line: Any, parser: Any = None, previous: Any = None) -> Any:
-            continued = self._clean_line(previous).endswith("\\")
-            words = line.split() if isinstance(line, str) else line
-            instruction = words[0].upper() if words and not continued else ""
-            if instruction == "SHELL":
-                return self._shell
-            if instruction in UNTRANSLATABLE:
-                raise RecipeError(
-                    f"{self._where()}: spython cannot translate {instruction} into an Apptainer definition",
-                    hint="drop it from the recipe, or build with Docker and convert: `invoke image` then `invoke sif`",
-                )
-            return super()._get_mapping(line, parser, previous)
-
-        def _shell(self, line: str) -> None:
-            try:
-                shell = json.loads(line.split(None, 1)[1])
-            except (IndexError, ValueError):
-                shell = None
-            ok = isinstance(shell, list) and len(shell) >= 2 and shell[-1] == "-c"
-            options = shell[1:-1] if ok else []
-            if not ok or len(options) % 2 or any(o != "-o" for o in options[::2]):
-                raise RecipeError(
-                    f'{self._where()}: only SHELL ["SHELL", "-o", "OPTION", ..., "-c"] has an Apptainer form '
-                    f"(`%post -c SHELL` and `set -o OPTION`), not {line.strip()!r}",
-                    hint="use that form, or build with Docker and convert: `invoke image` then `invoke sif`",
-                )
-            if self.shell and self.shell != shell:
-                raise RecipeError(f"{self._where()}: a second, different SHELL has no Apptainer form")
-            self.shell = shell
-
-        def _arg(self, line: str) -> None:
-            for word in shlex.split(self._setup("ARG", line)[0] if self._setup("ARG", line) else ""):
-                name, eq, default = word.partition("=")
-                value = args.get(name, default if eq else None)
-                if value is None:
-                    raise RecipeError(
-                        f"{self._where()}: ARG {name} has no value (no default, and the profile gives none)",
-                        hint=f"give it a default in the recipe: ARG {name}=...",
-                    )
-                self.args[name] = value  # what FROM ${NAME} resolves to
-                self.recipe[self.active_layer].install.append(f"export {name}={shlex.quote(value)}")
-
-        def _env(self, line: str) -> None:
-            install = self.recipe[self.active_layer].install
-            before = len(install)
-            super()._env(line)
-            install[before:] = [f"export {assignment}" for assignment in install[before:]]
-
-        def _add_files(self, source: str, dest: str, layer: Any = None) -> None:
-            path = context / source
-            if not path.exists():
-                raise RecipeError(f"{self._where()}: COPY source {source!r} is not in the build context {context}")
-            if path.is_dir():  # COPY DIR/ DEST/ copies DIR's content; %files DIR DEST/ would make DEST/DIR
-                dest = dest.rstrip("/") or "/"
-            super()._add_files(str(path), dest, layer)
-
-        def _run(self, line: str) -> None:
-            """Each RUN in a subshell whose failure ends %post, as a failed RUN ends a Docker
-            build (`set -e` would not: it ignores all but the last command of a && chain)."""
-            install = self.recipe[self.active_layer].install
-            before = len(install)
-            super()._run(line)
-            if not self.run_open and len(install) > before:
-                install[before] = f"( {install[before]}"
-                self.run_open = True
-            if self.run_open and not self._clean_line(line).endswith("\\"):
-                install[-1] = f"{install[-1]}\n) || exit $?"
-                self.run_open = False
-
-    parser = ToolchainParser()
+    parser = ToolchainParser(dockerfile, context, args)
     stages = list(parser.recipe.values())
     if len(stages) != 1:
         raise RecipeError(f"{dockerfile.name}: {len(stages)} stages; only a single-stage recipe is translated")
     recipe = stages[0]
+    if not recipe.fromHeader:
+        raise RecipeError(f"{dockerfile.name}: no FROM; the bootstrap replaces it, but a recipe starts with one")
     notes = [
         f"made by torchbuild {__version__} from {dockerfile.name} with spython's Docker parser and Singularity writer",
         "ARG values are the profile's, exported in %post as Docker exports them to RUN",
@@ -292,19 +309,6 @@ def translate(dockerfile: Path, context: Path, args: Mapping[str, str]) -> Trans
     if recipe.cmd or recipe.entrypoint:
         notes.append("CMD/ENTRYPOINT: replaced by the runscript (the torchbuild CLI), as in a converted SIF")
     return Translation(recipe, parser.shell, notes)
-
-
-class _quiet_spython:
-    """spython's logger prints a warning per ARG and COPY; torchbuild says what matters itself."""
-
-    def __enter__(self) -> None:
-        from spython.logger import bot
-
-        self.bot, self.level = bot, bot.level
-        bot.level = 0
-
-    def __exit__(self, *exc: object) -> None:
-        self.bot.level = self.level
 
 
 # --------------------------------------------------------------------------- the definition

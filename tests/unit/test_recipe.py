@@ -294,3 +294,10 @@ def test_write_definition_lays_out_a_buildable_directory(tmp_path):
     assert f"{SIF_LABEL}.compression zstd:3" in text
     with pytest.raises(PathError, match="not an empty directory"):
         write_definition(spec, tmp_path / "def")
+
+
+def test_a_recipe_without_from_is_refused(tmp_path):
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text("RUN true\n")
+    with pytest.raises(RecipeError, match="no FROM"):
+        translate(dockerfile, tmp_path, {})
