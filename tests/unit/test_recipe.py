@@ -8,9 +8,11 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_invoke
 
 from torchbuild import __version__
 from torchbuild.arch import Arch
@@ -301,3 +303,20 @@ def test_a_recipe_without_from_is_refused(tmp_path):
     dockerfile.write_text("RUN true\n")
     with pytest.raises(RecipeError, match="no FROM"):
         translate(dockerfile, tmp_path, {})
+
+
+def test_no_apptainer_and_no_docker_is_named_with_the_module_to_load(tmp_path):
+    python_only = tmp_path / "bin"
+    python_only.mkdir()
+    (python_only / "python3").symlink_to(sys.executable)
+    env = {"PATH": str(python_only), "DOCKER_HOST": "unix:///nonexistent/docker.sock", "HOME": str(tmp_path)}
+    res = run_invoke("sif", "--from-recipe", "--out", str(tmp_path / "out"), env=env)
+    assert res.returncode == 5, res.stdout + res.stderr
+    assert "ToolMissing: neither apptainer nor singularity is on PATH" in res.stderr
+    assert res.stderr.splitlines()[-1].startswith("hint: `module load apptainer`")
+    assert "Traceback" not in res.stderr and not (tmp_path / "out").exists()
+
+
+def test_write_definition_needs_from_recipe(tmp_path):
+    res = run_invoke("sif", "--write-definition", str(tmp_path / "def"))
+    assert res.returncode == 2 and "add --from-recipe" in res.stderr and not (tmp_path / "def").exists()
