@@ -296,7 +296,12 @@ SIF_COMMS = "/opt/torchbuild/comms"
 
 
 def environment_section(spec: BuildSpec, comms: Mapping[str, Any] | None = None) -> str:
-    """The %environment body: the build's environment, then apart from it the profile's
+    """The %environment body, indented (environment_section_lines)."""
+    return "\n".join(f"    {line}" for line in environment_section_lines(spec, comms))
+
+
+def environment_section_lines(spec: BuildSpec, comms: Mapping[str, Any] | None = None) -> list[str]:
+    """The %environment lines: the build's environment, then apart from it the profile's
     runtime_env (what jobs running torch need), then the host_mpi directories first on
     LD_LIBRARY_PATH wherever they are bound in (`apptainer exec --bind DIR ...`); with comms
     (the comms manifest), the carried NCCL's lib/ first and the plugin NCCL should load."""
@@ -316,7 +321,7 @@ def environment_section(spec: BuildSpec, comms: Mapping[str, Any] | None = None)
     if spec.host_mpi:
         lines.append("# host_mpi: the host's MPI library first, where it is bound in")
         lines += prepend_path_lines("LD_LIBRARY_PATH", spec.host_mpi, only_if_present=True)
-    return "\n".join(f"    {line}" for line in lines)
+    return lines
 
 
 def runtime_hash(spec: BuildSpec, comms: Mapping[str, Any] | None = None) -> str:
@@ -421,10 +426,6 @@ class DefinitionWriter(SingularityWriter):  # type: ignore[misc]
         if self.help_text:
             text += ["", "%help", *(f"    {x}" if x else "" for x in self.help_text.splitlines())]
         return "\n".join(text) + "\n"
-
-
-def environment_section_lines(spec: BuildSpec, comms: Mapping[str, Any] | None = None) -> list[str]:
-    return [line.strip() for line in environment_section(spec, comms).splitlines()]
 
 
 def definition(
