@@ -320,3 +320,21 @@ def test_no_apptainer_and_no_docker_is_named_with_the_module_to_load(tmp_path):
 def test_write_definition_needs_from_recipe(tmp_path):
     res = run_invoke("sif", "--write-definition", str(tmp_path / "def"))
     assert res.returncode == 2 and "add --from-recipe" in res.stderr and not (tmp_path / "def").exists()
+
+
+def test_the_recipe_hash_is_the_same_for_the_same_inputs_and_differs_otherwise(tmp_path):
+    """What says a SIF from the recipe is up to date: two fresh contexts of one profile hash alike."""
+    from torchbuild.recipe import recipe_hash
+
+    def digest(sets: list[str], name: str) -> str:
+        spec = resolve("cpu", ["sif_bootstrap=debootstrap", "base_image=debian:trixie", *sets], arch="x86_64")
+        context = tmp_path / name
+        context.mkdir()
+        image_context(spec, context)
+        return recipe_hash(context, build_args(spec), bootstrap_for(spec), spec.arch)
+
+    first = digest([], "a")
+    assert digest([], "b") == first
+    assert digest(["apt_packages=[vim]"], "c") != first  # the package list in the context
+    assert digest(["sif_mirror=http://mirror.site/debian"], "d") != first  # the bootstrap
+    assert digest(["python_system_site_packages=true"], "e") != first  # a build argument
