@@ -251,6 +251,8 @@ class ToolchainParser(DockerParser):  # type: ignore[misc]
                     f"{self._where()}: ARG {name} has no value (no default, and the profile gives none)",
                     hint=f"give it a default in the recipe: ARG {name}=...",
                 )
+            if "\n" in value or "\r" in value:  # it would start a line of its own in %post
+                raise RecipeError(f"{self._where()}: the value of ARG {name} has a line break: {value!r}")
             self.args[name] = value  # what FROM ${NAME} resolves to
             self.recipe[self.active_layer].install.append(f"export {name}={shlex.quote(value)}")
 

@@ -1,9 +1,10 @@
 """Apptainer: convert a built toolchain image into a SIF, and run builds from SIFs.
 
-The SIF is made from the Docker image that `invoke image` built, never by re-running the
-recipe. A small definition file adds what Docker images do not carry: the runscript (the
-`torchbuild` CLI), `%environment` (the profile's runtime environment), `%labels` (the image id
-it came from) and `%help` (the binds).
+Here the SIF is made from the Docker image that `invoke image` built, without re-running the
+recipe (recipe.py builds it from the recipe instead, where there is no Docker). A small
+definition file, written through spython's Recipe and Singularity writer (DefinitionWriter),
+adds what Docker images do not carry: the runscript (the `torchbuild` CLI), `%environment`
+(the profile's runtime environment), `%labels` (the image id it came from) and `%help` (the binds).
 
 What makes the conversion cheap (measured in benchmarks/sif_conversion.py against a plain
 `docker save` + `apptainer build out.sif docker-archive://image.tar`):
@@ -406,7 +407,21 @@ class DefinitionWriter(SingularityWriter):  # type: ignore[misc]
         lines = self.recipe[self.stage].environ
         return ["%environment", *(f"export {x}" if self._ASSIGNMENT.match(x) else x for x in lines)] if lines else []
 
+    def _check_one_line(self) -> None:
+        """A line break in a value would start a line of its own in the definition, where
+        `%post` or `%runscript` opens a section Apptainer runs: refused."""
+        recipe = self.recipe[STAGE]
+        values = [*self.header, *self.comments, *recipe.environ, str(recipe.fromHeader or "")]
+        values += [item for pair in [*recipe.labels, *recipe.files] for item in pair]
+        for value in values:
+            if "\n" in value or "\r" in value:
+                raise SifError(
+                    f"a value with a line break cannot go into an Apptainer definition: {value!r}",
+                    hint="remove the line break from the profile value (labels, paths, environment, base_image)",
+                )
+
     def convert(self, runscript: str = TORCHBUILD_EXE, force: bool = True) -> str:
+        self._check_one_line()
         lines = super().convert(runscript=runscript, force=force).splitlines()
         stage = lines.index(f"Stage: {STAGE}")  # after spython's "Bootstrap: docker", "From: ..."
         body: list[str] = []

@@ -5,6 +5,7 @@ unprivileged."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 import subprocess
@@ -17,7 +18,7 @@ from helpers import run_invoke
 from torchbuild import __version__
 from torchbuild.arch import Arch
 from torchbuild.config import data_dir, resolve
-from torchbuild.errors import PathError, UsageError
+from torchbuild.errors import PathError, SifError, UsageError
 from torchbuild.image import apt_packages, build_args, image_context, labels, python_requirements
 from torchbuild.recipe import (
     Bootstrap,
@@ -338,3 +339,18 @@ def test_the_recipe_hash_is_the_same_for_the_same_inputs_and_differs_otherwise(t
     assert digest(["apt_packages=[vim]"], "c") != first  # the package list in the context
     assert digest(["sif_mirror=http://mirror.site/debian"], "d") != first  # the bootstrap
     assert digest(["python_system_site_packages=true"], "e") != first  # a build argument
+
+
+def test_a_profile_value_cannot_open_a_section_of_the_definition(tmp_path):
+    """A line break in base_image (FROM, a label) or runtime_env would put `%post` on a line of
+    its own, where Apptainer runs it: refused, whichever route."""
+    context = tmp_path / "context"
+    context.mkdir()
+    evil = "debian:trixie\n%post\ntouch /pwned"  # as a profile file's YAML string can hold it
+    spec = dataclasses.replace(resolve("cpu", arch="x86_64"), base_image=evil)
+    image_context(spec, context)
+    with pytest.raises(RecipeError, match="ARG BASE_IMAGE has a line break"):
+        translate(context / "Dockerfile", context, build_args(spec))
+    spec = resolve("cpu", ['runtime_env={X: "a\\n%runscript\\nrm -rf ~"}'], arch="x86_64")
+    with pytest.raises(SifError, match="line break"):
+        definition(spec, archive=tmp_path / "layout", profile_file=tmp_path / "p.yaml", image_id="x")
