@@ -463,6 +463,7 @@ def definition(
     recipe.files = metadata_files(spec, profile_file, comms)
     recipe.environ = environment_section_lines(spec, manifest)
     recipe.labels = [
+        [f"{SIF_LABEL}.route", "image"],  # recipe.py's SIFs say "recipe"
         [f"{SIF_LABEL}.image", spec.image_tag],
         [f"{SIF_LABEL}.image-id", image_id],
         [f"{SIF_LABEL}.profile-hash", spec.hash],

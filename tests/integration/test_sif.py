@@ -84,7 +84,7 @@ def test_sif_carries_profile_environment_and_labels(engine, cpu_sif):
     spec, sif, _, apptainer, _ = cpu_sif
     labels = apptainer.labels(sif)
     image = engine.image_attrs(spec.image_tag)
-    assert labels["org.torchbuild.sif.image-id"] == image["Id"]
+    assert labels["org.torchbuild.sif.image-id"] == image["Id"] and labels["org.torchbuild.sif.route"] == "image"
     assert labels["org.torchbuild.profile-hash"] == image["Config"]["Labels"]["org.torchbuild.profile-hash"]
     assert labels["org.torchbuild.sif.profile-hash"] == spec.hash
     assert labels["org.torchbuild.version"] == __version__

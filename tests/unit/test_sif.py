@@ -55,7 +55,11 @@ def test_definition_bootstraps_from_the_oci_layout_and_adds_metadata_only(tmp_pa
     assert f"{tmp_path / 'gh200.yaml'} /opt/torchbuild/profiles/gh200.yaml" in text
     assert "%post" not in text  # the recipe is never run again
     assert 'exec /opt/venv/bin/torchbuild "$@"' in text
-    assert "org.torchbuild.sif.image-id sha256:abc" in text and f"org.torchbuild.sif.profile-hash {spec.hash}" in text
+    assert (
+        "org.torchbuild.sif.image-id sha256:abc" in text
+        and "org.torchbuild.sif.route image" in text
+        and f"org.torchbuild.sif.profile-hash {spec.hash}" in text
+    )
     # flags with spaces survive as one shell-quoted value
     cxxflags = next(line for line in text.splitlines() if "export CXXFLAGS=" in line)
     assert cxxflags.strip().startswith("export CXXFLAGS='") and "-fdata-sections -flax-vector-conversions" in cxxflags
