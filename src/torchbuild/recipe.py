@@ -582,7 +582,7 @@ def build_from_recipe(
 
 def write_definition(spec: BuildSpec, dest: Path, compression: str = "") -> Path:
     """Write the definition `--from-recipe` would build, with its context beside it, into dest
-    (a new or empty directory), for review or for building elsewhere; returns its path. The
+    (a new or empty directory), for review or to build by hand (its %files name the context by absolute path); returns its path. The
     squashfs compression is only recorded (`apptainer build` is run by hand then)."""
     with named_os_errors(dest, "--write-definition"):
         if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):

@@ -30,7 +30,7 @@ from .common import HELP, handles_errors, spec_from
         "the profile's sif_bootstrap says whether the base comes from a registry (docker) or a Debian/Ubuntu "
         "mirror (debootstrap)",
         "write_definition_": "with --from-recipe: write the Apptainer definition and its build context to this "
-        "directory and stop (to review it, or build it elsewhere)",
+        "directory and stop (to review it, or build it by hand there)",
     },
     iterable=["set_"],
 )
