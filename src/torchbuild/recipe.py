@@ -528,12 +528,10 @@ def build_from_recipe(
             check_space(space_needed(RECIPE_SIZE_ESTIMATE, root, out_dir))
             flags = apptainer.build_flags()
             chosen = choose_compression(requested, flags)
-            if isinstance(apptainer, DockerApptainer):
-                # even as root: the container lacks the capabilities a root build's %post asks for
-                # ("Requesting capability set ..."); its entrypoint gives the caller subordinate ids
-                privilege = ["--fakeroot"]
-            else:
-                privilege = fakeroot_flags(bootstrap)
+            # In the apptainer-builder, --fakeroot even as root: the container lacks the capabilities
+            # a root build's %post asks for ("Requesting capability set ..."); its entrypoint gives
+            # the caller subordinate ids.
+            privilege = ["--fakeroot"] if isinstance(apptainer, DockerApptainer) else fakeroot_flags(bootstrap)
             profile_file = work / f"{spec.profile}.yaml"
             profile_file.write_text(profile_text(spec))
             text = recipe_definition(
