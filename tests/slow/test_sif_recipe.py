@@ -60,7 +60,7 @@ def test_cpu_sif_from_the_recipe_without_docker_builds_the_fixture(engine, local
     assert labels["org.torchbuild.version"] == __version__ and labels["org.torchbuild.sif.route"] == "recipe"
     assert labels["org.torchbuild.sif.profile-hash"] == spec.hash
 
-    # the toolchain: every tool runs, the site CAs are trusted, the profile is baked in
+    # the toolchain: every tool runs, the site CAs are in place (pip through the proxy used them), the profile is baked in
     probe = (
         "gcc --version | head -1 && cmake --version | head -1 && ninja --version && ccache --version | head -1"
         " && torchbuild --version && python3 -c 'import numpy, six; print(numpy.__version__)'"
