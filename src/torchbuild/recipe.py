@@ -10,7 +10,8 @@ parser, and writes an Apptainer definition with spython's Singularity writer (si
   would not see) and lands in %environment;
 * COPY becomes %files from the build context, by absolute path;
 * SHELL ["/bin/bash", "-o", "pipefail", "-c"] (which spython does not know) becomes
-  `%post -c /bin/bash` with `set -e -o pipefail`;
+  `%post -c /bin/bash` with `set -o pipefail`;
+* each RUN runs in a subshell whose failure ends %post, as a failed RUN ends a Docker build;
 * FROM becomes the bootstrap the profile asks for (`sif_bootstrap`): `docker` pulls base_image
   through a registry, `debootstrap` installs a Debian or Ubuntu suite from a package mirror;
 * WORKDIR and CMD do not reach the runscript: it is the converted SIF's (`exec torchbuild "$@"`,
@@ -18,9 +19,10 @@ parser, and writes an Apptainer definition with spython's Singularity writer (si
 
 Instructions the parser has no translation for (USER, ONBUILD, SHELL forms other than the one
 above, ARG without a value) are a RecipeError naming the line, never a silently different SIF.
-Apptainer builds unprivileged: as root nothing is needed; otherwise `--fakeroot`, which for
-debootstrap needs the caller in /etc/subuid (a root-mapped namespace cannot unpack a base
-system), and for a docker bootstrap at least user namespaces.
+Apptainer builds unprivileged: as root on a host nothing is needed; otherwise `--fakeroot`
+(always in the apptainer-builder container), which for debootstrap needs the caller in
+/etc/subuid (a root-mapped namespace cannot unpack a base system), and for a docker bootstrap
+at least user namespaces.
 """
 
 from __future__ import annotations
@@ -500,13 +502,9 @@ def build_from_recipe(
     run_id = uuid.uuid4().hex[:12]
     work = root / "work" / run_id
     partial = out_dir / f".{final.name}.partial-{run_id}"
-    args = build_args(spec)
     try:
         with interrupts_unwind():
-            context = work / "context"
-            context.mkdir(parents=True)
-            image_context(spec, context)
-            digest = recipe_hash(context, args, bootstrap, spec.arch)
+            context, digest = _context(spec, work, bootstrap)
             if final.exists() and not rebuild:
                 chosen = choose_compression(requested, apptainer.build_flags())
                 have = apptainer.labels(final)
@@ -532,13 +530,7 @@ def build_from_recipe(
             # a root build's %post asks for ("Requesting capability set ..."); its entrypoint gives
             # the caller subordinate ids.
             privilege = ["--fakeroot"] if isinstance(apptainer, DockerApptainer) else fakeroot_flags(bootstrap)
-            profile_file = work / f"{spec.profile}.yaml"
-            profile_file.write_text(profile_text(spec))
-            text = recipe_definition(
-                spec, context, bootstrap, profile_file=profile_file, compression=str(chosen), digest=digest
-            )
-            deffile = work / "torch-build.def"
-            deffile.write_text(text)
+            deffile, text = _definition_in(spec, work, context, bootstrap, str(chosen), digest)
             out_dir.mkdir(parents=True, exist_ok=True)
             stamp = time.strftime("%Y%m%d-%H%M%S")
             log = cache_dir(spec) / "logs" / f"sif-recipe-{spec.profile}-{spec.arch.value}-{stamp}.log"
@@ -580,23 +572,47 @@ def build_from_recipe(
     )
 
 
+def _context(spec: BuildSpec, work: Path, bootstrap: Bootstrap) -> tuple[Path, str]:
+    """The recipe's build context in work/context (image_context) and its recipe hash."""
+    context = work / "context"
+    context.mkdir(parents=True)
+    image_context(spec, context)
+    return context, recipe_hash(context, build_args(spec), bootstrap, spec.arch)
+
+
+def _definition_in(
+    spec: BuildSpec, work: Path, context: Path, bootstrap: Bootstrap, compression: str, digest: str
+) -> tuple[Path, str]:
+    """The resolved profile and the definition written into work; (definition path, its text)."""
+    profile_file = work / f"{spec.profile}.yaml"
+    profile_file.write_text(profile_text(spec))
+    text = recipe_definition(
+        spec, context, bootstrap, profile_file=profile_file, compression=compression, digest=digest
+    )
+    deffile = work / "torch-build.def"
+    deffile.write_text(text)
+    return deffile, text
+
+
 def write_definition(spec: BuildSpec, dest: Path, compression: str = "") -> Path:
     """Write the definition `--from-recipe` would build, with its context beside it, into dest
-    (a new or empty directory), for review or to build by hand (its %files name the context by absolute path); returns its path. The
-    squashfs compression is only recorded (`apptainer build` is run by hand then)."""
-    with named_os_errors(dest, "--write-definition"):
-        if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-            raise PathError(f"--write-definition: {dest} is not an empty directory", hint="name a new directory")
-        context = dest / "context"
-        context.mkdir(parents=True)
-        image_context(spec, context)
+    (a new or empty directory), to review it or build it by hand where it was written (its
+    %files name the context by absolute path); returns its path. The squashfs compression is
+    only recorded. Whatever fails leaves dest as it was (absent, or empty)."""
     bootstrap = bootstrap_for(spec)
     chosen = str(Compression.parse(compression or DEFAULT_COMPRESSION))
     with named_os_errors(dest, "--write-definition"):
-        profile_file = dest / f"{spec.profile}.yaml"
-        profile_file.write_text(profile_text(spec))
-        digest = recipe_hash(context, build_args(spec), bootstrap, spec.arch)
-        deffile = dest / "torch-build.def"
-        text = recipe_definition(spec, context, bootstrap, profile_file=profile_file, compression=chosen, digest=digest)
-        deffile.write_text(text)
-    return deffile
+        if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+            raise PathError(f"--write-definition: {dest} is not an empty directory", hint="name a new directory")
+        existed = dest.exists()
+        dest.mkdir(parents=True, exist_ok=True)
+        try:
+            context, digest = _context(spec, dest, bootstrap)
+            return _definition_in(spec, dest, context, bootstrap, chosen, digest)[0]
+        except BaseException:
+            for written in [*dest.iterdir()] if existed else [dest]:
+                if written.is_dir():
+                    remove_tree(written)
+                else:
+                    written.unlink()
+            raise

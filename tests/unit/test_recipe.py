@@ -18,7 +18,7 @@ from helpers import run_invoke
 from torchbuild import __version__
 from torchbuild.arch import Arch
 from torchbuild.config import data_dir, resolve
-from torchbuild.errors import PathError, SifError, UsageError
+from torchbuild.errors import PathError, SifError, TorchbuildError, UsageError
 from torchbuild.image import apt_packages, build_args, image_context, labels, python_requirements
 from torchbuild.recipe import (
     Bootstrap,
@@ -354,3 +354,16 @@ def test_a_profile_value_cannot_open_a_section_of_the_definition(tmp_path):
     spec = resolve("cpu", ['runtime_env={X: "a\\n%runscript\\nrm -rf ~"}'], arch="x86_64")
     with pytest.raises(SifError, match="line break"):
         definition(spec, archive=tmp_path / "layout", profile_file=tmp_path / "p.yaml", image_id="x")
+
+
+def test_write_definition_that_fails_leaves_nothing(tmp_path):
+    spec = resolve(
+        "cpu", ["sif_bootstrap=debootstrap", "base_image=debian:trixie", f"ca_certificates=[{tmp_path}/no.crt]"]
+    )
+    with pytest.raises(TorchbuildError, match=r"no\.crt"):
+        write_definition(spec, tmp_path / "new")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TorchbuildError, match=r"no\.crt"):
+        write_definition(spec, tmp_path / "empty")
+    assert list((tmp_path / "empty").iterdir()) == []

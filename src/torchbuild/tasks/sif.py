@@ -88,12 +88,15 @@ def _from_recipe(
         return
     if apptainer == "auto" and not host_apptainer():
         try:
-            Engine.connect(timeout=30)
+            engine = Engine.connect(timeout=30)
         except EngineUnavailable:
             raise ToolMissing(
                 "neither apptainer nor singularity is on PATH, and there is no Docker engine for the apptainer-builder",
                 hint="`module load apptainer` (or install Apptainer 1.1 or later), then run this again",
             ) from None
-    result = build_from_recipe(spec, locate(spec, apptainer), out, rebuild=rebuild, compression=compression)
+        runner = locate(spec, apptainer, engine=lambda: engine)  # the builder on the engine just reached
+    else:
+        runner = locate(spec, apptainer)
+    result = build_from_recipe(spec, runner, out, rebuild=rebuild, compression=compression)
     state = "up to date (made from the current recipe)" if result.cached else f"built in {result.seconds:.1f} s"
     _report(result, state, f"from the recipe ({bootstrap_for(spec)})")
