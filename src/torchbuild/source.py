@@ -5,6 +5,7 @@ a tarball, or a Debian .dsc. Every fetch returns a SourceInfo recorded in the ma
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import lzma
@@ -16,7 +17,7 @@ import sys
 import tarfile
 import tempfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -302,16 +303,58 @@ def _unreadable(archive: Path, exc: BaseException) -> SourceError:
 
 
 def _safe_extract(tar: tarfile.TarFile, dest: Path) -> None:
+    """Extract tar into dest, refusing (SourceError, "unsafe") any member that would write or
+    point outside dest: an absolute or `..` name, a member under a symlink leading out, a symlink
+    or hard link whose target is outside, a device or FIFO. Each member is checked against what
+    is already on disk just before it is written (a symlink extracted earlier is followed), so
+    Pythons without tarfile's data filter (3.9 to 3.11.3) are as safe; where it exists, the
+    data filter checks again."""
     dest.mkdir(parents=True)
-    root = dest.resolve()
-    for member in tar.getmembers():
-        target = (dest / member.name).resolve()
-        if root not in (target, *target.parents) or member.isdev():
-            raise SourceError(f"refusing unsafe tarball member {member.name!r}")
-    if hasattr(tarfile, "data_filter"):  # Python >= 3.12 (and security backports)
-        tar.extractall(dest, filter="data")
-    else:  # members were checked above
-        tar.extractall(dest)
+    members = _checked_members(tar, dest.resolve())
+    try:
+        if hasattr(tarfile, "data_filter"):  # Python >= 3.12 and the 3.8-3.11 security releases
+            tar.extractall(dest, members=members, filter="data")
+        else:
+            tar.extractall(dest, members=members)
+    except getattr(tarfile, "FilterError", ()) as exc:  # a TarError, but not a damaged archive
+        raise _unsafe(exc.tarinfo.name, str(exc)) from exc
+
+
+def _checked_members(tar: tarfile.TarFile, root: Path) -> Iterator[tarfile.TarInfo]:
+    """tar's members, each checked as extractall reaches it (after the members before it are
+    on disk), with set-id bits, group/other write and the archive's owners dropped."""
+    for member in tar:
+        where = Path(os.path.realpath(root / member.name))
+        if os.path.isabs(member.name) or not _inside(where, root):
+            raise _unsafe(member.name, "it would be written outside the tree (an absolute or `..` path, or a symlink)")
+        parents = Path(member.name).parents
+        if any((root / parent).is_symlink() for parent in parents if parent.name):
+            raise _unsafe(member.name, "it would be written through a symlink the archive made")
+        if member.isdev():
+            raise _unsafe(member.name, "it is a device or FIFO")
+        if member.issym():
+            target = os.path.realpath(root / os.path.dirname(member.name) / member.linkname)
+            if os.path.isabs(member.linkname) or not _inside(Path(target), root):
+                raise _unsafe(member.name, f"it is a symlink to {member.linkname!r}, outside the tree")
+        elif member.islnk():
+            target = os.path.realpath(root / member.linkname)
+            if os.path.isabs(member.linkname) or not _inside(Path(target), root):
+                raise _unsafe(member.name, f"it is a hard link to {member.linkname!r}, outside the tree")
+        safe = copy.copy(member)
+        safe.mode &= 0o755 if member.isdir() or member.mode & 0o100 else 0o644
+        safe.uid, safe.gid, safe.uname, safe.gname = os.getuid(), os.getgid(), "", ""
+        yield safe
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _unsafe(name: str, why: str) -> SourceError:
+    return SourceError(
+        f"refusing unsafe tarball member {name!r}: {why}",
+        hint="this archive would write outside the directory it is unpacked into; get the source from a trusted place",
+    )
 
 
 def looks_like_url(text: str) -> bool:

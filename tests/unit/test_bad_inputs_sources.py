@@ -180,6 +180,84 @@ def test_unreadable_archive_names_the_file_and_leaves_nothing(tmp_path, what, ma
     assert not (tmp_path / "srcs").exists(), "a directory was left behind"
 
 
+# tar members that write, or point, outside the tree: (kind, name, link target or file text)
+Member = tuple[str, str, str]
+
+
+def _slip(tmp: Path, members: list[Member]) -> Path:
+    """A real tarball made by tarfile: a top directory, then members; "{outside}" in a link
+    target is the absolute path of tmp/outside (a directory holding victim.txt)."""
+    outside = tmp / "outside"
+    outside.mkdir(exist_ok=True)
+    (outside / "victim.txt").write_text(OUTSIDE_TEXT)
+    path = tmp / "slip.tar"
+    with tarfile.open(path, "w") as tar:
+        top = tarfile.TarInfo("top")
+        top.type, top.mode = tarfile.DIRTYPE, 0o755
+        tar.addfile(top)
+        setup = tarfile.TarInfo("top/setup.py")
+        setup.size = 4
+        tar.addfile(setup, io.BytesIO(b"# x\n"))
+        for kind, name, value in members:
+            info = tarfile.TarInfo(name)
+            value = value.replace("{outside}", str(outside))
+            if kind == "file":
+                info.size = len(value.encode())
+                tar.addfile(info, io.BytesIO(value.encode()))
+                continue
+            info.type = {"sym": tarfile.SYMTYPE, "hard": tarfile.LNKTYPE, "fifo": tarfile.FIFOTYPE}[kind]
+            info.linkname = value
+            tar.addfile(info)
+    return path
+
+
+TAR_SLIPS: list[tuple[str, list[Member]]] = [
+    ("file under an absolute symlink", [("sym", "top/link", "{outside}"), ("file", "top/link/FILE", "pwned\n")]),
+    (
+        "overwrite through an absolute symlink",
+        [("sym", "top/link", "{outside}"), ("file", "top/link/victim.txt", "pwned\n")],
+    ),
+    ("file under a ../ symlink", [("sym", "top/up", "../.."), ("file", "top/up/outside/FILE", "pwned\n")]),
+    ("symlink to a file outside", [("sym", "top/v", "../../outside/victim.txt")]),
+    ("absolute symlink alone", [("sym", "top/v", "{outside}/victim.txt")]),
+    (
+        "symlink through an earlier symlink",
+        [("sym", "top/deep", "."), ("sym", "top/l", "deep/../../outside"), ("file", "top/l/FILE", "pwned\n")],
+    ),
+    ("hard link to a file outside", [("hard", "top/h", "../outside/victim.txt")]),
+    ("hard link through a symlink", [("sym", "top/link", "{outside}"), ("hard", "top/h", "top/link/victim.txt")]),
+    ("member named ../", [("file", "top/../../outside/FILE", "pwned\n")]),
+    ("member with an absolute name", [("file", "{outside}/FILE", "pwned\n")]),
+    ("a FIFO", [("fifo", "top/pipe", "")]),
+]
+
+
+@pytest.mark.parametrize("data_filter", [False, True], ids=["without data_filter (3.9-3.11.3)", "with data_filter"])
+@pytest.mark.parametrize(("what", "members"), TAR_SLIPS, ids=[c[0] for c in TAR_SLIPS])
+def test_tarball_member_leading_outside_is_refused_as_unsafe(tmp_path, monkeypatch, what, members, data_filter):
+    if not data_filter:  # as on Debian bookworm's Python 3.11.2
+        monkeypatch.delattr(tarfile, "data_filter")
+    elif not hasattr(tarfile, "data_filter"):
+        pytest.skip("this Python has no tarfile.data_filter")
+    archive = _slip(tmp_path, [(k, n.replace("{outside}", str(tmp_path / "outside")), v) for k, n, v in members])
+    with pytest.raises(SourceError) as exc:
+        unpack_archive(archive, tmp_path / "srcs")
+    assert "unsafe tarball member" in exc.value.message and "not a readable tarball" not in exc.value.message
+    assert sorted(p.name for p in (tmp_path / "outside").iterdir()) == ["victim.txt"]
+    assert (tmp_path / "outside" / "victim.txt").read_text() == OUTSIDE_TEXT
+    assert not (tmp_path / "srcs").exists(), "a directory was left behind"
+
+
+def test_tarball_symlinks_inside_the_tree_are_kept(tmp_path, monkeypatch):
+    monkeypatch.delattr(tarfile, "data_filter")
+    archive = _slip(
+        tmp_path, [("file", "top/a.txt", "a\n"), ("sym", "top/b.txt", "a.txt"), ("hard", "top/c", "top/a.txt")]
+    )
+    tree = unpack_archive(archive, tmp_path / "srcs").path
+    assert (tree / "b.txt").read_text() == "a\n" and os.readlink(tree / "b.txt") == "a.txt"
+    assert (tree / "c").read_text() == "a\n"
+
+
 def _raise_os(err: int) -> Callable[..., None]:
     def extract(*args: object, **kwargs: object) -> None:
         raise OSError(err, os.strerror(err))
