@@ -562,7 +562,7 @@ def path_independent(env_vars: Mapping[str, str], source: str) -> dict[str, str]
 def pip_wheel(partial: Path, source: str, python: str = sys.executable) -> list[str]:
     """The wheel build: with the interpreter's packages (torch's build requirements, or the torch
     a companion is built against), no dependencies, verbose for the log."""
-    return [python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w", str(partial), source]
+    return [python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w", str(partial), "--", source]
 
 
 def _build_wheel(run: Run, watch: ConfigureWatch) -> Path:

@@ -313,7 +313,7 @@ def check_wheel(name: str, wheel: Path, torch_dir: Path, work: Path, env: Mappin
     another directory, so the source tree is not what is imported)."""
     target = work / f"check-{name}"
     _pip(
-        ["install", "--no-deps", "--no-index", "--quiet", "--target", str(target), str(wheel)],
+        ["install", "--no-deps", "--no-index", "--quiet", "--target", str(target), "--", str(wheel)],
         env,
         f"unpacking {wheel.name}",
     )
@@ -321,7 +321,7 @@ def check_wheel(name: str, wheel: Path, torch_dir: Path, work: Path, env: Mappin
     missing = missing_requirements(target)
     if missing:  # e.g. pillow for torchvision: its import needs them, the image may not have them
         _pip(
-            ["install", "--no-deps", "--quiet", "--target", str(deps), *missing],
+            ["install", "--no-deps", "--quiet", "--target", str(deps), "--", *missing],
             env,
             f"installing {name}'s runtime dependencies {', '.join(missing)} for its check",
         )
@@ -395,7 +395,7 @@ def build_all(spec: BuildSpec, req: Request, out: TextIO = sys.stdout) -> list[P
         )
         print(f"companions: unpacking {torch_wheel.name} to build against it", file=out, flush=True)
         _pip(
-            ["install", "--no-deps", "--no-index", "--quiet", "--target", str(torch_dir), str(torch_wheel)],
+            ["install", "--no-deps", "--no-index", "--quiet", "--target", str(torch_dir), "--", str(torch_wheel)],
             {**os.environ, **base},
             f"unpacking {torch_wheel.name}",
         )

@@ -27,6 +27,7 @@ from .arch import Arch
 from .companion_table import pairing_problem
 from .errors import ProfileError, UsageError
 from .nccl_arch import nccl_cannot_target
+from .safeio import not_an_option
 
 DEFAULT_PROFILE = "cpu"
 _CUDA_ARCH_RE = re.compile(r"\d+\.\d+a?(\+PTX)?")
@@ -655,6 +656,15 @@ def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], host: Arch
         problem = pairing_problem(name, values["torch_version"], values["torch_ref"])
         if problem:
             fail("companions", problem, "drop it from companions, or choose a torch_version the table pairs it with")
+    # refs and sources reach git, tar and pip argvs: one starting with '-' would be read as an option
+    for key in ("torch_ref", "torch_repo", "nccl_source", "aws_ofi_nccl_source", "companion_refs", "companion_repos"):
+        given = values[key] if isinstance(values[key], Mapping) else {"": values[key]}
+        for name, value in given.items():
+            label = f"{key}.{name}" if name else key
+            try:
+                not_an_option(value, label, ProfileError)
+            except ProfileError as exc:
+                fail(key, exc.message, exc.hint)
     twice = sorted({v for v in values["python_versions"] if values["python_versions"].count(v) > 1})
     if twice:
         fail("python_versions", f"lists {', '.join(twice)} twice", "list each Python once")

@@ -117,7 +117,7 @@ def _patch_paths(tree: Path, patch: Patch) -> list[str]:
     reversed, it names the old paths, so renames and copies give both names."""
     paths: dict[str, None] = {}
     for direction in ((), ("--reverse",)):
-        res = _git_apply(tree, "--numstat", "-z", *direction, str(patch.path))
+        res = _git_apply(tree, "--numstat", "-z", *direction, "--", str(patch.path))
         if res.returncode != 0:
             raise PatchConflict(
                 f"patch {patch.name} is not a patch git understands: {_failing_hunk(res.stderr)}",
@@ -182,7 +182,7 @@ class _Scratch:
                 shutil.copy2(src, self.dir / rel)
 
     def apply(self, patch: Patch, reverse: bool = False) -> subprocess.CompletedProcess[str]:
-        return _git_apply(self.dir, *(["--reverse"] if reverse else []), str(patch.path))
+        return _git_apply(self.dir, *(["--reverse"] if reverse else []), "--", str(patch.path))
 
     def check_links(self, patches: tuple[Patch, ...]) -> None:
         """UnsafePatch when the patches made a symlink that leads out of the tree."""

@@ -58,7 +58,7 @@ def source_date_epoch(info: SourceInfo, environ: dict[str, str] | None = None) -
     if info.commit:
         with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
             out = subprocess.run(
-                ["git", "-C", str(info.path), "log", "-1", "--format=%ct", info.commit],
+                ["git", "-C", str(info.path), "log", "-1", "--format=%ct", "--end-of-options", info.commit],
                 capture_output=True, text=True, check=True,
             ).stdout.strip()  # fmt: skip
             return Epoch(int(out), f"commit {info.commit[:12]}")

@@ -152,7 +152,7 @@ def build_args(
         args += ["--mksquashfs-args", compression.mksquashfs_args()]
     elif compression != APPTAINER_DEFAULT_COMPRESSION:
         raise SifError(f"this Apptainer cannot make a {compression} SIF (--mksquashfs-args needs Apptainer 1.4+)")
-    return [*args, str(sif), str(deffile)]
+    return [*args, "--", str(sif), str(deffile)]
 
 
 # --------------------------------------------------------------------------- docker save -> OCI layout
@@ -565,7 +565,7 @@ class HostApptainer(Apptainer):
             if isinstance(labels, dict):
                 return {str(k): str(v) for k, v in labels.items()}
         proc = subprocess.run(
-            [self.exe, "inspect", "--json", "--labels", str(sif)], capture_output=True, text=True, check=False
+            [self.exe, "inspect", "--json", "--labels", "--", str(sif)], capture_output=True, text=True, check=False
         )
         if proc.returncode != 0:
             raise SifError(f"cannot inspect {sif}: {proc.stderr.strip()[-300:]}")

@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 from .config import BuildSpec
 from .errors import InsufficientSpace, PathError, SourceError, ToolMissing, UsageError, named_os_errors
+from .safeio import not_an_option
 
 # file:// submodules are refused by default since git 2.38.1; mirrors and tests need them
 _GIT = ["git", "-c", "protocol.file.allow=always", "-c", "advice.detachedHead=false"]
@@ -81,12 +82,12 @@ def update_mirror(cache: Path, url: str, out: TextIO = sys.stdout) -> Path:
     """A bare mirror of url in the cache, created or refreshed; later clones borrow its objects."""
     mirror = mirror_path(cache, url)
     if (mirror / "HEAD").is_file():
-        _git("--git-dir", str(mirror), "remote", "update", "--prune", out=out)
+        _git(f"--git-dir={mirror}", "remote", "update", "--prune", out=out)
     else:
         mirror.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=mirror.name + ".", dir=mirror.parent))
         try:
-            _git("clone", "--mirror", "--quiet", url, str(tmp / "m"), out=out)
+            _git("clone", "--mirror", "--quiet", "--", url, str(tmp / "m"), out=out)
             os.replace(tmp / "m", mirror)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -116,7 +117,7 @@ def _init_submodules(repo: Path, cache: Path | None, out: TextIO) -> None:
     for path, url in _submodules(repo):
         args = ["submodule", "update", "--init", "--quiet"]
         if cache is not None and _URL_RE.match(url):
-            args += ["--reference", str(update_mirror(cache, url, out))]
+            args.append(f"--reference={update_mirror(cache, url, out)}")
         _git(*args, "--", path, cwd=repo, out=out)
         _init_submodules(repo / path, cache, out)
 
@@ -135,20 +136,33 @@ def submodule_commits(repo: Path) -> tuple[tuple[str, str], ...]:
 
 
 def _clone(url: str, ref: str, partial: Path, cache: Path | None, out: TextIO) -> None:
-    """Clone url at ref with submodules into partial (see fetch_git)."""
+    """Clone url at ref with submodules into partial (see fetch_git). Every value from the user
+    comes after `--`, `--end-of-options` or in `--option=value` form: git never reads it as an
+    option (git 2.39's `checkout` takes no --end-of-options: `switch` does)."""
     if cache is not None:
         mirror = update_mirror(cache, url, out)
-        _git("clone", "--quiet", "--no-checkout", "--reference", str(mirror), str(mirror), str(partial), out=out)
-        _git("remote", "set-url", "origin", url, cwd=partial)
-        _git("checkout", "--quiet", ref, cwd=partial, out=out)
+        _git("clone", "--quiet", "--no-checkout", f"--reference={mirror}", "--", str(mirror), str(partial), out=out)
+        _git("remote", "set-url", "--end-of-options", "origin", url, cwd=partial)
+        try:  # a branch: checked out as a local branch that tracks it (`invoke source --update`)
+            _git("rev-parse", "--verify", "--quiet", f"refs/remotes/origin/{ref}", cwd=partial)
+            detach: list[str] = []
+        except SourceError:  # a tag or a commit
+            detach = ["--detach"]
+        try:
+            _git("switch", "--quiet", *detach, "--end-of-options", ref, cwd=partial, out=out)
+        except SourceError as exc:
+            raise SourceError(
+                f"cannot check out {ref}: it is not a branch, tag or commit of {url}\n{exc.message}",
+                hint="check the ref (git ls-remote URL lists branches and tags)",
+            ) from None
     else:
         try:
-            _git("clone", "--quiet", "--depth", "1", "--branch", ref, url, str(partial), out=out)
+            _git("clone", "--quiet", "--depth", "1", f"--branch={ref}", "--", url, str(partial), out=out)
         except SourceError:  # a commit id cannot be cloned with --branch: fetch it
             shutil.rmtree(partial, ignore_errors=True)
-            _git("init", "--quiet", str(partial))
-            _git("remote", "add", "origin", url, cwd=partial)
-            _git("fetch", "--quiet", "--depth", "1", "origin", ref, cwd=partial, out=out)
+            _git("init", "--quiet", "--", str(partial))
+            _git("remote", "add", "--end-of-options", "origin", url, cwd=partial)
+            _git("fetch", "--quiet", "--depth", "1", "--end-of-options", "origin", ref, cwd=partial, out=out)
             _git("checkout", "--quiet", "FETCH_HEAD", cwd=partial)
     _init_submodules(partial, cache, out)
 
@@ -158,8 +172,11 @@ def fetch_git(url: str, ref: str, dest: Path, cache: Path | None, out: TextIO = 
 
     With a cache, the clone comes from a bare mirror kept in <cache>/git (a second clone at
     another tag only fetches what is new); without one, a shallow clone of the ref is made.
-    dest must not exist; on failure nothing is left at dest.
+    dest must not exist; on failure nothing is left at dest. A url or ref that starts with `-`
+    (git would read it as an option) is a UsageError.
     """
+    not_an_option(url, "git URL")
+    not_an_option(ref, "git ref")
     if dest.exists():
         raise SourceError(f"{dest} already exists", hint="remove it, or pass it as --source to build it as it is")
     partial = dest.with_name(f".{dest.name}.partial")
@@ -374,7 +391,10 @@ def get_source(
 
     --ref applies to git sources only; --dest is where a git source is checked out or an
     archive unpacked, and cannot move a local tree (UsageError naming the option). A --dest
-    that is a file, or cannot be written, is a PathError."""
+    that is a file, or cannot be written, is a PathError. A --source or --ref that starts with
+    `-` (git would read it as an option) is a UsageError."""
+    not_an_option(source, "--source")
+    not_an_option(ref, "--ref")
     with named_os_errors(dest or source or spec.cache_dir, "getting the source"):
         if source and not looks_like_url(source):
             return _get_local(spec, Path(source).expanduser().resolve(), ref, dest, out)

@@ -188,7 +188,7 @@ def _install(wheel: Path, root: Path, base: str = sys.executable) -> tuple[str, 
         plain.parent.mkdir()
         plain.symlink_to(wheel.absolute())
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--no-index", str(plain)],
+            [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--no-index", "--", str(plain)],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
     except subprocess.CalledProcessError as exc:

@@ -7,14 +7,24 @@ import errno
 import hashlib
 import io
 import os
+import subprocess
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from torchbuild.build import pip_wheel
 from torchbuild.config import resolve
-from torchbuild.errors import InsufficientSpace, PatchConflict, PathError, SourceError, UnsafePatch, UsageError
+from torchbuild.errors import (
+    InsufficientSpace,
+    PatchConflict,
+    PathError,
+    ProfileError,
+    SourceError,
+    UnsafePatch,
+    UsageError,
+)
 from torchbuild.patches import apply_series, load_series
 from torchbuild.source import get_source, unpack_archive
 
@@ -332,6 +342,11 @@ BAD_SOURCE_OPTIONS = [
     ("--dest a file, tarball", _archive, "", _file_dest, PathError, "--dest .*afile exists and is not a dir"),
     ("--dest under a file", _archive, "", lambda t: _file_dest(t) + "/sub", PathError, "afile is a file"),
     ("--dest name too long", lambda t: URL, "", lambda t: str(t / ("x" * 300)), PathError, "too long"),
+    ("--ref=--detach", lambda t: URL, "--detach", None, UsageError, "--ref '--detach' starts with '-'"),
+    ("--ref --orphan=evil", lambda t: "", "--orphan=evil", None, UsageError, "--ref '--orphan=evil' starts with '-'"),
+    ("--ref --upload-pack", lambda t: URL, "--upload-pack=touch x", None, UsageError, "--ref .* starts with '-'"),
+    ("--source --upload-pack", lambda t: "--upload-pack=touch x;.git", "", None, UsageError, "--source .* starts with"),
+    ("--source a path like an option", lambda t: "-tree", "", None, UsageError, "--source '-tree' starts with '-'"),
 ]
 
 
@@ -357,3 +372,32 @@ def test_get_source_tarball_unpacks_under_dest_and_a_tree_is_used_in_place(spec,
     assert default.path.parent == tmp_path / "cache" / "src"
     tree = get_source(spec, _local_tree(tmp_path), out=io.StringIO())
     assert tree.kind == "dir" and tree.path == tmp_path / "tree"
+
+
+# profile keys whose values reach git, tar or pip argvs: (key, --set value)
+OPTION_LIKE_KEYS = [
+    ("torch_ref", "torch_ref=--orphan=evil"),
+    ("torch_repo", "torch_repo=--upload-pack=touch x"),
+    ("companion_refs", "companion_refs={torchvision: --orphan}"),
+    ("companion_repos", "companion_repos={torchvision: --upload-pack=x}"),
+    ("nccl_source", "nccl_source=--to-command=sh"),
+]
+
+
+@pytest.mark.parametrize(("key", "setting"), OPTION_LIKE_KEYS, ids=[c[0] for c in OPTION_LIKE_KEYS])
+def test_profile_ref_or_source_that_starts_with_a_dash_is_refused(tmp_path, key, setting):
+    sets = [f"cache_dir={tmp_path}", setting]
+    if key.startswith("companion"):
+        sets.append("companions=[torchvision]")
+    if key == "nccl_source":
+        sets += ["cuda_version=12.6", "cuda_arch_list=[9.0]", "distributed=[nccl, gloo]", "nccl=source"]
+    with pytest.raises(ProfileError, match=f"key '{key}'.* starts with '-'"):
+        resolve("cpu", sets)
+
+
+def test_pip_reads_a_source_that_looks_like_an_option_as_a_requirement(tmp_path):
+    """`pip wheel -w DIR --help` would print pip's help and exit 0: a build that "succeeded"
+    with no wheel. After `--` pip names it as a bad requirement."""
+    proc = subprocess.run(pip_wheel(tmp_path / "w", "--help"), capture_output=True, text=True, check=False)
+    assert proc.returncode != 0 and "Usage:" not in proc.stdout
+    assert "--help" in proc.stderr

@@ -113,7 +113,7 @@ def test_run_args_clean_environment_binds_and_nv(tmp_path):
     args = run_args(sif, {Path("/w/src"): "/src", Path("/w/cache"): "/cache"}, ["build", "--preflight"])
     assert args[:2] == ["run", "--cleanenv"] and "--nv" not in args
     assert args[args.index("--bind") + 1] == "/w/src:/src,/w/cache:/cache"
-    assert args[-3:] == [str(sif), "build", "--preflight"]
+    assert args[-4:] == ["--", str(sif), "build", "--preflight"]  # the SIF's path is never an option
     nv = run_args(sif, {}, [], flags=("--userns",), nv=True)
     assert nv[:4] == ["run", "--userns", "--cleanenv", "--nv"]
     assert "sudo" not in args + nv
@@ -314,6 +314,7 @@ def test_build_args_pass_the_compression_as_argv_items(tmp_path):
         "--force",
         "--mksquashfs-args",
         "-comp zstd -Xcompression-level 19",  # one item: Apptainer splits it into mksquashfs's argv
+        "--",
         str(sif),
         str(deffile),
     ]
@@ -324,6 +325,7 @@ def test_build_args_pass_the_compression_as_argv_items(tmp_path):
     assert build_args(sif, deffile, APPTAINER_DEFAULT_COMPRESSION, flags=()) == [
         "build",
         "--force",
+        "--",
         str(sif),
         str(deffile),
     ]

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from torchbuild.errors import SourceError
-from torchbuild.source import describe_dir, fetch_git, mirror_path, unpack_archive, update_tree
+from torchbuild.errors import SourceError, UsageError
+from torchbuild.source import _clone, describe_dir, fetch_git, mirror_path, unpack_archive, update_tree
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "t",
@@ -105,7 +106,7 @@ def test_shallow_clone_without_cache(upstream, tmp_path):
 
 def test_bad_ref_leaves_nothing_behind(upstream, tmp_path):
     dest = tmp_path / "bad"
-    with pytest.raises(SourceError, match="checkout"):
+    with pytest.raises(SourceError, match=r"cannot check out v9\.9\.9"):
         fetch_git(upstream.as_uri(), "v9.9.9", dest, tmp_path / "cache")
     assert not dest.exists()
     assert not list(tmp_path.glob(".bad.partial*"))
@@ -173,3 +174,51 @@ def test_failed_clone_shows_all_of_gits_error(tmp_path, cache):
     # git's first line says what is wrong; the last ("and the repository exists.") alone does not
     assert "does not appear to be a git repository" in msg and "Could not read from remote" in msg
     assert not (tmp_path / "dest").exists()
+
+
+# --------------------------------------------------------------------------- values git would read as options
+
+# (what the user gave, url (a function of the upstream repo and a marker file), ref)
+OPTION_LIKE = [
+    ("ref --detach", lambda up, m: up.as_uri(), "--detach"),
+    ("ref --orphan=evil", lambda up, m: up.as_uri(), "--orphan=evil"),
+    ("ref --upload-pack", lambda up, m: up.as_uri(), f"--upload-pack=touch {'{m}'}"),
+    ("url --upload-pack", lambda up, m: f"--upload-pack=touch {m};.git", "v1.0.0"),
+]
+
+
+@pytest.mark.parametrize("cache", [None, "cache"], ids=["shallow", "through a mirror"])
+@pytest.mark.parametrize(("what", "url", "ref"), OPTION_LIKE, ids=[c[0] for c in OPTION_LIKE])
+def test_option_like_url_or_ref_is_refused_before_git_runs(upstream, tmp_path, cache, what, url, ref):
+    marker = tmp_path / "ran"
+    with pytest.raises(UsageError, match="starts with '-'"):
+        fetch_git(url(upstream, marker), ref.replace("{m}", str(marker)), tmp_path / "dest", tmp_path / "cache")
+    assert not marker.exists() and not (tmp_path / "dest").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("cache", [None, "cache"], ids=["shallow", "through a mirror"])
+@pytest.mark.parametrize(("what", "url", "ref"), OPTION_LIKE, ids=[c[0] for c in OPTION_LIKE])
+def test_git_reads_an_option_like_value_as_a_value_even_past_the_refusal(upstream, tmp_path, cache, what, url, ref):
+    """The second guard: every user value is placed after `--`/`--end-of-options` (or as
+    --opt=value), so git fails on it as a ref or URL instead of obeying it as an option."""
+    marker = tmp_path / "ran"
+    partial = tmp_path / "partial"
+    with pytest.raises(SourceError):
+        _clone(
+            url(upstream, marker),
+            ref.replace("{m}", str(marker)),
+            partial,
+            tmp_path / cache if cache else None,
+            io.StringIO(),
+        )
+    assert not marker.exists(), "git ran the user's --upload-pack"
+    if (partial / ".git").is_dir():  # --detach / --orphan did not check anything out
+        assert not (partial / "setup.py").exists()
+
+
+def test_a_branch_is_checked_out_as_a_tracking_branch_and_a_tag_detached(upstream, tmp_path):
+    branch = fetch_git(upstream.as_uri(), "main", tmp_path / "b", tmp_path / "cache")
+    assert git("rev-parse", "--abbrev-ref", "HEAD", cwd=branch.path) == "main"
+    assert git("rev-parse", "--abbrev-ref", "main@{upstream}", cwd=branch.path) == "origin/main"
+    tag = fetch_git(upstream.as_uri(), "v1.0.0", tmp_path / "t", tmp_path / "cache")
+    assert git("rev-parse", "--abbrev-ref", "HEAD", cwd=tag.path) == "HEAD"

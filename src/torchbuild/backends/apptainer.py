@@ -66,7 +66,7 @@ def run_args(
         env["LD_LIBRARY_PATH"] = ":".join(host_mpi)
     for key, value in env.items():
         args += ["--env", f"{key}={value}"]
-    args += [str(sif), *command]
+    args += ["--", str(sif), *command]
     return args
 
 
