@@ -33,7 +33,7 @@ from .oom import JobsUsed, run_compile, run_watched
 from .process import Finished
 from .progress import Progress
 from .report import LogMark, mark, write_report
-from .repro import Epoch, normalize_wheel, remembered
+from .repro import normalize_wheel
 from .source import sha256_file
 
 
@@ -57,7 +57,6 @@ class BuildRequest:
     python: str = ""  # X.Y of the interpreter to build with; "": the one running this step
     source_date_epoch: int = 0  # the source's time (repro.source_date_epoch); 0: none known
     epoch_origin: str = ""  # where that time came from
-    epoch_tree: str = ""  # the tree's path on the host: a plain tree's time is remembered under it
     run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def to_dict(self) -> dict[str, Any]:
@@ -438,9 +437,8 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     )
     env_vars.update(req.extra_env)
     env_vars.update(path_independent(env_vars, req.source))
-    epoch = remembered(Epoch(req.source_date_epoch, req.epoch_origin), req.epoch_tree, Path(req.cache_root))
-    if epoch.seconds and "SOURCE_DATE_EPOCH" not in spec.env:
-        env_vars["SOURCE_DATE_EPOCH"] = str(epoch.seconds)
+    if req.source_date_epoch and "SOURCE_DATE_EPOCH" not in spec.env:
+        env_vars["SOURCE_DATE_EPOCH"] = str(req.source_date_epoch)
     python = interpreter(req.python)
     tmp = Path(req.cache_root) / "tmp" / req.run_id
     for d in (env_vars["CCACHE_DIR"], env_vars["PIP_CACHE_DIR"], tmp):
@@ -457,7 +455,7 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
         tee.line(f"  {line}")
     versions = toolchain_versions(spec, env)
     run = Run(req, tee, log, plan, env_vars, env, versions, JobsUsed(plan.jobs, plan.jobs), started, t0, tmp)
-    run.python, run.epoch_origin = python, epoch.origin
+    run.python, run.epoch_origin = python, req.epoch_origin
     return run
 
 

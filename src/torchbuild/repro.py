@@ -1,7 +1,8 @@
 """Reproducible wheels: the build's clock (SOURCE_DATE_EPOCH), path-independent compiles, a
 canonical zip layout, and the comparison of two wheels member by member.
 
-    source_date_epoch(info)   the source's own time: its commit's, or its archive's newest member
+    source_date_epoch(info)   the source's own time: its commit's, or its archive's newest member;
+                              a plain tree's is a constant (its mtimes are how it was copied)
     normalize_wheel(w, t)     members sorted (.dist-info last, RECORD last), one timestamp,
                               0644/0755 modes, no extra fields: the same files give the same bytes
     diff_wheels(a, b)         identical, or which members differ and how
@@ -17,7 +18,6 @@ import contextlib
 import dataclasses
 import email.utils
 import hashlib
-import json
 import os
 import shutil
 import stat
@@ -36,6 +36,11 @@ from .source import SourceInfo
 ZIP_EPOCH = 315532800  # 1980-01-01T00:00:00Z
 # the deflate level of setuptools' bdist_wheel (zlib's default): a wheel already canonical keeps its bytes
 DEFLATE_LEVEL = 6
+# A plain tree (no commit, no archive, no changelog) has nothing in it that says when it was made:
+# its mtimes say when and how it was copied (`cp -r` gives the copy's time), and the build itself
+# writes into it. So its clock is this constant, and the same content gives the same wheel.
+PLAIN_TREE_EPOCH = ZIP_EPOCH
+PLAIN_TREE = "plain tree: constant 1980-01-01"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,14 +48,14 @@ class Epoch:
     """SOURCE_DATE_EPOCH and what it came from (recorded in the manifest)."""
 
     seconds: int
-    origin: str  # "commit 1a2b3c4d", "archive pytorch_2.6.0.orig.tar.xz", "debian/changelog", "env", "tree mtime"
+    origin: str  # "commit 1a2b3c4d", "archive pytorch_2.6.0.orig.tar.xz", "debian/changelog", "env", PLAIN_TREE
 
 
 def source_date_epoch(info: SourceInfo, environ: dict[str, str] | None = None) -> Epoch:
     """The source's time: SOURCE_DATE_EPOCH from the environment when set (a site's release
     process), else the commit's committer time, else the Debian changelog's date (a .dsc),
-    else the newest member of the archive, else the newest file of the tree (weakest: a copy
-    that does not keep mtimes changes it)."""
+    else the newest member of the archive, else (a plain tree) PLAIN_TREE_EPOCH: never the
+    tree's mtimes, which differ between two copies of the same content."""
     env = os.environ if environ is None else environ
     given = env.get("SOURCE_DATE_EPOCH", "")
     if given.isdigit():
@@ -70,29 +75,7 @@ def source_date_epoch(info: SourceInfo, environ: dict[str, str] | None = None) -
         seconds = _newest_member(Path(info.url))
         if seconds is not None:
             return Epoch(seconds, f"archive {Path(info.url).name}")
-    return Epoch(_newest_file(info.path), "tree mtime")
-
-
-def remembered(epoch: Epoch, tree: str, cache: Path) -> Epoch:
-    """A plain tree (no commit, no archive: origin "tree mtime") keeps the time its first build
-    found, in <cache>/epochs keyed by the tree's path: the build itself writes into the tree
-    (PyTorch's torch/version.py and torch/lib, the fixture's _version.py), which would move its
-    newest file, and a rebuild of the same tree would get another clock. Other origins, and a
-    cache that cannot be written, give epoch as it is. Called by the build step, so the record
-    belongs to the user the build runs as."""
-    if epoch.origin != "tree mtime" or not tree:
-        return epoch
-    record = cache / "epochs" / f"{hashlib.sha256(tree.encode()).hexdigest()[:24]}.json"
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        saved = json.loads(record.read_text())
-        if saved["tree"] == tree:
-            return Epoch(int(saved["seconds"]), "tree mtime at its first build")
-    with contextlib.suppress(OSError):  # not remembered: the next rebuild computes it again
-        record.parent.mkdir(parents=True, exist_ok=True)
-        tmp = record.with_name(f".{record.name}.partial")
-        tmp.write_text(json.dumps({"tree": tree, "seconds": epoch.seconds}) + "\n")
-        os.replace(tmp, record)
-    return epoch
+    return Epoch(PLAIN_TREE_EPOCH, PLAIN_TREE)
 
 
 def _changelog_time(tree: Path) -> int | None:
@@ -114,19 +97,6 @@ def _newest_member(archive: Path) -> int | None:
             return max((int(m.mtime) for m in tar), default=None)
     except (tarfile.TarError, OSError, EOFError, ValueError):
         return None
-
-
-_SKIP_DIRS = {".git", "build", "dist", ".eggs", "__pycache__"}
-
-
-def _newest_file(tree: Path) -> int:
-    newest = 0
-    for root, dirs, files in os.walk(tree):
-        dirs[:] = [d for d in dirs if d not in _SKIP_DIRS and not d.endswith(".egg-info")]
-        for name in files:
-            with contextlib.suppress(OSError):
-                newest = max(newest, int(os.lstat(os.path.join(root, name)).st_mtime))
-    return newest or ZIP_EPOCH
 
 
 # --------------------------------------------------------------------------- the canonical zip

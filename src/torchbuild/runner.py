@@ -162,7 +162,6 @@ def build(
             python=python,
             source_date_epoch=epoch.seconds,
             epoch_origin=epoch.origin,
-            epoch_tree=str(info.path.absolute()),
             **dataclasses.asdict(options),
         )
         backend.run("build", req.to_dict(), binds)

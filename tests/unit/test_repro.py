@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -174,12 +175,35 @@ def test_a_debian_source_takes_its_changelog_date(tmp_path):
     assert epoch == repro.Epoch(1741078800, "debian/changelog")  # 2025-03-04T09:00:00Z, the newest entry
 
 
-def test_a_plain_tree_takes_its_newest_file_outside_build(tmp_path):
-    (tmp_path / "setup.py").write_text("")
-    os.utime(tmp_path / "setup.py", (1600000000, 1600000000))
-    (tmp_path / "build").mkdir()
-    (tmp_path / "build" / "new.o").write_text("")  # newer, but a build output
-    assert repro.source_date_epoch(SourceInfo(kind="dir", path=tmp_path), {}) == repro.Epoch(1600000000, "tree mtime")
+def _wheel_of(tree: Path, out: Path) -> Path:
+    """A wheel of tree's files stamped with their mtimes, as a build tool zips them."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        for path in sorted(p for p in tree.rglob("*") if p.is_file() and "build" not in p.parts):
+            z.write(path, path.relative_to(tree).as_posix())
+    return out
+
+
+def test_two_copies_of_a_plain_tree_give_the_same_wheel_whatever_their_mtimes(tmp_path):
+    a = tmp_path / "a"
+    for name, text in {"setup.py": "# x\n", "pkg/__init__.py": "", "pkg/op.py": "x = 1\n"}.items():
+        (a / name).parent.mkdir(parents=True, exist_ok=True)
+        (a / name).write_text(text)
+        os.utime(a / name, (1600000000, 1600000000))
+    b = tmp_path / "b"
+    shutil.copytree(a, b, copy_function=shutil.copy)  # as `cp -r`: the content, the copy's own mtimes
+    for path in b.rglob("*.py"):
+        os.utime(path, (1700000000, 1700000000))
+    (a / "build").mkdir()  # the build writes into the tree: its first build moves nothing
+    (a / "build" / "new.o").write_text("")
+    epochs = [repro.source_date_epoch(SourceInfo(kind="dir", path=tree), {}) for tree in (a, b)]
+    assert epochs[0] == epochs[1]
+    wheels = [_wheel_of(tree, tmp_path / name / "p-1.0-py3-none-any.whl") for tree, name in ((a, "wa"), (b, "wb"))]
+    for wheel, epoch in zip(wheels, epochs):
+        repro.normalize_wheel(wheel, epoch.seconds)
+    assert wheels[0].read_bytes() == wheels[1].read_bytes()
+    # the manifest's origin names the rule: a documented constant, not the tree's mtimes
+    assert epochs[0] == repro.Epoch(repro.PLAIN_TREE_EPOCH, "plain tree: constant 1980-01-01")
 
 
 # --------------------------------------------------------------------------- paths and Pythons
@@ -210,25 +234,6 @@ def test_interpreter_for_a_version():
     with pytest.raises(ToolMissing, match=r"no Python 3\.99 here") as err:
         interpreter("3.99")
     assert "python_versions" in (err.value.hint or "")
-
-
-def test_a_plain_tree_keeps_the_time_of_its_first_build(tmp_path):
-    first = repro.Epoch(1600000000, "tree mtime")
-    assert repro.remembered(first, "/t/tree", tmp_path / "cache") == first
-    # the build wrote into the tree: its newest file moved, the remembered time did not
-    later = repro.Epoch(1700000000, "tree mtime")
-    assert repro.remembered(later, "/t/tree", tmp_path / "cache") == repro.Epoch(
-        1600000000, "tree mtime at its first build"
-    )
-    # a copy elsewhere is another tree: its own first build
-    assert repro.remembered(later, "/t/copy", tmp_path / "cache") == later
-    # a commit's or an archive's time is never replaced
-    commit = repro.Epoch(1500000000, "commit 0123456789ab")
-    assert repro.remembered(commit, "/t/tree", tmp_path / "cache") == commit
-    # an unwritable cache only means it is not remembered
-    ro = tmp_path / "ro"
-    ro.write_text("a file, not a directory")
-    assert repro.remembered(later, "/t/tree", ro) == later
 
 
 def test_another_interpreter_is_asked_for_its_own_wheel_tools(tmp_path):
