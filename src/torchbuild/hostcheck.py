@@ -738,8 +738,18 @@ def _save_state(path: Path, state: dict[str, Any]) -> None:
         _write_atomically(path, (json.dumps(state, indent=2) + "\n").encode())
     except OSError as exc:
         raise HostSetupFailed(
-            f"cannot save the previous settings to {path}: {exc.strerror}; nothing was changed", hint=_hint(exc)
+            f"cannot save the previous settings to {path}: {exc.strerror}; nothing was changed",
+            hint=_state_hint(exc),
         ) from exc
+
+
+def _state_hint(exc: OSError) -> str:
+    """What to do when the state file cannot be written (the setting hints speak of the kernel)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free space on its file system, or give --state a file on another one"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "run it as root, or give --state a file in a directory you can write"
+    return "give --state a file in a directory (one that exists or can be made)"
 
 
 # --------------------------------------------------------------------------- changing

@@ -540,9 +540,21 @@ def test_a_state_file_that_cannot_be_saved_changes_nothing(host, tmp_path, monke
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
     monkeypatch.setattr(hc, "_write_atomically", full)
-    with pytest.raises(HostSetupFailed, match=r"cannot save the previous settings to .*; nothing was changed"):
+    with pytest.raises(HostSetupFailed, match=r"cannot save the previous settings to .*; nothing was changed") as err:
         hc.apply(host, tmp_path / "state.json", runner=smi, as_root=True)
+    assert "free space" in err.value.hint
     assert snapshot(host) == before and smi.changes() == []
+
+
+def test_a_default_state_file_that_cannot_be_made_says_so_not_the_kernel(host):
+    put(host, "var/lib/torchbuild", "a file where the state's directory goes\n")
+    before = snapshot(host)
+    with pytest.raises(
+        PathError, match=r"torchbuild.host-state\.json \(or a parent of it\) exists and is not a"
+    ) as err:
+        hc.apply(host, runner=FakeSmi(0), as_root=True)
+    assert "kernel" not in err.value.hint
+    assert snapshot(host) == before
 
 
 # --------------------------------------------------------------------------- symlinks under --root
