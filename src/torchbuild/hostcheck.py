@@ -16,7 +16,10 @@ The C-state limit and isolated CPUs are boot-time settings (``Setting.boot_time`
 ``fix`` is the words to add to the kernel command line, and ``--apply`` never touches them.
 
 Every /sys and /proc path is read under ``root`` (``/`` by default), so tests use a fake tree.
-Reading never raises: a file that is missing, unreadable or odd gives ``unknown``.
+Its symlinks are resolved as if ``root`` were ``/`` (an absolute target is root's own path,
+``..`` stops at root) and each component is opened with O_NOFOLLOW, so nothing outside root is
+read, recorded in the state file or written. Reading never raises: a file that is missing,
+unreadable or odd (a FIFO, a directory, more than SETTING_LIMIT) gives ``unknown``.
 
 ``apply`` (root only) makes the runtime changes (governor, turbo, SMT, GPU persistence and
 clocks). Before changing anything it saves the previous values to a JSON state file (written
@@ -42,14 +45,17 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from .console import table
-from .errors import HostSetupFailed, StrPath
+from .errors import HostSetupFailed, PathError, StrPath, TorchbuildError
+from .safeio import STATE_LIMIT, KiB, loads_json, read_bytes
 
 READY = "ready"
 NOT_READY = "not ready"
@@ -88,6 +94,12 @@ GPU_QUERY = (
     "--format=csv,noheader,nounits",
 )
 COMMAND_TIMEOUT = 60
+# a /sys or /proc value is a line (a CPU list of thousands of CPUs is a few KiB)
+SETTING_LIMIT = 64 * KiB
+# CPU ids are below this (the kernel's NR_CPUS is at most 8192)
+MAX_CPUS = 16384
+# symlinks followed in one path before ELOOP, as the kernel's own limit
+MAX_SYMLINKS = 40
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,38 +148,117 @@ def is_root() -> bool:
 
 
 def _under(root: Path, system_path: str) -> Path:
-    """system_path (/sys/..., /proc/...) inside root."""
+    """system_path (/sys/..., /proc/...) inside root, as written (for messages; the files are
+    opened through _open_in_root)."""
     return root / system_path.lstrip("/")
+
+
+def _components(path: str) -> list[str]:
+    return [part for part in path.split("/") if part not in ("", ".")]
+
+
+def _resolve(root: Path, system_path: str) -> list[str]:
+    """system_path's components under root with every symlink resolved as if root were `/`
+    (chroot semantics): an absolute target starts again at root, `..` stops at root, so no
+    symlink leads out of root. What does not exist (yet) is kept as named. OSError (ELOOP)
+    after MAX_SYMLINKS symlinks, as the kernel gives up."""
+    todo = _components(system_path)[::-1]  # a stack: the next component last
+    parts: list[str] = []
+    links = 0
+    while todo:
+        name = todo.pop()
+        if name == "..":
+            if parts:
+                parts.pop()
+            continue
+        here = root.joinpath(*parts, name)
+        try:
+            is_link = stat.S_ISLNK(os.lstat(here).st_mode)
+        except OSError:
+            is_link = False
+        if not is_link:
+            parts.append(name)
+            continue
+        links += 1
+        if links > MAX_SYMLINKS:
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(_under(root, system_path)))
+        target = os.readlink(here)
+        if target.startswith("/"):
+            parts = []
+        todo.extend(_components(target)[::-1])
+    return parts
+
+
+def _open_in_root(root: Path, system_path: str, flags: int) -> int:
+    """A file descriptor for system_path inside root (see _resolve: no symlink leads out of
+    root). Each component is opened relative to its directory with O_NOFOLLOW, so a symlink
+    put in its place meanwhile fails (ELOOP) instead of being followed. OSError otherwise."""
+    parts = _resolve(root, system_path)
+    walk = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
+    fd = os.open(root, walk)
+    try:
+        for name in parts[:-1]:
+            below = os.open(name, walk | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        return os.open(parts[-1] if parts else ".", flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _read_bytes(root: Path, system_path: str) -> bytes | None:
+    """The regular file's bytes (at most SETTING_LIMIT), None when it is missing, unreadable,
+    larger, or not a regular file (a FIFO or device is never opened for long: O_NONBLOCK)."""
+    try:
+        fd = _open_in_root(root, system_path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks: list[bytes] = []
+        total = 0
+        while total <= SETTING_LIMIT:
+            chunk = os.read(fd, SETTING_LIMIT + 1 - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        return b"".join(chunks) if total <= SETTING_LIMIT else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _read(root: Path, system_path: str) -> str | None:
     """The file's text, stripped; None when it is missing, unreadable or not text."""
+    data = _read_bytes(root, system_path)
     try:
-        return _under(root, system_path).read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError):
+        return data.decode("ascii").strip() if data is not None else None
+    except UnicodeDecodeError:
         return None
 
 
-def _read_exact(path: Path) -> str | None:
+def _read_exact(root: Path, system_path: str) -> str | None:
     """The file's exact bytes as a JSON-safe str (surrogateescape), None when unreadable."""
-    try:
-        return path.read_bytes().decode("utf-8", "surrogateescape")
-    except OSError:
-        return None
+    data = _read_bytes(root, system_path)
+    return data.decode("utf-8", "surrogateescape") if data is not None else None
 
 
 def parse_cpulist(text: str) -> list[int] | None:
-    """The kernel's CPU list format ("0-3,8,10-11") as sorted ids; None when it is not one."""
+    """The kernel's CPU list format ("0-3,8,10-11") as sorted ids; None when it is not one,
+    or names a CPU id of MAX_CPUS or more (no kernel has that many: `0-400000000` is no list)."""
     cpus: set[int] = set()
     for chunk in text.strip().split(","):
         chunk = chunk.strip()
         if not chunk:
             continue
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?(?::\d+/\d+)?", chunk)
+        m = re.fullmatch(r"(\d{1,9})(?:-(\d{1,9}))?(?::\d{1,9}/\d{1,9})?", chunk)
         if m is None:
             return None
         first, last = int(m.group(1)), int(m.group(2) or m.group(1))
-        if last < first:
+        if last < first or last >= MAX_CPUS:
             return None
         cpus.update(range(first, last + 1))
     return sorted(cpus)
@@ -196,12 +287,18 @@ def online_cpus(root: Path) -> list[int]:
         return listed
     found: list[int] = []
     try:
-        entries = list(_under(root, CPU_DIR).iterdir())
+        fd = _open_in_root(root, CPU_DIR, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return []
-    for entry in entries:
-        m = re.fullmatch(r"cpu(\d+)", entry.name)
-        if m and _read(root, f"{CPU_DIR}/{entry.name}/online") != "0":
+    try:
+        names = os.listdir(fd)
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    for name in names:
+        m = re.fullmatch(r"cpu(\d{1,9})", name)
+        if m and int(m.group(1)) < MAX_CPUS and _read(root, f"{CPU_DIR}/{name}/online") != "0":
             found.append(int(m.group(1)))
     return sorted(found)
 
@@ -449,8 +546,13 @@ def _check_gpus(root: Path, runner: Runner | None, state: dict[str, Any] | None)
 
 
 def default_state_file(root: StrPath = "/") -> Path:
-    """<root>/var/lib/torchbuild/host-state.json."""
-    return Path(root) / DEFAULT_STATE
+    """<root>/var/lib/torchbuild/host-state.json, its symlinks resolved inside root (_resolve):
+    a `var` that links to `/etc` is root's own etc, never the host's."""
+    rootp = Path(root)
+    try:
+        return rootp.joinpath(*_resolve(rootp, DEFAULT_STATE))
+    except OSError:  # symlinks that loop: writing there fails the same way, naming it
+        return _under(rootp, DEFAULT_STATE)
 
 
 def check(root: StrPath = "/", *, runner: Runner | None = None, state_file: StrPath | None = None) -> list[Setting]:
@@ -538,8 +640,26 @@ def _valid_state(data: object) -> bool:
     return (
         isinstance(files, list)
         and isinstance(gpus, list)
-        and all(isinstance(f, dict) and _settable(f.get("path")) and isinstance(f.get("previous"), str) for f in files)
-        and all(isinstance(g, dict) and isinstance(g.get("index"), str) and g["index"].isdigit() for g in gpus)
+        and all(isinstance(f, dict) and _valid_file(f) for f in files)
+        and all(isinstance(g, dict) and _valid_gpu(g) for g in gpus)
+    )
+
+
+def _valid_file(entry: dict[str, Any]) -> bool:
+    return (
+        _settable(entry.get("path"))
+        and isinstance(entry.get("previous"), str)
+        and all(isinstance(entry.get(key, ""), str) for key in ("setting", "applied"))
+    )
+
+
+def _valid_gpu(entry: dict[str, Any]) -> bool:
+    index, mhz, mode = entry.get("index"), entry.get("locked_mhz"), entry.get("persistence_mode")
+    return (
+        isinstance(index, str)
+        and re.fullmatch(r"[0-9]{1,4}", index) is not None
+        and (mhz is None or (isinstance(mhz, int) and not isinstance(mhz, bool)))
+        and (mode is None or isinstance(mode, str))
     )
 
 
@@ -551,42 +671,59 @@ def _settable(path: object) -> bool:
 
 def _load_state_quietly(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        return load_state(path)
+    except TorchbuildError:
         return None
-    return data if _valid_state(data) else None
+
+
+def _state_bytes(path: Path) -> bytes | None:
+    """The state file's bytes (at most STATE_LIMIT), None when there is none; PathError naming
+    it when it cannot be one (a directory, a FIFO, far too large, a parent that is a file)."""
+    try:
+        return read_bytes(path, STATE_LIMIT, "the host-check state file (--state)")
+    except PathError as err:
+        if isinstance(err.__cause__, FileNotFoundError):
+            return None
+        raise
 
 
 def load_state(path: StrPath) -> dict[str, Any] | None:
-    """The saved state, None when there is no state file; HostSetupFailed when it is not one."""
+    """The saved state, None when there is no state file; PathError when the path cannot hold
+    one (a directory...), HostSetupFailed when the file is not one (not UTF-8, not JSON, not
+    the schema)."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
+    raw = _state_bytes(p)
+    if raw is None:
         return None
-    except OSError as exc:
-        raise HostSetupFailed(f"cannot read the state file {p}: {exc.strerror}", hint=_hint(exc)) from exc
+    why = ""
     try:
-        data = json.loads(text)
-    except ValueError:
-        data = None
+        data = loads_json(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        data, why = None, f"not UTF-8 text: byte {raw[exc.start]:#04x} at offset {exc.start}"
+    except ValueError as exc:
+        data, why = None, f"not JSON: {exc}"
     if not _valid_state(data):
         raise HostSetupFailed(
-            f"{p} is not a host-check state file",
+            f"{p} is not a host-check state file" + (f" ({why})" if why else ""),
             hint="look at it and put the values back by hand, then remove it",
         )
-    if int(data.get("version", 0)) > STATE_VERSION:
-        raise HostSetupFailed(f"{p} was written by a newer torchbuild", hint="use that torchbuild to --restore")
     assert isinstance(data, dict)
+    version = data.get("version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise HostSetupFailed(f"{p} is not a host-check state file (version {version!r})")
+    if version > STATE_VERSION:
+        raise HostSetupFailed(f"{p} was written by a newer torchbuild", hint="use that torchbuild to --restore")
     return data
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
-    """path holds data or what it held before, never a part (a temporary name, then rename)."""
+    """path holds data or what it held before, never a part (a new temporary file, never one
+    that was there, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    tmp = Path(name)
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -601,14 +738,28 @@ def _save_state(path: Path, state: dict[str, Any]) -> None:
         _write_atomically(path, (json.dumps(state, indent=2) + "\n").encode())
     except OSError as exc:
         raise HostSetupFailed(
-            f"cannot save the previous settings to {path}: {exc.strerror}; nothing was changed", hint=_hint(exc)
+            f"cannot save the previous settings to {path}: {exc.strerror}; nothing was changed",
+            hint=_state_hint(exc),
         ) from exc
+
+
+def _state_hint(exc: OSError) -> str:
+    """What to do when the state file cannot be written (the setting hints speak of the kernel)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free space on its file system, or give --state a file on another one"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "run it as root, or give --state a file in a directory you can write"
+    return "give --state a file in a directory (one that exists or can be made)"
 
 
 # --------------------------------------------------------------------------- changing
 
 
 def _hint(exc: OSError) -> str:
+    if isinstance(exc, _NotASetting):
+        return "a setting is a regular file: check that --root is a copy of a system's / and not another tree"
+    if exc.errno == errno.ELOOP:
+        return "a symlink under --root loops, or was put in place while host-check ran: look at the path named"
     if exc.errno == errno.EROFS:
         return "it is on a read-only file system (in a container /sys is read-only): run it on the host"
     if exc.errno in (errno.EACCES, errno.EPERM):
@@ -618,13 +769,22 @@ def _hint(exc: OSError) -> str:
     return "the kernel refused the value: apply the fix the report prints by hand"
 
 
-def _write_sysfs(path: Path, text: str) -> None:
-    """Write text to an existing file (never creates one: a missing file is ENOENT)."""
+class _NotASetting(OSError):
+    """The file to write is not a regular file (a FIFO, a device node): nothing is written."""
+
+
+def _write_sysfs(root: Path, system_path: str, text: str) -> None:
+    """Write text to an existing regular file inside root (never creates one: a missing file is
+    ENOENT; never follows a symlink out of root: _open_in_root)."""
     data = text.encode("utf-8", "surrogateescape")
-    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    fd = _open_in_root(root, system_path, os.O_WRONLY | os.O_TRUNC | os.O_NONBLOCK)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # O_TRUNC does nothing to these
+            raise _NotASetting(
+                errno.EINVAL, "not a regular file (a FIFO or device node)", str(_under(root, system_path))
+            )
         if os.write(fd, data) != len(data):
-            raise OSError(errno.EIO, "short write", str(path))
+            raise OSError(errno.EIO, "short write", str(_under(root, system_path)))
     finally:
         os.close(fd)
 
@@ -652,7 +812,7 @@ def _plan(
     notes: list[str] = []
 
     def change(setting: str, path: str, applied: str) -> None:
-        previous = _read_exact(_under(root, path))
+        previous = _read_exact(root, path)
         if previous is not None and previous.strip() != applied.strip():
             files.append(_FileChange(setting, path, previous, applied))
 
@@ -788,7 +948,7 @@ def apply(
     files, gpus, notes = _plan(rootp, runner, existing)
     if not files and not gpus:
         return [*notes, "nothing to change: every runtime setting is already set"]
-    previous_bytes = state_path.read_bytes() if existing is not None else None
+    previous_bytes = _state_bytes(state_path) if existing is not None else None
     _save_state(state_path, _merge(existing, rootp, files, gpus))
 
     undo: list[tuple[str, Callable[[], str | None]]] = []  # (what, put it back -> error or None)
@@ -820,13 +980,13 @@ def apply(
     for ch in files:
         target = _under(rootp, ch.path)
         try:
-            _write_sysfs(target, ch.applied)
+            _write_sysfs(rootp, ch.path, ch.applied)
         except OSError as exc:
             raise fail(str(target), exc.strerror or str(exc), _hint(exc)) from None
 
-        def put_file_back(target: Path = target, previous: str = ch.previous) -> str | None:
+        def put_file_back(path: str = ch.path, previous: str = ch.previous) -> str | None:
             try:
-                _write_sysfs(target, previous)
+                _write_sysfs(rootp, path, previous)
             except OSError as exc:
                 return exc.strerror or str(exc)
             return None
@@ -925,7 +1085,7 @@ def restore(
     for entry in reversed(state["files"]):
         target = _under(rootp, entry["path"])
         try:
-            _write_sysfs(target, entry["previous"])
+            _write_sysfs(rootp, entry["path"], entry["previous"])
         except OSError as exc:
             failures.append(f"{target} ({exc.strerror or exc})")
             left_files.insert(0, entry)

@@ -18,7 +18,10 @@ parser, and writes an Apptainer definition with spython's Singularity writer (si
   started in the caller's directory), and so are the labels, %environment and %help.
 
 Instructions the parser has no translation for (USER, ONBUILD, SHELL forms other than the one
-above, ARG without a value) are a RecipeError naming the line, never a silently different SIF.
+above, ARG without a value, a second FROM: several stages, options such as COPY --from= or
+RUN --mount=, the JSON form of RUN, COPY and ADD, here-documents `RUN <<EOF`) are a RecipeError
+naming the line, never a silently different SIF. The recipe is read as UTF-8 text of at most
+RECIPE_LIMIT (safeio); other bytes are a RecipeError naming the line.
 Apptainer builds unprivileged: as root on a host nothing is needed; otherwise `--fakeroot`
 (always in the apptainer-builder container), which for debootstrap needs the caller in
 /etc/subuid (a root-mapped namespace cannot unpack a base system), and for a docker bootstrap
@@ -30,8 +33,11 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import hashlib
+import io
+import itertools
 import json
 import os
+import re
 import shlex
 import sys
 import time
@@ -43,6 +49,7 @@ from typing import Any, TextIO
 from spython.logger import bot
 from spython.logger.message import ERROR as SPYTHON_ERRORS_ONLY
 from spython.main.parse.parsers.docker import DockerParser
+from spython.main.parse.recipe import Recipe
 
 from . import __version__
 from .arch import Arch
@@ -51,6 +58,7 @@ from .config import BuildSpec, cache_dir, profile_text
 from .errors import BuildInterrupted, PathError, SifError, TorchbuildError, UsageError, named_os_errors
 from .image import build_args, image_context, labels, tree_digest
 from .process import interrupts_unwind
+from .safeio import RECIPE_LIMIT, loads_json, read_text
 from .sif import (
     DEFAULT_COMPRESSION,
     SIF_LABEL,
@@ -178,6 +186,11 @@ class Translation:
 # Dockerfile instructions spython's parser has no translation for (it would paste them into
 # %post as commands): refused by name.
 UNTRANSLATABLE = ("USER", "ONBUILD")
+# instructions whose options (COPY --from=stage, --chown, RUN --mount=...) spython drops or
+# pastes into %post, whose JSON form it pastes as text, and that can take a here-document
+WITH_OPTIONS = ("RUN", "COPY", "ADD")
+# a here-document word as BuildKit finds one (`<<EOF`, `<<-"EOF"`, `2<<EOF`; not `<<<` nor `$((1<<3))`)
+HEREDOC = re.compile(r"\d*<<-?[\"']?[^<\s\"']")
 
 
 class ToolchainParser(DockerParser):  # type: ignore[misc]
@@ -190,9 +203,18 @@ class ToolchainParser(DockerParser):  # type: ignore[misc]
         self.shell: list[str] = []
         self.number = 0
         self.run_open = False  # inside a RUN that continues on the next line
+        self.stages = 0  # FROM instructions seen
+        self.instruction = ""  # the instruction the current line belongs to
+        # read bounded and strictly as UTF-8 (spython's own read is neither), lines split as
+        # open() splits them
+        text = read_text(dockerfile, RECIPE_LIMIT, "the toolchain recipe", RecipeError)
         previous, bot.level = bot.level, SPYTHON_ERRORS_ONLY  # its warnings (ARG, COPY) are not for users
         try:
-            super().__init__(str(dockerfile), load=True)
+            super().__init__(None, load=False)
+            self.filename = str(dockerfile.absolute())
+            self.recipe = {self.active_layer: Recipe(self.filename)}
+            self.lines = io.StringIO(text, newline=None).readlines()
+            self.parse()
         finally:
             bot.level = previous
 
@@ -220,11 +242,61 @@ class ToolchainParser(DockerParser):  # type: ignore[misc]
                 f"{self._where()}: spython cannot translate {instruction} into an Apptainer definition",
                 hint="drop it from the recipe, or build with Docker and convert: `invoke image` then `invoke sif`",
             )
+        if instruction == "FROM":
+            self.stages += 1
+            if self.stages > 1:
+                raise RecipeError(
+                    f"{self._where()}: a second FROM: a multi-stage recipe has no translation (a definition "
+                    "has one %post, and COPY --from= another stage has no %files form)",
+                    hint="keep the recipe to one stage, or build with Docker and convert: `invoke image` then "
+                    "`invoke sif`",
+                )
+        if instruction:
+            self.instruction = instruction
+        if instruction in WITH_OPTIONS:
+            self._refuse_forms(instruction, words[1:], line)
+        elif continued and self.instruction in WITH_OPTIONS:  # a here-document may start on any line
+            self._refuse_heredoc(self.instruction, words)
         return super()._get_mapping(line, parser, previous)
+
+    def _refuse_forms(self, instruction: str, words: list[str], line: str) -> None:
+        """RecipeError for what spython would drop or paste into %post as text: options, the
+        JSON form, a here-document."""
+        options = list(itertools.takewhile(lambda w: w.startswith("--"), words))
+        if options:
+            raise RecipeError(
+                f"{self._where()}: {instruction} {' '.join(options)}: options of {instruction} have no "
+                "translation into an Apptainer definition (spython drops or misplaces them)",
+                hint=f"write the {instruction} without options, or build with Docker and convert: "
+                "`invoke image` then `invoke sif`",
+            )
+        rest = line.strip()[len(instruction) :].strip()
+        if rest.startswith("["):
+            try:
+                exec_form = isinstance(loads_json(rest), list)
+            except ValueError:
+                exec_form = False
+            if exec_form:
+                raise RecipeError(
+                    f"{self._where()}: the JSON form of {instruction} ({rest}) has no translation into an "
+                    "Apptainer definition",
+                    hint=f"write it in the shell form: {instruction} command args",
+                )
+        self._refuse_heredoc(instruction, words)
+
+    def _refuse_heredoc(self, instruction: str, words: list[str]) -> None:
+        heredoc = next((w for w in words if HEREDOC.match(w)), None)
+        if heredoc is not None:
+            raise RecipeError(
+                f"{self._where()}: the here-document {instruction} {heredoc} has no translation into an "
+                "Apptainer definition (%post is indented, so its terminator and text would change)",
+                hint=f"write it as one {instruction} of commands joined by && and continued with \\, or "
+                "build with Docker and convert: `invoke image` then `invoke sif`",
+            )
 
     def _shell(self, line: str) -> None:
         try:
-            shell = json.loads(line.split(None, 1)[1])
+            shell = loads_json(line.split(None, 1)[1])
         except (IndexError, ValueError):
             shell = None
         ok = isinstance(shell, list) and len(shell) >= 2 and shell[-1] == "-c"
@@ -266,6 +338,8 @@ class ToolchainParser(DockerParser):  # type: ignore[misc]
 
     def _add_files(self, source: str, dest: str, layer: Any = None) -> None:
         path = self.context / source
+        if not path.resolve().is_relative_to(self.context.resolve()):  # as Docker refuses it
+            raise RecipeError(f"{self._where()}: COPY source {source!r} is outside the build context {self.context}")
         if not path.exists():
             raise RecipeError(f"{self._where()}: COPY source {source!r} is not in the build context {self.context}")
         if path.is_dir():  # COPY DIR/ DEST/ copies DIR's content; %files DIR DEST/ would make DEST/DIR
@@ -599,6 +673,12 @@ def write_definition(spec: BuildSpec, dest: Path, compression: str = "") -> Path
     (a new or empty directory), to review it or build it by hand where it was written (its
     %files name the context by absolute path); returns its path. The squashfs compression is
     only recorded. Whatever fails leaves dest as it was (absent, or empty)."""
+    if any(c.isspace() for c in str(dest)):
+        raise PathError(
+            f"--write-definition: {str(dest)!r} has whitespace, and a definition names its build context "
+            "by absolute path, unquoted (%files)",
+            hint="choose a directory whose path has no spaces, tabs or line breaks",
+        )
     bootstrap = bootstrap_for(spec)
     chosen = str(Compression.parse(compression or DEFAULT_COMPRESSION))
     with named_os_errors(dest, "--write-definition"):

@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import re
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 
 from torchbuild import hostcheck as hc
-from torchbuild.errors import HostSetupFailed
+from torchbuild.errors import HostSetupFailed, PathError
 from torchbuild.hostcheck import NOT_READY, READY, UNKNOWN, CommandResult, Setting
 from torchbuild.tasks.hostcheck import host_check
 
@@ -453,10 +454,10 @@ def _failing_write(monkeypatch, bad: Path, code: int) -> None:
     """Writes to bad fail with code, the way a read-only or vanished sysfs file does."""
     real = hc._write_sysfs
 
-    def write(path: Path, text: str) -> None:
-        if path == bad:
-            raise OSError(code, os.strerror(code), str(path))
-        real(path, text)
+    def write(root: Path, path: str, text: str) -> None:
+        if hc._under(root, path) == bad:
+            raise OSError(code, os.strerror(code), str(bad))
+        real(root, path, text)
 
     monkeypatch.setattr(hc, "_write_sysfs", write)
 
@@ -532,16 +533,215 @@ def test_a_state_file_that_cannot_be_saved_changes_nothing(host, tmp_path, monke
     before = snapshot(host)
     smi = FakeSmi(1)
     blocker = put(tmp_path, "file", "")  # a file where the state's directory should be
-    with pytest.raises(HostSetupFailed, match="cannot read the state file"):
+    with pytest.raises(PathError, match=r"file.state\.json \(or a parent of it\) exists and is not a directory"):
         hc.apply(host, blocker / "state.json", runner=smi, as_root=True)
 
     def full(path: Path, data: bytes) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
     monkeypatch.setattr(hc, "_write_atomically", full)
-    with pytest.raises(HostSetupFailed, match=r"cannot save the previous settings to .*; nothing was changed"):
+    with pytest.raises(HostSetupFailed, match=r"cannot save the previous settings to .*; nothing was changed") as err:
         hc.apply(host, tmp_path / "state.json", runner=smi, as_root=True)
+    assert "free space" in err.value.hint
     assert snapshot(host) == before and smi.changes() == []
+
+
+def test_a_default_state_file_that_cannot_be_made_says_so_not_the_kernel(host):
+    put(host, "var/lib/torchbuild", "a file where the state's directory goes\n")
+    before = snapshot(host)
+    with pytest.raises(
+        PathError, match=r"torchbuild.host-state\.json \(or a parent of it\) exists and is not a"
+    ) as err:
+        hc.apply(host, runner=FakeSmi(0), as_root=True)
+    assert "kernel" not in err.value.hint
+    assert snapshot(host) == before
+
+
+# --------------------------------------------------------------------------- symlinks under --root
+
+
+def outside_file(tmp_path: Path) -> Path:
+    """A file outside the fake root holding what a setting would: --apply would change it."""
+    return put(tmp_path, "outside/secret", "powersave\nSECRET\n")
+
+
+def escaping_links(host: Path, outside: Path) -> None:
+    """Setting files replaced by symlinks that lead out of host: absolute, relative with
+    enough `..`, and through a directory symlink (cpu3/cpufreq -> the directory outside)."""
+    links = {
+        f"{CPU}/cpu1/cpufreq/scaling_governor": str(outside),
+        f"{CPU}/cpu2/cpufreq/scaling_governor": "../" * 12 + str(outside).lstrip("/"),
+        f"{CPU}/smt/control": str(outside),
+        f"{CPU}/cpu3/cpufreq": str(outside.parent),
+    }
+    shutil.rmtree(host / CPU / "cpu3/cpufreq")
+    for rel, target in links.items():
+        (host / rel).unlink(missing_ok=True)
+        (host / rel).symlink_to(target)
+    outside.with_name("scaling_governor").write_text("powersave\n")
+
+
+def test_apply_never_follows_a_symlink_out_of_root(host, tmp_path):
+    outside = outside_file(tmp_path)
+    escaping_links(host, outside)
+    state = tmp_path / "state.json"
+    before = {p: p.read_bytes() for p in outside.parent.iterdir()}
+    done = hc.apply(host, state, runner=FakeSmi(0), as_root=True)
+    assert {p: p.read_bytes() for p in outside.parent.iterdir()} == before
+    text = state.read_text()
+    assert "SECRET" not in text  # the target's content is never recorded
+    saved = {f["path"] for f in json.loads(text)["files"]}
+    assert saved == {f"/{CPU}/cpu0/cpufreq/scaling_governor", f"/{CPU}/intel_pstate/no_turbo"}
+    assert done[0] == "cpu governor: powersave -> performance on cpu0"
+    # the report reads inside root too: the links are missing files there
+    assert rows(hc.check(host, runner=no_gpu))["smt"].verdict == UNKNOWN
+    hc.restore(host, state, runner=FakeSmi(0), as_root=True)
+    assert {p: p.read_bytes() for p in outside.parent.iterdir()} == before
+
+
+@pytest.mark.parametrize("kind", ["absolute", "relative", "loop", "fifo"])
+def test_restore_never_writes_through_what_was_put_in_a_setting_s_place(host, tmp_path, kind):
+    outside = outside_file(tmp_path)
+    state = tmp_path / "state.json"
+    hc.apply(host, state, runner=FakeSmi(0), as_root=True)
+    planted = host / CPU / "smt/control"
+    planted.unlink()
+    if kind == "absolute":
+        planted.symlink_to(outside)
+    elif kind == "relative":
+        planted.symlink_to("../" * 12 + str(outside).lstrip("/"))
+    elif kind == "loop":
+        planted.symlink_to(planted.name)
+    else:
+        os.mkfifo(planted)
+    with pytest.raises(HostSetupFailed, match=re.escape(str(planted))) as err:
+        hc.restore(host, state, runner=FakeSmi(0), as_root=True)
+    assert err.value.exit_code == 25
+    assert outside.read_text() == "powersave\nSECRET\n"
+    assert [f["path"] for f in json.loads(state.read_text())["files"]] == [f"/{CPU}/smt/control"]
+    assert (host / CPU / "cpu0/cpufreq/scaling_governor").read_text() == "powersave\n"  # the rest put back
+
+
+def test_symlinks_inside_root_are_followed_as_in_root(host, tmp_path):
+    """Real sysfs links cpuN/cpufreq to ../cpufreq/policyN; an absolute link means root's own
+    path, as it would after chroot, not this machine's."""
+    for i, target in ((0, "../cpufreq/policy0"), (1, f"/{CPU}/cpufreq/policy1")):
+        put(host, f"{CPU}/cpufreq/policy{i}/scaling_governor", "powersave\n")
+        put(host, f"{CPU}/cpufreq/policy{i}/scaling_available_governors", "performance powersave\n")
+        for name in ("scaling_governor", "scaling_available_governors"):
+            (host / CPU / f"cpu{i}/cpufreq" / name).unlink()
+        (host / CPU / f"cpu{i}/cpufreq").rmdir()
+        (host / CPU / f"cpu{i}/cpufreq").symlink_to(target)
+    before = snapshot(host)
+    state = tmp_path / "state.json"
+    hc.apply(host, state, runner=FakeSmi(0), as_root=True)
+    assert (host / CPU / "cpufreq/policy0/scaling_governor").read_text() == "performance\n"
+    assert (host / CPU / "cpufreq/policy1/scaling_governor").read_text() == "performance\n"
+    hc.restore(host, state, runner=FakeSmi(0), as_root=True)
+    assert snapshot(host) == before
+
+
+def test_the_default_state_file_stays_inside_root(host, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (host / "var").symlink_to(elsewhere)  # root's /var -> a directory of this machine
+    done = hc.apply(host, runner=FakeSmi(0), as_root=True)
+    assert list(elsewhere.iterdir()) == []
+    state = hc.default_state_file(host)
+    assert state.is_file() and state.resolve().is_relative_to(host.resolve())
+    assert done[-1].startswith(f"saved the previous values to {state}")
+
+
+# --------------------------------------------------------------------------- hostile files
+
+
+@pytest.mark.parametrize(
+    "online",
+    ["0-400000000", "0-3,400000000", "9" * 5000, "0-" + "9" * 5000, "4294967296", "0-3:2/" + "9" * 5000],
+)
+def test_an_impossible_online_cpu_list_falls_back_to_the_cpu_directories(host, online):
+    put(host, f"{CPU}/online", online + "\n")
+    got = rows(hc.check(host, runner=no_gpu))
+    assert got["cpu governor"].value == "powersave on cpu0-3"
+    assert hc.apply(host, host / "state.json", runner=FakeSmi(0), as_root=True)[0] == (
+        "cpu governor: powersave -> performance on cpu0-3"
+    )
+
+
+@pytest.mark.parametrize("kind", ["fifo", "huge", "directory"])
+def test_an_odd_setting_file_is_unknown_and_never_blocks(host, kind):
+    target = host / CPU / "smt/control"
+    target.unlink()
+    if kind == "fifo":
+        os.mkfifo(target)  # opening it for reading would wait for a writer
+    elif kind == "huge":
+        target.write_bytes(b"on" + b" " * (hc.SETTING_LIMIT + 1))
+    else:
+        target.mkdir()
+    assert rows(hc.check(host, runner=no_gpu))["smt"].verdict == UNKNOWN
+    hc.apply(host, host / "state.json", runner=FakeSmi(0), as_root=True)
+    assert f"/{CPU}/smt/control" not in (host / "state.json").read_text()
+
+
+def good_state(host: Path) -> dict:
+    return {"schema": "torchbuild.host-state", "version": 1, "root": str(host.resolve()), "files": [], "gpus": []}
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"\xff\xfe{\x00\x00binary",
+        b'{"schema": "torchbuild.host-state", "note": "caf\xe9"}',
+        b"[" * 100_000,
+        b'{"schema": "torchbuild.host-state", "version": NaN, "files": [], "gpus": []}',
+        b'{"schema": "torchbuild.host-state", "version": "one", "files": [], "gpus": []}',
+        b'{"schema": "torchbuild.host-state", "version": 1, "files": [], "gpus": [{"index": "0", "locked_mhz": "x"}]}',
+        b'{"schema": "torchbuild.host-state", "version": 1, "gpus": [], "files": '
+        b'[{"path": "/sys/devices/system/cpu/smt/control", "previous": "on", "applied": 5}]}',
+    ],
+)
+def test_a_state_file_that_is_not_one_is_a_named_error_for_apply_and_restore(host, tmp_path, content):
+    state = tmp_path / "state.json"
+    state.write_bytes(content)
+    before = snapshot(host)
+    for action in (hc.apply, hc.restore):
+        with pytest.raises(HostSetupFailed, match="is not a host-check state file") as err:
+            action(host, state, runner=FakeSmi(0), as_root=True)
+        assert err.value.exit_code == 25 and "\n" not in err.value.message
+    assert snapshot(host) == before and state.read_bytes() == content
+    assert rows(hc.check(host, runner=no_gpu, state_file=state))["smt"].verdict == NOT_READY  # the report is made
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "device", "huge"])
+def test_a_state_path_that_cannot_be_a_state_file_is_a_path_error_naming_it(host, tmp_path, kind):
+    state = tmp_path / "state"
+    if kind == "directory":
+        state.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(state)
+    elif kind == "device":
+        state = Path("/dev/zero")
+    else:
+        state.write_bytes(b" " * (5 << 20))
+    before = snapshot(host)
+    for action in (hc.apply, hc.restore):
+        with pytest.raises(PathError, match=re.escape(str(state))) as err:
+            action(host, state, runner=FakeSmi(0), as_root=True)
+        assert err.value.exit_code == 15 and "kernel" not in err.value.hint
+    assert snapshot(host) == before
+
+
+def test_task_with_a_directory_as_state_names_it(host, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(hc, "is_root", lambda: True)
+    monkeypatch.delenv("TORCHBUILD_DEBUG", raising=False)
+    (tmp_path / "dir").mkdir()
+    for option in ("apply", "restore"):
+        with pytest.raises(Exit) as done:
+            host_check(Context(), root=str(host), state=str(tmp_path / "dir"), **{option: True})
+        assert done.value.code == 15
+        err = capsys.readouterr().err
+        assert f"error: PathError: the host-check state file (--state): {tmp_path / 'dir'} is a directory" in err
+        assert "kernel refused" not in err and "Traceback" not in err
 
 
 # --------------------------------------------------------------------------- the task

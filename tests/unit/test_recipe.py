@@ -6,6 +6,7 @@ unprivileged."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shlex
 import subprocess
@@ -182,21 +183,92 @@ def test_each_run_is_its_own_shell_and_env_carries_over(tmp_path):
         ('SHELL ["/bin/zsh", "-e", "-c"]', "Dockerfile:2: only SHELL"),
         ("ARG NEEDED", "Dockerfile:2: ARG NEEDED has no value"),
         ("COPY missing/ /opt/x/", "Dockerfile:2: COPY source 'missing/' is not in the build context"),
+        # options spython drops (COPY --from= a stage or an image) or takes for a source or a command
+        ("COPY --from=builder /out /opt/out", "Dockerfile:2: COPY --from=builder: options of COPY"),
+        ("COPY --from=debian:trixie /etc/os-release /x", "Dockerfile:2: COPY --from=debian:trixie: options"),
+        ("COPY --chown=1000:1000 --chmod=644 sub/ /opt/", "Dockerfile:2: COPY --chown=1000:1000 --chmod=644:"),
+        ("ADD --checksum=sha256:00 https://example.org/x /x", "Dockerfile:2: ADD --checksum=sha256:00: options"),
+        ("RUN --mount=type=cache,target=/root/.cache pip install x", "Dockerfile:2: RUN --mount=type=cache"),
+        ("RUN --network=none true", "Dockerfile:2: RUN --network=none: options of RUN"),
+        # the JSON (exec) form: spython pastes it into %post as text
+        ('RUN ["/bin/sh", "-c", "touch /x"]', "Dockerfile:2: the JSON form of RUN"),
+        ('COPY ["sub/", "/opt/a b/"]', "Dockerfile:2: the JSON form of COPY"),
+        # here-documents: spython runs the body's lines as instructions' text, the writer indents them
+        ("RUN <<EOF\necho hi > /x\nEOF", "Dockerfile:2: the here-document RUN <<EOF"),
+        ("RUN <<-'EOT' bash\n\techo hi\n\tEOT", "Dockerfile:2: the here-document RUN <<-'EOT'"),
+        ('RUN cat > /x <<"EOF"\nhi\nEOF', 'Dockerfile:2: the here-document RUN <<"EOF"'),
+        ("RUN python3 2<<EOF\nprint(1)\nEOF", "Dockerfile:2: the here-document RUN 2<<EOF"),
+        ("RUN apt-get update \\\n && cat > /etc/x <<EOF\nhi\nEOF", "Dockerfile:3: the here-document RUN <<EOF"),
+        ("COPY <<EOF /etc/x\nhi\nEOF", "Dockerfile:2: the here-document COPY <<EOF"),
+        # a source outside the build context (Docker refuses it; %files would copy this machine's)
+        ("COPY /etc/hostname /x", "Dockerfile:2: COPY source '/etc/hostname' is outside the build context"),
+        ("COPY ../outside /x", "Dockerfile:2: COPY source '../outside' is outside the build context"),
+        ("COPY sub/../../outside /x", "Dockerfile:2: COPY source 'sub/../../outside' is outside"),
+        # JSON nested deeper than Python's json recurses
+        ("SHELL " + "[" * 100_000, "Dockerfile:2: only SHELL"),
     ],
 )
 def test_what_spython_cannot_translate_is_a_named_error(tmp_path, line, match):
-    dockerfile = tmp_path / "Dockerfile"
+    context = tmp_path / "context"
+    (context / "sub").mkdir(parents=True)
+    (tmp_path / "outside").write_text("not in the context\n")
+    dockerfile = context / "Dockerfile"
     dockerfile.write_text(f"FROM debian:trixie\n{line}\nRUN true\n")
     with pytest.raises(RecipeError, match=re.escape(match)) as err:
-        translate(dockerfile, tmp_path, {})
-    assert err.value.exit_code == 29 and err.value.hint
+        translate(dockerfile, context, {})
+    assert err.value.exit_code == 29 and err.value.hint and "\n" not in err.value.hint
 
 
-def test_a_multistage_recipe_is_refused(tmp_path):
+def test_what_looks_like_a_here_document_but_is_none_is_translated(tmp_path):
+    """`<<<` (a here-string), a shift in $(( )) and `<<` inside quotes are shell, not
+    here-documents: translated, and %post does what the RUNs do."""
+    script = post_script(
+        tmp_path,
+        "FROM x\nRUN echo $((1<<3)) > out\nRUN cat <<< here-string >> out\nRUN echo '<<EOF' \"<<EOT\" >> out\n",
+    )
+    proc = run_bash(script, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out").read_text() == "8\nhere-string\n<<EOF <<EOT\n"
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        (b"FROM x\nRUN echo caf\xe9 > /x\n", r"Dockerfile:2: not UTF-8 text \(byte 0xe9"),
+        (b"\xff\xfeF\x00R\x00O\x00M\x00", r"Dockerfile:1: not UTF-8 text \(byte 0xff"),
+        (b"FROM x\n" + b"# padding\n" * 250_000, r"Dockerfile is 2 MiB, more than the 1 MiB"),
+        (None, "not a regular file"),
+    ],
+    ids=["latin-1", "utf-16", "over-1-MiB", "fifo"],
+)
+def test_a_recipe_that_cannot_be_read_as_text_is_a_recipe_error(tmp_path, content, match):
     dockerfile = tmp_path / "Dockerfile"
-    dockerfile.write_text("FROM a AS one\nRUN true\nFROM b AS two\nRUN true\n")
-    with pytest.raises(RecipeError, match="2 stages"):
+    if content is None:
+        os.mkfifo(dockerfile)  # spython's own read would wait for a writer
+    else:
+        dockerfile.write_bytes(content)
+    with pytest.raises(RecipeError, match=match) as err:
         translate(dockerfile, tmp_path, {})
+    assert err.value.exit_code == 29 and "the toolchain recipe" in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("FROM a AS one\nRUN true\nFROM b AS two\nRUN true\n", 3),
+        # spython renames an unnamed first stage to the second's name and merges their RUNs
+        ("FROM a\nRUN echo one\nFROM b AS x\nRUN echo two\n", 3),
+        # without AS, spython keeps one stage and the second FROM replaces the first
+        ("FROM a\nRUN echo one\nfrom b\nRUN echo two\n", 3),
+        ("FROM a AS builder\nRUN make\n\nFROM b\nCOPY --from=builder /out /out\n", 4),
+    ],
+)
+def test_a_multistage_recipe_is_refused_at_its_second_from(tmp_path, text, line):
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text(text)
+    with pytest.raises(RecipeError, match=rf"Dockerfile:{line}: a second FROM: a multi-stage recipe") as err:
+        translate(dockerfile, tmp_path, {})
+    assert err.value.exit_code == 29
 
 
 @pytest.mark.parametrize(
@@ -354,6 +426,23 @@ def test_a_profile_value_cannot_open_a_section_of_the_definition(tmp_path):
     spec = resolve("cpu", ['runtime_env={X: "a\\n%runscript\\nrm -rf ~"}'], arch="x86_64")
     with pytest.raises(SifError, match="line break"):
         definition(spec, archive=tmp_path / "layout", profile_file=tmp_path / "p.yaml", image_id="x")
+
+
+@pytest.mark.parametrize("name", ["my defs", "tab\there", "line\nbreak"])
+def test_write_definition_into_a_path_with_whitespace_names_it_not_cache_dir(tmp_path, name):
+    spec = resolve("cpu", ["sif_bootstrap=debootstrap", "base_image=debian:trixie"])
+    with pytest.raises(PathError, match=r"--write-definition: .* has whitespace") as err:
+        write_definition(spec, tmp_path / name / "def")
+    assert "cache_dir" not in err.value.hint and err.value.exit_code == 15
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_definition_with_a_space_exits_15_with_its_hint(tmp_path):
+    res = run_invoke("sif", "--from-recipe", "--write-definition", str(tmp_path / "my defs"))
+    assert res.returncode == 15, res.stdout + res.stderr
+    assert "error: PathError: --write-definition:" in res.stderr and "Traceback" not in res.stderr
+    assert res.stderr.splitlines()[-1] == "hint: choose a directory whose path has no spaces, tabs or line breaks"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_write_definition_that_fails_leaves_nothing(tmp_path):
