@@ -37,7 +37,11 @@ class TooLarge(PathError):
 
 
 def _size_label(n: int) -> str:
-    return f"{n // MiB} MiB" if n >= MiB else f"{n // KiB} KiB" if n >= KiB else f"{n} bytes"
+    """1.2 MiB, 3 KiB, 17 bytes: one decimal where it is not whole, so 'is 1.2 MiB, more than 1 MiB'."""
+    for unit, size in (("GiB", 1024 * MiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= size:
+            return f"{n / size:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{n} bytes"
 
 
 def read_bytes(path: StrPath, limit: int, what: str, error: type[TorchbuildError] = PathError) -> bytes:

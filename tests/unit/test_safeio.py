@@ -71,3 +71,10 @@ def test_option_like_values_are_refused() -> None:
     assert not_an_option("v2.6.0", "ref") == "v2.6.0"
     with pytest.raises(UsageError, match="starts with '-'"):
         not_an_option("--upload-pack=touch /tmp/x", "ref")
+
+
+def test_the_size_in_the_message_is_not_rounded_down_to_the_limit(tmp_path) -> None:
+    f = tmp_path / "f"
+    f.write_bytes(b"x" * (1024 * 1024 + 200 * 1024))
+    with pytest.raises(TooLarge, match=r"is 1\.2 MiB, more than the 1 MiB"):
+        read_bytes(f, 1024 * 1024, "reading")
