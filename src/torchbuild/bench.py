@@ -3,8 +3,9 @@
 torchbench's install step calls pip many times (its requirements, each model's own), and any of
 those calls may ask for a torch: pip would fetch an official wheel over the built one. Every pip
 call it makes runs with PIP_CONSTRAINT naming a constraints file that pins torch (and the
-companions present) to exactly what the venv has, so a request for another torch fails instead
-of replacing it; after the install, the venv's torch must still be the same file with the same
+companions present) to exactly what the venv has (pipenv.keep_built: it also replaces a site
+pip configuration's constraint, whose lines on other packages it carries on), so a request for
+another torch, from an index or a site's find-links, fails instead of replacing it; after the install, the venv's torch must still be the same file with the same
 version, or the install is a BenchFailed.
 """
 
@@ -21,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from . import pipenv
 from .errors import BenchFailed, SourceError, named_os_errors
 
 PINNED = ("torch", "torchvision", "torchaudio", "torchtext")
@@ -55,7 +57,8 @@ def pinned_packages(python: Path, env: Mapping[str, str] | None = None) -> dict[
 
 
 def constraints_text(found: Mapping[str, Mapping[str, str]]) -> str:
-    return "".join(f"{name}=={info['version']}\n" for name, info in sorted(found.items()))
+    """Each package found pinned to exactly its version (pipenv.pin: no other local label)."""
+    return pipenv.constraints_text({name: info["version"] for name, info in found.items()})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,10 +114,10 @@ def bench(req: Request, out: TextIO = sys.stdout) -> dict[str, Any]:
     result: dict[str, Any] = {"venv": str(venv), "torch": before["torch"], "pinned": constraints_text(before).split()}
     constraints = venv / "torchbuild-constraints.txt"
     log_path = Path(req.log) if req.log else venv / f"torchbuild-bench-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    with named_os_errors(venv, "writing the constraints file and the bench log"):
-        constraints.write_text(constraints_text(before))
+    # the site's own constraint lines on other packages are carried on (pipenv.keep_built)
+    env.update(pipenv.keep_built(constraints, {n: i["version"] for n, i in before.items()}, str(python), env))
+    with named_os_errors(venv, "writing the bench log"):
         log = log_path.open("a", buffering=1)
-    env["PIP_CONSTRAINT"] = str(constraints)
     try:
         if req.install:
             t0 = time.monotonic()

@@ -32,7 +32,7 @@ from typing import Any, TextIO
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from . import manifest
+from . import manifest, pipenv
 from .backends import PARTIAL_PREFIX
 from .companion_table import REPOS, default_ref, version_problem
 from .config import BuildSpec
@@ -308,10 +308,14 @@ def missing_requirements(target: Path) -> list[str]:
     return missing
 
 
-def check_wheel(name: str, wheel: Path, torch_dir: Path, work: Path, env: Mapping[str, str]) -> dict[str, str]:
-    """Unpack wheel beside torch_dir and run the library's check in a fresh interpreter (from
-    another directory, so the source tree is not what is imported)."""
+def check_wheel(
+    name: str, wheel: Path, torch_dir: Path, work: Path, env: Mapping[str, str], torch_version: str = ""
+) -> dict[str, str]:
+    """Unpack wheel beside torch_dir (torch_version's torch) and run the library's check in a
+    fresh interpreter (from another directory, so the source tree is not what is imported)."""
     target = work / f"check-{name}"
+    pins = {name: str(parse_wheel_filename(wheel.name)[1]), **({"torch": torch_version} if torch_version else {})}
+    env = {**env, **pipenv.keep_built(work / f"check-{name}-constraints.txt", pins, sys.executable, env)}
     _pip(
         ["install", "--no-deps", "--no-index", "--quiet", "--target", str(target), str(wheel)],
         env,
@@ -341,6 +345,18 @@ def check_wheel(name: str, wheel: Path, torch_dir: Path, work: Path, env: Mappin
     if not Path(result["torch_file"]).is_relative_to(torch_dir):
         raise CompanionError(f"{name}: its check imported torch from {result['torch_file']}, not the built one")
     return result
+
+
+def unpack_torch(torch_wheel: Path, torch_dir: Path, env: Mapping[str, str], work: Path) -> None:
+    """The torch wheel unpacked into torch_dir, whatever a site's pip configuration pins torch
+    to (pipenv.keep_built: its constraint would refuse any other torch)."""
+    pins = {"torch": str(torch_wheel_version(torch_wheel))}
+    env = {**env, **pipenv.keep_built(work / "torch-constraints.txt", pins, sys.executable, env)}
+    _pip(
+        ["install", "--no-deps", "--no-index", "--quiet", "--target", str(torch_dir), str(torch_wheel)],
+        env,
+        f"unpacking {torch_wheel.name}",
+    )
 
 
 def _pip(args: Sequence[str], env: Mapping[str, str], what: str) -> None:
@@ -394,11 +410,7 @@ def build_all(spec: BuildSpec, req: Request, out: TextIO = sys.stdout) -> list[P
             spec, cache_root=req.cache_root, jobs=plan.jobs, nvcc_threads=plan.nvcc_threads or None, backend=req.backend
         )
         print(f"companions: unpacking {torch_wheel.name} to build against it", file=out, flush=True)
-        _pip(
-            ["install", "--no-deps", "--no-index", "--quiet", "--target", str(torch_dir), str(torch_wheel)],
-            {**os.environ, **base},
-            f"unpacking {torch_wheel.name}",
-        )
+        unpack_torch(torch_wheel, torch_dir, {**os.environ, **base}, work)
         shims = ccache_shims(work / "ccache-bin", spec)
         for job in req.jobs:
             wheels.append(
@@ -486,7 +498,7 @@ def _build_one(
             if canonicalize_name(name) != canonicalize_name(job.name) or got != Version(version):
                 raise CompanionError(f"{job.name}: pip built {built[0].name}, not {job.name} {version}")
             normalized = normalize_wheel(built[0], int(env_vars["SOURCE_DATE_EPOCH"]))
-            checked = check_wheel(job.name, built[0], torch_dir, work, env)
+            checked = check_wheel(job.name, built[0], torch_dir, work, env, str(torch_version))
             tee.line(f"{job.name}: {checked['op']} (torch from {checked['torch_file']})")
             final = out_dir / built[0].name
             with named_os_errors(final, "moving the companion wheel into place"):

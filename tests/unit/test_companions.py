@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -15,7 +16,7 @@ import venv
 from pathlib import Path
 
 import pytest
-from helpers import make_wheel
+from helpers import isolated_pip_env, make_wheel
 from packaging.version import Version
 
 from torchbuild import bench as benchmod
@@ -271,12 +272,16 @@ def test_constraints_pin_exactly_what_is_installed():
         "torch": {"version": "2.6.0+gh200", "location": "/x"},
         "torchvision": {"version": "0.21.0+gh200", "location": "/x"},
     }
-    assert benchmod.constraints_text(found) == "torch==2.6.0+gh200\ntorchvision==0.21.0+gh200\n"
+    assert benchmod.constraints_text(found) == "torch===2.6.0+gh200\ntorchvision===0.21.0+gh200\n"
 
 
 @pytest.fixture
-def fake_torch_venv(tmp_path):
-    """A venv with an installed 'torch' 9.9.9+built (a package and its dist-info, as pip leaves them)."""
+def fake_torch_venv(tmp_path, monkeypatch):
+    """A venv with an installed 'torch' 9.9.9+built (a package and its dist-info, as pip leaves
+    them); pip sees no site configuration (this machine's find-links and constraint)."""
+    for key in [k for k in os.environ if k.startswith("PIP_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     env = tmp_path / "venv"
     venv.create(env, with_pip=True)
     site = Path(
@@ -312,7 +317,13 @@ def test_without_the_constraint_that_install_would_replace_torch(tmp_path, fake_
     """The stand-in's own behaviour: what bench protects against really happens without it."""
     tree = tmp_path / "bench"
     _upgrading_install(tree, tmp_path / "house")
-    subprocess.run([str(fake_torch_venv / "bin" / "python"), "install.py"], cwd=tree, check=True, capture_output=True)
+    subprocess.run(
+        [str(fake_torch_venv / "bin" / "python"), "install.py"],
+        cwd=tree,
+        env=isolated_pip_env(),
+        check=True,
+        capture_output=True,
+    )
     assert benchmod.pinned_packages(fake_torch_venv / "bin" / "python")["torch"]["version"] == "10.0"
 
 
@@ -323,7 +334,7 @@ def test_bench_install_keeps_the_built_torch_when_torchbench_asks_for_the_newest
     result = benchmod.bench(benchmod.Request(venv=str(fake_torch_venv), benchmark=str(tree)), out=out)
     assert benchmod.pinned_packages(fake_torch_venv / "bin" / "python")["torch"]["version"] == "9.9.9+built"
     assert "Requirement already satisfied: torch" in out.getvalue()
-    assert (fake_torch_venv / "torchbuild-constraints.txt").read_text() == "torch==9.9.9+built\n"
+    assert (fake_torch_venv / "torchbuild-constraints.txt").read_text() == "torch===9.9.9+built\n"
     assert result["torch"]["version"] == "9.9.9+built" and "install_s" in result
 
 
