@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from . import pipenv
-from .errors import BenchFailed, SourceError, named_os_errors
+from .errors import BenchFailed, PathError, SourceError, named_os_errors
 
 PINNED = ("torch", "torchvision", "torchaudio", "torchtext")
 DEFAULT_REPO = "https://github.com/pytorch/benchmark.git"
@@ -59,6 +59,22 @@ def pinned_packages(python: Path, env: Mapping[str, str] | None = None) -> dict[
 def constraints_text(found: Mapping[str, Mapping[str, str]]) -> str:
     """Each package found pinned to exactly its version (pipenv.pin: no other local label)."""
     return pipenv.constraints_text({name: info["version"] for name, info in found.items()})
+
+
+VENV_HINT = "give the prefix `invoke install` made, or the venv `invoke develop` printed"
+
+
+def check_venv(venv: Path) -> Path:
+    """venv's bin/python; PathError when venv does not exist, is a file, or is no venv."""
+    with named_os_errors(venv, "--venv"):
+        if not venv.exists():
+            raise PathError(f"--venv {venv} does not exist", hint=VENV_HINT)
+        if not venv.is_dir():
+            raise PathError(f"--venv {venv} is a file, not a venv directory", hint=VENV_HINT)
+        python = venv / "bin" / "python"
+        if not python.exists():
+            raise PathError(f"--venv {venv} is not a venv (no bin/python)", hint=VENV_HINT)
+    return python
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,10 +116,7 @@ def bench(req: Request, out: TextIO = sys.stdout) -> dict[str, Any]:
     venv, tree = Path(req.venv), Path(req.benchmark)
     python = venv / "bin" / "python"
     if not python.exists():
-        raise BenchFailed(
-            f"{venv} is not a venv (no bin/python)",
-            hint="give the prefix `invoke install` made, or the venv `invoke develop` printed",
-        )
+        raise BenchFailed(f"{venv} is not a venv (no bin/python)", hint=VENV_HINT)
     if not (tree / req.script).is_file() and req.args:
         raise SourceError(f"{tree} has no {req.script}: is it a torchbench checkout?")
     env = {**os.environ, "VIRTUAL_ENV": str(venv), "PATH": f"{venv}/bin{os.pathsep}{os.environ.get('PATH', '')}"}

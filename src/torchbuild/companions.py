@@ -37,7 +37,7 @@ from .backends import PARTIAL_PREFIX
 from .companion_table import REPOS, default_ref, version_problem
 from .config import BuildSpec
 from .environment import build_env, compilers
-from .errors import CompanionError, SourceError, named_os_errors
+from .errors import CompanionError, SourceError, WheelError, named_os_errors
 from .jobs import HostResources, plan_for
 from .oom import JobsUsed, run_compile
 from .repro import normalize_wheel, source_date_epoch
@@ -203,6 +203,21 @@ def torch_wheel_version(wheel: Path) -> Version:
         return parse_wheel_filename(wheel.name)[1]
     except (InvalidWheelFilename, InvalidVersion) as exc:
         raise CompanionError(f"{wheel.name} is not a torch wheel's name ({exc})") from None
+
+
+def check_torch_wheel(wheel: Path) -> Version:
+    """The version of the torch wheel the companions are to be built against: WheelError when
+    the file is not a readable wheel, or is one of another project (a torchvision wheel)."""
+    from .verify import check_wheel_file
+
+    check_wheel_file(wheel)
+    project = canonicalize_name(parse_wheel_filename(wheel.name)[0])
+    if project != "torch":
+        raise WheelError(
+            f"--wheel {wheel} is a {project} wheel, not a torch wheel: the companions are built against torch",
+            hint="point --wheel at the torch wheel `invoke build` wrote (torch-<version>-...whl)",
+        )
+    return torch_wheel_version(wheel)
 
 
 def build_version(job: Job, torch_version: Version, local: str) -> str:
