@@ -46,6 +46,7 @@ from .errors import CommsFailed, ProfileError, SourceError, ToolMissing, UsageEr
 from .image import tree_digest
 from .nccl_arch import gencode, nccl_release
 from .problems import Problems
+from .safeio import MANIFEST_LIMIT, MiB, read_bytes, read_json
 from .source import describe_dir, fetch_git, looks_like_url, sha256_file, unpack_archive
 
 COMMS_MANIFEST = "torchbuild-comms.json"
@@ -59,6 +60,7 @@ OFI_PINS = {
 # plugin releases that do not compile against a newer libfabric major: 1.6.0 uses
 # container_of, which libfabric 1.x defined in rdma/fabric.h and 2.0 no longer does
 OFI_LIBFABRIC_MAX = {"1.6.0": 1}
+HEADER_LIMIT = 4 * MiB  # rdma/fabric.h is some 30 KiB
 # the symbols NCCL looks up in a net plugin (one per interface version it speaks)
 NET_VERSIONS = range(2, 12)
 
@@ -279,12 +281,10 @@ def comms(spec: BuildSpec, backend: Backend, *, out_dir: Path, out: TextIO = sys
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
-    with named_os_errors(path, "the comms manifest"):
-        text = path.read_text()
     try:
-        data = json.loads(text)
-    except ValueError:
-        raise CommsFailed(f"{path} is not JSON", hint=f"remove {path.parent} and run `invoke comms` again") from None
+        data = read_json(path, MANIFEST_LIMIT, "the comms manifest", CommsFailed)
+    except CommsFailed as exc:
+        raise CommsFailed(exc.message, hint=f"remove {path.parent} and run `invoke comms` again") from None
     if not isinstance(data, dict):
         raise CommsFailed(f"{path} is not a comms manifest", hint=f"remove {path.parent} and run `invoke comms` again")
     return data
@@ -411,7 +411,7 @@ def tool_problems(spec: BuildSpec, nccl: bool, autotools: bool | None, path: str
 
 def libfabric_version(header: Path) -> tuple[int, int]:
     """FI_MAJOR_VERSION and FI_MINOR_VERSION from rdma/fabric.h."""
-    text = header.read_text(errors="replace")
+    text = read_bytes(header, HEADER_LIMIT, "libfabric_prefix: rdma/fabric.h", ProfileError).decode(errors="replace")
     found = [re.search(rf"#define\s+FI_{part}_VERSION\s+(\d+)", text) for part in ("MAJOR", "MINOR")]
     if not all(found):
         raise ProfileError(f"libfabric_prefix: {header} does not define FI_MAJOR_VERSION", hint="point it at libfabric")

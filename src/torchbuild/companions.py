@@ -41,6 +41,7 @@ from .errors import CompanionError, SourceError, WheelError, named_os_errors
 from .jobs import HostResources, plan_for
 from .oom import JobsUsed, run_compile
 from .repro import normalize_wheel, source_date_epoch
+from .safeio import KiB, read_text
 from .source import SourceInfo, describe_dir, fetch_git, update_tree
 
 # what torchbuild sets for each library unless companion_env says otherwise: both switches
@@ -50,6 +51,7 @@ DEFAULT_ENV: dict[str, dict[str, str]] = {
 }
 # torch's own build switches: a companion reads some of the same names (torchaudio: USE_CUDA,
 # USE_OPENMP, BUILD_*) with other meanings, so none of torch's are passed on
+VERSION_TXT_LIMIT = 64 * KiB  # a version.txt holds one line
 _TORCH_ONLY = ("USE_", "BUILD_", "PYTORCH_BUILD_", "BLAS", "MKL_THREADING", "TORCH_NVCC_FLAGS")
 
 
@@ -77,13 +79,12 @@ def short(name: str) -> str:
 
 def tree_version(name: str, tree: Path) -> str:
     path = tree / "version.txt"
-    try:
-        return path.read_text().strip()
-    except OSError:
+    if not path.exists():
         raise CompanionError(
             f"{name}: {tree} has no version.txt; it is not a {name} source tree",
             hint=f"point companion_repos.{name} at a checkout or release archive of {REPOS[name]}",
-        ) from None
+        )
+    return read_text(path, VERSION_TXT_LIMIT, f"{name}'s version.txt", CompanionError).strip()
 
 
 def _is_git(origin: str) -> bool:

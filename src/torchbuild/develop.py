@@ -28,15 +28,17 @@ from packaging.version import InvalidVersion, Version
 
 from .config import BuildSpec, spec_from_dict
 from .environment import build_env
-from .errors import BuildFailed, PathError, named_os_errors
+from .errors import BuildFailed, PathError, TorchbuildError, named_os_errors
 from .jobs import HostResources, plan_for
 from .oom import JobsUsed, run_compile
 from .problems import Problems
 from .report import mark, read_ninja_log
+from .safeio import KiB, read_text
 
 BASE_PTH = "torchbuild-base.pth"
 # PyTorch's CONTRIBUTING moved from `setup.py develop` to `pip install -e .` for 2.8
 PIP_EDITABLE_FROM = Version("2.8")
+VERSION_TXT_LIMIT = 64 * KiB  # a version.txt holds one line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +67,8 @@ class Request:
 def mode_for(tree: Path) -> str:
     """'setup.py' for a PyTorch tree older than 2.8 (version.txt), else 'pip'."""
     try:
-        version = Version((tree / "version.txt").read_text().strip())
-    except (OSError, InvalidVersion):
+        version = Version(read_text(tree / "version.txt", VERSION_TXT_LIMIT, "the tree's version.txt").strip())
+    except (TorchbuildError, InvalidVersion):  # none, or not one (a FIFO, a huge file): pip's way
         return "pip"
     return "pip" if version.release[:2] >= PIP_EDITABLE_FROM.release[:2] else "setup.py"
 

@@ -145,6 +145,24 @@ def test_a_tree_without_version_txt_is_not_taken_for_a_companion(tmp_path):
         companions.fetch(spec, tmp_path / "cache", out=io.StringIO())
 
 
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda p: os.mkfifo(p), "not a regular file"),
+        (lambda p: p.mkdir(), "is a directory"),
+        (lambda p: p.write_bytes(b"0" * (companions.VERSION_TXT_LIMIT + 1)), "more than the 64 KiB"),
+    ],
+    ids=["fifo", "directory", "huge"],
+)
+def test_a_version_txt_that_is_no_small_file_is_named_not_read(tmp_path, make, says):
+    tree = tmp_path / "vision"
+    tree.mkdir()
+    make(tree / "version.txt")
+    spec = resolve("cpu", ["companions=[torchvision]", f'companion_repos={{"torchvision": "{tree}"}}'])
+    with pytest.raises(CompanionError, match=says):
+        companions.fetch(spec, tmp_path / "cache", out=io.StringIO())
+
+
 def test_a_ref_for_an_archive_is_refused(tmp_path):
     archive, _ = _archive(tmp_path, "vision-0.21.0", "0.21.0")
     spec = resolve(
@@ -249,6 +267,11 @@ def test_develop_uses_setup_py_develop_for_trees_older_than_2_8(tmp_path, text, 
     if text is not None:
         (tmp_path / "version.txt").write_text(text + "\n")
     assert mode_for(tmp_path) == mode
+
+
+def test_develop_takes_a_version_txt_that_is_a_fifo_for_none(tmp_path):
+    os.mkfifo(tmp_path / "version.txt")  # reading it would wait for a writer forever
+    assert mode_for(tmp_path) == "pip"
 
 
 def test_the_develop_venv_sees_the_build_interpreter_s_packages(tmp_path):
