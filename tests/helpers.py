@@ -103,6 +103,14 @@ def make_wheel(
     return wheel
 
 
+def isolated_pip_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """env (default os.environ) as pip sees no configuration: no PIP_* variable and no
+    configuration file (PIP_CONFIG_FILE=os.devnull makes pip read none), for tests about
+    pip's choice on a machine whose site pip.conf sets find-links or a constraint."""
+    base = os.environ if env is None else env
+    return {**{k: v for k, v in base.items() if not k.startswith("PIP_")}, "PIP_CONFIG_FILE": os.devnull}
+
+
 def run_in(engine, tag: str, script: str, mounts: dict[str, str], env: dict[str, str] | None = None) -> str:
     """bash -c script in a fresh container of tag as the caller; stdout+stderr. Fails the test on
     a non-zero exit, showing the output."""

@@ -3,8 +3,9 @@
 torchbench's install step calls pip many times (its requirements, each model's own), and any of
 those calls may ask for a torch: pip would fetch an official wheel over the built one. Every pip
 call it makes runs with PIP_CONSTRAINT naming a constraints file that pins torch (and the
-companions present) to exactly what the venv has, so a request for another torch fails instead
-of replacing it; after the install, the venv's torch must still be the same file with the same
+companions present) to exactly what the venv has (pipenv.keep_built: it also replaces a site
+pip configuration's constraint, whose lines on other packages it carries on), so a request for
+another torch, from an index or a site's find-links, fails instead of replacing it; after the install, the venv's torch must still be the same file with the same
 version, or the install is a BenchFailed.
 """
 
@@ -21,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from .errors import BenchFailed, SourceError, named_os_errors
+from . import pipenv
+from .errors import BenchFailed, PathError, SourceError, named_os_errors
 
 PINNED = ("torch", "torchvision", "torchaudio", "torchtext")
 DEFAULT_REPO = "https://github.com/pytorch/benchmark.git"
@@ -55,7 +57,24 @@ def pinned_packages(python: Path, env: Mapping[str, str] | None = None) -> dict[
 
 
 def constraints_text(found: Mapping[str, Mapping[str, str]]) -> str:
-    return "".join(f"{name}=={info['version']}\n" for name, info in sorted(found.items()))
+    """Each package found pinned to exactly its version (pipenv.pin: no other local label)."""
+    return pipenv.constraints_text({name: info["version"] for name, info in found.items()})
+
+
+VENV_HINT = "give the prefix `invoke install` made, or the venv `invoke develop` printed"
+
+
+def check_venv(venv: Path) -> Path:
+    """venv's bin/python; PathError when venv does not exist, is a file, or is no venv."""
+    with named_os_errors(venv, "--venv"):
+        if not venv.exists():
+            raise PathError(f"--venv {venv} does not exist", hint=VENV_HINT)
+        if not venv.is_dir():
+            raise PathError(f"--venv {venv} is a file, not a venv directory", hint=VENV_HINT)
+        python = venv / "bin" / "python"
+        if not python.exists():
+            raise PathError(f"--venv {venv} is not a venv (no bin/python)", hint=VENV_HINT)
+    return python
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,10 +116,7 @@ def bench(req: Request, out: TextIO = sys.stdout) -> dict[str, Any]:
     venv, tree = Path(req.venv), Path(req.benchmark)
     python = venv / "bin" / "python"
     if not python.exists():
-        raise BenchFailed(
-            f"{venv} is not a venv (no bin/python)",
-            hint="give the prefix `invoke install` made, or the venv `invoke develop` printed",
-        )
+        raise BenchFailed(f"{venv} is not a venv (no bin/python)", hint=VENV_HINT)
     if not (tree / req.script).is_file() and req.args:
         raise SourceError(f"{tree} has no {req.script}: is it a torchbench checkout?")
     env = {**os.environ, "VIRTUAL_ENV": str(venv), "PATH": f"{venv}/bin{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -111,10 +127,10 @@ def bench(req: Request, out: TextIO = sys.stdout) -> dict[str, Any]:
     result: dict[str, Any] = {"venv": str(venv), "torch": before["torch"], "pinned": constraints_text(before).split()}
     constraints = venv / "torchbuild-constraints.txt"
     log_path = Path(req.log) if req.log else venv / f"torchbuild-bench-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    with named_os_errors(venv, "writing the constraints file and the bench log"):
-        constraints.write_text(constraints_text(before))
+    # the site's own constraint lines on other packages are carried on (pipenv.keep_built)
+    env.update(pipenv.keep_built(constraints, {n: i["version"] for n, i in before.items()}, str(python), env))
+    with named_os_errors(venv, "writing the bench log"):
         log = log_path.open("a", buffering=1)
-    env["PIP_CONSTRAINT"] = str(constraints)
     try:
         if req.install:
             t0 = time.monotonic()

@@ -2,14 +2,16 @@
 for the profile's GPUs only, and the aws-ofi-nccl network plugin built against the site's
 libfabric (`invoke comms`; `invoke build` runs it first when the profile has nccl: source).
 
-On the host: the sources are fetched (a download is checked against its sha256 before it is
+On the host: everything that can be checked here (libfabric_prefix, which is bound at its own
+path; natively also nvcc, make and autotools) is checked, every problem named at once; then the
+sources are fetched (a download is checked against its sha256 before it is
 unpacked) and unpacked into the cache. The prefix they are built into,
 <cache>/comms/<key>, is named by a hash of everything that decides the result (versions, source
 digests, arch list, libfabric, compilers, the image), so a rerun is a no-op.
 
 The step, where the backend runs it (image, SIF or natively): checks libfabric and the tools
-before anything compiles, builds NCCL with `make src.lib` and NVCC_GENCODE from cuda_arch_list,
-builds the plugin with autotools (`make install DESTDIR=`, an rpath to libfabric), checks what
+before anything compiles (all failures in one error), builds NCCL with `make src.lib` and
+NVCC_GENCODE from cuda_arch_list, builds the plugin with autotools (`make install DESTDIR=`, an rpath to libfabric), checks what
 it built (the plugin's ncclNetPlugin_v* symbols, `ldd`, ncclGetVersion) and writes
 torchbuild-comms.json. All of it happens in <prefix>.partial-<run>, renamed to the prefix at the
 end: a failure or an interrupt leaves no prefix.
@@ -43,6 +45,8 @@ from .environment import build_env
 from .errors import CommsFailed, ProfileError, SourceError, ToolMissing, UsageError, named_os_errors, writable_dir
 from .image import tree_digest
 from .nccl_arch import gencode, nccl_release
+from .problems import Problems
+from .safeio import MANIFEST_LIMIT, MiB, read_bytes, read_json
 from .source import describe_dir, fetch_git, looks_like_url, sha256_file, unpack_archive
 
 COMMS_MANIFEST = "torchbuild-comms.json"
@@ -56,6 +60,7 @@ OFI_PINS = {
 # plugin releases that do not compile against a newer libfabric major: 1.6.0 uses
 # container_of, which libfabric 1.x defined in rdma/fabric.h and 2.0 no longer does
 OFI_LIBFABRIC_MAX = {"1.6.0": 1}
+HEADER_LIMIT = 4 * MiB  # rdma/fabric.h is some 30 KiB
 # the symbols NCCL looks up in a net plugin (one per interface version it speaks)
 NET_VERSIONS = range(2, 12)
 
@@ -214,16 +219,23 @@ def comms(spec: BuildSpec, backend: Backend, *, out_dir: Path, out: TextIO = sys
             f"profile {spec.profile} builds neither NCCL nor a plugin (nccl: {spec.nccl}, no aws_ofi_nccl_version)",
             hint="set nccl: source and/or aws_ofi_nccl_version (e.g. --set nccl=source)",
         )
-    if spec.libfabric_prefix and backend.name != "native" and not Path(spec.libfabric_prefix).is_dir():
-        # checked here: a container engine would create a missing bind source as root
-        raise ProfileError(
-            f"libfabric_prefix: no libfabric at {spec.libfabric_prefix} (not a directory on this host)",
-            hint="set libfabric_prefix to the directory holding include/rdma/fabric.h and lib/libfabric.so "
-            "(`module show libfabric`)",
-        )
-    image = backend.check()
-    out_dir = writable_dir(out_dir, "--out")
-    cache = writable_dir(cache_dir(spec), "cache_dir")
+    # everything that can be checked here, all of it named at once, before any download
+    problems = Problems()
+    native = backend.name == "native"
+    if spec.aws_ofi_nccl_version and (spec.libfabric_prefix or native):
+        # libfabric_prefix is bound at its own path (a container engine would create a missing
+        # bind source as root); natively the step's libfabric is this host's
+        problems.check(lambda: check_libfabric(spec))
+    elif spec.libfabric_prefix and not native and not Path(spec.libfabric_prefix).is_dir():
+        problems.add(_no_libfabric(f"libfabric_prefix: no libfabric at {spec.libfabric_prefix} (not a directory)"))
+    if native:  # the step runs here: its compilers and tools are this host's
+        path = {**os.environ, **build_env(spec, cache_root=str(cache_dir(spec)), jobs=1)}.get("PATH")
+        for problem in tool_problems(spec, bool(spec.nccl == "source"), plugin_needs_autotools(spec), path):
+            problems.add(problem)
+    image = problems.check(backend.check)
+    out_dir = problems.check(lambda: writable_dir(out_dir, "--out")) or out_dir
+    cache = problems.check(lambda: writable_dir(cache_dir(spec), "cache_dir")) or cache_dir(spec)
+    problems.raise_any()
     nccl = plugin = None
     if spec.nccl == "source":
         default = NCCL_ARCHIVE.format(version=spec.nccl_version)
@@ -269,12 +281,10 @@ def comms(spec: BuildSpec, backend: Backend, *, out_dir: Path, out: TextIO = sys
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
-    with named_os_errors(path, "the comms manifest"):
-        text = path.read_text()
     try:
-        data = json.loads(text)
-    except ValueError:
-        raise CommsFailed(f"{path} is not JSON", hint=f"remove {path.parent} and run `invoke comms` again") from None
+        data = read_json(path, MANIFEST_LIMIT, "the comms manifest", CommsFailed)
+    except CommsFailed as exc:
+        raise CommsFailed(exc.message, hint=f"remove {path.parent} and run `invoke comms` again") from None
     if not isinstance(data, dict):
         raise CommsFailed(f"{path} is not a comms manifest", hint=f"remove {path.parent} and run `invoke comms` again")
     return data
@@ -333,9 +343,75 @@ def libfabric_root(spec: BuildSpec) -> Path:
     return Path(spec.libfabric_prefix or "/usr")
 
 
+def _no_libfabric(message: str) -> ProfileError:
+    return ProfileError(
+        message,
+        hint="set libfabric_prefix to the directory holding include/rdma/fabric.h and lib/libfabric.so "
+        "(`module show libfabric`), or add libfabric-dev to the image",
+    )
+
+
+def check_libfabric(spec: BuildSpec) -> tuple[Path, tuple[int, int]]:
+    """The libfabric the plugin is built against (libfabric_prefix, else /usr where the step
+    runs) and its version; ProfileError when it is not there, or too new for the plugin."""
+    root = libfabric_root(spec)
+    where = "libfabric_prefix" + ("" if spec.libfabric_prefix else " (empty: the image's own, /usr)")
+    if not root.is_dir():
+        raise _no_libfabric(f"{where}: no libfabric at {root} (not a directory)")
+    header = root / "include" / "rdma" / "fabric.h"
+    library = find_library(root, "libfabric.so") or find_library(root, "libfabric.so.1")
+    if not header.is_file() or library is None:
+        lacking = "include/rdma/fabric.h" if not header.is_file() else "lib/libfabric.so"
+        raise _no_libfabric(f"{where}: no libfabric at {root} (no {lacking})")
+    version = libfabric_version(header)
+    newest = OFI_LIBFABRIC_MAX.get(spec.aws_ofi_nccl_version)
+    if newest is not None and version[0] > newest:
+        raise ProfileError(
+            f"aws_ofi_nccl_version: {spec.aws_ofi_nccl_version} does not compile against libfabric "
+            f"{version[0]}.{version[1]} at {root} (it needs libfabric {newest}.x: it uses container_of, "
+            f"which libfabric 2.0 removed from rdma/fabric.h)",
+            hint="use aws_ofi_nccl_version 1.17.1 (libfabric >= 1.18), or a libfabric 1.x libfabric_prefix",
+        )
+    return root, version
+
+
+def plugin_needs_autotools(spec: BuildSpec) -> bool | None:
+    """Whether the plugin's source has no configure script (autogen.sh then needs autotools):
+    True for a release's tag archive (the default source), a local tree's own answer, None
+    (not known before it is fetched) for any other source; False without a plugin."""
+    if not spec.aws_ofi_nccl_version:
+        return False
+    if not spec.aws_ofi_nccl_source:
+        return True
+    tree = Path(spec.aws_ofi_nccl_source).expanduser()
+    return not (tree / "configure").exists() if tree.is_dir() else None
+
+
+def tool_problems(spec: BuildSpec, nccl: bool, autotools: bool | None, path: str | None) -> list[ToolMissing]:
+    """What the step lacks to compile: nvcc (for NCCL), make, and autoreconf and libtoolize
+    when the plugin's tree has no configure script."""
+    problems = []
+    nvcc = Path(spec.cuda_home) / "bin" / "nvcc"
+    if nccl and not nvcc.exists():
+        problems.append(
+            ToolMissing(f"nvcc is not at {nvcc} (cuda_home): NCCL's device code needs it", hint="set cuda_home")
+        )
+    tools = ["make", *(["autoreconf", "libtoolize"] if autotools else [])]
+    missing = [t for t in tools if shutil.which(t, path=path) is None]
+    if missing:
+        problems.append(
+            ToolMissing(
+                f"{', '.join(missing)} not found where comms runs",
+                hint="install them, or rebuild the image (`invoke image`: a profile with a plugin adds autoconf, "
+                "automake, libtool)",
+            )
+        )
+    return problems
+
+
 def libfabric_version(header: Path) -> tuple[int, int]:
     """FI_MAJOR_VERSION and FI_MINOR_VERSION from rdma/fabric.h."""
-    text = header.read_text(errors="replace")
+    text = read_bytes(header, HEADER_LIMIT, "libfabric_prefix: rdma/fabric.h", ProfileError).decode(errors="replace")
     found = [re.search(rf"#define\s+FI_{part}_VERSION\s+(\d+)", text) for part in ("MAJOR", "MINOR")]
     if not all(found):
         raise ProfileError(f"libfabric_prefix: {header} does not define FI_MAJOR_VERSION", hint="point it at libfabric")
@@ -436,42 +512,16 @@ class _Step:
     # -- checks before anything compiles
 
     def _check_before_compiling(self) -> tuple[Path, tuple[int, int]] | None:
-        nvcc = Path(self.spec.cuda_home) / "bin" / "nvcc"
-        if self.req.get("nccl") and not nvcc.exists():
-            raise ToolMissing(f"nvcc is not at {nvcc} (cuda_home): NCCL's device code needs it", hint="set cuda_home")
+        """Every tool and libfabric check, all failures named at once, before anything compiles."""
+        problems = Problems()
         plugin = self.req.get("plugin")
         # a release archive of a git tag has no configure: autogen.sh needs autotools
-        autotools = plugin and not (Path(plugin["tree"]) / "configure").exists()
-        tools = ["make", *(["autoreconf", "libtoolize"] if autotools else [])]
-        missing = [t for t in tools if shutil.which(t, path=self.env.get("PATH")) is None]
-        if missing:
-            raise ToolMissing(
-                f"{', '.join(missing)} not found where comms runs",
-                hint="rebuild the image (`invoke image`: a profile with a plugin adds autoconf, automake, libtool)",
-            )
-        if not self.req.get("plugin"):
-            return None
-        root = libfabric_root(self.spec)
-        header = root / "include" / "rdma" / "fabric.h"
-        library = find_library(root, "libfabric.so") or find_library(root, "libfabric.so.1")
-        where = "libfabric_prefix" + ("" if self.spec.libfabric_prefix else " (empty: the image's own, /usr)")
-        if not header.is_file() or library is None:
-            lacking = "include/rdma/fabric.h" if not header.is_file() else "lib/libfabric.so"
-            raise ProfileError(
-                f"{where}: no libfabric at {root} (no {lacking})",
-                hint="set libfabric_prefix to the directory holding include/rdma/fabric.h and lib/libfabric.so "
-                "(`module show libfabric`), or add libfabric-dev to the image",
-            )
-        version = libfabric_version(header)
-        newest = OFI_LIBFABRIC_MAX.get(self.spec.aws_ofi_nccl_version)
-        if newest is not None and version[0] > newest:
-            raise ProfileError(
-                f"aws_ofi_nccl_version: {self.spec.aws_ofi_nccl_version} does not compile against libfabric "
-                f"{version[0]}.{version[1]} at {root} (it needs libfabric {newest}.x: it uses container_of, "
-                f"which libfabric 2.0 removed from rdma/fabric.h)",
-                hint="use aws_ofi_nccl_version 1.17.1 (libfabric >= 1.18), or a libfabric 1.x libfabric_prefix",
-            )
-        return root, version
+        autotools = plugin is not None and not (Path(plugin["tree"]) / "configure").exists()
+        for problem in tool_problems(self.spec, bool(self.req.get("nccl")), autotools, self.env.get("PATH")):
+            problems.add(problem)
+        lf = problems.check(lambda: check_libfabric(self.spec)) if plugin else None
+        problems.raise_any()
+        return lf
 
     # -- NCCL
 

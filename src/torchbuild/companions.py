@@ -32,15 +32,16 @@ from typing import Any, TextIO
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from . import manifest
+from . import manifest, pipenv
 from .backends import PARTIAL_PREFIX
 from .companion_table import REPOS, default_ref, version_problem
 from .config import BuildSpec
 from .environment import build_env, compilers
-from .errors import CompanionError, SourceError, named_os_errors
+from .errors import CompanionError, SourceError, WheelError, named_os_errors
 from .jobs import HostResources, plan_for
 from .oom import JobsUsed, run_compile
 from .repro import normalize_wheel, source_date_epoch
+from .safeio import KiB, read_text
 from .source import SourceInfo, describe_dir, fetch_git, update_tree
 
 # what torchbuild sets for each library unless companion_env says otherwise: both switches
@@ -50,6 +51,7 @@ DEFAULT_ENV: dict[str, dict[str, str]] = {
 }
 # torch's own build switches: a companion reads some of the same names (torchaudio: USE_CUDA,
 # USE_OPENMP, BUILD_*) with other meanings, so none of torch's are passed on
+VERSION_TXT_LIMIT = 64 * KiB  # a version.txt holds one line
 _TORCH_ONLY = ("USE_", "BUILD_", "PYTORCH_BUILD_", "BLAS", "MKL_THREADING", "TORCH_NVCC_FLAGS")
 
 
@@ -77,13 +79,12 @@ def short(name: str) -> str:
 
 def tree_version(name: str, tree: Path) -> str:
     path = tree / "version.txt"
-    try:
-        return path.read_text().strip()
-    except OSError:
+    if not path.exists():
         raise CompanionError(
             f"{name}: {tree} has no version.txt; it is not a {name} source tree",
             hint=f"point companion_repos.{name} at a checkout or release archive of {REPOS[name]}",
-        ) from None
+        )
+    return read_text(path, VERSION_TXT_LIMIT, f"{name}'s version.txt", CompanionError).strip()
 
 
 def _is_git(origin: str) -> bool:
@@ -205,6 +206,21 @@ def torch_wheel_version(wheel: Path) -> Version:
         raise CompanionError(f"{wheel.name} is not a torch wheel's name ({exc})") from None
 
 
+def check_torch_wheel(wheel: Path) -> Version:
+    """The version of the torch wheel the companions are to be built against: WheelError when
+    the file is not a readable wheel, or is one of another project (a torchvision wheel)."""
+    from .verify import check_wheel_file
+
+    check_wheel_file(wheel)
+    project = canonicalize_name(parse_wheel_filename(wheel.name)[0])
+    if project != "torch":
+        raise WheelError(
+            f"--wheel {wheel} is a {project} wheel, not a torch wheel: the companions are built against torch",
+            hint="point --wheel at the torch wheel `invoke build` wrote (torch-<version>-...whl)",
+        )
+    return torch_wheel_version(wheel)
+
+
 def build_version(job: Job, torch_version: Version, local: str) -> str:
     """The companion's version: its version.txt with torch's local part (0.21.0+gh200). Release
     trees carry a development number (torchaudio's v2.6.0 tag says 2.6.0a0; the release process
@@ -308,10 +324,14 @@ def missing_requirements(target: Path) -> list[str]:
     return missing
 
 
-def check_wheel(name: str, wheel: Path, torch_dir: Path, work: Path, env: Mapping[str, str]) -> dict[str, str]:
-    """Unpack wheel beside torch_dir and run the library's check in a fresh interpreter (from
-    another directory, so the source tree is not what is imported)."""
+def check_wheel(
+    name: str, wheel: Path, torch_dir: Path, work: Path, env: Mapping[str, str], torch_version: str = ""
+) -> dict[str, str]:
+    """Unpack wheel beside torch_dir (torch_version's torch) and run the library's check in a
+    fresh interpreter (from another directory, so the source tree is not what is imported)."""
     target = work / f"check-{name}"
+    pins = {name: str(parse_wheel_filename(wheel.name)[1]), **({"torch": torch_version} if torch_version else {})}
+    env = {**env, **pipenv.keep_built(work / f"check-{name}-constraints.txt", pins, sys.executable, env)}
     _pip(
         ["install", "--no-deps", "--no-index", "--quiet", "--target", str(target), "--", str(wheel)],
         env,
@@ -341,6 +361,18 @@ def check_wheel(name: str, wheel: Path, torch_dir: Path, work: Path, env: Mappin
     if not Path(result["torch_file"]).is_relative_to(torch_dir):
         raise CompanionError(f"{name}: its check imported torch from {result['torch_file']}, not the built one")
     return result
+
+
+def unpack_torch(torch_wheel: Path, torch_dir: Path, env: Mapping[str, str], work: Path) -> None:
+    """The torch wheel unpacked into torch_dir, whatever a site's pip configuration pins torch
+    to (pipenv.keep_built: its constraint would refuse any other torch)."""
+    pins = {"torch": str(torch_wheel_version(torch_wheel))}
+    env = {**env, **pipenv.keep_built(work / "torch-constraints.txt", pins, sys.executable, env)}
+    _pip(
+        ["install", "--no-deps", "--no-index", "--quiet", "--target", str(torch_dir), "--", str(torch_wheel)],
+        env,
+        f"unpacking {torch_wheel.name}",
+    )
 
 
 def _pip(args: Sequence[str], env: Mapping[str, str], what: str) -> None:
@@ -394,11 +426,7 @@ def build_all(spec: BuildSpec, req: Request, out: TextIO = sys.stdout) -> list[P
             spec, cache_root=req.cache_root, jobs=plan.jobs, nvcc_threads=plan.nvcc_threads or None, backend=req.backend
         )
         print(f"companions: unpacking {torch_wheel.name} to build against it", file=out, flush=True)
-        _pip(
-            ["install", "--no-deps", "--no-index", "--quiet", "--target", str(torch_dir), "--", str(torch_wheel)],
-            {**os.environ, **base},
-            f"unpacking {torch_wheel.name}",
-        )
+        unpack_torch(torch_wheel, torch_dir, {**os.environ, **base}, work)
         shims = ccache_shims(work / "ccache-bin", spec)
         for job in req.jobs:
             wheels.append(
@@ -486,7 +514,7 @@ def _build_one(
             if canonicalize_name(name) != canonicalize_name(job.name) or got != Version(version):
                 raise CompanionError(f"{job.name}: pip built {built[0].name}, not {job.name} {version}")
             normalized = normalize_wheel(built[0], int(env_vars["SOURCE_DATE_EPOCH"]))
-            checked = check_wheel(job.name, built[0], torch_dir, work, env)
+            checked = check_wheel(job.name, built[0], torch_dir, work, env, str(torch_version))
             tee.line(f"{job.name}: {checked['op']} (torch from {checked['torch_file']})")
             final = out_dir / built[0].name
             with named_os_errors(final, "moving the companion wheel into place"):

@@ -28,14 +28,17 @@ from packaging.version import InvalidVersion, Version
 
 from .config import BuildSpec, spec_from_dict
 from .environment import build_env
-from .errors import BuildFailed, named_os_errors
+from .errors import BuildFailed, PathError, TorchbuildError, named_os_errors
 from .jobs import HostResources, plan_for
 from .oom import JobsUsed, run_compile
+from .problems import Problems
 from .report import mark, read_ninja_log
+from .safeio import KiB, read_text
 
 BASE_PTH = "torchbuild-base.pth"
 # PyTorch's CONTRIBUTING moved from `setup.py develop` to `pip install -e .` for 2.8
 PIP_EDITABLE_FROM = Version("2.8")
+VERSION_TXT_LIMIT = 64 * KiB  # a version.txt holds one line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,8 +67,8 @@ class Request:
 def mode_for(tree: Path) -> str:
     """'setup.py' for a PyTorch tree older than 2.8 (version.txt), else 'pip'."""
     try:
-        version = Version((tree / "version.txt").read_text().strip())
-    except (OSError, InvalidVersion):
+        version = Version(read_text(tree / "version.txt", VERSION_TXT_LIMIT, "the tree's version.txt").strip())
+    except (TorchbuildError, InvalidVersion):  # none, or not one (a FIFO, a huge file): pip's way
         return "pip"
     return "pip" if version.release[:2] >= PIP_EDITABLE_FROM.release[:2] else "setup.py"
 
@@ -192,6 +195,23 @@ def run_develop_step(payload: Mapping[str, Any]) -> int:
     return 0
 
 
+def check_venv_path(venv: Path) -> Path:
+    """venv, when it can be the develop venv: a venv, an empty directory or a new path.
+    PathError for a file, or a directory holding other things (nothing is installed there)."""
+    with named_os_errors(venv, "--venv"):
+        if venv.exists() and not venv.is_dir():
+            raise PathError(
+                f"--venv {venv} is a file, not a venv directory",
+                hint="give a venv directory, or a path that does not exist yet (the venv is made there)",
+            )
+        if venv.is_dir() and any(venv.iterdir()) and not (venv / "pyvenv.cfg").is_file():
+            raise PathError(
+                f"--venv {venv} is a directory but not a venv (no pyvenv.cfg)",
+                hint="give a venv, an empty directory or a new path (torchbuild does not install among other files)",
+            )
+    return venv
+
+
 def default_venv(spec: BuildSpec, tree: Path, cache: Path) -> Path:
     """<cache>/venvs/develop-<profile>-<tree name>-<hash of the tree's path>: one per tree and profile."""
     import hashlib
@@ -210,21 +230,27 @@ def develop_with(
     jobs: int = 0,
     oom_retry: bool = True,
     out: TextIO = sys.stdout,
+    problems: Problems | None = None,
 ) -> Path:
     """Check, then run the develop step with `backend`. The tree and the venv are seen at their
     own paths in the image or SIF too: an editable install records absolute paths. The log goes
-    to <cache>/develop/logs."""
+    to <cache>/develop/logs. Every check's failure is named at once (with those already in
+    problems, the task's own)."""
     from .backends import Binds
     from .errors import SourceError, writable_dir
     from .source import describe_dir
 
-    backend.check()
-    describe_dir(tree)  # SourceError when it is no project tree
-    if not os.access(tree, os.W_OK):
-        raise SourceError(f"{tree} is not writable: a development install builds in its build/ directory")
+    problems = problems or Problems()
+    problems.check(backend.check)
+    # SourceError when it is no project tree
+    if problems.check(lambda: describe_dir(tree)) is not None and not os.access(tree, os.W_OK):
+        problems.add(SourceError(f"{tree} is not writable: a development install builds in its build/ directory"))
     venv = (venv or default_venv(spec, tree, cache)).absolute()
-    writable_dir(venv.parent, "--venv's directory")
-    logs = writable_dir(cache / "develop" / "logs", "cache_dir")
+    if problems.check(lambda: check_venv_path(venv)) is not None:
+        problems.check(lambda: writable_dir(venv.parent, "--venv's directory"))
+    logs = problems.check(lambda: writable_dir(cache / "develop" / "logs", "cache_dir"))
+    problems.raise_any()
+    assert logs is not None
     binds = Binds(cache=cache, out=logs, extra=(tree, venv.parent))
     view = backend.view(binds)
     log = view.out / f"develop-{spec.profile}-{tree.name}-{time.strftime('%Y%m%d-%H%M%S')}.log"

@@ -45,6 +45,7 @@ from .environment import runtime_env
 from .errors import InstallFailed, PathError, ToolMissing, UsageError, named_os_errors, writable_dir
 from .manifest import INSTALL_MANIFEST, InstallManifest, MpiRecord, WheelRecord, read_install, write_install
 from .modulefiles import ModuleInfo, add_activate_hook, write_modulefiles
+from .pipenv import keep_built
 from .wheelhouse import WheelFile, add_wheels, check_mix, wheels_in
 
 # a prefix ends up in shebangs, PATH, apptainer --bind and modulefiles: keep it to plain characters
@@ -276,6 +277,8 @@ class _Step:
         self._call([base, "-m", "venv", str(self.prefix)], "creating the venv")
         pins = [f"{w['project']}=={w['version']}" for w in self.req["wheels"]]
         house = self.req["wheelhouse"]
+        built = {str(w["project"]): str(w["version"]) for w in self.req["wheels"]}
+        self.env.update(keep_built(Path(house, "torchbuild-constraints.txt"), built, str(self.py), self.env))
         _say(f"installing {', '.join(pins)} from the local wheelhouse")
         self._pip(["install", "--no-index", "--find-links", house, "--no-deps", "--", *pins], "installing the wheels")
         extra = other_packages(self.spec)

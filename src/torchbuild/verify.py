@@ -31,9 +31,9 @@ from packaging.tags import Tag, compatible_tags, cpython_tags, sys_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from . import console, probe
+from . import console, pipenv, probe
 from .config import BuildSpec
-from .errors import UsageError, WheelError, named_os_errors
+from .errors import TorchbuildError, UsageError, WheelError, named_os_errors
 
 PROBE = Path(probe.__file__)  # run by path in the interpreter under test, which lacks torchbuild
 WHEEL_METADATA = re.compile(r"[^/]+\.dist-info/WHEEL")
@@ -187,13 +187,17 @@ def _install(wheel: Path, root: Path, base: str = sys.executable) -> tuple[str, 
         plain = root / "wheel" / wheel.name
         plain.parent.mkdir()
         plain.symlink_to(wheel.absolute())
+        # a site's pip constraint (torch==<the site's>) would refuse the wheel: pin it instead
+        name, version, _, _ = parse_wheel_filename(wheel.name)
+        env = {**os.environ}
+        env.update(pipenv.keep_built(root / "constraints.txt", {name: str(version)}, sys.executable, env))
         proc = subprocess.run(
             [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--no-index", "--", str(plain)],
-            capture_output=True, text=True, check=False,
+            capture_output=True, text=True, env=env, check=False,
         )  # fmt: skip
     except subprocess.CalledProcessError as exc:
         return "", f"no fresh venv: {exc.stderr or exc}"
-    except OSError as exc:
+    except (OSError, TorchbuildError) as exc:
         return "", f"no fresh venv: {exc}"
     return (python, "") if proc.returncode == 0 else ("", proc.stderr)
 

@@ -29,6 +29,7 @@ from torchbuild.backends.apptainer import run_args, sif_record
 from torchbuild.backends.native import NativeBackend
 from torchbuild.comms import (
     COMMS_MANIFEST,
+    HEADER_LIMIT,
     Source,
     _Step,
     comms,
@@ -39,6 +40,7 @@ from torchbuild.comms import (
     link_env,
     nccl_version_of,
     plugin_symbols,
+    read_manifest,
     run_comms_step,
     unresolved,
     version_code,
@@ -49,6 +51,7 @@ from torchbuild.errors import CommsFailed, ProfileError, SifError, SourceError, 
 from torchbuild.image import apt_packages, comms_packages, tree_digest
 from torchbuild.runner import _comms as runner_comms
 from torchbuild.runner import comms_for_verify
+from torchbuild.safeio import MANIFEST_LIMIT
 from torchbuild.sif import SIF_COMMS, definition, environment_section, runtime_hash
 from torchbuild.source import sha256_file
 from torchbuild.verify import comms_checks
@@ -516,6 +519,24 @@ def test_nccl_from_source_needs_nvcc_under_cuda_home(tmp_path):
     spec = resolve("cpu", [*CUDA, "nccl=source", f"cuda_home={tmp_path / 'no-cuda'}"])
     with pytest.raises(ToolMissing, match=re.escape(str(tmp_path / "no-cuda" / "bin" / "nvcc"))):
         _step(spec, tmp_path, nccl=True, plugin=False)._check_before_compiling()
+
+
+def test_a_fabric_h_larger_than_any_header_is_named_not_read(tmp_path):
+    fabric = _libfabric(tmp_path / "libfabric", 2, 1)
+    with (fabric / "include" / "rdma" / "fabric.h").open("r+b") as f:
+        f.truncate(HEADER_LIMIT + 1)  # sparse: nothing is written
+    with pytest.raises(ProfileError, match=r"fabric.h is 4 MiB, more than the 4 MiB"):
+        _step(_plugin_spec(tmp_path, fabric, "1.17.1"), tmp_path)._check_before_compiling()
+
+
+def test_a_comms_manifest_larger_than_any_written_is_named_not_read(tmp_path):
+    path = tmp_path / "x" / COMMS_MANIFEST
+    path.parent.mkdir()
+    with path.open("wb") as f:
+        f.truncate(MANIFEST_LIMIT + 1)
+    with pytest.raises(CommsFailed, match=r"more than the 64 MiB") as exc:
+        read_manifest(path)
+    assert f"remove {path.parent}" in (exc.value.hint or "")
 
 
 def test_a_refused_step_leaves_no_partial_and_no_prefix(tmp_path):

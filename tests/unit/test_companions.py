@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -15,7 +16,7 @@ import venv
 from pathlib import Path
 
 import pytest
-from helpers import make_wheel
+from helpers import isolated_pip_env, make_wheel
 from packaging.version import Version
 
 from torchbuild import bench as benchmod
@@ -144,6 +145,24 @@ def test_a_tree_without_version_txt_is_not_taken_for_a_companion(tmp_path):
         companions.fetch(spec, tmp_path / "cache", out=io.StringIO())
 
 
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda p: os.mkfifo(p), "not a regular file"),
+        (lambda p: p.mkdir(), "is a directory"),
+        (lambda p: p.write_bytes(b"0" * (companions.VERSION_TXT_LIMIT + 1)), "more than the 64 KiB"),
+    ],
+    ids=["fifo", "directory", "huge"],
+)
+def test_a_version_txt_that_is_no_small_file_is_named_not_read(tmp_path, make, says):
+    tree = tmp_path / "vision"
+    tree.mkdir()
+    make(tree / "version.txt")
+    spec = resolve("cpu", ["companions=[torchvision]", f'companion_repos={{"torchvision": "{tree}"}}'])
+    with pytest.raises(CompanionError, match=says):
+        companions.fetch(spec, tmp_path / "cache", out=io.StringIO())
+
+
 def test_a_ref_for_an_archive_is_refused(tmp_path):
     archive, _ = _archive(tmp_path, "vision-0.21.0", "0.21.0")
     spec = resolve(
@@ -250,6 +269,11 @@ def test_develop_uses_setup_py_develop_for_trees_older_than_2_8(tmp_path, text, 
     assert mode_for(tmp_path) == mode
 
 
+def test_develop_takes_a_version_txt_that_is_a_fifo_for_none(tmp_path):
+    os.mkfifo(tmp_path / "version.txt")  # reading it would wait for a writer forever
+    assert mode_for(tmp_path) == "pip"
+
+
 def test_the_develop_venv_sees_the_build_interpreter_s_packages(tmp_path):
     """A venv made from a venv (the image's /opt/venv) sees that venv's packages through a .pth."""
     lines: list[str] = []
@@ -271,12 +295,16 @@ def test_constraints_pin_exactly_what_is_installed():
         "torch": {"version": "2.6.0+gh200", "location": "/x"},
         "torchvision": {"version": "0.21.0+gh200", "location": "/x"},
     }
-    assert benchmod.constraints_text(found) == "torch==2.6.0+gh200\ntorchvision==0.21.0+gh200\n"
+    assert benchmod.constraints_text(found) == "torch===2.6.0+gh200\ntorchvision===0.21.0+gh200\n"
 
 
 @pytest.fixture
-def fake_torch_venv(tmp_path):
-    """A venv with an installed 'torch' 9.9.9+built (a package and its dist-info, as pip leaves them)."""
+def fake_torch_venv(tmp_path, monkeypatch):
+    """A venv with an installed 'torch' 9.9.9+built (a package and its dist-info, as pip leaves
+    them); pip sees no site configuration (this machine's find-links and constraint)."""
+    for key in [k for k in os.environ if k.startswith("PIP_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     env = tmp_path / "venv"
     venv.create(env, with_pip=True)
     site = Path(
@@ -312,7 +340,13 @@ def test_without_the_constraint_that_install_would_replace_torch(tmp_path, fake_
     """The stand-in's own behaviour: what bench protects against really happens without it."""
     tree = tmp_path / "bench"
     _upgrading_install(tree, tmp_path / "house")
-    subprocess.run([str(fake_torch_venv / "bin" / "python"), "install.py"], cwd=tree, check=True, capture_output=True)
+    subprocess.run(
+        [str(fake_torch_venv / "bin" / "python"), "install.py"],
+        cwd=tree,
+        env=isolated_pip_env(),
+        check=True,
+        capture_output=True,
+    )
     assert benchmod.pinned_packages(fake_torch_venv / "bin" / "python")["torch"]["version"] == "10.0"
 
 
@@ -323,7 +357,7 @@ def test_bench_install_keeps_the_built_torch_when_torchbench_asks_for_the_newest
     result = benchmod.bench(benchmod.Request(venv=str(fake_torch_venv), benchmark=str(tree)), out=out)
     assert benchmod.pinned_packages(fake_torch_venv / "bin" / "python")["torch"]["version"] == "9.9.9+built"
     assert "Requirement already satisfied: torch" in out.getvalue()
-    assert (fake_torch_venv / "torchbuild-constraints.txt").read_text() == "torch==9.9.9+built\n"
+    assert (fake_torch_venv / "torchbuild-constraints.txt").read_text() == "torch===9.9.9+built\n"
     assert result["torch"]["version"] == "9.9.9+built" and "install_s" in result
 
 

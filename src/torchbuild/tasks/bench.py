@@ -8,9 +8,10 @@ from pathlib import Path
 from invoke.context import Context
 
 from ..backends import Binds
-from ..bench import DEFAULT_REPO, Request
+from ..bench import DEFAULT_REPO, Request, check_venv
 from ..config import cache_dir
-from ..errors import UsageError, writable_dir
+from ..errors import SourceError, UsageError, writable_dir
+from ..problems import Problems
 from ..source import describe_dir, fetch_git, looks_like_url
 from .common import Launch, launch_task
 
@@ -41,24 +42,31 @@ def bench(
     """Install torchbench against the built torch without letting pip replace it, and run it with --args."""
     if not venv:
         raise UsageError("--venv is required", hint="invoke bench --venv ~/envs/torch-2.6 --args 'resnet50 -d cpu'")
-    spec = launch.spec()
-    backend = launch.backend(spec)
-    backend.check()
-    cache = writable_dir(cache_dir(spec), "cache_dir")
+    # everything local first (the venv, --args, a local tree, the profile, the engine, the
+    # cache), all of it named at once; only then the clone
+    problems = Problems()
+    prefix = Path(venv).expanduser().absolute()
+    problems.check(lambda: check_venv(prefix))
+    words = problems.check(lambda: _words(args))
     origin = benchmark or DEFAULT_REPO
     local = Path(origin).expanduser().absolute()
-    if looks_like_url(origin) and not local.is_dir():
+    remote = looks_like_url(origin) and not local.is_dir()
+    tree_ok = not remote and problems.check(lambda: describe_dir(local)) is not None
+    if tree_ok and words and not (local / script).is_file():
+        problems.add(SourceError(f"{local} has no {script}: is it a torchbench checkout?"))
+    spec = problems.check(launch.spec)
+    backend = problems.check(lambda: launch.backend(spec)) if spec else None
+    if backend:
+        problems.check(backend.check)
+    cache = problems.check(lambda: writable_dir(cache_dir(spec), "cache_dir")) if spec else None
+    problems.raise_any()
+    assert backend is not None and cache is not None and words is not None
+    if remote:
         tree = cache / "src" / f"benchmark-{ref.replace('/', '_')}"
         if not tree.is_dir():
             fetch_git(origin, ref, tree, cache)
     else:
         tree = local
-        describe_dir(tree)
-    try:
-        words = tuple(shlex.split(args))
-    except ValueError as exc:
-        raise UsageError(f"--args {args!r} is not shell-quoted text ({exc})", hint="quote it as one string") from None
-    prefix = Path(venv).expanduser().absolute()
     # the venv and the tree at their own paths (a venv is not relocatable)
     binds = Binds(cache=cache, out=writable_dir(cache / "bench", "cache_dir"), extra=(tree, prefix))
     req = Request(
@@ -70,3 +78,10 @@ def bench(
         args=words,
     )
     backend.run("bench", req.to_dict(), binds)
+
+
+def _words(args: str) -> tuple[str, ...]:
+    try:
+        return tuple(shlex.split(args))
+    except ValueError as exc:
+        raise UsageError(f"--args {args!r} is not shell-quoted text ({exc})", hint="quote it as one string") from None

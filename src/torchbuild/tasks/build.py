@@ -12,10 +12,10 @@ from .. import companions, runner
 from ..config import cache_dir, parse_jobs_option
 from ..errors import UsageError, writable_dir
 from ..patches import load_series
+from ..problems import Problems
 from ..progress import MODES
 from ..runner import BuildOptions, describe_patches, patch_tree
 from ..source import get_source, update_tree
-from ..verify import check_wheel_file
 from .common import HELP, Launch, handles_errors, launch_task, spec_from
 
 SOURCE_HELP = "git URL, local tree, tarball or Debian .dsc (default: the profile's torch_repo at its ref)"
@@ -155,19 +155,26 @@ def companions_(c: Context, launch: Launch, wheel: str = "", jobs: str = "", no_
     """Build the profile's companions (torchvision, torchaudio, torchtext) against a torch wheel, natively, in the image or the SIF."""
     if not wheel:
         raise UsageError("--wheel is required", hint="invoke companions --wheel out/torch-2.6.0+site-....whl")
-    spec = launch.spec()
-    if not spec.companions:
-        raise UsageError(
-            f"profile {spec.profile} lists no companions", hint="--set 'companions=[torchvision, torchaudio]'"
-        )
+    # everything local first (the wheel, --jobs, the profile, the engine, the cache), all of it
+    # named at once; only then the companions' sources are fetched
+    problems = Problems()
     torch_wheel = Path(wheel).expanduser().absolute()
-    check_wheel_file(torch_wheel)
-    backend = launch.backend(spec)
-    image = backend.check()
-    cache = writable_dir(cache_dir(spec), "cache_dir")
-    torch_version = str(companions.torch_wheel_version(torch_wheel))
-    fetched = companions.fetch(spec, cache, torch_version=torch_version)
-    options = BuildOptions(jobs=parse_jobs_option(jobs), oom_retry=not no_retry)
+    torch_version = problems.check(lambda: companions.check_torch_wheel(torch_wheel))
+    max_jobs = problems.check(lambda: parse_jobs_option(jobs))
+    spec = problems.check(launch.spec)
+    if spec and not spec.companions:
+        problems.add(
+            UsageError(
+                f"profile {spec.profile} lists no companions", hint="--set 'companions=[torchvision, torchaudio]'"
+            )
+        )
+    backend = problems.check(lambda: launch.backend(spec)) if spec else None
+    image = problems.check(backend.check) if backend else None
+    cache = problems.check(lambda: writable_dir(cache_dir(spec), "cache_dir")) if spec else None
+    problems.raise_any()
+    assert spec and backend and cache and torch_version is not None and max_jobs is not None
+    fetched = companions.fetch(spec, cache, torch_version=str(torch_version))
+    options = BuildOptions(jobs=max_jobs, oom_retry=not no_retry)
     runner.companions_with(spec, backend, fetched, torch_wheel, cache=cache, options=options, image=image)
 
 

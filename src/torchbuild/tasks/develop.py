@@ -10,6 +10,7 @@ from invoke.context import Context
 from ..config import cache_dir, parse_jobs_option
 from ..develop import develop_with
 from ..errors import UsageError, writable_dir
+from ..problems import Problems
 from .common import Launch, launch_task
 
 
@@ -29,15 +30,23 @@ def develop(
         raise UsageError(
             "--source is required", hint="invoke develop --source ~/dev/pytorch (`invoke source --dest` fetches one)"
         )
-    spec = launch.spec()
-    backend = launch.backend(spec)
-    cache = writable_dir(cache_dir(spec), "cache_dir")
+    # every local check (--jobs, the profile, the engine, the cache, then develop_with's: the
+    # tree and the venv), all failures named at once
+    problems = Problems()
+    max_jobs = problems.check(lambda: parse_jobs_option(jobs))
+    spec = problems.check(launch.spec)
+    backend = problems.check(lambda: launch.backend(spec)) if spec else None
+    cache = problems.check(lambda: writable_dir(cache_dir(spec), "cache_dir")) if spec else None
+    if not (spec and backend and cache):
+        problems.raise_any()
+    assert spec and backend and cache
     develop_with(
         spec,
         backend,
         Path(source).expanduser().absolute(),
         Path(venv).expanduser() if venv else None,
         cache,
-        jobs=parse_jobs_option(jobs),
+        jobs=max_jobs or 0,
         oom_retry=not no_retry,
+        problems=problems,
     )
