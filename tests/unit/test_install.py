@@ -9,8 +9,10 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -64,7 +66,7 @@ def test_prefix_new_or_empty_is_used_as_it_is(tmp_path):
     assert check_prefix(tmp_path / "empty", force=False) is False
 
 
-def _earlier_install(prefix: Path) -> None:
+def _earlier_install(prefix: Path, recorded: str | None = None) -> None:
     prefix.mkdir()
     (prefix / "bin").mkdir()
     write_install(
@@ -75,7 +77,7 @@ def _earlier_install(prefix: Path) -> None:
             profile="cpu",
             profile_hash="h",
             engine="native",
-            prefix=str(prefix),
+            prefix=str(prefix) if recorded is None else recorded,
             python="python3",
             python_version="3.12.0",
             started="",
@@ -102,6 +104,45 @@ def test_prefix_of_an_earlier_install_is_replaced_only_with_force(tmp_path):
         check_prefix(prefix, force=False)
     assert check_prefix(prefix, force=True) is True
     assert (prefix / "bin").is_dir()  # checking removes nothing
+
+
+@pytest.mark.parametrize("recorded", ["elsewhere", "", "relative/env", "/nonexistent/env"])
+def test_prefix_holding_the_manifest_of_another_prefix_is_not_replaced_even_with_force(tmp_path, recorded):
+    """A torchbuild-install.json copied (or an environment moved) into a directory does not
+    make that directory torchbuild's: --force removes only the prefix the manifest names."""
+    if recorded == "elsewhere":
+        recorded = str(tmp_path / "elsewhere")
+        (tmp_path / "elsewhere").mkdir()
+    prefix = tmp_path / "mine"
+    _earlier_install(prefix, recorded=recorded)
+    (prefix / "thesis.tex").write_text("precious")
+    with pytest.raises(PathError, match="torchbuild did not make this directory") as info:
+        check_prefix(prefix, force=True)
+    assert info.value.status == 15
+    assert (prefix / "thesis.tex").read_text() == "precious"
+
+
+def test_prefix_reached_through_another_path_to_the_same_directory_is_replaced_with_force(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "real")
+    _earlier_install(tmp_path / "real" / "env")
+    assert check_prefix(tmp_path / "alias" / "env", force=True) is True
+
+
+@pytest.mark.parametrize("target", ["an earlier install", "an empty directory", "nothing"])
+def test_prefix_that_is_a_symbolic_link_is_refused_and_left_alone(tmp_path, target):
+    real = tmp_path / "real"
+    if target == "an earlier install":
+        _earlier_install(real)
+    elif target == "an empty directory":
+        real.mkdir()
+    link = tmp_path / "env"
+    link.symlink_to(real)
+    with pytest.raises(PathError, match="is a symbolic link") as info:
+        check_prefix(link, force=True)
+    assert str(real) in info.value.message and "OSError" not in info.value.message
+    assert link.is_symlink()
+    assert real.exists() == (target != "nothing")
 
 
 def test_prefix_whose_parent_cannot_be_a_directory_is_refused(tmp_path):
@@ -394,4 +435,47 @@ def test_a_failed_install_leaves_no_prefix_and_nothing_partial(tmp_path):
     assert done.returncode == 22, done.stdout[-3000:] + done.stderr
     assert "error: InstallFailed" in done.stderr and "Traceback" not in done.stdout + done.stderr
     assert not prefix.exists()
+    assert [p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".partial-")] == []
+
+
+@pytest.mark.parametrize("prefix_was", ["new", "an empty directory of the user's"])
+def test_sigterm_during_install_leaves_no_temporary_files_and_says_what_is_left(tmp_path, prefix_was):
+    """A batch system's SIGTERM while the venv is made: ensurepip (stopped by SIGTERM, which
+    cleans up nothing) had its temporary tree where torchbuild removes it, and the message
+    says what the interrupted install left instead of talking about ccache."""
+    mark = tmp_path / "mktemp-made"
+    shim = tmp_path / "shims" / "python-slow"
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\nmktemp -d > "{mark}.tmp" && mv "{mark}.tmp" "{mark}"\nexec sleep 60\n')
+    shim.chmod(0o755)
+    prefix = tmp_path / "env"
+    if prefix_was != "new":
+        prefix.mkdir()
+    wheel = make_wheel(tmp_path / "wheels", "tb_tiny", "0.1.0", module="tb_tiny")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    args = [str(TORCHBUILD), "install", "--prefix", str(prefix), "--wheel", str(wheel), "--out", str(tmp_path / "out")]
+    args += ["--set", f"cache_dir={tmp_path / 'cache'}", "--no-index", "--python", str(shim)]
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    made = None
+    try:
+        for _ in range(600):
+            if mark.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert mark.exists(), proc.communicate(timeout=60)
+        made = Path(mark.read_text().strip())
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        leftover = made is not None and made.exists()
+        if leftover and made is not None and not made.is_relative_to(tmp_path):
+            shutil.rmtree(made)  # what the old code left in /tmp
+    assert not leftover, f"{made} was left behind"
+    assert proc.returncode == 130, out + err
+    assert "error: BuildInterrupted: install interrupted" in err and "ccache" not in err
+    assert "run the same command again" in err and "Traceback" not in out + err
+    assert prefix.exists() == (prefix_was != "new")
+    assert not prefix.exists() or list(prefix.iterdir()) == []
     assert [p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".partial-")] == []
