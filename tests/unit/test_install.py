@@ -22,7 +22,7 @@ from packaging.utils import canonicalize_name
 from torchbuild.backends import Options, choose
 from torchbuild.backends.apptainer import run_args
 from torchbuild.config import resolve
-from torchbuild.environment import runtime_env
+from torchbuild.environment import readonly_shell_variables, runtime_env
 from torchbuild.errors import PathError, ProfileError, UsageError
 from torchbuild.install import (
     check_prefix,
@@ -237,6 +237,41 @@ def test_runtime_keys_do_not_change_the_build_but_change_the_sifs_environment():
     assert plain.hash == nccl.hash == other.hash == more.hash  # the same build: no rebuild
     assert len({runtime_hash(plain), runtime_hash(nccl), runtime_hash(other), runtime_hash(more)}) == 4
     assert runtime_hash(resolve("cpu", ["runtime_env={NCCL_NET: ofi}"])) == runtime_hash(nccl)
+
+
+@pytest.mark.parametrize("var", ["UID", "EUID", "PPID", "SHELLOPTS", "BASHOPTS", "BASH_VERSINFO", "ZSH_SUBSHELL"])
+def test_runtime_env_cannot_set_a_read_only_shell_variable(var):
+    """`export UID=5` in bin/activate fails ("readonly variable") and stops a `set -e` job."""
+    with pytest.raises(ProfileError, match=f"{var} is a read-only shell variable") as info:
+        runtime_env(resolve("cpu", [f"runtime_env={{{var}: '5', NCCL_NET: ofi}}"]))
+    assert info.value.status == 2
+
+
+def test_read_only_shell_variables_are_asked_of_bash_and_known_without_it(tmp_path, monkeypatch):
+    fake = tmp_path / "bin" / "bash"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'declare -ir SITE_RO=\"1\"'\necho 'declare -x NOT_RO=\"2\"'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(fake.parent))
+    readonly_shell_variables.cache_clear()
+    try:
+        asked = readonly_shell_variables()
+        monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+        readonly_shell_variables.cache_clear()
+        without = readonly_shell_variables()
+    finally:
+        readonly_shell_variables.cache_clear()
+    assert "SITE_RO" in asked and "NOT_RO" not in asked and "UID" in asked
+    assert {"UID", "EUID", "PPID", "SHELLOPTS", "BASHOPTS", "BASH_VERSINFO"} <= without
+
+
+def test_install_with_a_read_only_shell_variable_in_runtime_env_makes_nothing(tmp_path):
+    wheel = make_wheel(tmp_path / "wheels", "tb_tiny", "0.1.0", module="tb_tiny")
+    prefix = tmp_path / "env"
+    done = _install(tmp_path, prefix, wheel, "runtime_env={UID: '5'}")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "error: ProfileError" in done.stderr and "UID is a read-only shell variable" in done.stderr
+    assert not prefix.exists() and not (tmp_path / "out").exists()
 
 
 def test_runtime_env_must_agree_with_the_builds_own_variables():
