@@ -154,6 +154,29 @@ def choose_wheels(wheels: Sequence[Path], out_dir: Path) -> list[WheelFile]:
     return found
 
 
+def wheel_python(wheels: Sequence[WheelFile]) -> str:
+    """The Python X.Y the wheels were built for, from their CPython tags (cp311: 3.11); "" when
+    none says (pure-Python wheels). UsageError when they name different Pythons."""
+    wanted: dict[str, list[str]] = {}
+    for w in wheels:
+        versions = {_cp_version(t.interpreter) for t in w.tags} - {""}
+        if len(versions) == 1:
+            wanted.setdefault(versions.pop(), []).append(w.path.name)
+    if len(wanted) > 1:
+        shown = "; ".join(f"{v}: {', '.join(names)}" for v, names in sorted(wanted.items()))
+        raise UsageError(
+            f"the wheels were built for different Pythons ({shown}); one environment runs one Python",
+            hint="choose the wheels of one Python with --wheel W (repeatable)",
+        )
+    return next(iter(wanted), "")
+
+
+def _cp_version(interpreter: str) -> str:
+    """3.11 for the interpreter tag cp311, "" for any other tag (py3, pp310...)."""
+    m = re.fullmatch(r"cp(\d)(\d+)", interpreter)
+    return f"{m[1]}.{m[2]}" if m else ""
+
+
 def module_identity(wheels: Sequence[WheelFile], name: str = "") -> tuple[str, str]:
     """(name, version) of the modulefile: torch's version when torch is among the wheels,
     else the first wheel's project and version, with its local label after a `-`
@@ -181,6 +204,7 @@ def install(
     prefix = Path(prefix).expanduser().absolute()
     replace = check_prefix(prefix, force)
     chosen = choose_wheels(wheels, out_dir)
+    built_for = wheel_python(chosen)
     links = [_existing_dir(p, "--find-links") for p in find_links]
     if module_name and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*", module_name):
         raise UsageError(f"--module-name {module_name!r} is not a module name", hint="letters, digits, . _ + -")
@@ -206,6 +230,7 @@ def install(
         "find_links": [str(p) for p in links],
         "no_index": no_index,
         "python": python,
+        "python_version": built_for,  # the wheels' Python (their cpXY tag), not the profile's
         "cache": str(view.cache),
         "engine": backend.engine,
         "module": {"name": name, "version": version},
@@ -390,12 +415,29 @@ class _Step:
     # -- pieces
 
     def _python(self) -> str:
-        """--python, else python<python_version> on PATH (the profile's Python, as the wheel's tag)."""
-        want = self.req.get("python") or f"python{self.spec.python_version}"
-        return _on_path(
-            want,
-            f"{want} is not on PATH here: the environment needs the Python the wheels were built for",
-            "install it, load its module, or give --python /path/to/python3.X",
+        """--python, else the Python the wheels were built for (their cpXY tag; for pure-Python
+        wheels the profile's python_version): pythonX.Y on PATH, else this interpreter or the
+        image's /opt/venv-X.Y when it is X.Y. ToolMissing naming X.Y and the fix otherwise."""
+        given = self.req.get("python")
+        if given:
+            return _on_path(
+                given,
+                f"--python {given} is not a program here",
+                "give the path of a python3.X interpreter where the install runs",
+            )
+        version = str(self.req.get("python_version") or self.spec.python_version)
+        why = "the wheels were built for it" if self.req.get("python_version") else "the profile's python_version"
+        found = shutil.which(f"python{version}")
+        if found:
+            return found
+        if version == "{}.{}".format(*sys.version_info[:2]):
+            return sys.executable
+        venv = Path(f"/opt/venv-{version}/bin/python")
+        if venv.is_file():
+            return str(venv)
+        raise ToolMissing(
+            f"no Python {version} here ({why}): python{version} is not on PATH",
+            hint=f"install Python {version} or load its module, or give --python /path/to/python{version}",
         )
 
     def _mpicc(self) -> str:

@@ -8,6 +8,7 @@ import ctypes.util
 import hashlib
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -31,6 +32,7 @@ from torchbuild.install import (
     mpi4py_requirement,
     other_packages,
     wants_mpi4py,
+    wheel_python,
 )
 from torchbuild.manifest import INSTALL_MANIFEST, InstallManifest, read_install, write_install
 from torchbuild.mpiinfo import MPI_LIBRARY
@@ -514,3 +516,45 @@ def test_sigterm_during_install_leaves_no_temporary_files_and_says_what_is_left(
     assert prefix.exists() == (prefix_was != "new")
     assert not prefix.exists() or list(prefix.iterdir()) == []
     assert [p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".partial-")] == []
+
+
+def test_the_wheels_python_comes_from_their_tag_and_must_be_one(tmp_path):
+    cp311 = WheelFile.read(make_wheel(tmp_path / "a", "torch", "2.6.0", "cp311-cp311-linux_x86_64"))
+    pure = WheelFile.read(make_wheel(tmp_path / "a", "tb_pure", "1.0"))
+    cp312 = WheelFile.read(make_wheel(tmp_path / "a", "torchvision", "0.21.0", "cp312-cp312-linux_x86_64"))
+    assert wheel_python([cp311, pure]) == "3.11"
+    assert wheel_python([pure]) == ""
+    with pytest.raises(UsageError, match=r"different Pythons \(3\.11: torch-.*; 3\.12: torchvision-"):
+        wheel_python([cp311, cp312])
+
+
+def _other_python() -> str:
+    """A Python X.Y the profile may name that is not on PATH here."""
+    for version in ("3.14", "3.13", "3.12", "3.11", "3.10"):
+        if version != PYVER and shutil.which(f"python{version}") is None:
+            return version
+    pytest.skip("every Python a profile may name is on PATH here")
+
+
+@needs_python
+def test_native_install_uses_the_python_the_wheel_was_built_for_not_the_profiles(tmp_path):
+    """`invoke build` natively builds with the interpreter it runs on (here cpXY); the profile's
+    python_version is another Python, not installed here: install with the wheel's."""
+    xy = PYVER.replace(".", "")
+    wheel = make_wheel(
+        tmp_path / "wheels", "tb_tiny", "0.1.0", f"cp{xy}-cp{xy}-linux_{platform.machine()}", module="tb_tiny"
+    )
+    done = _install(tmp_path, tmp_path / "env", wheel, f"python_version={_other_python()}")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+    assert read_install(tmp_path / "env" / INSTALL_MANIFEST).python_version.startswith(PYVER + ".")
+
+
+def test_install_names_the_wheels_python_when_it_is_not_here(tmp_path):
+    version = _other_python()
+    xy = version.replace(".", "")
+    wheel = make_wheel(tmp_path / "wheels", "tb_tiny", "0.1.0", f"cp{xy}-cp{xy}-linux_{platform.machine()}")
+    done = _install(tmp_path, tmp_path / "env", wheel)
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert f"error: ToolMissing: no Python {version} here (the wheels were built for it)" in done.stderr
+    assert f"--python /path/to/python{version}" in done.stderr
+    assert not (tmp_path / "env").exists()
