@@ -9,6 +9,7 @@ and renamed; the index is rewritten from what is in the directory, each page ato
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import html
 import os
@@ -106,8 +107,26 @@ def add_wheels(dest: Path, wheels: Sequence[Path], *, allow_mixed: bool = False,
             )
     if not incoming:
         raise UsageError("no wheels to add", hint="give --wheel W (repeatable), or build one into --out first")
+    made = [d for d in (dest, *dest.parents) if not d.exists()]  # what a failure removes again
     with named_os_errors(dest, "the wheelhouse"):
         dest.mkdir(parents=True, exist_ok=True)
+    added: list[Path] = []
+    try:
+        _add(dest, incoming, allow_mixed, link, added)
+    except BaseException:
+        # the wheelhouse is left as it was: what this call made goes, with the wheels it added
+        if made:
+            shutil.rmtree(made[-1], ignore_errors=True)  # everything under it is this call's
+        elif added:
+            for f in added:
+                f.unlink(missing_ok=True)
+            with contextlib.suppress(OSError, TorchbuildError):
+                write_index(dest)  # the pages as they were, where the index was half rewritten
+        raise
+    return added
+
+
+def _add(dest: Path, incoming: list[WheelFile], allow_mixed: bool, link: bool, added: list[Path]) -> None:
     present = {w.path.name: w for w in wheels_in(dest)}
     todo = []
     for w in incoming:
@@ -123,7 +142,6 @@ def add_wheels(dest: Path, wheels: Sequence[Path], *, allow_mixed: bool = False,
     check_mix([*present.values(), *(w for w in incoming if w.path.name in names)], allow_mixed=allow_mixed)
     with named_os_errors(dest, "the wheelhouse"):
         _refuse_links(dest, {w.project for w in (*present.values(), *incoming)})
-    added = []
     for w in todo:
         final = dest / w.path.name
         tmp = dest / f"{PARTIAL}{uuid.uuid4().hex[:8]}-{w.path.name}"
@@ -131,11 +149,10 @@ def add_wheels(dest: Path, wheels: Sequence[Path], *, allow_mixed: bool = False,
             try:
                 _link_or_copy(w.path, tmp, link)
                 os.replace(tmp, final)
+                added.append(final)
             finally:
                 tmp.unlink(missing_ok=True)
-        added.append(final)
     write_index(dest)
-    return added
 
 
 def _link_or_copy(src: Path, dst: Path, link: bool) -> None:

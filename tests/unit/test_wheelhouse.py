@@ -4,8 +4,10 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -17,7 +19,7 @@ from urllib.request import url2pathname
 import pytest
 from helpers import TORCH_TAG, make_wheel
 
-from torchbuild.errors import PathError, UsageError, WheelError, WheelhouseConflict
+from torchbuild.errors import InsufficientSpace, PathError, UsageError, WheelError, WheelhouseConflict
 from torchbuild.wheelhouse import add_wheels, wheels_in
 
 TORCHBUILD = Path(sys.executable).with_name("torchbuild")
@@ -307,6 +309,41 @@ def test_a_file_that_is_no_wheel_is_refused_before_anything_is_copied(tmp_path, 
         add_wheels(dest, [good, bad(tmp_path / "bad")])
     assert info.value.status == 18
     assert not dest.exists()
+
+
+def _disk_full_after(monkeypatch, copies: int) -> None:
+    """shutil.copyfile fails as it does on a full file system after `copies` copies: ENOSPC
+    naming the source in filename and the destination in filename2."""
+    real = shutil.copyfile
+    done = []
+
+    def copyfile(src, dst, **kwargs):
+        if len(done) >= copies:
+            raise OSError(errno.ENOSPC, "No space left on device", str(src), None, str(dst))
+        done.append(dst)
+        return real(src, dst, **kwargs)
+
+    monkeypatch.setattr(shutil, "copyfile", copyfile)
+
+
+@pytest.mark.parametrize("dest_was", ["new", "new and nested", "a wheelhouse"])
+@pytest.mark.parametrize("copies", [0, 1])
+def test_a_full_disk_names_the_wheelhouse_and_leaves_it_as_it_was(tmp_path, monkeypatch, dest_was, copies):
+    dest = tmp_path / "house" if dest_was != "new and nested" else tmp_path / "a" / "b" / "house"
+    if dest_was == "a wheelhouse":
+        add_wheels(dest, [make_wheel(tmp_path / "old", "numpy", "2.0.0")])
+    before = listing(dest) if dest.exists() else None
+    src = tmp_path / "src-dir"
+    wheels = [make_wheel(src, "torch", "2.6.0+cpu", TORCH_TAG), make_wheel(src, "tb_other", "1.0")]
+    _disk_full_after(monkeypatch, copies)
+    with pytest.raises(InsufficientSpace) as info:
+        add_wheels(dest, wheels, link=False)
+    assert info.value.status == 12
+    assert str(dest) in info.value.message and str(src) not in info.value.message
+    if before is None:
+        assert not dest.exists() and not (tmp_path / "a").exists()
+    else:
+        assert listing(dest) == before
 
 
 def test_no_wheels_is_a_usage_error(tmp_path):
