@@ -354,14 +354,14 @@ class _Step:
         started, t0 = datetime.now(timezone.utc), time.monotonic()
         mpicc = self._mpicc() if wants_mpi4py(self.spec) else ""
         base = self._python()
-        self._call([base, "-m", "venv", str(self.prefix)], "creating the venv")
+        self._call([base, "-m", "venv", "--", str(self.prefix)], "creating the venv")
         pins = [f"{w['project']}=={w['version']}" for w in self.req["wheels"]]
         house = self.req["wheelhouse"]
         _say(f"installing {', '.join(pins)} from the local wheelhouse")
-        self._pip(["install", "--no-index", "--find-links", house, "--no-deps", *pins], "installing the wheels")
+        self._pip(["install", "--no-index", "--find-links", house, "--no-deps", "--", *pins], "installing the wheels")
         extra = other_packages(self.spec)
         _say("installing their dependencies" + (f" and {', '.join(extra)}" if extra else ""))
-        self._pip(["install", "--find-links", house, *self.index, *pins, *extra], "installing dependencies")
+        self._pip(["install", "--find-links", house, *self.index, "--", *pins, *extra], "installing dependencies")
         mpi = None
         if mpicc:
             mpi = self._mpi4py(mpicc)
@@ -452,7 +452,7 @@ class _Step:
         req = mpi4py_requirement(self.spec)
         _say(f"building {req} from source with MPICC={mpicc}")
         self._pip(
-            ["install", "--no-binary", MPI4PY, "--no-cache-dir", *self.index, req],
+            ["install", "--no-binary", MPI4PY, "--no-cache-dir", *self.index, "--", req],
             "building mpi4py",
             env={"MPICC": mpicc},
         )
