@@ -9,8 +9,12 @@ what the build gets. The image sets no build variable of its own.
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import shlex
+import shutil
+import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -139,13 +143,66 @@ def format_env(env: dict[str, str]) -> str:
     return "\n".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
 
 
+# Variables a shell will not take from `export NAME=value` in bin/activate or a modulefile's
+# shell code ("readonly variable", which stops a `set -e` job): bash's read-only variables,
+# asked of bash itself where it is installed (`readonly_shell_variables`), and these as well
+# (bash's where there is no bash, and zsh's read-only specials).
+READONLY_FALLBACK = frozenset(
+    {
+        "BASHOPTS",
+        "BASH_VERSINFO",
+        "EUID",
+        "PPID",
+        "SHELLOPTS",
+        "UID",
+        "ARGC",
+        "HISTCMD",
+        "TTYIDLE",
+        "ZSH_ARGZERO",
+        "ZSH_EVAL_CONTEXT",
+        "ZSH_SUBSHELL",
+    }
+)
+_DECLARED_READONLY = re.compile(r"^declare -[A-Za-z]*r[A-Za-z]* ([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)
+
+
+@functools.lru_cache(maxsize=1)
+def readonly_shell_variables() -> frozenset[str]:
+    """The names runtime_env cannot set: bash's `readonly -p` in a clean shell, and
+    READONLY_FALLBACK."""
+    names = set(READONLY_FALLBACK)
+    bash = shutil.which("bash")
+    if bash:
+        try:
+            proc = subprocess.run(
+                [bash, "--norc", "--noprofile", "-c", "readonly -p"],
+                capture_output=True,
+                text=True,
+                env={"PATH": os.defpath},
+                timeout=10,
+                check=False,
+            )
+            names.update(_DECLARED_READONLY.findall(proc.stdout))
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return frozenset(names)
+
+
 def runtime_env(spec: BuildSpec) -> dict[str, str]:
     """The profile's runtime_env: what jobs that run torch need (NCCL_*, FI_*, MPICH_*...), set
     by the install's activate script and modulefiles and by the SIF's %environment. It is kept
     apart from the build's: a variable the build also sets must have the same value in both,
-    or the SIF would build with the runtime's (ProfileError)."""
+    or the SIF would build with the runtime's (ProfileError); a read-only shell variable (UID,
+    SHELLOPTS...) is a ProfileError too."""
     from .errors import ProfileError
 
+    readonly = sorted(set(spec.runtime_env) & readonly_shell_variables())
+    if readonly:
+        raise ProfileError(
+            f"{spec.origins.get('runtime_env', 'runtime_env')}: key 'runtime_env': {', '.join(readonly)} "
+            "is a read-only shell variable: sourcing bin/activate (or loading the module) would fail",
+            hint=f"leave {readonly[0]} out of runtime_env (the shell sets it itself)",
+        )
     build = _compile_env(spec, "/cache", 1, None)
     clash = sorted(k for k, v in spec.runtime_env.items() if k in build and build[k] != v)
     if clash:

@@ -306,7 +306,15 @@ def named_os_errors(path: StrPath, what: str) -> Iterator[None]:
     except TorchbuildError:
         raise
     except OSError as exc:
-        raise os_fault(exc, getattr(exc, "filename", None) or path, what) from exc
+        raise os_fault(exc, fault_path(exc) or path, what) from exc
+
+
+def fault_path(exc: OSError) -> StrPath | None:
+    """The path an OSError is about: for a full disk the destination of a copy, rename or link
+    (filename2; shutil.copyfile names the source in filename), else its filename."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT) and getattr(exc, "filename2", None):
+        return exc.filename2  # type: ignore[no-any-return]
+    return getattr(exc, "filename", None)
 
 
 def writable_dir(path: StrPath, what: str) -> Path:

@@ -42,10 +42,11 @@ from . import __version__, console
 from .backends import PARTIAL_PREFIX, Backend, Binds
 from .config import BuildSpec, cache_dir, spec_from_dict
 from .environment import runtime_env
-from .errors import InstallFailed, PathError, ToolMissing, UsageError, named_os_errors, writable_dir
+from .errors import BuildInterrupted, InstallFailed, PathError, ToolMissing, UsageError, named_os_errors, writable_dir
 from .manifest import INSTALL_MANIFEST, InstallManifest, MpiRecord, WheelRecord, read_install, write_install
 from .modulefiles import ModuleInfo, add_activate_hook, write_modulefiles
 from .pipenv import keep_built
+from .process import interrupts_unwind
 from .wheelhouse import WheelFile, add_wheels, check_mix, wheels_in
 
 # a prefix ends up in shebangs, PATH, apptainer --bind and modulefiles: keep it to plain characters
@@ -78,14 +79,21 @@ def other_packages(spec: BuildSpec) -> list[str]:
 
 def check_prefix(prefix: Path, force: bool) -> bool:
     """Whether prefix must be replaced (an earlier torchbuild install, with force). PathError
-    for characters a venv cannot live under, an existing non-empty directory that torchbuild
-    did not install (never removed), or an earlier install without --force."""
+    for characters a venv cannot live under, a symbolic link, an existing non-empty directory
+    that torchbuild did not install at this path (never removed: its torchbuild-install.json
+    must name this prefix), or an earlier install without --force."""
     if _PREFIX_BAD.search(str(prefix)):
         raise PathError(
             f"--prefix {prefix}: whitespace, quotes, '$', '`', ':' and ',' cannot be used in an environment's path",
             hint="venv scripts' shebangs, PATH and apptainer --bind cannot hold them; choose a plain path",
         )
     with named_os_errors(prefix, "--prefix"):
+        if prefix.is_symlink():
+            raise PathError(
+                f"--prefix {prefix} is a symbolic link (to {os.readlink(prefix)})",
+                hint="give the directory it points to as --prefix: a venv records its own path, and torchbuild "
+                "never replaces a link",
+            )
         if not prefix.exists():
             writable_dir(prefix.parent, "the parent of --prefix")
             return False
@@ -98,13 +106,32 @@ def check_prefix(prefix: Path, force: bool) -> bool:
                 f"--prefix {prefix} is not empty and holds no {INSTALL_MANIFEST}: torchbuild did not make it",
                 hint="choose a new directory (torchbuild never removes what it did not install)",
             )
-    read_install(prefix / INSTALL_MANIFEST)  # a manifest we cannot read is not ours to remove
+    made = read_install(prefix / INSTALL_MANIFEST)  # a manifest we cannot read is not ours to remove
+    if not _same_dir(made.prefix, prefix):
+        raise PathError(
+            f"--prefix {prefix} holds a {INSTALL_MANIFEST} of the environment at {made.prefix or '(no prefix)'}: "
+            "torchbuild did not make this directory (it was copied or moved here)",
+            hint="choose a new directory (torchbuild never removes what it did not install)",
+        )
     if not force:
         raise PathError(
             f"--prefix {prefix} already holds an environment torchbuild installed",
             hint="add --force to replace it, or choose another --prefix",
         )
     return True
+
+
+def _same_dir(recorded: str, prefix: Path) -> bool:
+    """Whether the prefix an install manifest records is prefix (the same path, or the same
+    directory reached through another path)."""
+    if not recorded or not os.path.isabs(recorded):
+        return False
+    if os.path.normpath(recorded) == os.path.normpath(prefix):
+        return True
+    try:
+        return os.path.samefile(recorded, prefix)
+    except OSError:
+        return False
 
 
 def choose_wheels(wheels: Sequence[Path], out_dir: Path) -> list[WheelFile]:
@@ -126,6 +153,29 @@ def choose_wheels(wheels: Sequence[Path], out_dir: Path) -> list[WheelFile]:
             )
     check_mix(found, what="the environment")
     return found
+
+
+def wheel_python(wheels: Sequence[WheelFile]) -> str:
+    """The Python X.Y the wheels were built for, from their CPython tags (cp311: 3.11); "" when
+    none says (pure-Python wheels). UsageError when they name different Pythons."""
+    wanted: dict[str, list[str]] = {}
+    for w in wheels:
+        versions = {_cp_version(t.interpreter) for t in w.tags} - {""}
+        if len(versions) == 1:
+            wanted.setdefault(versions.pop(), []).append(w.path.name)
+    if len(wanted) > 1:
+        shown = "; ".join(f"{v}: {', '.join(names)}" for v, names in sorted(wanted.items()))
+        raise UsageError(
+            f"the wheels were built for different Pythons ({shown}); one environment runs one Python",
+            hint="choose the wheels of one Python with --wheel W (repeatable)",
+        )
+    return next(iter(wanted), "")
+
+
+def _cp_version(interpreter: str) -> str:
+    """3.11 for the interpreter tag cp311, "" for any other tag (py3, pp310...)."""
+    m = re.fullmatch(r"cp(\d)(\d+)", interpreter)
+    return f"{m[1]}.{m[2]}" if m else ""
 
 
 def module_identity(wheels: Sequence[WheelFile], name: str = "") -> tuple[str, str]:
@@ -155,6 +205,7 @@ def install(
     prefix = Path(prefix).expanduser().absolute()
     replace = check_prefix(prefix, force)
     chosen = choose_wheels(wheels, out_dir)
+    built_for = wheel_python(chosen)
     links = [_existing_dir(p, "--find-links") for p in find_links]
     if module_name and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*", module_name):
         raise UsageError(f"--module-name {module_name!r} is not a module name", hint="letters, digits, . _ + -")
@@ -164,6 +215,9 @@ def install(
     cache = writable_dir(cache_dir(spec), "cache_dir")
     run_id = uuid.uuid4().hex[:12]
     stage = out_dir / f"{PARTIAL_PREFIX}{run_id}-wheelhouse"
+    # TMPDIR of the step's processes (ensurepip's and pip's temporary trees): a process stopped
+    # by SIGTERM cleans up nothing, so they go where this call removes them on every way out
+    tmp = out_dir / f"{PARTIAL_PREFIX}{run_id}-tmp"
     name, version = module_identity(chosen, module_name)
     binds = Binds(cache=cache, out=out_dir, extra=(prefix, *links))
     view = backend.view(binds)
@@ -172,31 +226,56 @@ def install(
         "spec": spec.to_dict(),
         "prefix": str(prefix),
         "wheelhouse": str(view.out / stage.name),
+        "tmp": str(view.out / tmp.name),
         "wheels": [{"file": w.path.name, "project": str(w.project), "version": str(w.version)} for w in chosen],
         "find_links": [str(p) for p in links],
         "no_index": no_index,
         "python": python,
+        "python_version": built_for,  # the wheels' Python (their cpXY tag), not the profile's
         "cache": str(view.cache),
         "engine": backend.engine,
         "module": {"name": name, "version": version},
     }
     started = time.monotonic()
+    theirs = prefix.is_dir() and not replace  # an empty directory the user made: emptied, never removed
     try:
-        add_wheels(stage, [w.path for w in chosen])
-        if replace:
-            _say(f"removing the environment torchbuild installed at {prefix} (--force)")
-            shutil.rmtree(prefix)
-        with named_os_errors(prefix, "--prefix"):
-            prefix.mkdir(exist_ok=True)
-        backend.run("install", request, binds)
+        with interrupts_unwind():
+            add_wheels(stage, [w.path for w in chosen])
+            with named_os_errors(tmp, "the install's temporary directory"):
+                tmp.mkdir(exist_ok=True)
+            if replace:
+                _say(f"removing the environment torchbuild installed at {prefix} (--force)")
+                with named_os_errors(prefix, "removing the earlier environment (--force)"):
+                    shutil.rmtree(prefix)
+            with named_os_errors(prefix, "--prefix"):
+                prefix.mkdir(exist_ok=True)
+            backend.run("install", request, binds)
+    except (KeyboardInterrupt, BuildInterrupted):
+        _undo(prefix, theirs)
+        earlier = " (the earlier environment there had been removed, --force)" if replace else ""
+        raise BuildInterrupted(
+            f"install interrupted: {prefix} was {'emptied' if theirs else 'removed'}{earlier}, "
+            "with the staged wheels and temporary files",
+            hint="nothing of this install is left: run the same command again to install from the start",
+        ) from None
     except BaseException:
-        shutil.rmtree(prefix, ignore_errors=True)
+        _undo(prefix, theirs)
         raise
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
     manifest = read_install(prefix / INSTALL_MANIFEST)
     _summary(manifest, time.monotonic() - started)
     return manifest
+
+
+def _undo(prefix: Path, keep_dir: bool) -> None:
+    """Remove what an install made at prefix: its contents, and prefix itself unless it was
+    there before (an empty directory the user made)."""
+    if keep_dir:
+        _empty(prefix)
+    else:
+        shutil.rmtree(prefix, ignore_errors=True)
 
 
 def _existing_dir(path: Path, what: str) -> Path:
@@ -266,6 +345,8 @@ class _Step:
             "PIP_NO_INPUT": "1",
         }
         self.env.pop("PYTHONHOME", None)
+        if req.get("tmp"):  # the host removes it on every way out
+            self.env["TMPDIR"] = str(req["tmp"])
         self.index = [a for p in req.get("find_links", []) for a in ("--find-links", p)]
         if req.get("no_index"):
             self.index.insert(0, "--no-index")
@@ -274,7 +355,7 @@ class _Step:
         started, t0 = datetime.now(timezone.utc), time.monotonic()
         mpicc = self._mpicc() if wants_mpi4py(self.spec) else ""
         base = self._python()
-        self._call([base, "-m", "venv", str(self.prefix)], "creating the venv")
+        self._call([base, "-m", "venv", "--", str(self.prefix)], "creating the venv")
         pins = [f"{w['project']}=={w['version']}" for w in self.req["wheels"]]
         house = self.req["wheelhouse"]
         built = {str(w["project"]): str(w["version"]) for w in self.req["wheels"]}
@@ -337,12 +418,29 @@ class _Step:
     # -- pieces
 
     def _python(self) -> str:
-        """--python, else python<python_version> on PATH (the profile's Python, as the wheel's tag)."""
-        want = self.req.get("python") or f"python{self.spec.python_version}"
-        return _on_path(
-            want,
-            f"{want} is not on PATH here: the environment needs the Python the wheels were built for",
-            "install it, load its module, or give --python /path/to/python3.X",
+        """--python, else the Python the wheels were built for (their cpXY tag; for pure-Python
+        wheels the profile's python_version): pythonX.Y on PATH, else this interpreter or the
+        image's /opt/venv-X.Y when it is X.Y. ToolMissing naming X.Y and the fix otherwise."""
+        given = self.req.get("python")
+        if given:
+            return _on_path(
+                given,
+                f"--python {given} is not a program here",
+                "give the path of a python3.X interpreter where the install runs",
+            )
+        version = str(self.req.get("python_version") or self.spec.python_version)
+        why = "the wheels were built for it" if self.req.get("python_version") else "the profile's python_version"
+        found = shutil.which(f"python{version}")
+        if found:
+            return found
+        if version == "{}.{}".format(*sys.version_info[:2]):
+            return sys.executable
+        venv = Path(f"/opt/venv-{version}/bin/python")
+        if venv.is_file():
+            return str(venv)
+        raise ToolMissing(
+            f"no Python {version} here ({why}): python{version} is not on PATH",
+            hint=f"install Python {version} or load its module, or give --python /path/to/python{version}",
         )
 
     def _mpicc(self) -> str:

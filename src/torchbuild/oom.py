@@ -10,12 +10,14 @@ job; then OutOfMemory with the peaks seen. The host side maps a containerised bu
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from .errors import BuildFailed, OutOfMemory, TorchbuildError
+from .errors import BuildFailed, InsufficientSpace, OutOfMemory, TorchbuildError
 from .jobs import cgroup_peak
 from .process import Finished, run_streamed
 
@@ -37,6 +39,47 @@ OOM_PATTERNS = [
 ]
 SIGKILLED = (137, -9)
 OOM_EXITS = (OutOfMemory.exit_code, *SIGKILLED)  # what a step's exit says about memory
+
+
+# What a process that hit a full file system (or a quota) prints: Python's OSError, the
+# compilers', the linker's, ninja's and ccache's messages all end in strerror's text.
+DISK_FULL = re.compile(r"No space left on device|Disk quota exceeded|\[Errno (?:28|122)\]")
+_PATH_IN_LINE = re.compile(r"(/[^\s'\":,;()\[\]]+)")
+
+
+def disk_full_evidence(line: str) -> str | None:
+    """The disk-full message in one output line, if it is one."""
+    text = line.strip()
+    return text[:300] if DISK_FULL.search(text) else None
+
+
+def full_file_system(evidence: str, candidates: Sequence[str]) -> tuple[Path, int | None]:
+    """The directory whose file system was full: the nearest existing directory of a path the
+    message names (a program's own path, `/usr/bin/ld: ...`, left out), else the candidate
+    with the least free space (the build tree, TMPDIR, the caches). (directory, its free bytes,
+    None where they cannot be read)."""
+    for text in _PATH_IN_LINE.findall(evidence):
+        path = Path(text)
+        if path.is_file() and os.access(path, os.X_OK):
+            continue
+        d = next((a for a in (path, *path.parents) if a.is_dir()), None)
+        if d is not None and d != Path("/"):
+            return d, _free(d)
+    best: tuple[Path, int] | None = None
+    for c in candidates:
+        free = _free(Path(c)) if c and Path(c).is_dir() else None
+        if free is not None and (best is None or free < best[1]):
+            best = (Path(c), free)
+    if best is not None:
+        return best
+    return Path(candidates[0] if candidates else "."), None
+
+
+def _free(d: Path) -> int | None:
+    try:
+        return shutil.disk_usage(d).free
+    except OSError:
+        return None
 
 
 def oom_evidence(line: str) -> str | None:
@@ -80,9 +123,10 @@ def run_watched(
     env: Mapping[str, str],
     sink: Sink,
     watch: Callable[[str], None] | None = None,
+    disk_full: list[str] | None = None,
 ) -> tuple[Finished, str | None]:
     """Run cmd with its output streamed into sink (and each line to watch); (how it finished,
-    the first OOM evidence seen)."""
+    the first OOM evidence seen). With disk_full, the first disk-full message goes into it."""
     sink.line(f"$ {' '.join(cmd)}")
     evidence: list[str] = []
 
@@ -94,6 +138,10 @@ def run_watched(
             found = oom_evidence(line)
             if found:
                 evidence.append(found)
+        if disk_full is not None and not disk_full:
+            full = disk_full_evidence(line)
+            if full:
+                disk_full.append(full)
 
     done = run_streamed(cmd, cwd=cwd, env=env, on_line=on_line)
     return done, (evidence[0] if evidence else None)
@@ -111,13 +159,26 @@ def run_compile(
     watch: Callable[[str], None] | None = None,
 ) -> float:
     """Run a compile step with jobs.current jobs; resume it with fewer after an OOM kill.
-    Returns the seconds spent over all attempts."""
+    Returns the seconds spent over all attempts. A failure that printed a disk-full message is
+    InsufficientSpace naming the file system that was full (never retried: fewer jobs need
+    the same space)."""
     total = 0.0
     while True:
-        done, evidence = run_watched(cmd_for(jobs.current), cwd=cwd, env=env_for(jobs.current), sink=sink, watch=watch)
+        env = env_for(jobs.current)
+        full: list[str] = []
+        done, evidence = run_watched(cmd_for(jobs.current), cwd=cwd, env=env, sink=sink, watch=watch, disk_full=full)
         total += done.seconds
         if done.returncode == 0:
             return total
+        if full:
+            candidates = [cwd, *(env.get(k, "") for k in ("TMPDIR", "CCACHE_DIR", "PIP_CACHE_DIR"))]
+            where, free = full_file_system(full[0], candidates)
+            left = f" ({free / 2**30:.1f} GiB free now)" if free is not None else ""
+            raise InsufficientSpace(
+                f"{what} ran out of disk space on the file system of {where}{left}: {full[0]}; log: {sink.path}",
+                hint=f"free space on the file system of {where} (or point TMPDIR, cache_dir or --out at a larger "
+                "one) and run the same command again: the build resumes where it stopped",
+            )
         evidence = evidence or (f"exit {done.returncode} (SIGKILL)" if done.returncode in SIGKILLED else None)
         if evidence is None:
             raise BuildFailed(f"{what} failed (exit {done.returncode}) after {done.seconds:.0f} s; log: {sink.path}")

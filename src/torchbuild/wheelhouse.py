@@ -9,18 +9,22 @@ and renamed; the index is rewritten from what is in the directory, each page ato
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import html
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from packaging.tags import Tag
 from packaging.utils import NormalizedName, parse_wheel_filename
 from packaging.version import Version
 
-from .errors import UsageError, WheelhouseConflict, named_os_errors
+from .errors import PathError, TorchbuildError, UsageError, WheelhouseConflict, named_os_errors
+from .safeio import MiB, read_text
 from .source import sha256_file
 from .verify import check_wheel_file
 
@@ -33,13 +37,14 @@ class WheelFile:
     path: Path
     project: NormalizedName
     version: Version
+    tags: frozenset[Tag] = frozenset()  # the interpreters and platforms it installs on
 
     @classmethod
     def read(cls, path: Path) -> WheelFile:
         """WheelError unless path is a wheel (its name and its zip's *.dist-info/WHEEL)."""
         check_wheel_file(path)
-        name, version, _build, _tags = parse_wheel_filename(path.name)
-        return cls(path, name, version)
+        name, version, _build, tags = parse_wheel_filename(path.name)
+        return cls(path, name, version, tags)
 
     @property
     def local(self) -> str:
@@ -55,18 +60,22 @@ def wheels_in(directory: Path) -> list[WheelFile]:
 
 def check_mix(wheels: Iterable[WheelFile], *, allow_mixed: bool = False, what: str = "the wheelhouse") -> None:
     """WheelhouseConflict when a project comes with more than one local label (2.6.0+gh200
-    next to 2.6.0+cpu, or next to a plain 2.6.0) and allow_mixed is false; UsageError when two
-    files carry the same project and version (pip would pick one of them at random)."""
+    next to 2.6.0+cpu, or next to a plain 2.6.0) and allow_mixed is false, or when two files
+    of one project and version share a tag (the same Python and platform: only a build number
+    or the name would tell them apart). One version for several Pythons (cp313 and cp314, what
+    `invoke build --python 3.13,3.14` writes) is fine: each interpreter installs only its own."""
     by_project: dict[str, dict[str, list[WheelFile]]] = {}
-    seen: dict[tuple[str, Version], WheelFile] = {}
+    seen: dict[tuple[str, Version], list[WheelFile]] = {}
     for w in wheels:
-        twin = seen.get((w.project, w.version))
-        if twin is not None and twin.path.name != w.path.name:
-            raise WheelhouseConflict(
-                f"{what} would hold two wheels of {w.project} {w.version}: {twin.path.name} and {w.path.name}",
-                hint="keep one of them (wheels for other Pythons or platforms go in another wheelhouse)",
-            )
-        seen[(w.project, w.version)] = w
+        for twin in seen.get((w.project, w.version), []):
+            shared = twin.tags & w.tags
+            if twin.path.name != w.path.name and shared:
+                raise WheelhouseConflict(
+                    f"{what} would hold two wheels of {w.project} {w.version} for {min(map(str, shared))}: "
+                    f"{twin.path.name} and {w.path.name}",
+                    hint="keep one of them; a wheel for the same Python and platform goes in another wheelhouse",
+                )
+        seen.setdefault((w.project, w.version), []).append(w)
         by_project.setdefault(w.project, {}).setdefault(w.local, []).append(w)
     if allow_mixed:
         return
@@ -98,8 +107,26 @@ def add_wheels(dest: Path, wheels: Sequence[Path], *, allow_mixed: bool = False,
             )
     if not incoming:
         raise UsageError("no wheels to add", hint="give --wheel W (repeatable), or build one into --out first")
+    made = [d for d in (dest, *dest.parents) if not d.exists()]  # what a failure removes again
     with named_os_errors(dest, "the wheelhouse"):
         dest.mkdir(parents=True, exist_ok=True)
+    added: list[Path] = []
+    try:
+        _add(dest, incoming, allow_mixed, link, added)
+    except BaseException:
+        # the wheelhouse is left as it was: what this call made goes, with the wheels it added
+        if made:
+            shutil.rmtree(made[-1], ignore_errors=True)  # everything under it is this call's
+        elif added:
+            for f in added:
+                f.unlink(missing_ok=True)
+            with contextlib.suppress(OSError, TorchbuildError):
+                write_index(dest)  # the pages as they were, where the index was half rewritten
+        raise
+    return added
+
+
+def _add(dest: Path, incoming: list[WheelFile], allow_mixed: bool, link: bool, added: list[Path]) -> None:
     present = {w.path.name: w for w in wheels_in(dest)}
     todo = []
     for w in incoming:
@@ -113,7 +140,8 @@ def add_wheels(dest: Path, wheels: Sequence[Path], *, allow_mixed: bool = False,
             )
     names = {w.path.name for w in todo}
     check_mix([*present.values(), *(w for w in incoming if w.path.name in names)], allow_mixed=allow_mixed)
-    added = []
+    with named_os_errors(dest, "the wheelhouse"):
+        _refuse_links(dest, {w.project for w in (*present.values(), *incoming)})
     for w in todo:
         final = dest / w.path.name
         tmp = dest / f"{PARTIAL}{uuid.uuid4().hex[:8]}-{w.path.name}"
@@ -121,11 +149,10 @@ def add_wheels(dest: Path, wheels: Sequence[Path], *, allow_mixed: bool = False,
             try:
                 _link_or_copy(w.path, tmp, link)
                 os.replace(tmp, final)
+                added.append(final)
             finally:
                 tmp.unlink(missing_ok=True)
-        added.append(final)
     write_index(dest)
-    return added
 
 
 def _link_or_copy(src: Path, dst: Path, link: bool) -> None:
@@ -148,6 +175,7 @@ def write_index(dest: Path) -> Path:
     for w in wheels:
         projects.setdefault(w.project, []).append(w)
     with named_os_errors(simple, "writing the wheelhouse index"):
+        _refuse_links(dest, projects)
         simple.mkdir(exist_ok=True)
         for project, ws in sorted(projects.items()):
             links = [
@@ -159,9 +187,49 @@ def write_index(dest: Path) -> Path:
         root = [f'    <a href="{html.escape(p)}/">{html.escape(p)}</a><br>' for p in sorted(projects)]
         _write(simple / "index.html", _page("Simple index", root))
         for stale in simple.iterdir():
-            if stale.is_dir() and stale.name not in projects:
-                shutil.rmtree(stale)
+            if stale.name not in projects and _our_page_only(stale):
+                (stale / "index.html").unlink()
+                stale.rmdir()
     return simple
+
+
+# a project page's link as _project_page writes it
+_LINK = re.compile(r'    <a href="\.\./\.\./([^"/<>]+\.whl)#sha256=[0-9a-f]{64}">\1</a><br>')
+_PAGE_LIMIT = 1 * MiB  # a page of ours lists a few wheels: far less than this
+
+
+def _our_page_only(directory: Path) -> bool:
+    """Whether directory (in simple/) holds nothing but a project page torchbuild writes for
+    it: the stale-page sweep removes those and leaves anything else (a page another tool wrote,
+    a file of the user's) as it is."""
+    if directory.is_symlink() or not directory.is_dir():
+        return False
+    try:
+        if [p.name for p in directory.iterdir()] != ["index.html"]:
+            return False
+        text = read_text(directory / "index.html", _PAGE_LIMIT, "a wheelhouse index page")
+    except (OSError, TorchbuildError):
+        return False
+    head = _page(f"Links for {directory.name}", []).split("  </body>")[0]
+    body = text[len(head) :].split("\n")
+    return (
+        text.startswith(head)
+        and text.endswith("  </body>\n</html>\n")
+        and all(_LINK.fullmatch(line) for line in body[:-3])
+        and body[-3:] == ["  </body>", "</html>", ""]
+    )
+
+
+def _refuse_links(dest: Path, projects: Iterable[str]) -> None:
+    """PathError when simple/ or a project's page directory is a symbolic link: the index is
+    written in dest only, never through a link to elsewhere."""
+    simple = dest / SIMPLE
+    for d in (simple, *(simple / p for p in projects)):
+        if d.is_symlink():
+            raise PathError(
+                f"{d} is a symbolic link: the wheelhouse's index is written in {dest} only",
+                hint=f"remove the link, or use another --dest than {dest}",
+            )
 
 
 def _page(title: str, body: list[str]) -> str:

@@ -8,9 +8,12 @@ import ctypes.util
 import hashlib
 import json
 import os
+import platform
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,7 @@ from packaging.utils import canonicalize_name
 from torchbuild.backends import Options, choose
 from torchbuild.backends.apptainer import run_args
 from torchbuild.config import resolve
-from torchbuild.environment import runtime_env
+from torchbuild.environment import readonly_shell_variables, runtime_env
 from torchbuild.errors import PathError, ProfileError, UsageError
 from torchbuild.install import (
     check_prefix,
@@ -29,6 +32,7 @@ from torchbuild.install import (
     mpi4py_requirement,
     other_packages,
     wants_mpi4py,
+    wheel_python,
 )
 from torchbuild.manifest import INSTALL_MANIFEST, InstallManifest, read_install, write_install
 from torchbuild.mpiinfo import MPI_LIBRARY
@@ -64,7 +68,7 @@ def test_prefix_new_or_empty_is_used_as_it_is(tmp_path):
     assert check_prefix(tmp_path / "empty", force=False) is False
 
 
-def _earlier_install(prefix: Path) -> None:
+def _earlier_install(prefix: Path, recorded: str | None = None) -> None:
     prefix.mkdir()
     (prefix / "bin").mkdir()
     write_install(
@@ -75,7 +79,7 @@ def _earlier_install(prefix: Path) -> None:
             profile="cpu",
             profile_hash="h",
             engine="native",
-            prefix=str(prefix),
+            prefix=str(prefix) if recorded is None else recorded,
             python="python3",
             python_version="3.12.0",
             started="",
@@ -102,6 +106,45 @@ def test_prefix_of_an_earlier_install_is_replaced_only_with_force(tmp_path):
         check_prefix(prefix, force=False)
     assert check_prefix(prefix, force=True) is True
     assert (prefix / "bin").is_dir()  # checking removes nothing
+
+
+@pytest.mark.parametrize("recorded", ["elsewhere", "", "relative/env", "/nonexistent/env"])
+def test_prefix_holding_the_manifest_of_another_prefix_is_not_replaced_even_with_force(tmp_path, recorded):
+    """A torchbuild-install.json copied (or an environment moved) into a directory does not
+    make that directory torchbuild's: --force removes only the prefix the manifest names."""
+    if recorded == "elsewhere":
+        recorded = str(tmp_path / "elsewhere")
+        (tmp_path / "elsewhere").mkdir()
+    prefix = tmp_path / "mine"
+    _earlier_install(prefix, recorded=recorded)
+    (prefix / "thesis.tex").write_text("precious")
+    with pytest.raises(PathError, match="torchbuild did not make this directory") as info:
+        check_prefix(prefix, force=True)
+    assert info.value.status == 15
+    assert (prefix / "thesis.tex").read_text() == "precious"
+
+
+def test_prefix_reached_through_another_path_to_the_same_directory_is_replaced_with_force(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "real")
+    _earlier_install(tmp_path / "real" / "env")
+    assert check_prefix(tmp_path / "alias" / "env", force=True) is True
+
+
+@pytest.mark.parametrize("target", ["an earlier install", "an empty directory", "nothing"])
+def test_prefix_that_is_a_symbolic_link_is_refused_and_left_alone(tmp_path, target):
+    real = tmp_path / "real"
+    if target == "an earlier install":
+        _earlier_install(real)
+    elif target == "an empty directory":
+        real.mkdir()
+    link = tmp_path / "env"
+    link.symlink_to(real)
+    with pytest.raises(PathError, match="is a symbolic link") as info:
+        check_prefix(link, force=True)
+    assert str(real) in info.value.message and "OSError" not in info.value.message
+    assert link.is_symlink()
+    assert real.exists() == (target != "nothing")
 
 
 def test_prefix_whose_parent_cannot_be_a_directory_is_refused(tmp_path):
@@ -196,6 +239,41 @@ def test_runtime_keys_do_not_change_the_build_but_change_the_sifs_environment():
     assert plain.hash == nccl.hash == other.hash == more.hash  # the same build: no rebuild
     assert len({runtime_hash(plain), runtime_hash(nccl), runtime_hash(other), runtime_hash(more)}) == 4
     assert runtime_hash(resolve("cpu", ["runtime_env={NCCL_NET: ofi}"])) == runtime_hash(nccl)
+
+
+@pytest.mark.parametrize("var", ["UID", "EUID", "PPID", "SHELLOPTS", "BASHOPTS", "BASH_VERSINFO", "ZSH_SUBSHELL"])
+def test_runtime_env_cannot_set_a_read_only_shell_variable(var):
+    """`export UID=5` in bin/activate fails ("readonly variable") and stops a `set -e` job."""
+    with pytest.raises(ProfileError, match=f"{var} is a read-only shell variable") as info:
+        runtime_env(resolve("cpu", [f"runtime_env={{{var}: '5', NCCL_NET: ofi}}"]))
+    assert info.value.status == 2
+
+
+def test_read_only_shell_variables_are_asked_of_bash_and_known_without_it(tmp_path, monkeypatch):
+    fake = tmp_path / "bin" / "bash"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'declare -ir SITE_RO=\"1\"'\necho 'declare -x NOT_RO=\"2\"'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(fake.parent))
+    readonly_shell_variables.cache_clear()
+    try:
+        asked = readonly_shell_variables()
+        monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+        readonly_shell_variables.cache_clear()
+        without = readonly_shell_variables()
+    finally:
+        readonly_shell_variables.cache_clear()
+    assert "SITE_RO" in asked and "NOT_RO" not in asked and "UID" in asked
+    assert {"UID", "EUID", "PPID", "SHELLOPTS", "BASHOPTS", "BASH_VERSINFO"} <= without
+
+
+def test_install_with_a_read_only_shell_variable_in_runtime_env_makes_nothing(tmp_path):
+    wheel = make_wheel(tmp_path / "wheels", "tb_tiny", "0.1.0", module="tb_tiny")
+    prefix = tmp_path / "env"
+    done = _install(tmp_path, prefix, wheel, "runtime_env={UID: '5'}")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "error: ProfileError" in done.stderr and "UID is a read-only shell variable" in done.stderr
+    assert not prefix.exists() and not (tmp_path / "out").exists()
 
 
 def test_runtime_env_must_agree_with_the_builds_own_variables():
@@ -395,3 +473,88 @@ def test_a_failed_install_leaves_no_prefix_and_nothing_partial(tmp_path):
     assert "error: InstallFailed" in done.stderr and "Traceback" not in done.stdout + done.stderr
     assert not prefix.exists()
     assert [p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".partial-")] == []
+
+
+@pytest.mark.parametrize("prefix_was", ["new", "an empty directory of the user's"])
+def test_sigterm_during_install_leaves_no_temporary_files_and_says_what_is_left(tmp_path, prefix_was):
+    """A batch system's SIGTERM while the venv is made: ensurepip (stopped by SIGTERM, which
+    cleans up nothing) had its temporary tree where torchbuild removes it, and the message
+    says what the interrupted install left instead of talking about ccache."""
+    mark = tmp_path / "mktemp-made"
+    shim = tmp_path / "shims" / "python-slow"
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\nmktemp -d > "{mark}.tmp" && mv "{mark}.tmp" "{mark}"\nexec sleep 60\n')
+    shim.chmod(0o755)
+    prefix = tmp_path / "env"
+    if prefix_was != "new":
+        prefix.mkdir()
+    wheel = make_wheel(tmp_path / "wheels", "tb_tiny", "0.1.0", module="tb_tiny")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    args = [str(TORCHBUILD), "install", "--prefix", str(prefix), "--wheel", str(wheel), "--out", str(tmp_path / "out")]
+    args += ["--set", f"cache_dir={tmp_path / 'cache'}", "--no-index", "--python", str(shim)]
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    made = None
+    try:
+        for _ in range(600):
+            if mark.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert mark.exists(), proc.communicate(timeout=60)
+        made = Path(mark.read_text().strip())
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        leftover = made is not None and made.exists()
+        if leftover and made is not None and not made.is_relative_to(tmp_path):
+            shutil.rmtree(made)  # what the old code left in /tmp
+    assert not leftover, f"{made} was left behind"
+    assert proc.returncode == 130, out + err
+    assert "error: BuildInterrupted: install interrupted" in err and "ccache" not in err
+    assert "run the same command again" in err and "Traceback" not in out + err
+    assert prefix.exists() == (prefix_was != "new")
+    assert not prefix.exists() or list(prefix.iterdir()) == []
+    assert [p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".partial-")] == []
+
+
+def test_the_wheels_python_comes_from_their_tag_and_must_be_one(tmp_path):
+    cp311 = WheelFile.read(make_wheel(tmp_path / "a", "torch", "2.6.0", "cp311-cp311-linux_x86_64"))
+    pure = WheelFile.read(make_wheel(tmp_path / "a", "tb_pure", "1.0"))
+    cp312 = WheelFile.read(make_wheel(tmp_path / "a", "torchvision", "0.21.0", "cp312-cp312-linux_x86_64"))
+    assert wheel_python([cp311, pure]) == "3.11"
+    assert wheel_python([pure]) == ""
+    with pytest.raises(UsageError, match=r"different Pythons \(3\.11: torch-.*; 3\.12: torchvision-"):
+        wheel_python([cp311, cp312])
+
+
+def _other_python() -> str:
+    """A Python X.Y the profile may name that is not on PATH here."""
+    for version in ("3.14", "3.13", "3.12", "3.11", "3.10"):
+        if version != PYVER and shutil.which(f"python{version}") is None:
+            return version
+    pytest.skip("every Python a profile may name is on PATH here")
+
+
+@needs_python
+def test_native_install_uses_the_python_the_wheel_was_built_for_not_the_profiles(tmp_path):
+    """`invoke build` natively builds with the interpreter it runs on (here cpXY); the profile's
+    python_version is another Python, not installed here: install with the wheel's."""
+    xy = PYVER.replace(".", "")
+    wheel = make_wheel(
+        tmp_path / "wheels", "tb_tiny", "0.1.0", f"cp{xy}-cp{xy}-linux_{platform.machine()}", module="tb_tiny"
+    )
+    done = _install(tmp_path, tmp_path / "env", wheel, f"python_version={_other_python()}")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+    assert read_install(tmp_path / "env" / INSTALL_MANIFEST).python_version.startswith(PYVER + ".")
+
+
+def test_install_names_the_wheels_python_when_it_is_not_here(tmp_path):
+    version = _other_python()
+    xy = version.replace(".", "")
+    wheel = make_wheel(tmp_path / "wheels", "tb_tiny", "0.1.0", f"cp{xy}-cp{xy}-linux_{platform.machine()}")
+    done = _install(tmp_path, tmp_path / "env", wheel)
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert f"error: ToolMissing: no Python {version} here (the wheels were built for it)" in done.stderr
+    assert f"--python /path/to/python{version}" in done.stderr
+    assert not (tmp_path / "env").exists()

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from torchbuild import oom
 from torchbuild.build import Tee
-from torchbuild.errors import BuildFailed, OutOfMemory
+from torchbuild.errors import BuildFailed, InsufficientSpace, OutOfMemory
 from torchbuild.jobs import GiB, HostResources, Peaks, load_measured, plan_jobs, record_measured
 from torchbuild.oom import JobsUsed, fewer_jobs, oom_evidence, run_compile
 
@@ -160,3 +161,49 @@ def test_oom_with_one_job_is_named_and_other_failures_are_not_retried(tmp_path):
     assert jobs.retries == [] and jobs.current == 4
     tee.close()
     assert fewer_jobs(3) == 1 and fewer_jobs(1) == 1
+
+
+def _fills_the_disk(tmp_path: Path, message: str) -> Path:
+    script = tmp_path / "fills"
+    script.write_text(f"#!{sys.executable}\nprint({message!r}); raise SystemExit(1)\n")
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.parametrize(
+    ("message", "full"),
+    [
+        ("OSError: [Errno 28] No space left on device: '{out}/.partial-1a2b/torch-2.6.0-cp313.whl'", "out"),
+        ("cc1plus: fatal error: error writing to {tmp}/ccXyZ.s: No space left on device", "tmp"),
+        ("/usr/bin/ld: final link failed: No space left on device", "tmp"),  # no path but the linker's
+        ("ccache: error: Failed to write: Disk quota exceeded", "tmp"),
+    ],
+)
+def test_a_full_disk_in_a_compile_step_is_insufficient_space_naming_that_file_system(
+    tmp_path, monkeypatch, message, full
+):
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    out.mkdir()
+    tmp.mkdir()
+    script = _fills_the_disk(tmp_path, message.format(out=out, tmp=tmp))
+    tee = Tee(tmp_path / "log", io.StringIO(), "raw")
+    jobs = JobsUsed(4, 4)
+    full_dir = {"out": out, "tmp": tmp}[full]
+    # the build tree is cwd; with no path in the message, the fullest candidate is named
+    monkey_free = {str(tmp_path): 10 * 2**30, str(tmp): 0, str(out): 5 * 2**30}
+    original = oom._free
+    monkeypatch.setattr(oom, "_free", lambda d: monkey_free.get(str(d), original(d)))
+    with pytest.raises(InsufficientSpace) as info:
+        run_compile(
+            lambda n: [str(script)],
+            cwd=str(tmp_path),
+            env_for=lambda n: {"TMPDIR": str(tmp)},
+            sink=tee,
+            what="pip wheel",
+            jobs=jobs,
+        )
+    tee.close()
+    assert info.value.status == 12
+    assert f"pip wheel ran out of disk space on the file system of {full_dir} " in info.value.message
+    assert "preflight" not in info.value.hint and str(full_dir) in info.value.hint
+    assert jobs.retries == [] and jobs.current == 4  # fewer jobs need the same space: no retry

@@ -4,8 +4,10 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -17,7 +19,7 @@ from urllib.request import url2pathname
 import pytest
 from helpers import TORCH_TAG, make_wheel
 
-from torchbuild.errors import UsageError, WheelError, WheelhouseConflict
+from torchbuild.errors import InsufficientSpace, PathError, UsageError, WheelError, WheelhouseConflict
 from torchbuild.wheelhouse import add_wheels, wheels_in
 
 TORCHBUILD = Path(sys.executable).with_name("torchbuild")
@@ -95,6 +97,65 @@ def test_index_leaves_out_partial_copies_and_drops_pages_of_removed_projects(tmp
     assert hrefs(dest / "simple" / "index.html") == ["newproj/"]
     assert not (dest / "simple" / "oldproj").exists()
     assert [w.path.name for w in wheels_in(dest)] == ["newproj-2.0-py3-none-any.whl"]
+
+
+def _foreign_page(simple: Path) -> Path:
+    page = simple / "numpy" / "index.html"  # another project's page, written by another tool
+    page.parent.mkdir()
+    page.write_text('<html><body><a href="https://mirror.example/numpy-2.0.0.whl">numpy</a></body></html>\n')
+    return page
+
+
+def _users_file(simple: Path) -> Path:
+    kept = simple / "private" / "keep.txt"
+    kept.parent.mkdir()
+    kept.write_text("mine")
+    return kept
+
+
+def _page_beside_a_file(simple: Path) -> Path:
+    """A page like ours, in a directory that also holds a file of the user's."""
+    dest = simple.parent
+    add_wheels(dest, [make_wheel(dest.parent / "old", "oldproj", "1.0")])
+    (dest / "oldproj-1.0-py3-none-any.whl").unlink()
+    kept = simple / "oldproj" / "notes.txt"
+    kept.write_text("mine")
+    return kept
+
+
+def _edited_page(simple: Path) -> Path:
+    """A page like ours that the user edited (a link of their own added)."""
+    dest = simple.parent
+    add_wheels(dest, [make_wheel(dest.parent / "old", "oldproj", "1.0")])
+    (dest / "oldproj-1.0-py3-none-any.whl").unlink()
+    page = simple / "oldproj" / "index.html"
+    page.write_text(
+        page.read_text().replace("  </body>", '    <a href="https://example.org/x.whl">x</a><br>\n  </body>')
+    )
+    return page
+
+
+@pytest.mark.parametrize("theirs", [_foreign_page, _users_file, _page_beside_a_file, _edited_page])
+def test_index_sweep_leaves_what_torchbuild_did_not_write(tmp_path, theirs):
+    dest = tmp_path / "house"
+    add_wheels(dest, [make_wheel(tmp_path / "a", "torch", "2.6.0+cpu", TORCH_TAG)])
+    kept = theirs(dest / "simple")
+    content = kept.read_text()
+    add_wheels(dest, [make_wheel(tmp_path / "b", "newproj", "2.0")])
+    assert kept.read_text() == content
+    assert sorted(hrefs(dest / "simple" / "index.html")) == ["newproj/", "torch/"]
+
+
+def test_index_is_not_written_through_a_symbolic_link_out_of_the_wheelhouse(tmp_path):
+    dest = tmp_path / "house"
+    add_wheels(dest, [make_wheel(tmp_path / "a", "numpy", "2.0.0")])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (dest / "simple" / "torch").symlink_to(elsewhere)
+    with pytest.raises(PathError, match="symbolic link"):
+        add_wheels(dest, [make_wheel(tmp_path / "b", "torch", "2.6.0+cpu", TORCH_TAG)])
+    assert list(elsewhere.iterdir()) == []
+    assert [w.project for w in wheels_in(dest)] == ["numpy"]  # nothing half added
 
 
 @pytest.mark.parametrize("how", ["find-links", "index-url"])
@@ -190,11 +251,35 @@ def test_two_different_wheels_with_one_name_in_one_call_are_a_conflict(tmp_path)
         add_wheels(dest, [one, two])
 
 
-def test_two_wheels_of_one_version_for_other_tags_are_refused(tmp_path):
+@pytest.mark.parametrize("together", [True, False], ids=["one call", "two calls"])
+def test_one_version_for_two_pythons_is_one_wheelhouse(tmp_path, together):
+    """What `invoke build --python 3.13,3.14` writes: each interpreter installs only its own."""
     dest = tmp_path / "house"
-    add_wheels(dest, [make_wheel(tmp_path / "a", "torch", "2.6.0+cpu", "cp313-cp313-linux_x86_64")])
-    with pytest.raises(WheelhouseConflict, match=r"two wheels of torch 2\.6\.0\+cpu"):
-        add_wheels(dest, [make_wheel(tmp_path / "b", "torch", "2.6.0+cpu", "cp312-cp312-linux_x86_64")])
+    cp313 = make_wheel(tmp_path / "a", "torch", "2.6.0+cpu", "cp313-cp313-linux_x86_64")
+    cp314 = make_wheel(tmp_path / "a", "torch", "2.6.0+cpu", "cp314-cp314-linux_x86_64")
+    if together:
+        add_wheels(dest, [cp313, cp314])
+    else:
+        add_wheels(dest, [cp313])
+        add_wheels(dest, [cp314])
+    assert sorted(w.path.name for w in wheels_in(dest)) == sorted([cp313.name, cp314.name])
+    assert len(hrefs(dest / "simple" / "torch" / "index.html")) == 2
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("cp313-cp313-linux_x86_64", "1-cp313-cp313-linux_x86_64"),  # a build number apart
+        ("py3-none-any", "py2.py3-none-any"),  # compressed tags that share one
+    ],
+)
+def test_two_wheels_of_one_version_for_the_same_python_and_platform_are_refused(tmp_path, first, second):
+    dest = tmp_path / "house"
+    add_wheels(dest, [make_wheel(tmp_path / "a", "torch", "2.6.0+cpu", first)])
+    before = listing(dest)
+    with pytest.raises(WheelhouseConflict, match=r"two wheels of torch 2\.6\.0\+cpu for "):
+        add_wheels(dest, [make_wheel(tmp_path / "b", "torch", "2.6.0+cpu", second)])
+    assert listing(dest) == before
 
 
 def _not_a_zip(d: Path) -> Path:
@@ -224,6 +309,41 @@ def test_a_file_that_is_no_wheel_is_refused_before_anything_is_copied(tmp_path, 
         add_wheels(dest, [good, bad(tmp_path / "bad")])
     assert info.value.status == 18
     assert not dest.exists()
+
+
+def _disk_full_after(monkeypatch, copies: int) -> None:
+    """shutil.copyfile fails as it does on a full file system after `copies` copies: ENOSPC
+    naming the source in filename and the destination in filename2."""
+    real = shutil.copyfile
+    done = []
+
+    def copyfile(src, dst, **kwargs):
+        if len(done) >= copies:
+            raise OSError(errno.ENOSPC, "No space left on device", str(src), None, str(dst))
+        done.append(dst)
+        return real(src, dst, **kwargs)
+
+    monkeypatch.setattr(shutil, "copyfile", copyfile)
+
+
+@pytest.mark.parametrize("dest_was", ["new", "new and nested", "a wheelhouse"])
+@pytest.mark.parametrize("copies", [0, 1])
+def test_a_full_disk_names_the_wheelhouse_and_leaves_it_as_it_was(tmp_path, monkeypatch, dest_was, copies):
+    dest = tmp_path / "house" if dest_was != "new and nested" else tmp_path / "a" / "b" / "house"
+    if dest_was == "a wheelhouse":
+        add_wheels(dest, [make_wheel(tmp_path / "old", "numpy", "2.0.0")])
+    before = listing(dest) if dest.exists() else None
+    src = tmp_path / "src-dir"
+    wheels = [make_wheel(src, "torch", "2.6.0+cpu", TORCH_TAG), make_wheel(src, "tb_other", "1.0")]
+    _disk_full_after(monkeypatch, copies)
+    with pytest.raises(InsufficientSpace) as info:
+        add_wheels(dest, wheels, link=False)
+    assert info.value.status == 12
+    assert str(dest) in info.value.message and str(src) not in info.value.message
+    if before is None:
+        assert not dest.exists() and not (tmp_path / "a").exists()
+    else:
+        assert listing(dest) == before
 
 
 def test_no_wheels_is_a_usage_error(tmp_path):

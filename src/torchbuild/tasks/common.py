@@ -16,7 +16,7 @@ from invoke.tasks import Task, task
 
 from ..backends import Backend, Options, choose
 from ..config import DEFAULT_PROFILE, BuildSpec, resolve
-from ..errors import TorchbuildError, UsageError, debug_enabled, os_fault, report
+from ..errors import TorchbuildError, UsageError, debug_enabled, fault_path, os_fault, report
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -53,7 +53,9 @@ def handles_errors(fn: F) -> F:
             if debug_enabled():
                 raise
             err = (
-                exc if isinstance(exc, TorchbuildError) else os_fault(exc, exc.filename or "", f"invoke {fn.__name__}")
+                exc
+                if isinstance(exc, TorchbuildError)
+                else os_fault(exc, fault_path(exc) or "", f"invoke {fn.__name__}")
             )
             raise Exit(code=report(err)) from None
 
