@@ -236,7 +236,7 @@ def test_what_looks_like_a_here_document_but_is_none_is_translated(tmp_path):
     [
         (b"FROM x\nRUN echo caf\xe9 > /x\n", r"Dockerfile:2: not UTF-8 text \(byte 0xe9"),
         (b"\xff\xfeF\x00R\x00O\x00M\x00", r"Dockerfile:1: not UTF-8 text \(byte 0xff"),
-        (b"FROM x\n" + b"# padding\n" * 250_000, r"Dockerfile is 2 MiB, more than the 1 MiB"),
+        (b"FROM x\n" + b"# padding\n" * 250_000, r"Dockerfile is 2.4 MiB, more than the 1 MiB"),
         (None, "not a regular file"),
     ],
     ids=["latin-1", "utf-16", "over-1-MiB", "fifo"],
