@@ -753,6 +753,11 @@ def submit_build(
 
     scheduler = scheduler_for(spec.scheduler)
     check_job_keys(spec)
+    if options.jobs > MAX_CPUS:
+        raise UsageError(
+            f"--jobs {options.jobs} is more compile jobs than any node has cores (at most {MAX_CPUS})",
+            hint="leave --jobs out: the job plans them from its cores and memory",
+        )
     account = job_account(spec)
     if dependency and not _JOB_ID.fullmatch(dependency):
         raise UsageError(f"--dependency {dependency!r} is no job id", hint="pass the id sbatch or qsub printed")
