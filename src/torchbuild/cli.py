@@ -31,7 +31,9 @@ class TorchbuildProgram(Program):
 
 def program() -> Program:
     from .tasks import ns
+    from .tasks.common import PROGRAM
 
+    PROGRAM["binary"] = "torchbuild"
     return TorchbuildProgram(namespace=ns, version=__version__, name="torchbuild", binary="torchbuild")
 
 

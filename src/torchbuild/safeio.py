@@ -166,3 +166,25 @@ def not_an_option(value: str, what: str, error: type[TorchbuildError] = UsageErr
             hint=f"give a {what} that does not start with '-' (for a path, write ./{value})",
         )
     return value
+
+
+def read_head(path: StrPath, size: int, what: str, error: type[TorchbuildError] = PathError) -> bytes:
+    """The first `size` bytes (at most) of the regular file `path`, however large it is: to
+    check a file's magic bytes. A directory, device or FIFO is `error` naming it, an OS fault
+    its named error."""
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise os_fault(exc, p, what) from exc
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise error(f"{what}: {p} is a directory, a file was expected", hint="name a file")
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{what}: {p} is not a regular file (a device, FIFO or socket)", hint="name a regular file")
+        return os.read(fd, size)
+    except OSError as exc:
+        raise os_fault(exc, p, what) from exc
+    finally:
+        os.close(fd)

@@ -37,24 +37,41 @@ from .errors import (
     ImageNotFound,
     JobFailed,
     PathError,
+    ProfileError,
     SubmissionRefused,
     ToolMissing,
     UsageError,
     named_os_errors,
     writable_dir,
 )
+from .safeio import read_head
 
 if TYPE_CHECKING:
     from .runner import BuildOptions
 
 TAIL_LINES = 30
 # characters a path may not hold to be named in a directive line (sbatch reads a double-quoted
-# value; PBS reads up to whitespace); Slurm's own filename patterns (%j) are escaped
-_DIRECTIVE_UNSAFE = re.compile(r'["\\\n\r]')
-_PBS_UNSAFE = re.compile(r"[\s\"'\\#]")
+# value; PBS reads up to whitespace, and host:path); Slurm's own filename patterns (%j) are escaped
+_DIRECTIVE_UNSAFE = re.compile(r'["\\\x00-\x1f\x7f]')
+# PBS also reads -o as [host:]path: a colon would name a host
+_PBS_UNSAFE = re.compile(r"[\s\"'\\#:\x00-\x1f\x7f]")
+# a directive (the profile's `directives`, --directive) is one line of text: a NUL or another
+# control character would be written into the script as it is
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _JOB_ID = re.compile(r"[A-Za-z0-9_.\[\]-]+")
 _WALLTIME = re.compile(r"(?:(\d+)-)?(\d+):(\d\d):(\d\d)")
 _MEM = re.compile(r"(\d+)([KMGT]?)")
+# the largest job torchbuild asks a scheduler for: far above any one node (a job is one node),
+# far below the numbers a scheduler would overflow on (Slurm's counts are 32-bit)
+MAX_CPUS = 16384
+MAX_GPUS = 64
+MAX_MEM_MB = 1024**3  # 1 PiB
+MAX_WALLTIME_DAYS = 366
+_MEM_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}
+# the SIF global header: a 32-byte launch script line, then this magic
+SIF_MAGIC = b"SIF_MAGIC\x00"
+SIF_MAGIC_OFFSET = 32
+APPTAINER_MODES = ("auto", "host", "docker")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,9 +111,17 @@ class Scheduler(abc.ABC):
     # ---------------------------------------------------------------- the script
     def render(self, job: Job) -> str:
         spec = job.spec
+        directives = self.directives(job)
+        for line in directives:
+            bad = _CONTROL.search(line)
+            if bad:
+                raise ProfileError(
+                    f"the directive {line!r} holds the control character {bad.group()!r}",
+                    hint="write each directive (--directive, the profile's `directives`) as one line of plain text",
+                )
         lines = [
             "#!/bin/bash --login" if spec.modules else "#!/bin/bash",
-            *self.directives(job),
+            *directives,
             f"# torchbuild {__version__}: {job.name}, profile {spec.profile} (sha256 {spec.hash[:16]})",
             f"# submit it again with `{self.resubmit(job)}` (or the same `invoke submit`):",
             "# the build resumes, skipping the steps an earlier job finished.",
@@ -213,8 +238,8 @@ def _directive_path(path: Path, scheduler: str) -> str:
     if bad:
         raise PathError(
             f"--out {path} cannot be named in a {scheduler} directive: it holds {bad.group()!r}",
-            hint="choose an output directory without quotes, backslashes or line breaks"
-            + (" (PBS: nor whitespace or #)" if scheduler == "pbs" else ""),
+            hint="choose an output directory without quotes, backslashes or control characters"
+            + (" (PBS: nor whitespace, # or :, which PBS reads as host:path)" if scheduler == "pbs" else ""),
         )
     return text
 
@@ -426,20 +451,14 @@ def pbs_status(qstat_json: str, job_id: str) -> JobStatus | None:
 
 def pbs_walltime(walltime: str) -> str:
     """[D-]HH:MM:SS as PBS takes it: HH:MM:SS (days become hours)."""
-    m = _WALLTIME.fullmatch(walltime)
-    if not m:
-        raise UsageError(f"walltime {walltime!r} is not [D-]HH:MM:SS", hint="e.g. --walltime 04:00:00")
-    days, hours, minutes, seconds = m.groups()
-    return f"{int(days or 0) * 24 + int(hours):02d}:{minutes}:{seconds}"
+    total = walltime_seconds(walltime)
+    return f"{total // 3600:02d}:{total // 60 % 60:02d}:{total % 60:02d}"
 
 
 def pbs_memory(mem: str) -> str:
     """Slurm's memory syntax (64G; a bare number is MB) in PBS units (64gb)."""
-    m = _MEM.fullmatch(mem)
-    if not m:
-        raise UsageError(f"mem {mem!r} is not a size like 64G", hint="e.g. --mem 64G")
-    number, unit = m.groups()
-    return f"{number}{(unit or 'M').lower()}b"
+    number, unit = _memory(mem)
+    return f"{number}{unit.lower()}b"
 
 
 def pbs_name(name: str) -> str:
@@ -468,12 +487,69 @@ def job_account(spec: BuildSpec, environ: Mapping[str, str] | None = None) -> st
     return value
 
 
+def walltime_seconds(walltime: str) -> int:
+    """[D-]HH:MM:SS in seconds; UsageError for other text."""
+    m = _WALLTIME.fullmatch(walltime)
+    if not m:
+        raise UsageError(f"walltime {walltime[:40]!r} is not [D-]HH:MM:SS", hint="e.g. --walltime 04:00:00")
+    if any(len(x or "") > 9 for x in m.groups()):  # int() of thousands of digits is an error of its own
+        raise UsageError(f"walltime {walltime[:40]}... is out of range", hint="e.g. --walltime 2-00:00:00")
+    days, hours, minutes, seconds = (int(x or 0) for x in m.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def _memory(mem: str) -> tuple[str, str]:
+    """Slurm's memory syntax (64G; a bare number is MB): the number and the unit (K, M, G, T)."""
+    m = _MEM.fullmatch(mem)
+    if not m:
+        raise UsageError(f"mem {mem[:40]!r} is not a size like 64G", hint="e.g. --mem 64G")
+    if len(m.group(1)) > 18:
+        raise UsageError(f"mem {mem[:40]}... is out of range", hint="e.g. --mem 64G")
+    return m.group(1), m.group(2) or "M"
+
+
+def memory_mb(mem: str) -> float:
+    """Slurm's memory syntax in MiB; UsageError for other text."""
+    number, unit = _memory(mem)
+    return int(number) * _MEM_MB[unit]
+
+
 def check_job_keys(spec: BuildSpec) -> None:
-    """What defaults.yaml's types cannot say about the job keys."""
+    """What defaults.yaml's types cannot say about the job keys: each within what one node can
+    be asked for (a number past it is a typo, and would overflow the scheduler's own fields)."""
     if spec.cpus < 1:
         raise UsageError(f"cpus {spec.cpus} asks for no cores", hint="--cpus N with N >= 1")
+    if spec.cpus > MAX_CPUS:
+        raise UsageError(
+            f"cpus {spec.cpus} is more cores than any node has (at most {MAX_CPUS})",
+            hint="--cpus N: the cores of the one node the job runs on",
+        )
     if spec.gpus < 0:
         raise UsageError(f"gpus {spec.gpus} is negative", hint="--gpus N with N >= 0")
+    if spec.gpus > MAX_GPUS:
+        raise UsageError(
+            f"gpus {spec.gpus} is more GPUs than any node has (at most {MAX_GPUS})",
+            hint="--gpus N: the GPUs of the one node the job runs on (compiling needs none)",
+        )
+    if walltime_seconds(spec.walltime) == 0:
+        raise UsageError(f"walltime {spec.walltime} gives the job no time", hint="e.g. --walltime 04:00:00")
+    if walltime_seconds(spec.walltime) > MAX_WALLTIME_DAYS * 86400:
+        raise UsageError(
+            f"walltime {spec.walltime[:40]} is more than {MAX_WALLTIME_DAYS} days",
+            hint="--walltime [D-]HH:MM:SS within the partition's limit; a resubmitted job resumes where it stopped",
+        )
+    if spec.mem and memory_mb(spec.mem) > MAX_MEM_MB:
+        raise UsageError(
+            f"mem {spec.mem[:40]} is more than 1 PiB, more memory than any node has",
+            hint="--mem N[K|M|G|T] with the node's memory, e.g. --mem 64G",
+        )
+    for directive in spec.directives:
+        bad = _CONTROL.search(directive)
+        if bad:
+            raise ProfileError(
+                f"directive {directive!r} holds the control character {bad.group()!r}",
+                hint="write each directive (--directive, the profile's `directives`) as one line of plain text",
+            )
     if spec.gpu_type and not spec.gpus:
         raise UsageError(f"gpu_type {spec.gpu_type} without gpus", hint="add --gpus N, or drop gpu_type")
 
@@ -614,16 +690,45 @@ class Runtime:
             return [] if self.engine == "native" else ["--in-container", "--engine", "docker"]
         if self.engine != "apptainer":
             raise UsageError(f"unknown engine {self.engine!r}", hint="use apptainer (the SIF), docker or native")
+        if self.apptainer not in APPTAINER_MODES:
+            raise UsageError(
+                f"--apptainer {self.apptainer!r} is none of {', '.join(APPTAINER_MODES)}",
+                hint="--apptainer auto (the node's apptainer, else the builder container), host or docker",
+            )
         from .sif import default_sif
 
         sif = (Path(self.sif) if self.sif else default_sif(spec)).expanduser().absolute()
+        make = f"make it with `invoke sif --profile {spec.profile} --arch {spec.arch}` (or pass --sif)"
         if not sif.is_file():
-            raise ImageNotFound(
-                f"SIF {sif} does not exist: the job would have nothing to build in",
-                hint=f"make it with `invoke sif --profile {spec.profile} --arch {spec.arch}` (or pass --sif)",
-            )
+            raise ImageNotFound(f"SIF {sif} does not exist: the job would have nothing to build in", hint=make)
+        check_sif(sif, make)
         args = ["--in-container", "--engine", "apptainer", "--sif", str(sif), "--apptainer", self.apptainer]
         return [*args, "--nv"] if spec.gpus else args
+
+
+def check_sif(sif: Path, hint: str) -> None:
+    """ImageNotFound unless sif starts with the SIF global header (read: its first 64 bytes)."""
+    head = read_head(sif, 64, "--sif", ImageNotFound)
+    if head[SIF_MAGIC_OFFSET : SIF_MAGIC_OFFSET + len(SIF_MAGIC)] != SIF_MAGIC:
+        raise ImageNotFound(f"{sif} is not a SIF (no SIF header): the job could not run it", hint=hint)
+
+
+def local_source(source: str) -> str:
+    """A local --source as the job will name it (absolute): it must exist here, as the node sees
+    the same shared file system, and its path must be one line of text."""
+    path = Path(source).expanduser().absolute()
+    bad = _CONTROL.search(str(path))
+    if bad:
+        raise PathError(
+            f"--source {str(path)!r} holds the control character {bad.group()!r}",
+            hint="rename the directory or archive, or link it from a plain path",
+        )
+    if not path.exists():
+        raise PathError(
+            f"--source {path} does not exist: the job would fail on the node",
+            hint="give an existing PyTorch tree, tarball or .dsc (on a file system the compute nodes share), or a git URL",
+        )
+    return str(path)
 
 
 def submit_build(
@@ -648,17 +753,26 @@ def submit_build(
 
     scheduler = scheduler_for(spec.scheduler)
     check_job_keys(spec)
+    if options.jobs > MAX_CPUS:
+        raise UsageError(
+            f"--jobs {options.jobs} is more compile jobs than any node has cores (at most {MAX_CPUS})",
+            hint="leave --jobs out: the job plans them from its cores and memory",
+        )
     account = job_account(spec)
     if dependency and not _JOB_ID.fullmatch(dependency):
         raise UsageError(f"--dependency {dependency!r} is no job id", hint="pass the id sbatch or qsub printed")
     engine_args = runtime.args(spec)
-    if not dry_run and shutil.which(scheduler.submit_tool) is None:
-        raise scheduler.missing()
     outp = Path(out_dir or "out").expanduser().absolute()
     _directive_path(outp / "logs", scheduler.name)  # before anything is fetched
+    git = not source or looks_like_url(source)
+    if not git:  # checked here, where the node's failure would be named hours later
+        if ref:
+            raise UsageError(f"--ref {ref} applies to git sources only", hint="drop --ref")
+        job_source = local_source(source)
+    if not dry_run and shutil.which(scheduler.submit_tool) is None:
+        raise scheduler.missing()
     if not dry_run:
         outp = writable_dir(outp, "--out")
-    git = not source or looks_like_url(source)
     if git:
         tree = default_tree(spec, ref or spec.git_ref)
         if not dry_run:
@@ -667,10 +781,6 @@ def submit_build(
             series, result = patch_tree(spec, tree)
             print(describe_patches(series, result), file=out)
         job_source = str(tree)
-    else:
-        if ref:
-            raise UsageError(f"--ref {ref} applies to git sources only", hint="drop --ref")
-        job_source = str(Path(source).expanduser().absolute())
     key = key_of(spec, Places(job_source, outp, Path()), "", options, runtime.engine, ",".join(pythons))
     name = f"torchbuild-{spec.profile}-{key[:8]}"
     profile_file = outp / ".torchbuild" / "jobs" / key / f"{spec.profile}.yaml"

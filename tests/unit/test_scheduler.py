@@ -263,7 +263,11 @@ def test_slurm_log_path_escapes_a_literal_percent_j_in_the_out_dir(tmp_path):
     assert output == f'--output="{tmp_path}/run%%j/logs/{NAME}-%j.log"'
 
 
-@pytest.mark.parametrize("bad", ['say"hi', "new\nline", "cr\rlf", "back\\slash"], ids=["quote", "lf", "cr", "bs"])
+@pytest.mark.parametrize(
+    "bad",
+    ['say"hi', "new\nline", "cr\rlf", "back\\slash", "esc\x1bape", "del\x7f"],
+    ids=["quote", "lf", "cr", "bs", "esc", "del"],
+)
 def test_slurm_out_dir_that_a_directive_cannot_name_is_a_path_error(tmp_path, bad):
     with pytest.raises(PathError, match="--out"):
         Slurm().render(_job(tmp_path, out=tmp_path / bad))
@@ -319,10 +323,23 @@ def test_pbs_job_name_starts_with_a_letter(tmp_path):
     assert "-N t9lives" in d
 
 
-@pytest.mark.parametrize("bad", ["o ut", "tab\there", "new\nline", 'q"uote', "back\\slash", "hash#tag"])
+@pytest.mark.parametrize(
+    "bad", ["o ut", "tab\there", "new\nline", 'q"uote', "back\\slash", "hash#tag", "host:path", "esc\x1b"]
+)
 def test_pbs_out_dir_that_a_directive_cannot_name_is_a_path_error(tmp_path, bad):
     with pytest.raises(PathError, match="--out"):
         Pbs().render(_job(tmp_path, _spec("cpu", "scheduler=pbs"), out=tmp_path / bad))
+
+
+def test_pbs_log_path_never_holds_a_colon_pbs_would_read_as_a_host(tmp_path):
+    """qsub reads `-o host:path`: an --out with a colon would send the log to a host named by
+    the path's first part; it is refused before anything is written."""
+    with pytest.raises(PathError, match="holds ':'") as refused:
+        Pbs().render(_job(tmp_path, _spec("cpu", "scheduler=pbs"), out=tmp_path / "run:2"))
+    assert "host:path" in refused.value.hint
+    d = _directives(Pbs().render(_job(tmp_path, _spec("cpu", "scheduler=pbs"))), "#PBS")
+    (out,) = [x[3:] for x in d if x.startswith("-o ")]
+    assert ":" not in out
 
 
 def test_pbs_out_dir_with_a_single_quote_is_a_path_error(tmp_path):
@@ -577,6 +594,39 @@ def test_negative_job_keys_are_profile_errors(sets):
 def test_sensible_job_keys_pass():
     check_job_keys(_spec("cpu", "cpus=1", "gpus=1", "gpu_type=a100"))
     check_job_keys(_spec("cpu"))
+    check_job_keys(_spec("cpu", "cpus=1024", "gpus=8", "mem=4T", "walltime=30-00:00:00"))
+
+
+ABSURD_JOB_KEYS = [
+    ("cpus 10^30", ["cpus=" + "1" + "0" * 30], "cpus"),
+    ("cpus past a node", ["cpus=100000"], "cpus"),
+    ("gpus 10^20", ["gpus=1" + "0" * 20], "gpus"),
+    ("walltime 20-digit days", ["walltime=99999999999999999999-00:00:00"], "walltime"),
+    ("walltime 5000-digit hours", ["walltime=" + "9" * 5000 + ":00:00"], "walltime"),
+    ("walltime 10 years of hours", ["walltime=87600:00:00"], "walltime"),
+    ("walltime zero", ["walltime=0:00:00"], "walltime"),
+    ("mem 23-digit T", ["mem=99999999999999999999999T"], "mem"),
+    ("mem 2 PiB", ["mem=2048T"], "mem"),
+    ("mem 10^20 M", ["mem=1" + "0" * 20], "mem"),
+]
+
+
+@pytest.mark.parametrize(("case", "sets", "named"), ABSURD_JOB_KEYS, ids=[c[0] for c in ABSURD_JOB_KEYS])
+def test_absurd_job_sizes_are_usage_errors_naming_the_key(case, sets, named):
+    """A size no node has is a typo (or a probe); it never reaches sbatch, whose fields it would overflow."""
+    with pytest.raises(UsageError, match=named):
+        check_job_keys(_spec("cpu", *sets))
+
+
+@pytest.mark.parametrize("char", ["\x00", "\x1b", "\x7f", "\x0b", "\x0c"], ids=["nul", "esc", "del", "vt", "ff"])
+def test_a_directive_with_a_control_character_is_never_written_into_the_script(tmp_path, char):
+    spec = _spec("cpu", f"directives={json.dumps(['--comment=a' + char + 'b'])}")
+    with pytest.raises(ProfileError, match="control character"):
+        check_job_keys(spec)
+    with pytest.raises(ProfileError, match="control character"):
+        Slurm().render(_job(tmp_path, spec))
+    with pytest.raises(ProfileError, match="control character"):
+        Pbs().render(_job(tmp_path, dataclasses.replace(spec, scheduler="pbs")))
 
 
 # -------------------------------------------------------------------- PBS conversions
@@ -948,6 +998,97 @@ def test_invoke_submit_refuses_a_bad_option_by_name(tmp_path, case, args, code, 
     assert not out.exists()
 
 
+def _not_a_sif(tmp_path: Path, kind: str) -> Path:
+    path = tmp_path / f"{kind}.sif"
+    if kind == "text":
+        path.write_text("not an image\n")
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "squashfs":  # a bare squashfs (what `mksquashfs` makes), not a SIF
+        path.write_bytes(b"hsqs" + bytes(200))
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["text", "empty", "squashfs", "directory", "fifo"])
+def test_invoke_submit_refuses_a_sif_that_is_no_sif_on_the_login_node(tmp_path, kind):
+    out = tmp_path / "out"
+    sif = _not_a_sif(tmp_path, kind)
+    res = run_invoke("submit", "--dry-run", "--sif", str(sif), "--out", str(out), timeout=120)
+    assert res.returncode == 7, res.stdout + res.stderr
+    assert "ImageNotFound" in res.stderr and str(sif) in res.stderr and "Traceback" not in res.stderr
+    assert "#SBATCH" not in res.stdout and not out.exists()
+
+
+def test_a_sif_is_told_by_its_header_with_a_bounded_read(tmp_path):
+    from torchbuild.errors import ImageNotFound
+    from torchbuild.scheduler import check_sif
+
+    check_sif(_fake_sif(tmp_path / "ok.sif"), "hint")
+    big = tmp_path / "big.sif"
+    with big.open("wb") as f:  # sparse: 64 GiB of nothing, read only at its head
+        f.truncate(64 * 1024**3)
+    with pytest.raises(ImageNotFound, match="not a SIF"):
+        check_sif(big, "hint")
+
+
+def _submit_dry(tmp_path: Path, *args: str):
+    out = tmp_path / "out"
+    res = run_invoke("submit", "--dry-run", "--out", str(out), *args, timeout=120)
+    return res, out
+
+
+def test_invoke_submit_refuses_an_apptainer_mode_that_does_not_exist(tmp_path):
+    res, _ = _submit_dry(tmp_path, "--sif", str(_fake_sif(tmp_path / "t.sif")), "--apptainer", "bogus")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "UsageError" in res.stderr and "bogus" in res.stderr and "#SBATCH" not in res.stdout
+    ok, _ = _submit_dry(tmp_path, "--sif", str(_fake_sif(tmp_path / "t.sif")), "--apptainer", "docker")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "--apptainer docker" in ok.stdout
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "submit"])
+def test_invoke_submit_refuses_a_local_source_that_does_not_exist(tmp_path, dry_run):
+    out = tmp_path / "out"
+    missing = tmp_path / "no-such-tree"
+    args = ["--engine", "native", "--source", str(missing), "--out", str(out)]
+    res = run_invoke("submit", *(["--dry-run"] if dry_run else []), *args, timeout=120)
+    assert res.returncode == 15, res.stdout + res.stderr  # PathError, whether sbatch exists or not
+    assert "PathError" in res.stderr and str(missing) in res.stderr and "Traceback" not in res.stderr
+    assert "#SBATCH" not in res.stdout and not out.exists()
+
+
+@pytest.mark.parametrize("name", ["new\nline", "cr\rhere", "esc\x1b"], ids=["lf", "cr", "esc"])
+def test_invoke_submit_refuses_a_local_source_whose_path_is_not_one_line(tmp_path, name):
+    tree = tmp_path / name
+    tree.mkdir()
+    res, out = _submit_dry(tmp_path, "--engine", "native", "--source", str(tree))
+    assert res.returncode == 15, res.stdout + res.stderr
+    assert "PathError" in res.stderr and "control character" in res.stderr
+    assert "#SBATCH" not in res.stdout and not out.exists()
+
+
+ABSURD_SUBMIT = [
+    ("walltime", ["--walltime", "99999999999999999999-00:00:00"]),
+    ("mem", ["--mem", "99999999999999999999999T"]),
+    ("cpus", ["--cpus", "1" + "0" * 30]),
+    ("gpus", ["--gpus", "1" + "0" * 20]),
+    ("--jobs", ["--jobs", "1" + "0" * 23]),
+]
+
+
+@pytest.mark.parametrize(("named", "args"), ABSURD_SUBMIT, ids=[c[0] for c in ABSURD_SUBMIT])
+def test_invoke_submit_refuses_an_absurd_size_by_name(tmp_path, named, args):
+    (tmp_path / "src").mkdir()
+    res, out = _submit_dry(tmp_path, "--engine", "native", "--source", str(tmp_path / "src"), *args)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "UsageError" in res.stderr and named in res.stderr and "Traceback" not in res.stderr
+    assert "#SBATCH" not in res.stdout and not out.exists()
+
+
 def test_invoke_submit_without_the_sif_stops_before_fetching_anything(tmp_path):
     out = tmp_path / "out"
     res = run_invoke("submit", "--engine", "apptainer", "--sif", str(tmp_path / "missing.sif"), "--out", str(out))
@@ -959,10 +1100,15 @@ def test_invoke_submit_without_the_sif_stops_before_fetching_anything(tmp_path):
 # -------------------------------------------------------------------- every shipped profile
 
 
+def _fake_sif(path: Path) -> Path:
+    """A file with a SIF's global header (the launch line, then SIF_MAGIC at byte 32)."""
+    path.write_bytes(b"#!/usr/bin/env run-singularity\n".ljust(32, b"\0") + b"SIF_MAGIC\x0001\x00" + bytes(100))
+    return path
+
+
 def test_runtime_arguments_the_job_passes_to_the_build(tmp_path):
     gpu = _spec("cpu", "gpus=1")
-    sif = tmp_path / "t.sif"
-    sif.write_bytes(b"")
+    sif = _fake_sif(tmp_path / "t.sif")
     assert Runtime("native").args(gpu) == []
     assert Runtime("docker").args(gpu) == ["--in-container", "--engine", "docker"]
     args = Runtime("apptainer", str(sif)).args(gpu)

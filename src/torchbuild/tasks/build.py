@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 from invoke.context import Context
-from invoke.tasks import task
 
 from .. import companions, runner
 from ..config import cache_dir, parse_jobs_option
@@ -16,7 +15,7 @@ from ..problems import Problems
 from ..progress import MODES
 from ..runner import BuildOptions, describe_patches, patch_tree
 from ..source import get_source, update_tree
-from .common import HELP, Launch, handles_errors, launch_task, spec_from
+from .common import HELP, Launch, handles_errors, launch_task, spec_from, task
 
 SOURCE_HELP = "git URL, local tree, tarball or Debian .dsc (default: the profile's torch_repo at its ref)"
 

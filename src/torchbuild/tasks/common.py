@@ -9,14 +9,17 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from invoke.exceptions import Exit
-from invoke.tasks import Task, task
+from invoke.parser.argument import Argument
+from invoke.tasks import Task
+from invoke.tasks import task as invoke_task
 
 from ..backends import Backend, Options, choose
 from ..config import DEFAULT_PROFILE, BuildSpec, resolve
 from ..errors import TorchbuildError, UsageError, debug_enabled, fault_path, os_fault, report
+from ..safeio import not_an_option
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -139,10 +142,101 @@ LAUNCH_SHORT = {
 }
 
 
-class LaunchTask(Task):  # type: ignore[type-arg]
+# The words that ask for help: never a value, whatever the option or positional before them.
+HELP_WORDS = ("--help", "-h")
+# Short flags no task may take: -h is --help; "-" would make `--` an option (invoke picks the
+# first free character of the name: "-" for --no-retry, --gpu-type...).
+RESERVED_SHORT = frozenset({"h", "-"})
+# Options whose values are themselves options of another program, so they may start with '-':
+# scheduler directives (submit), apt-get options (image), the benchmark script's arguments (bench).
+OPTION_VALUES = frozenset({"directive", "apt_option", "args"})
+# the program name the help printed for a task says (cli.program() sets "torchbuild")
+PROGRAM = {"binary": "inv[oke]"}
+
+
+class _Owner:
+    """The task an Argument belongs to, shared (not copied) when invoke's parser deep-copies
+    its contexts."""
+
+    def __init__(self, task: Task) -> None:  # type: ignore[type-arg]
+        self.task = task
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Owner:
+        return self
+
+
+def print_task_help(task: Task) -> None:  # type: ignore[type-arg]
+    """What `invoke --help TASK` prints, for the task of the collection that is `task`."""
+    from invoke.parser import Parser
+    from invoke.program import Program
+
+    from . import ns
+
+    # by body: invoke loading tasks.py copies the sub-collections (and their tasks)
+    name = next((n for n in ns.task_names if ns[n].body is task.body), task.name or task.body.__name__)
+    program = Program(namespace=ns, binary=PROGRAM["binary"])
+    program.collection = ns
+    program.parser = Parser(contexts=ns.to_contexts())
+    program.print_task_help(name)
+
+
+class TaskArgument(Argument):
+    """An option or positional of a torchbuild task. Invoke's parser gives a positional (or an
+    option waiting for its value) the next word whatever it is, so `invoke wheelhouse --help`
+    made a wheelhouse named ./--help. Here `--help`/`-h` print the task's help and end the
+    program before any task runs; any other value starting with '-' is a UsageError (except
+    where the value is itself an option: OPTION_VALUES)."""
+
+    owner: _Owner
+    takes_options: bool = False
+
+    def set_value(self, value: Any, cast: bool = True) -> None:
+        if isinstance(value, str) and value.startswith("-"):
+            if value in HELP_WORDS:
+                print_task_help(self.owner.task)
+                raise Exit(code=0)
+            if not self.takes_options:
+                flag = "--" + self.names[0]
+                try:
+                    not_an_option(value, flag)
+                except UsageError as err:
+                    if debug_enabled():
+                        raise
+                    raise Exit(code=report(err)) from None
+        super().set_value(value, cast)
+
+
+class TorchbuildTask(Task):  # type: ignore[type-arg]
+    """Every torchbuild task (`task` below makes them): its arguments are TaskArguments, and no
+    option has a reserved short flag (RESERVED_SHORT): the option invoke would give one has none,
+    and every other option keeps the short flag it had."""
+
+    def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
+        given_help = dict(self.help)  # invoke pops each help text as it uses it: keep them for the next call
+        try:
+            args: list[Argument] = super().get_arguments(ignore_unknown_help)
+        finally:
+            self.help = given_help
+        owner = _Owner(self)
+        for arg in args:
+            arg.names = tuple(n for n in arg.names if n not in RESERVED_SHORT)
+            arg.__class__ = TaskArgument  # same attributes; set_value checks the words given
+            guarded = cast(TaskArgument, arg)
+            guarded.owner = owner
+            guarded.takes_options = arg.name in OPTION_VALUES
+        return args
+
+
+def task(**kwargs: Any) -> Callable[[Callable[..., Any]], TorchbuildTask]:
+    """invoke's @task(...), making a TorchbuildTask."""
+    made: Callable[[Callable[..., Any]], TorchbuildTask] = invoke_task(klass=TorchbuildTask, **kwargs)
+    return made
+
+
+class LaunchTask(TorchbuildTask):
     """A Task whose launch options keep the short flags of LAUNCH_SHORT. Invoke would pick them
     in signature order, so adding an option could move -s from --set to --source; and it never
-    picks "-" (invoke would, for --no-retry, making `--` an option)."""
+    picks "-" (invoke would, for --no-retry: build's is -y)."""
 
     def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
         pinned = LAUNCH_SHORT.get(name)
@@ -178,7 +272,7 @@ def launch_task(help: Mapping[str, str], iterable: Iterable[str] = (), name: str
         }
         if name:
             options["name"] = name
-        made: LaunchTask = task(**options)(handles_errors(body))
+        made: LaunchTask = invoke_task(**options)(handles_errors(body))
         return made
 
     return decorate

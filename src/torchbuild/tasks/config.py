@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 
 from invoke.context import Context
-from invoke.tasks import task
 
 from ..config import available_profiles, describe_keys, resolve
 from ..console import table
 from ..environment import BACKENDS
 from ..errors import UsageError
 from ..render import config_data, config_text
-from .common import HELP, handles_errors, spec_from
+from .common import HELP, handles_errors, spec_from, task
 
 
 @task(

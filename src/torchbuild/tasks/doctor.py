@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from invoke.context import Context
-from invoke.tasks import task
 
 from ..doctor import render, run_checks
-from .common import handles_errors
+from .common import handles_errors, task
 
 
 @task(help={"cache_dir": "cache directory whose free space is reported (default ~/.cache/torchbuild)"})

@@ -6,11 +6,10 @@ from pathlib import Path
 
 from invoke.context import Context
 from invoke.exceptions import Exit
-from invoke.tasks import task
 
 from .. import hostcheck as hc
 from ..errors import UsageError
-from .common import handles_errors
+from .common import handles_errors, task
 
 # `invoke host-check --strict` when a setting is not ready. The report itself is no failure:
 # HostSetupFailed's 25 stays for --apply/--restore failing, and 2..27 for the named errors.

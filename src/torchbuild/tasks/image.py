@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from invoke.context import Context
-from invoke.tasks import task
 
 from ..arch import Arch
 from ..baseimage import DEFAULT_COMPONENTS, make_base_image
@@ -11,7 +10,7 @@ from ..config import DEFAULT_PROFILE, cache_dir
 from ..engine import Engine
 from ..errors import UsageError
 from ..image import build_image, default_lock_path, find_lock, lock_image, push_images
-from .common import HELP, handles_errors, spec_from
+from .common import HELP, handles_errors, spec_from, task
 
 
 @task(

@@ -9,12 +9,11 @@ from pathlib import Path
 
 from invoke.collection import Collection
 from invoke.context import Context
-from invoke.tasks import task
 
 from ..errors import ToolMissing
 from ..sif import LABELS_PREFIX, HostApptainer, host_apptainer
 from ..steps import STEPS, run_step_file
-from .common import handles_errors
+from .common import handles_errors, task
 
 
 @task(help={"name": f"the step: {', '.join(STEPS)}", "request": "the request file (JSON) its backend wrote"})

@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from invoke.context import Context
-from invoke.tasks import task
 
 from ..errors import UsageError
 from ..install import install as install_env
 from ..install import mpi_check as check_mpi
 from ..wheelhouse import add_wheels, wheels_in
-from .common import Launch, handles_errors, launch_task
+from .common import Launch, handles_errors, launch_task, task
 
 OUT_HELP = "the directory of built wheels (default ./out); staging files go there too"
 

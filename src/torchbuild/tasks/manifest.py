@@ -7,12 +7,11 @@ from pathlib import Path
 from invoke.collection import Collection
 from invoke.context import Context
 from invoke.exceptions import Exit
-from invoke.tasks import task
 
 from .. import manifest as mf
 from .. import repro
 from ..verify import check_wheel_file
-from .common import handles_errors
+from .common import handles_errors, task
 
 # `invoke manifest diff` when the manifests differ. Not 1: invoke itself exits 1 for a bad
 # option or a missing argument (and Python for a traceback), and 2..19 and 130 are named errors.

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from invoke.context import Context
-from invoke.tasks import task
 
 from ..backends import Options, choose
 from ..comms import comms as build_comms
@@ -15,7 +14,7 @@ from ..engine import Engine
 from ..errors import EngineUnavailable, ToolMissing, UsageError
 from ..recipe import bootstrap_for, build_from_recipe, write_definition
 from ..sif import SifResult, build_sif, host_apptainer, locate, sif_filename
-from .common import HELP, handles_errors, spec_from
+from .common import HELP, handles_errors, spec_from, task
 
 
 @task(

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 
 from invoke.context import Context
-from invoke.tasks import task
 
 from ..runner import pythons_option
 from ..scheduler import Runtime, submit_build
 from .build import SOURCE_HELP, build_options
-from .common import HELP, handles_errors, spec_from
+from .common import HELP, handles_errors, spec_from, task
 
 # options that set the profile key of the same name: given on the command line, each is a --set
 # of that key, so it is validated like the profile's own value and recorded in the resolved
