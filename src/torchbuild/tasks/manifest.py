@@ -11,6 +11,7 @@ from invoke.tasks import task
 
 from .. import manifest as mf
 from .. import repro
+from ..console import printable
 from ..verify import check_wheel_file
 from .common import handles_errors
 
@@ -66,7 +67,10 @@ def diff(c: Context, a: str, b: str, all_: bool = False) -> None:
         if wa.is_file() and wb.is_file():
             print(repro.describe(repro.diff_wheels(wa, wb), wa, wb))
         else:
-            print(f"the wheels are not both beside their manifests ({wa}, {wb}): their members are not compared")
+            print(
+                f"the wheels are not both beside their manifests ({printable(wa)}, {printable(wb)}): "
+                "their members are not compared"
+            )
     if differences:
         raise Exit(code=DIFFERENT)
 
