@@ -270,3 +270,26 @@ def test_a_wheel_member_with_a_bad_crc_is_a_named_error_naming_the_wheel_and_mem
     assert invoke("manifest.diff", str(a), str(b)) == WheelError.exit_code
     err = capsys.readouterr().err
     assert "pkg/data.bin" in err and "hint: " in err and "Traceback" not in err
+
+
+def _name_not_utf8(wheel: Path) -> None:
+    """A member whose name is flagged UTF-8 but holds bytes that are not."""
+    with zipfile.ZipFile(wheel, "a") as z:
+        z.writestr("pkg/\u00e9x.py", b"x")
+    wheel.write_bytes(wheel.read_bytes().replace("pkg/\u00e9x.py".encode(), b"pkg/\xff\xfex.py"))
+
+
+def _cut_in_half(wheel: Path) -> None:
+    wheel.write_bytes(wheel.read_bytes()[: wheel.stat().st_size // 2])
+
+
+DAMAGED_ARCHIVES = {"a member name not UTF-8": _name_not_utf8, "cut in half": _cut_in_half}
+
+
+@pytest.mark.parametrize("damage", DAMAGED_ARCHIVES.values(), ids=DAMAGED_ARCHIVES.keys())
+def test_manifest_diff_of_a_damaged_wheel_is_a_named_error(tmp_path, capsys, damage):
+    a, b = _wheel_pair(tmp_path, {})
+    damage(b)
+    assert invoke("manifest.diff", str(a), str(b)) == WheelError.exit_code
+    err = capsys.readouterr().err
+    assert str(b) in err and "hint: " in err and "Traceback" not in err
