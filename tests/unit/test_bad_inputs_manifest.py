@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import random
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,49 @@ def test_diff_of_two_wheels_compares_names_a_number_of_times_linear_in_the_membe
     assert sum(m.what == "position" for m in found.members) >= members - 1
     # a list.index() per member compares ~members**2 / 2 = 2,000,000 times
     assert _CountedName.compared < 20 * members
+
+
+# the text of a table of 40k rows: rich takes minutes, so console lays it out itself
+
+TAME = ["a", "Z", "0", " ", "  ", "[", "]", "[/x]", ":", "-", "\u00e9", "e\u0301", "\u4e2d", "\u2500", "\x1b[31m", "\r"]
+EXOTIC = [*TAME, "\n", "\t", "\u00a0", "\u3000", "\u200b"]
+
+
+def _random_table(rng: random.Random, alphabet: list[str]) -> dict[str, Any]:
+    def text(most: int) -> str:
+        return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, most)))
+
+    n = rng.randint(1, 5)
+    most = rng.choice([1, 4, 12, 40, 90])
+    return {
+        "columns": [text(6) or "c" for _ in range(n)],
+        "rows": [[text(most) for _ in range(rng.randint(0, n))] for _ in range(rng.randint(1, 12))],
+        "title": rng.choice([None, text(8), text(60)]),
+        "justify": [rng.choice(["left", "right"]) for _ in range(rng.randint(0, n))],
+        "header": rng.random() < 0.6,
+    }
+
+
+@pytest.mark.parametrize("alphabet", [TAME, EXOTIC], ids=["tame", "exotic"])
+def test_a_table_laid_out_without_rich_is_the_text_rich_makes(alphabet):
+    rng = random.Random(27)
+    laid_out = 0
+    for _ in range(1500):
+        t = _random_table(rng, alphabet)
+        fast = console._aligned(t["columns"], t["rows"], t["title"], t["justify"], t["header"])
+        if fast is not None:
+            laid_out += 1
+            assert fast == console.table(**t), t  # a table this small goes through rich
+    assert laid_out > (500 if alphabet is TAME else 10)
+
+
+def test_a_table_of_40k_rows_is_laid_out_without_rich(monkeypatch):
+    rows = [(f"pkg/m{i:05d}.py", "position", str(i), str(40_000 - i)) for i in range(40_000)]
+    monkeypatch.setattr(console, "Table", None)  # rich's Table would take minutes
+    text = console.table(("member", "differs in", "A", "B"), rows, title="[wheels]")
+    lines = text.splitlines()
+    assert len(lines) == 4 + 40_000 and lines[0] == "[wheels]"  # title, blank edge, header, rule
+    assert lines[-1].split() == ["pkg/m39999.py", "position", "39999", "1"]
 
 
 # --------------------------------------------------------------------------- item 12: values shown as they are
