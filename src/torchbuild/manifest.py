@@ -627,13 +627,19 @@ def _read_json(path: Path) -> Any:
         raise ManifestError(f"{path}: not a manifest torchbuild wrote ({exc})") from None
 
 
+def mentions(path: Path, text: str) -> bool:
+    """Whether the manifest file path holds text (a cheap look before parsing it), read up to
+    MANIFEST_LIMIT bytes like every manifest: PathError for a larger file, a device or a FIFO."""
+    return text.encode() in read_bytes(path, MANIFEST_LIMIT, "reading the manifest")
+
+
 def find_run(out_dir: Path, run_id: str) -> tuple[Manifest, Path]:
     """The manifest that run run_id wrote in out_dir (the host's view of a container's build)."""
     out_dir = Path(out_dir)
     with named_os_errors(out_dir, "looking for the build's manifest"):
         candidates = sorted(out_dir.glob(f"*{SUFFIX}"))
     for path in candidates:
-        if run_id.encode() not in read_bytes(path, MANIFEST_LIMIT, "reading the manifest"):
+        if not mentions(path, run_id):
             continue  # another run's; not parsed
         manifest = read(path)
         if manifest.run_id == run_id:

@@ -337,3 +337,18 @@ def test_manifest_diff_of_a_damaged_wheel_is_a_named_error(tmp_path, capsys, dam
     assert invoke("manifest.diff", str(a), str(b)) == WheelError.exit_code
     err = capsys.readouterr().err
     assert str(b) in err and "hint: " in err and "Traceback" not in err
+
+
+def test_the_companions_step_reads_the_manifests_beside_the_wheel_only_up_to_the_limit(tmp_path, monkeypatch):
+    from torchbuild import runner
+    from torchbuild.backends.native import NativeBackend
+    from torchbuild.config import resolve
+
+    wheel = tmp_path / "torch-2.6.0-cp312-cp312-linux_x86_64.whl"
+    wheel.write_bytes(b"")
+    saved(tmp_path, {**OLD_WHEEL, "log": "x" * 5000}, "big.whl.manifest.json")
+    monkeypatch.setattr(NativeBackend, "run", lambda self, step, request, binds: None)  # built nothing
+    monkeypatch.setattr(mf, "MANIFEST_LIMIT", 4000)
+    spec = resolve("cpu")
+    with pytest.raises(TooLarge, match=r"big\.whl\.manifest\.json"):
+        runner.companions_with(spec, NativeBackend(spec, runner.BuildOptions()), [], wheel, cache=tmp_path / "cache")
