@@ -4,6 +4,7 @@ prints (issue 27 items 8, 11, 12, 13 and 14): each is a named error or the value
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import random
@@ -352,3 +353,12 @@ def test_the_companions_step_reads_the_manifests_beside_the_wheel_only_up_to_the
     spec = resolve("cpu")
     with pytest.raises(TooLarge, match=r"big\.whl\.manifest\.json"):
         runner.companions_with(spec, NativeBackend(spec, runner.BuildOptions()), [], wheel, cache=tmp_path / "cache")
+
+
+def test_config_text_sends_no_terminal_escape_sequence_from_a_value():
+    from torchbuild.config import resolve
+    from torchbuild.render import config_text
+
+    spec = dataclasses.replace(resolve("cpu"), description="\x1b[2Jcleared", env={"TITLE": "\x1b]0;pwned\x07x"})
+    text = config_text(spec)
+    assert "\x1b" not in text and "\x07" not in text and "# cleared" in text and "TITLE='x'" in text
