@@ -168,6 +168,11 @@ class WheelRecord:
     sha256: str
     size: int
 
+    def __post_init__(self) -> None:
+        # manifest.diff opens the wheel beside the manifest by this name: a bare file name only
+        if self.name in ("", ".", "..") or "/" in self.name or "\0" in self.name:
+            raise ManifestError(f"wheel name {printable(self.name)!r} is not a file name (it would name another file)")
+
     @classmethod
     def of(cls, wheel: Path) -> WheelRecord:
         from .source import sha256_file

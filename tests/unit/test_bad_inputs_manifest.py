@@ -362,3 +362,23 @@ def test_config_text_sends_no_terminal_escape_sequence_from_a_value():
     spec = dataclasses.replace(resolve("cpu"), description="\x1b[2Jcleared", env={"TITLE": "\x1b]0;pwned\x07x"})
     text = config_text(spec)
     assert "\x1b" not in text and "\x07" not in text and "# cleared" in text and "TITLE='x'" in text
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_manifest_diff_of_a_wheel_that_is_no_regular_file_is_refused_without_waiting(tmp_path, capsys, kind):
+    a, _ = _wheel_pair(tmp_path, {})
+    odd = tmp_path / "odd-1.0-py3-none-any.whl"
+    if kind == "fifo":
+        os.mkfifo(odd)
+    else:
+        odd.mkdir()
+    assert invoke("manifest.diff", str(odd), str(a)) == WheelError.exit_code
+    err = capsys.readouterr().err
+    assert "not a regular file" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", ["../../elsewhere.whl", "/dev/zero", "..", ""])
+def test_a_manifest_whose_wheel_name_is_not_a_file_name_is_refused(tmp_path, name):
+    path = saved(tmp_path, _with("wheel.name", name))
+    with pytest.raises(mf.ManifestError, match="is not a file name"):
+        mf.read(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 from invoke.collection import Collection
@@ -12,6 +13,7 @@ from invoke.tasks import task
 from .. import manifest as mf
 from .. import repro
 from ..console import printable
+from ..errors import WheelError, named_os_errors
 from ..verify import check_wheel_file
 from .common import handles_errors
 
@@ -53,6 +55,7 @@ def diff(c: Context, a: str, b: str, all_: bool = False) -> None:
     pa, pb = Path(a).expanduser(), Path(b).expanduser()
     if pa.suffix == ".whl" or pb.suffix == ".whl":
         for p in (pa, pb):
+            _regular_file(p)  # zipfile would wait forever on a FIFO, read /dev/zero without end
             check_wheel_file(p)
         wheels = repro.diff_wheels(pa, pb)
         print(repro.describe(wheels, pa, pb))
@@ -73,6 +76,17 @@ def diff(c: Context, a: str, b: str, all_: bool = False) -> None:
             )
     if differences:
         raise Exit(code=DIFFERENT)
+
+
+def _regular_file(path: Path) -> None:
+    """WheelError unless path is a regular file (PathError when it cannot be read at all)."""
+    with named_os_errors(path, "reading the wheel"):
+        mode = path.stat().st_mode
+    if not stat.S_ISREG(mode):
+        raise WheelError(
+            f"{printable(path)} is not a regular file (a directory, device, FIFO or socket)",
+            hint="give two wheels, or two *.manifest.json, that `invoke build` wrote",
+        )
 
 
 manifest = Collection("manifest", show, diff)
