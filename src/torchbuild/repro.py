@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import stat
+import struct
 import subprocess
 import tarfile
 import tempfile
@@ -210,8 +211,29 @@ def normalize_wheel(wheel: Path, epoch: int) -> bool:
 _DAMAGED = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, NotImplementedError, RuntimeError)
 
 
+def check_member_count(wheel: Path) -> None:
+    """WheelError when the archive's end record announces more than MEMBERS_LIMIT members: read
+    before zipfile parses the central directory into memory (some 300 bytes a member). Nothing
+    when there is no such record: opening the archive then says what it is."""
+    end_record = getattr(zipfile, "_EndRecData", None)  # the stdlib's own reader of that record
+    if end_record is None:
+        return
+    with named_os_errors(wheel, "reading the wheel"), wheel.open("rb") as f:
+        try:
+            record = end_record(f)
+        except (*_DAMAGED, struct.error):
+            return
+    count = record[getattr(zipfile, "_ECD_ENTRIES_TOTAL", 4)] if record else 0
+    if count > MEMBERS_LIMIT:
+        raise WheelError(
+            f"{wheel} has {count} members, more than the {MEMBERS_LIMIT} torchbuild compares",
+            hint="give a wheel that pip wrote (a torch wheel has about 15,000 members)",
+        )
+
+
 @contextlib.contextmanager
 def _open_wheel(wheel: Path) -> Iterator[zipfile.ZipFile]:
+    check_member_count(wheel)
     try:
         archive = zipfile.ZipFile(wheel)
     except _DAMAGED as exc:
@@ -243,8 +265,9 @@ class WheelDiff:
 
 
 def _members(archive: zipfile.ZipFile, wheel: Path) -> dict[str, zipfile.ZipInfo]:
-    """The archive's members by name; WheelError when there are more than MEMBERS_LIMIT or one
-    says it holds more than MEMBER_LIMIT bytes (nothing is decompressed before this check)."""
+    """The archive's members by name; WheelError when there are more than MEMBERS_LIMIT (an end
+    record that understates them) or one says it holds more than MEMBER_LIMIT bytes (nothing is
+    decompressed before this check)."""
     from .console import printable
 
     infos = archive.infolist()

@@ -96,9 +96,21 @@ def test_a_wheel_member_larger_than_the_limit_is_refused_before_it_is_decompress
     assert str(b) in caught.value.message
 
 
-def test_a_wheel_of_more_members_than_the_limit_is_refused(tmp_path, monkeypatch):
+def test_a_wheel_announcing_more_members_than_the_limit_is_refused_before_they_are_read(tmp_path, monkeypatch, capsys):
     a, b = _wheel_pair(tmp_path, {f"pkg/m{i}.py": b"" for i in range(10)})
     monkeypatch.setattr(repro, "MEMBERS_LIMIT", 8)
+    with monkeypatch.context() as m:
+        m.setattr(zipfile.ZipFile, "_RealGetContents", lambda self: pytest.fail("the central directory was read"))
+        assert invoke("manifest.diff", str(b), str(a)) == WheelError.exit_code
+        assert "14 members, more than the 8" in capsys.readouterr().err
+        with pytest.raises(WheelError, match="14 members, more than the 8"):
+            repro.diff_wheels(b, a)
+
+
+def test_a_wheel_whose_end_record_understates_its_members_is_still_refused(tmp_path, monkeypatch):
+    a, b = _wheel_pair(tmp_path, {f"pkg/m{i}.py": b"" for i in range(10)})
+    monkeypatch.setattr(repro, "MEMBERS_LIMIT", 8)
+    monkeypatch.setattr(repro, "check_member_count", lambda wheel: None)  # as if the record said fewer
     with pytest.raises(WheelError, match="14 members, more than the 8"):
         repro.diff_wheels(a, b)
 

@@ -56,6 +56,7 @@ def diff(c: Context, a: str, b: str, all_: bool = False) -> None:
     if pa.suffix == ".whl" or pb.suffix == ".whl":
         for p in (pa, pb):
             _regular_file(p)  # zipfile would wait forever on a FIFO, read /dev/zero without end
+            repro.check_member_count(p)  # before zipfile reads every member's entry into memory
             check_wheel_file(p)
         wheels = repro.diff_wheels(pa, pb)
         print(repro.describe(wheels, pa, pb))
