@@ -1,19 +1,53 @@
 """Tables and text for people, through rich: one place that decides how a table looks.
 
 Tables are rendered to plain text (no colour codes) so the same string can go to a terminal,
-a CI log and a log file alike.
+a CI log and a log file alike. Every cell is shown as the text it is (`printable`): no rich markup
+(`[red]`, `[/bar]`) or emoji codes are interpreted, and no terminal escape sequence or control
+character in a value reaches the terminal.
 """
 
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Iterable, Sequence
 
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 WIDTH = 160
+# rich lays a table out cell by cell (some 0.1 ms a cell: minutes for a diff of two 40k-member
+# wheels); a table of more rows whose cells each fit on one line is laid out by _aligned, to the
+# same text (tests/unit/test_bad_inputs_manifest.py compares the two)
+FAST_ROWS = 200
+
+# ECMA-48 escape sequences, 7- and 8-bit: control strings (OSC, DCS, SOS, PM, APC) up to their
+# terminator (BEL or ST), CSI sequences (colours, cursor moves, clearing the screen), and the
+# two-character escapes (ESC c resets the terminal)
+_ESCAPE_SEQUENCE = re.compile(
+    r"(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f]).*?(?:\x07|\x1b\\|\x9c)"
+    r"|(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"
+    r"|\x1b[ -/]*[0-~]?",
+    re.DOTALL,
+)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # not \t, \n
+
+
+def printable(value: object) -> str:
+    """str(value) safe to show on a terminal: escape sequences removed, and any control
+    character but newline and tab (carriage return, BEL, backspace, DEL...) written as its
+    escape (\\r, \\x07), so what is shown is what the value holds."""
+    text = _ESCAPE_SEQUENCE.sub("", str(value))
+    return _CONTROL.sub(lambda m: "\\r" if m.group() == "\r" else f"\\x{ord(m.group()):02x}", text)
+
+
+def cell(value: object) -> Text:
+    """value as a table cell: `printable` text that rich shows as is (markup and emoji codes
+    such as `[red]`, `[/bar]` or `:smile:` are not interpreted)."""
+    return Text(printable(value))
 
 
 def table(
@@ -26,14 +60,61 @@ def table(
 ) -> str:
     """rows under columns as aligned plain text; justify names each column's alignment
     (left, right, center; default left)."""
+    listed = [list(row) for row in rows]
+    if len(listed) > FAST_ROWS:
+        text = _aligned(columns, listed, title, justify, header)
+        if text is not None:
+            return text
     t = Table(
-        title=title, box=box.SIMPLE_HEAD if header else None, show_header=header, pad_edge=False, title_justify="left"
+        title=cell(title) if title is not None else None,
+        box=box.SIMPLE_HEAD if header else None,
+        show_header=header,
+        pad_edge=False,
+        title_justify="left",
     )
     for i, name in enumerate(columns):
-        t.add_column(name, justify=justify[i] if i < len(justify) else "left", overflow="fold")  # type: ignore[arg-type]
-    for row in rows:
-        t.add_row(*(str(cell) for cell in row))
+        t.add_column(cell(name), justify=justify[i] if i < len(justify) else "left", overflow="fold")  # type: ignore[arg-type]
+    for row in listed:
+        t.add_row(*(cell(value) for value in row))
     return render(t)
+
+
+def _aligned(
+    columns: Sequence[str], rows: list[list[object]], title: str | None, justify: Sequence[str], header: bool
+) -> str | None:
+    """The text rich renders for this table when no cell or title wraps, laid out here in one
+    pass; None where rich has to decide (a cell of several lines or with whitespace other than
+    spaces, a centred column, a table wider than WIDTH, a title wider than the table)."""
+    n = len(columns)
+    aligns = [justify[i] if i < len(justify) else "left" for i in range(n)]
+    if any(a not in ("left", "right") for a in aligns) or any(len(row) > n for row in rows) or title == "":
+        return None
+    body = [[printable(v) for v in row] + [""] * (n - len(row)) for row in rows]
+    every = [[printable(c) for c in columns], *body] if header else body
+    if any(not c.replace(" ", "x").isprintable() for row in every for c in row):
+        return None  # a line break, a tab, or a space rich may wrap at (no-break, ideographic...)
+    widths = [max(cell_len(row[i]) for row in every) for i in range(n)]
+    gap = 3 if header else 2  # padding either side, and SIMPLE_HEAD's blank column rule
+    inner = sum(widths) + gap * (n - 1)
+    width = inner + (2 if header else 0)  # SIMPLE_HEAD's blank edges
+    shown_title = None if title is None else printable(title)
+    if shown_title is not None and (not shown_title.replace(" ", "x").isprintable() or cell_len(shown_title) > width):
+        return None
+    if min(widths) == 0 or width > WIDTH:
+        return None
+
+    def line(row: list[str]) -> str:
+        cells = (
+            c + " " * (w - cell_len(c)) if a == "left" else " " * (w - cell_len(c.rstrip())) + c.rstrip()
+            for c, w, a in zip(row, widths, aligns)
+        )
+        return (" " if header else "") + (" " * gap).join(cells)
+
+    lines = [] if shown_title is None else [shown_title]
+    if header:
+        lines += ["", line(every[0]), " " + "\u2500" * inner]
+    lines += [line(row) for row in body]
+    return "\n".join(text.rstrip() for text in lines).strip("\n")
 
 
 def render(renderable: object) -> str:

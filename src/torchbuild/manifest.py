@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any, ClassVar, Optional, TypeVar
 
 from . import __version__
-from .console import table
+from .console import printable, table
 from .errors import BuildFailed, PathError, TorchbuildError, named_os_errors, os_fault
+from .safeio import MANIFEST_LIMIT, loads_json, read_bytes
 
 if typing.TYPE_CHECKING:
     from .config import BuildSpec
@@ -166,6 +167,11 @@ class WheelRecord:
     name: str
     sha256: str
     size: int
+
+    def __post_init__(self) -> None:
+        # manifest.diff opens the wheel beside the manifest by this name: a bare file name only
+        if self.name in ("", ".", "..") or "/" in self.name or "\0" in self.name:
+            raise ManifestError(f"wheel name {printable(self.name)!r} is not a file name (it would name another file)")
 
     @classmethod
     def of(cls, wheel: Path) -> WheelRecord:
@@ -604,19 +610,32 @@ def read(path: Path) -> Manifest:
 
 
 def _read_json(path: Path) -> Any:
+    """The JSON in path, read through safeio: at most MANIFEST_LIMIT bytes of a regular file
+    (not /dev/zero, a FIFO or a directory: PathError), strict JSON (no NaN, no nesting deeper
+    than safeio.JSON_DEPTH, no number of thousands of digits: ManifestError)."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
-    except OSError as exc:  # missing, a directory, unreadable: named, with a reader's hint
-        raise PathError(os_fault(exc, path, "reading the manifest").message, hint=READ_HINT) from exc
+        raw = read_bytes(path, MANIFEST_LIMIT, "reading the manifest")
+    except PathError as err:  # missing, a directory, a device, too large, unreadable
+        raise type(err)(err.message, hint=READ_HINT) from err.__cause__
     try:
-        return json.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ManifestError(f"{path}: not a manifest (not UTF-8 text)") from None
+    try:
+        return loads_json(text)
     except json.JSONDecodeError as exc:
         raise ManifestError(
             f"{path}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); truncated?"
         ) from None
+    except ValueError as exc:  # safeio's refusals: too deep, too long a number, NaN
+        raise ManifestError(f"{path}: not a manifest torchbuild wrote ({exc})") from None
+
+
+def mentions(path: Path, text: str) -> bool:
+    """Whether the manifest file path holds text (a cheap look before parsing it), read up to
+    MANIFEST_LIMIT bytes like every manifest: PathError for a larger file, a device or a FIFO."""
+    return text.encode() in read_bytes(path, MANIFEST_LIMIT, "reading the manifest")
 
 
 def find_run(out_dir: Path, run_id: str) -> tuple[Manifest, Path]:
@@ -625,9 +644,8 @@ def find_run(out_dir: Path, run_id: str) -> tuple[Manifest, Path]:
     with named_os_errors(out_dir, "looking for the build's manifest"):
         candidates = sorted(out_dir.glob(f"*{SUFFIX}"))
     for path in candidates:
-        with named_os_errors(path, "reading the manifest"):
-            if run_id not in path.read_text(encoding="utf-8", errors="replace"):
-                continue  # another run's; not parsed
+        if not mentions(path, run_id):
+            continue  # another run's; not parsed
         manifest = read(path)
         if manifest.run_id == run_id:
             return manifest, path
@@ -827,7 +845,7 @@ def show_diff(differences: Sequence[Difference], a: Path, b: Path, *, everything
     rows = [(d.path, _text(d.a), _text(d.b)) for d in differences]
     n = len(differences)
     return (
-        f"A: {a}\nB: {b}\n"
+        f"A: {printable(a)}\nB: {printable(b)}\n"
         + table(("field", "A", "B"), rows)
         + f"\n{n} field{'s' if n > 1 else ''} differ{'' if n > 1 else 's'}"
         + ("" if everything else " (per-run fields not compared; --all compares them)")

@@ -53,7 +53,7 @@ def config_text(spec: BuildSpec, host: HostResources | None = None, backend: str
         f"# environment the build sees on {backend} (MAX_JOBS {data['jobs_reason']}; replanned where the build runs)",
         format_env(data["env"]),
     ]
-    return "\n".join(lines)
+    return console.printable("\n".join(lines))  # values as written, no terminal escape sequences
 
 
 def _short_origin(origin: str) -> str:

@@ -31,8 +31,11 @@ from typing import Any
 
 from . import console
 from .errors import PathError, named_os_errors
+from .safeio import MiB, read_bytes
 
 SUPPORTED_VERSIONS = (5, 6, 7)
+# a .ninja_log gains ~100 bytes a compile and ninja recompacts it: a full PyTorch build's is ~2 MiB
+NINJA_LOG_LIMIT = 256 * MiB
 INSTALL_HINT = "pip install 'torchbuild[report]'"
 _HEADER = re.compile(r"# ninja log v(\d+)\s*$")
 
@@ -84,14 +87,14 @@ def mark(ninja_log: Path) -> LogMark | None:
         if not ninja_log.is_file():
             return None
         st = ninja_log.stat()
-        return LogMark((st.st_dev, st.st_ino), ninja_log.read_bytes().count(b"\n"))
+    return LogMark((st.st_dev, st.st_ino), read_bytes(ninja_log, NINJA_LOG_LIMIT, "reading the ninja log").count(b"\n"))
 
 
 def _log_lines(path: Path, since: LogMark | None = None) -> list[str]:
     """The entry lines of the log (after `since` if the file is still the one marked)."""
     with named_os_errors(path, "reading the ninja log"):
         st = path.stat()
-        text = path.read_text(errors="replace")
+    text = read_bytes(path, NINJA_LOG_LIMIT, "reading the ninja log").decode(errors="replace")
     lines = text.split("\n")
     m = _HEADER.match(lines[0]) if lines else None
     if not m or int(m.group(1)) not in SUPPORTED_VERSIONS:

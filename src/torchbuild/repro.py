@@ -21,15 +21,18 @@ import hashlib
 import os
 import shutil
 import stat
+import struct
 import subprocess
 import tarfile
 import tempfile
 import time
 import zipfile
+import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from .errors import WheelError, named_os_errors
+from .safeio import MEMBER_LIMIT
 from .source import SourceInfo
 
 # zip cannot say a date before 1980; ZipInfo stores even seconds
@@ -41,6 +44,8 @@ DEFLATE_LEVEL = 6
 # writes into it. So its clock is this constant, and the same content gives the same wheel.
 PLAIN_TREE_EPOCH = ZIP_EPOCH
 PLAIN_TREE = "plain tree: constant 1980-01-01"
+# manifest.diff of two wheels compares at most this many members each (a torch wheel has ~15,000)
+MEMBERS_LIMIT = 500_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,11 +175,38 @@ def normalize_wheel(wheel: Path, epoch: int) -> bool:
     return True
 
 
+# what a zip archive that is damaged or not a wheel raises while read: a truncated or corrupt
+# archive, a bad CRC, a member name that is not the UTF-8 its flag says, an encrypted member, a
+# compression method Python lacks
+_DAMAGED = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, NotImplementedError, RuntimeError)
+
+
+def check_member_count(wheel: Path) -> None:
+    """WheelError when the archive's end record announces more than MEMBERS_LIMIT members: read
+    before zipfile parses the central directory into memory (some 300 bytes a member). Nothing
+    when there is no such record: opening the archive then says what it is."""
+    end_record = getattr(zipfile, "_EndRecData", None)  # the stdlib's own reader of that record
+    if end_record is None:
+        return
+    with named_os_errors(wheel, "reading the wheel"), wheel.open("rb") as f:
+        try:
+            record = end_record(f)
+        except (*_DAMAGED, struct.error):
+            return
+    count = record[getattr(zipfile, "_ECD_ENTRIES_TOTAL", 4)] if record else 0
+    if count > MEMBERS_LIMIT:
+        raise WheelError(
+            f"{wheel} has {count} members, more than the {MEMBERS_LIMIT} torchbuild compares",
+            hint="give a wheel that pip wrote (a torch wheel has about 15,000 members)",
+        )
+
+
 @contextlib.contextmanager
 def _open_wheel(wheel: Path) -> Iterator[zipfile.ZipFile]:
+    check_member_count(wheel)
     try:
         archive = zipfile.ZipFile(wheel)
-    except (zipfile.BadZipFile, EOFError) as exc:
+    except _DAMAGED as exc:
         raise WheelError(f"{wheel} is not a zip archive ({exc})", hint="give a wheel that pip wrote") from exc
     with archive:
         yield archive
@@ -202,11 +234,43 @@ class WheelDiff:
         return self.a_sha256 == self.b_sha256
 
 
-def _digest(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> str:
+def _members(archive: zipfile.ZipFile, wheel: Path) -> dict[str, zipfile.ZipInfo]:
+    """The archive's members by name; WheelError when there are more than MEMBERS_LIMIT (an end
+    record that understates them) or one says it holds more than MEMBER_LIMIT bytes (nothing is
+    decompressed before this check)."""
+    from .console import printable
+
+    infos = archive.infolist()
+    if len(infos) > MEMBERS_LIMIT:
+        raise WheelError(
+            f"{wheel} has {len(infos)} members, more than the {MEMBERS_LIMIT} torchbuild compares",
+            hint="give a wheel that pip wrote (a torch wheel has about 15,000 members)",
+        )
+    for info in infos:
+        if info.file_size > MEMBER_LIMIT:
+            raise WheelError(
+                f"{wheel}: member {printable(info.filename)} is {info.file_size} bytes uncompressed, more than the "
+                f"{MEMBER_LIMIT // 2**20} MiB torchbuild compares",
+                hint="give a wheel that pip wrote; this member is far larger than any torch library",
+            )
+    return {i.filename: i for i in infos}
+
+
+def _digest(archive: zipfile.ZipFile, info: zipfile.ZipInfo, wheel: Path) -> str:
+    """sha256 of the member's uncompressed bytes (streamed; zipfile stops at its recorded size);
+    WheelError naming the wheel and member when it cannot be read (bad CRC, corrupt data)."""
+    from .console import printable
+
     h = hashlib.sha256()
-    with archive.open(info) as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+    try:
+        with archive.open(info) as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except _DAMAGED as exc:
+        raise WheelError(
+            f"{wheel}: member {printable(info.filename)} cannot be read ({exc}): the wheel is damaged",
+            hint="build or download the wheel again; `unzip -t` shows every damaged member",
+        ) from exc
     return h.hexdigest()
 
 
@@ -225,10 +289,10 @@ def diff_wheels(a: Path, b: Path) -> WheelDiff:
         if sa == sb:
             return WheelDiff(sa, sb, ())
         with _open_wheel(a) as za, _open_wheel(b) as zb:
-            ia = {i.filename: i for i in za.infolist()}
-            ib = {i.filename: i for i in zb.infolist()}
-            order_a = [n for n in ia if n in ib]
-            order_b = [n for n in ib if n in ia]
+            ia, ib = _members(za, a), _members(zb, b)
+            # each shared member's place among the shared members (a dict: one look-up per name)
+            place_a = {n: i for i, n in enumerate(n for n in ia if n in ib)}
+            place_b = {n: i for i, n in enumerate(n for n in ib if n in ia)}
             found: list[MemberDifference] = []
             for name in sorted(set(ia) | set(ib)):
                 if name not in ib:
@@ -238,7 +302,7 @@ def diff_wheels(a: Path, b: Path) -> WheelDiff:
                     found.append(MemberDifference(name, "only in B", "", f"{ib[name].file_size} bytes"))
                     continue
                 x, y = ia[name], ib[name]
-                if x.CRC != y.CRC or x.file_size != y.file_size or _digest(za, x) != _digest(zb, y):
+                if x.CRC != y.CRC or x.file_size != y.file_size or _digest(za, x, a) != _digest(zb, y, b):
                     found.append(MemberDifference(name, "content", f"{x.file_size} bytes", f"{y.file_size} bytes"))
                 if x.date_time != y.date_time:
                     found.append(MemberDifference(name, "timestamp", _stamp(x), _stamp(y)))
@@ -246,8 +310,8 @@ def diff_wheels(a: Path, b: Path) -> WheelDiff:
                     found.append(MemberDifference(name, "mode", oct(x.external_attr >> 16), oct(y.external_attr >> 16)))
                 if x.compress_type != y.compress_type:
                     found.append(MemberDifference(name, "compression", str(x.compress_type), str(y.compress_type)))
-                if order_a.index(name) != order_b.index(name):
-                    found.append(MemberDifference(name, "position", str(order_a.index(name)), str(order_b.index(name))))
+                if place_a[name] != place_b[name]:
+                    found.append(MemberDifference(name, "position", str(place_a[name]), str(place_b[name])))
     return WheelDiff(sa, sb, tuple(found))
 
 
@@ -258,11 +322,11 @@ def _stamp(info: zipfile.ZipInfo) -> str:
 
 def describe(diff: WheelDiff, a: Path, b: Path) -> str:
     """The comparison for people: one line when identical, else a table of the members."""
-    from .console import table
+    from .console import printable, table
 
     if diff.identical:
-        return f"identical: {a.name} and {b.name} (sha256 {diff.a_sha256})"
-    head = f"different: {a} (sha256 {diff.a_sha256[:16]}) and {b} (sha256 {diff.b_sha256[:16]})"
+        return f"identical: {printable(a.name)} and {printable(b.name)} (sha256 {diff.a_sha256})"
+    head = f"different: {printable(a)} (sha256 {diff.a_sha256[:16]}) and {printable(b)} (sha256 {diff.b_sha256[:16]})"
     if not diff.members:
         return head + "\nevery member has the same name, content, timestamp and mode: the zip's own layout differs"
     rows = [(m.name, m.what, m.a, m.b) for m in diff.members]

@@ -276,7 +276,7 @@ def companions_with(
     made = []
     with named_os_errors(out_dir, "looking for the companions' manifests"):
         for path in sorted(out_dir.glob(f"*{manifest.SUFFIX}")):
-            if f'"{req.run_id}.' not in path.read_text(encoding="utf-8", errors="replace"):
+            if not manifest.mentions(path, f'"{req.run_id}.'):
                 continue  # another run's
             m = manifest.read(path)
             if m.companion is not None and m.wheel is not None:

@@ -62,7 +62,7 @@ def check_wheel_file(path: Path) -> None:
         try:
             with zipfile.ZipFile(path) as archive:
                 names = archive.namelist()
-        except (zipfile.BadZipFile, EOFError) as exc:
+        except (zipfile.BadZipFile, EOFError, ValueError) as exc:  # ValueError: a name not the UTF-8 its flag says
             raise WheelError(f"--wheel {path} is named like a wheel but is not a zip archive ({exc})") from exc
     if not any(WHEEL_METADATA.fullmatch(n) for n in names):
         raise WheelError(f"--wheel {path} is a zip archive without a *.dist-info/WHEEL: not a wheel")

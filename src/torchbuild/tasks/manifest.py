@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 from invoke.collection import Collection
@@ -10,6 +11,8 @@ from invoke.exceptions import Exit
 
 from .. import manifest as mf
 from .. import repro
+from ..console import printable
+from ..errors import WheelError, named_os_errors
 from ..verify import check_wheel_file
 from .common import handles_errors, task
 
@@ -51,6 +54,8 @@ def diff(c: Context, a: str, b: str, all_: bool = False) -> None:
     pa, pb = Path(a).expanduser(), Path(b).expanduser()
     if pa.suffix == ".whl" or pb.suffix == ".whl":
         for p in (pa, pb):
+            _regular_file(p)  # zipfile would wait forever on a FIFO, read /dev/zero without end
+            repro.check_member_count(p)  # before zipfile reads every member's entry into memory
             check_wheel_file(p)
         wheels = repro.diff_wheels(pa, pb)
         print(repro.describe(wheels, pa, pb))
@@ -65,9 +70,23 @@ def diff(c: Context, a: str, b: str, all_: bool = False) -> None:
         if wa.is_file() and wb.is_file():
             print(repro.describe(repro.diff_wheels(wa, wb), wa, wb))
         else:
-            print(f"the wheels are not both beside their manifests ({wa}, {wb}): their members are not compared")
+            print(
+                f"the wheels are not both beside their manifests ({printable(wa)}, {printable(wb)}): "
+                "their members are not compared"
+            )
     if differences:
         raise Exit(code=DIFFERENT)
+
+
+def _regular_file(path: Path) -> None:
+    """WheelError unless path is a regular file (PathError when it cannot be read at all)."""
+    with named_os_errors(path, "reading the wheel"):
+        mode = path.stat().st_mode
+    if not stat.S_ISREG(mode):
+        raise WheelError(
+            f"{printable(path)} is not a regular file (a directory, device, FIFO or socket)",
+            hint="give two wheels, or two *.manifest.json, that `invoke build` wrote",
+        )
 
 
 manifest = Collection("manifest", show, diff)
