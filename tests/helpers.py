@@ -186,3 +186,10 @@ def shared_dir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     path.chmod(0o777)
     return path
+
+
+def fake_sif(path: Path) -> Path:
+    """A file with a SIF's global header (the launch line, then SIF_MAGIC at byte 32), enough
+    for torchbuild's check that --sif names a SIF; Apptainer itself would refuse it."""
+    path.write_bytes(b"#!/usr/bin/env run-singularity\n".ljust(32, b"\0") + b"SIF_MAGIC\x0001\x00" + bytes(100))
+    return path

@@ -44,7 +44,6 @@ from .errors import (
     named_os_errors,
     writable_dir,
 )
-from .safeio import read_head
 
 if TYPE_CHECKING:
     from .runner import BuildOptions
@@ -68,9 +67,6 @@ MAX_GPUS = 64
 MAX_MEM_MB = 1024**3  # 1 PiB
 MAX_WALLTIME_DAYS = 366
 _MEM_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}
-# the SIF global header: a 32-byte launch script line, then this magic
-SIF_MAGIC = b"SIF_MAGIC\x00"
-SIF_MAGIC_OFFSET = 32
 APPTAINER_MODES = ("auto", "host", "docker")
 
 
@@ -695,22 +691,15 @@ class Runtime:
                 f"--apptainer {self.apptainer!r} is none of {', '.join(APPTAINER_MODES)}",
                 hint="--apptainer auto (the node's apptainer, else the builder container), host or docker",
             )
-        from .sif import default_sif
+        from .sif import check_sif_header, default_sif
 
         sif = (Path(self.sif) if self.sif else default_sif(spec)).expanduser().absolute()
         make = f"make it with `invoke sif --profile {spec.profile} --arch {spec.arch}` (or pass --sif)"
         if not sif.is_file():
             raise ImageNotFound(f"SIF {sif} does not exist: the job would have nothing to build in", hint=make)
-        check_sif(sif, make)
+        check_sif_header(sif, "--sif", make)
         args = ["--in-container", "--engine", "apptainer", "--sif", str(sif), "--apptainer", self.apptainer]
         return [*args, "--nv"] if spec.gpus else args
-
-
-def check_sif(sif: Path, hint: str) -> None:
-    """ImageNotFound unless sif starts with the SIF global header (read: its first 64 bytes)."""
-    head = read_head(sif, 64, "--sif", ImageNotFound)
-    if head[SIF_MAGIC_OFFSET : SIF_MAGIC_OFFSET + len(SIF_MAGIC)] != SIF_MAGIC:
-        raise ImageNotFound(f"{sif} is not a SIF (no SIF header): the job could not run it", hint=hint)
 
 
 def local_source(source: str) -> str:

@@ -68,9 +68,10 @@ from .build import Tee
 from .config import DEFAULT_PROFILE, BuildSpec, cache_dir, profile_text
 from .engine import Engine
 from .environment import build_env, comms_runtime_env, prepend_path_lines, runtime_env
-from .errors import BuildInterrupted, InsufficientSpace, SifError, ToolMissing, UsageError
+from .errors import BuildInterrupted, ImageNotFound, InsufficientSpace, SifError, ToolMissing, UsageError
 from .image import LABEL_PREFIX, inputs_hash, make_context, require_image
 from .process import interrupts_unwind, run_streamed
+from .safeio import read_head
 
 DEFAULT_SIF = "torch-build.sif"
 BUILDER_REPO = "torchbuild/apptainer-builder"
@@ -922,3 +923,17 @@ def link_default(spec: BuildSpec, final: Path) -> Path | None:
         shutil.copy2(final, tmp)
     os.replace(tmp, link)
     return link
+
+
+# the SIF global header: a 32-byte launch script line, then this magic
+SIF_MAGIC = b"SIF_MAGIC\x00"
+SIF_MAGIC_OFFSET = 32
+
+
+def check_sif_header(sif: Path, what: str, hint: str) -> None:
+    """ImageNotFound unless sif is a regular file that starts with the SIF global header (read:
+    its first 64 bytes), so a text file or a squashfs given as --sif is named before Apptainer
+    or a batch job is asked to run it."""
+    head = read_head(sif, 64, what, ImageNotFound)
+    if head[SIF_MAGIC_OFFSET : SIF_MAGIC_OFFSET + len(SIF_MAGIC)] != SIF_MAGIC:
+        raise ImageNotFound(f"{sif} is not a SIF (no SIF header)", hint=hint)

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import fake_sif as _fake_sif
 from helpers import run_invoke
 
 from torchbuild.config import available_profiles, resolve
@@ -1025,14 +1026,14 @@ def test_invoke_submit_refuses_a_sif_that_is_no_sif_on_the_login_node(tmp_path, 
 
 def test_a_sif_is_told_by_its_header_with_a_bounded_read(tmp_path):
     from torchbuild.errors import ImageNotFound
-    from torchbuild.scheduler import check_sif
+    from torchbuild.sif import check_sif_header
 
-    check_sif(_fake_sif(tmp_path / "ok.sif"), "hint")
+    check_sif_header(_fake_sif(tmp_path / "ok.sif"), "--sif", "hint")
     big = tmp_path / "big.sif"
     with big.open("wb") as f:  # sparse: 64 GiB of nothing, read only at its head
         f.truncate(64 * 1024**3)
     with pytest.raises(ImageNotFound, match="not a SIF"):
-        check_sif(big, "hint")
+        check_sif_header(big, "--sif", "hint")
 
 
 def _submit_dry(tmp_path: Path, *args: str):
@@ -1098,12 +1099,6 @@ def test_invoke_submit_without_the_sif_stops_before_fetching_anything(tmp_path):
 
 
 # -------------------------------------------------------------------- every shipped profile
-
-
-def _fake_sif(path: Path) -> Path:
-    """A file with a SIF's global header (the launch line, then SIF_MAGIC at byte 32)."""
-    path.write_bytes(b"#!/usr/bin/env run-singularity\n".ljust(32, b"\0") + b"SIF_MAGIC\x0001\x00" + bytes(100))
-    return path
 
 
 def test_runtime_arguments_the_job_passes_to_the_build(tmp_path):

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import fake_sif
 
 from torchbuild import __version__
 from torchbuild.backends.apptainer import check_sif, run_args
@@ -233,8 +234,11 @@ def test_check_sif_names_a_missing_or_foreign_sif(tmp_path):
     with pytest.raises(ImageNotFound, match="does not exist") as exc:
         check_sif(spec, _Labels({}), tmp_path / "none.sif")
     assert "invoke sif --profile cpu --arch x86_64" in exc.value.hint
-    sif = tmp_path / "t.sif"
-    sif.write_bytes(b"")
+    text = tmp_path / "text.sif"
+    text.write_text("not a SIF\n")
+    with pytest.raises(ImageNotFound, match="not a SIF"):  # named before Apptainer is asked
+        check_sif(spec, _Labels({}), text)
+    sif = fake_sif(tmp_path / "t.sif")
     good = {"org.torchbuild.profile": "cpu", "org.torchbuild.arch": "x86_64", "org.torchbuild.version": __version__}
     assert check_sif(spec, _Labels(good), sif) == good
     with pytest.raises(ImageNotFound, match="has profile 'gh200'"):

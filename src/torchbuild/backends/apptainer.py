@@ -16,7 +16,7 @@ from ..environment import allocation_env, launch_env
 from ..errors import ImageNotFound
 from ..image import LABEL_PREFIX
 from ..manifest import ImageRecord
-from ..sif import SIF_LABEL, Apptainer, default_sif, locate
+from ..sif import SIF_LABEL, Apptainer, check_sif_header, default_sif, locate
 from . import CONTAINER_VIEW, Backend, Binds, container_view
 
 
@@ -25,6 +25,7 @@ def check_sif(spec: BuildSpec, apptainer: Apptainer, sif: Path) -> dict[str, str
     hint = f"make it with `invoke sif --profile {spec.profile} --arch {spec.arch}`"
     if not sif.is_file():
         raise ImageNotFound(f"SIF {sif} does not exist", hint=hint)
+    check_sif_header(sif, "--sif", hint)
     labels = apptainer.labels(sif)
     for key, want in (("profile", spec.profile), ("arch", spec.arch.value), ("version", __version__)):
         got = labels.get(f"{LABEL_PREFIX}.{key}")
