@@ -15,8 +15,8 @@ from invoke.exceptions import Exit
 from invoke.tasks import Task, task
 
 from ..backends import Backend, Options, choose
-from ..config import DEFAULT_PROFILE, BuildSpec, resolve
-from ..errors import TorchbuildError, UsageError, debug_enabled, os_fault, report
+from ..config import DEFAULT_PROFILE, BuildSpec, find_profile, resolve
+from ..errors import ProfileError, TorchbuildError, UsageError, debug_enabled, os_fault, report
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -66,7 +66,13 @@ def profile_name(profile: str) -> str:
 
 
 def spec_from(profile: str, set_: list[str] | None, arch: str | None) -> BuildSpec:
-    return resolve(profile_name(profile), set_ or [], arch=arch or None)
+    name = profile_name(profile)
+    if not profile and os.environ.get("TORCHBUILD_PROFILE"):
+        try:
+            find_profile(name)
+        except ProfileError as exc:  # say where the name came from: no --profile was given
+            raise ProfileError(f"$TORCHBUILD_PROFILE: {exc.message}", hint=exc.hint) from None
+    return resolve(name, set_ or [], arch=arch or None)
 
 
 def backend_from(spec: BuildSpec, given: Mapping[str, Any]) -> Backend:
