@@ -26,7 +26,8 @@ import yaml
 from packaging.version import InvalidVersion, Version
 
 from .arch import Arch
-from .companion_table import pairing_problem
+from .companion_table import REPOS as COMPANION_REPOS
+from .companion_table import default_ref, is_development, pairing_problem
 from .errors import ProfileError, UsageError
 from .nccl_arch import nccl_cannot_target
 from .safeio import PROFILE_LIMIT, read_text
@@ -927,6 +928,25 @@ def describe_keys() -> str:
         default = json.dumps(k.default)
         rows.append(f"| `{k.name}` | {kind} | `{default}` | {k.doc} |")
     return "\n".join(rows)
+
+
+def derived(spec: BuildSpec) -> dict[str, tuple[str, str]]:
+    """What the build uses where the profile leaves a key empty: name -> (value, what it is
+    derived from). torch_ref from torch_version; each companion's ref from torch_version and
+    torch_ref through the companion table (torch 2.5.1: torchvision v0.20.1), its repository
+    from torchbuild's list. `invoke config` shows them, marked as derived."""
+    out: dict[str, tuple[str, str]] = {}
+    if not spec.torch_ref:
+        out["torch_ref"] = (spec.git_ref, f"torch_version {spec.torch_version}")
+    for name in spec.companions:
+        if name not in spec.companion_refs:
+            dev = is_development(spec.torch_ref)
+            source = f"torch_ref {spec.torch_ref}" if dev else f"torch_version {spec.torch_version}"
+            ref = default_ref(name, spec.torch_version, spec.torch_ref)
+            out[f"companion_refs.{name}"] = (ref, f"{source} (companion table)")
+        if name not in spec.companion_repos:
+            out[f"companion_repos.{name}"] = (COMPANION_REPOS[name], "companions (the default repository)")
+    return out
 
 
 def profile_text(spec: BuildSpec) -> str:
