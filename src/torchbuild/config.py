@@ -563,7 +563,7 @@ def _coerce_text(spec: KeySpec, v: Any, where: str, what: str = "value") -> str:
         shown = ", ".join(repr(c) for c in spec.choices)
         raise _bad(spec, where, f"{v!r} is not allowed{sugg}", hint=f"valid values: {shown}")
     if spec.pattern is not None and not re.fullmatch(spec.pattern, v):
-        raise _bad(spec, where, f"{v!r} is malformed (expected to match {spec.pattern})")
+        raise _bad(spec, where, f"{_shown(v, 80)} is malformed (expected to match {spec.pattern})")
     if spec.path:
         home_path(v, f"{where}: key {spec.name!r}:")
     return v
@@ -575,10 +575,10 @@ def _coerce_bool(spec: KeySpec, value: Any, where: str) -> bool:
     return value
 
 
-def _shown(value: Any) -> str:
-    """A value for a message: a 10^23 is shown as its first digits."""
+def _shown(value: Any, width: int = 24) -> str:
+    """A value for a message: a 10^23 is shown as its first digits, a long text as its start."""
     text = repr(value)
-    return text if len(text) <= 24 else f"{text[:20]}... ({len(text)} characters)"
+    return text if len(text) <= width else f"{text[: width - 4]}... ({len(text)} characters)"
 
 
 def _bounds(spec: KeySpec) -> str:

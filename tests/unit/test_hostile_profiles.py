@@ -91,6 +91,7 @@ HOSTILE_SETS = [
     ("gpus=100000", ["'gpus'", "0 to 64"]),
     ("cpus=1000000000", ["'cpus'", "1 to 4096"]),
     ("cpus=0", ["'cpus'", "1 to 4096"]),
+    ("ccache_size=" + "9" * 400 + "T", ["'ccache_size'", "malformed"]),
     ("env=" + "[" * 100 + "]" * 100, ["--set env=", "nested more than"]),
 ]
 
