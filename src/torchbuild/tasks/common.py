@@ -34,7 +34,7 @@ RUNTIME_HELP = {
     "nv": "with --engine apptainer: pass --nv (NVIDIA driver and GPUs into the SIF; for GPU nodes)",
     "user": "uid:gid the container runs as (default: yours; --engine docker only)",
     "memory": "memory limit of the container, e.g. 8g (default: none; not natively)",
-    "rebuild_image": "with --in-container (docker): rebuild the toolchain image when it was built from other inputs",
+    "rebuild_image": "with --engine docker: rebuild the toolchain image when it was built from other inputs",
 }
 # runtime options only some tasks take (read by backend_from when the task has them)
 EXTRA_RUNTIME = ("host_mpi",)
