@@ -14,6 +14,8 @@ import difflib
 import functools
 import hashlib
 import json
+import math
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -24,10 +26,11 @@ import yaml
 from packaging.version import InvalidVersion, Version
 
 from .arch import Arch
-from .companion_table import pairing_problem
+from .companion_table import REPOS as COMPANION_REPOS
+from .companion_table import default_ref, is_development, pairing_problem
 from .errors import ProfileError, UsageError
 from .nccl_arch import nccl_cannot_target
-from .safeio import not_an_option
+from .safeio import PROFILE_LIMIT, not_an_option, read_text
 
 DEFAULT_PROFILE = "cpu"
 _CUDA_ARCH_RE = re.compile(r"\d+\.\d+a?(\+PTX)?")
@@ -62,6 +65,12 @@ class KeySpec:
     choices: tuple[str, ...] = ()
     pattern: str | None = None
     key_pattern: str | None = None
+    # int, number and jobs keys: the range a value must lie in (a typo of 10^23 jobs, or .inf
+    # GiB per job, is named here, not an OverflowError in the planner)
+    minimum: float | None = None
+    maximum: float | None = None
+    # a host path (or a list or map of them): ~user must name a user of this host
+    path: bool = False
     # build: decides what is built (hashed); job: how a batch job asks for a node; runtime: how
     # the built torch is installed and run (runtime environment, packages, modules, host MPI)
     scope: str = "build"
@@ -89,6 +98,9 @@ def schema() -> Mapping[str, KeySpec]:
             choices=tuple(entry.get("choices", ())),
             pattern=entry.get("pattern"),
             key_pattern=entry.get("key_pattern"),
+            minimum=entry.get("min"),
+            maximum=entry.get("max"),
+            path=bool(entry.get("path", False)),
             scope=entry.get("scope", "build"),
         )
     # the defaults must themselves be valid, or every profile would inherit an error
@@ -258,13 +270,97 @@ class _Layer:
         return f"{self.label}:{line}" if line else self.label
 
 
+# what one profile (or --set value) may make of its YAML: nodes written out plus nodes repeated
+# through aliases (`*a`), and nesting. A profile is a flat mapping of short lists and maps, far
+# under both; a billion-laughs file (aliases of aliases) or [[[[...]]]] is refused while it is
+# composed, before it takes memory or recursion.
+YAML_MAX_NODES = 100_000
+YAML_MAX_DEPTH = 32
+
+
+class _YamlTooLarge(yaml.YAMLError):
+    def __init__(self, problem: str, mark: Any) -> None:
+        super().__init__(problem)
+        self.problem, self.problem_mark = problem, mark
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that counts the nodes a document expands to (an alias counts as many nodes as
+    the node it repeats) and its nesting, and refuses a document over YAML_MAX_NODES or
+    YAML_MAX_DEPTH, or with an alias inside the node it names (a recursive structure)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._nodes = 0
+        self._depth = 0
+        self._open: set[str] = set()  # anchors of the collections being composed
+        self._sizes: dict[int, int] = {}
+
+    def _size(self, node: yaml.Node) -> int:
+        known = self._sizes.get(id(node))
+        if known is None:
+            known = 1
+            if isinstance(node, yaml.SequenceNode):
+                known += sum(self._size(item) for item in node.value)
+            elif isinstance(node, yaml.MappingNode):
+                known += sum(self._size(k) + self._size(v) for k, v in node.value)
+            self._sizes[id(node)] = known
+        return known
+
+    def _count(self, n: int, mark: Any) -> None:
+        self._nodes += n
+        if self._nodes > YAML_MAX_NODES:
+            raise _YamlTooLarge(f"expands to more than {YAML_MAX_NODES} values (aliases repeat their anchor)", mark)
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor in self._open:
+                raise _YamlTooLarge(f"alias *{event.anchor} is inside the node it names (a loop)", event.start_mark)
+            if event.anchor in self.anchors:
+                self._count(self._size(self.anchors[event.anchor]), event.start_mark)
+            return super().compose_node(parent, index)
+        self._count(1, event.start_mark)
+        self._depth += 1
+        if self._depth > YAML_MAX_DEPTH:
+            raise _YamlTooLarge(f"nested more than {YAML_MAX_DEPTH} levels deep", event.start_mark)
+        anchor = getattr(event, "anchor", None)
+        if anchor:
+            self._open.add(anchor)
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+            self._open.discard(anchor or "")
+        return node
+
+
+def _load_yaml(text: str, label: str, lines: bool = True) -> tuple[yaml.Node | None, Any]:
+    """The composed node and the data of one YAML document, bounded (_BoundedLoader); bad YAML,
+    a document too large once expanded, or a number Python will not read is a ProfileError."""
+    loader = _BoundedLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except _YamlTooLarge as exc:
+        raise ProfileError(
+            _yaml_error(label, exc, lines).message,
+            hint="write the values out: a profile is a flat mapping of short lists and maps",
+        ) from None
+    except yaml.YAMLError as exc:
+        raise _yaml_error(label, exc, lines) from None
+    except (ValueError, OverflowError) as exc:  # int() of a 5000-digit number, and the like
+        raise ProfileError(
+            f"{label}: not usable YAML: {str(exc)[:120]}", hint="write numbers of a sensible size"
+        ) from None
+    finally:
+        loader.dispose()
+    return node, data
+
+
 def _read_yaml(path: Path) -> _Layer:
     text = _read_text(path)
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise _yaml_error(str(path), exc) from exc
+    node, data = _load_yaml(text, str(path))
     if node is None:
         raise ProfileError(
             f"{path}: the profile is empty",
@@ -284,23 +380,13 @@ def _read_yaml(path: Path) -> _Layer:
 
 
 def _read_text(path: Path) -> str:
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ProfileError(f"{path}: cannot read profile: {exc.strerror}") from exc
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise ProfileError(
-            f"{path}:{line}: not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})",
-            hint="save the profile as UTF-8 (e.g. iconv -f latin1 -t utf-8)",
-        ) from exc
+    """The profile's text, at most PROFILE_LIMIT bytes of a regular UTF-8 file (safeio)."""
+    return read_text(path, PROFILE_LIMIT, "profile", ProfileError)
 
 
-def _yaml_error(label: str, exc: yaml.YAMLError) -> ProfileError:
+def _yaml_error(label: str, exc: yaml.YAMLError, lines: bool = True) -> ProfileError:
     mark = getattr(exc, "problem_mark", None)
-    where = f"{label}:{mark.line + 1}" if mark else label
+    where = f"{label}:{mark.line + 1}" if mark and lines else label
     problem = getattr(exc, "problem", None) or str(exc)
     return ProfileError(f"{where}: not valid YAML: {problem}", hint="check the quoting and brackets on that line")
 
@@ -321,6 +407,25 @@ def _duplicate_keys(node: yaml.Node) -> Iterator[tuple[str, int, int]]:
             yield from _duplicate_keys(item)
 
 
+_PROFILE_IS = "a profile is a YAML file of key: value lines (the keys of configs/defaults.yaml)"
+_NAMES = "a profile name (`invoke config --list-profiles`)"
+
+
+def home_path(text: str, what: str, error: type[ProfileError] | type[UsageError] = ProfileError) -> Path:
+    """Path(text) with ~ and ~user expanded; error (naming `what`) when ~user names no user of
+    this host (Path.expanduser raises RuntimeError) or the text holds a NUL byte."""
+    if "\0" in text:
+        raise error(f"{what} {text!r} holds a NUL byte", hint="write the path without it")
+    expanded = os.path.expanduser(text)
+    if expanded.startswith("~"):
+        user = expanded[1:].split("/", 1)[0]
+        raise error(
+            f"{what} {text}: there is no user {user!r} on this host to expand ~{user}",
+            hint="write the path out in full, or ~/... for your own home",
+        )
+    return Path(expanded)
+
+
 def available_profiles(search_dirs: Sequence[Path] = ()) -> list[str]:
     names: set[str] = set()
     for d in [*search_dirs, profiles_dir()]:
@@ -331,14 +436,21 @@ def available_profiles(search_dirs: Sequence[Path] = ()) -> list[str]:
 
 def find_profile(ref: str, search_dirs: Sequence[Path] = (), relative_to: Path | None = None) -> Path:
     """A profile by name (searched in search_dirs, then configs/profiles) or by path."""
-    looks_like_path = ref.endswith((".yaml", ".yml")) or "/" in ref
+    looks_like_path = ref.endswith((".yaml", ".yml")) or "/" in ref or ref.startswith("~")
     if looks_like_path:
-        p = Path(ref).expanduser()
+        p = home_path(ref, "profile", ProfileError)
         if not p.is_absolute() and relative_to is not None and (relative_to / p).is_file():
             p = relative_to / p
         if p.is_file():
             return p.resolve()
-        raise ProfileError(f"profile file {ref} does not exist", hint="pass a path to a .yaml file or a profile name")
+        what = _PROFILE_IS
+        if p.is_dir():
+            raise ProfileError(f"profile {ref} is a directory; {what}", hint=f"name a .yaml file in it, or {_NAMES}")
+        if p.exists():
+            raise ProfileError(f"profile {ref} is not a regular file; {what}", hint=f"name a .yaml file, or {_NAMES}")
+        raise ProfileError(
+            f"profile file {ref} does not exist; {what}", hint=f"pass a path to a .yaml file, or {_NAMES}"
+        )
     dirs = [*(([relative_to]) if relative_to else []), *search_dirs, profiles_dir()]
     for d in dirs:
         p = d / f"{ref}.yaml"
@@ -415,13 +527,12 @@ def _parse_cli_value(spec: KeySpec, raw: str) -> Any:
 
 def _cli_yaml(spec: KeySpec, raw: str) -> Any:
     try:
-        return yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        return _load_yaml(raw, f"--set {spec.name}={raw[:60]}", lines=False)[1]
+    except ProfileError as exc:
         raise ProfileError(
-            f"--set {spec.name}={raw}: not valid YAML: {problem}",
+            exc.message,
             hint="quote the whole --set argument for the shell; lists are [a, b], maps are {KEY: value}",
-        ) from exc
+        ) from None
 
 
 def _suggest(key: str) -> str:
@@ -452,7 +563,9 @@ def _coerce_text(spec: KeySpec, v: Any, where: str, what: str = "value") -> str:
         shown = ", ".join(repr(c) for c in spec.choices)
         raise _bad(spec, where, f"{v!r} is not allowed{sugg}", hint=f"valid values: {shown}")
     if spec.pattern is not None and not re.fullmatch(spec.pattern, v):
-        raise _bad(spec, where, f"{v!r} is malformed (expected to match {spec.pattern})")
+        raise _bad(spec, where, f"{_shown(v, 80)} is malformed (expected to match {spec.pattern})")
+    if spec.path:
+        home_path(v, f"{where}: key {spec.name!r}:")
     return v
 
 
@@ -462,21 +575,58 @@ def _coerce_bool(spec: KeySpec, value: Any, where: str) -> bool:
     return value
 
 
+def _shown(value: Any, width: int = 24) -> str:
+    """A value for a message: a 10^23 is shown as its first digits, a long text as its start."""
+    text = repr(value)
+    return text if len(text) <= width else f"{text[: width - 4]}... ({len(text)} characters)"
+
+
+def _bounds(spec: KeySpec) -> str:
+    """'from 1 to 4096': the range of an int (from 0), number (above 0) or jobs (from 1) key."""
+    low = spec.minimum if spec.minimum is not None else {"int": 0, "jobs": 1}.get(spec.type, 0)
+    high = f"{spec.maximum:g}" if spec.maximum is not None else "any size"
+    if spec.type == "number" and spec.minimum is None:
+        return f"above 0 up to {high}"
+    return f"from {low:g} to {high}"
+
+
+def _check_range(spec: KeySpec, value: float, where: str, expected: str) -> None:
+    low = spec.minimum if spec.minimum is not None else -math.inf
+    high = spec.maximum if spec.maximum is not None else math.inf
+    if not low <= value <= high:
+        bounds = _bounds(spec)
+        raise _bad(
+            spec, where, f"{_shown(value)} is out of range: expected {expected} {bounds}", hint=f"give a value {bounds}"
+        )
+
+
 def _coerce_int(spec: KeySpec, value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _bad(spec, where, f"expected a whole number >= 0, got {value!r}")
+        raise _bad(spec, where, f"expected a whole number >= 0, got {_shown(value)}")
+    _check_range(spec, value, where, "a whole number")
     return value
 
 
 def _coerce_number(spec: KeySpec, value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise _bad(spec, where, f"expected a number > 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise _bad(spec, where, f"expected a number > 0, got {_shown(value)}")
+    if not math.isfinite(value):
+        raise _bad(
+            spec,
+            where,
+            f"expected a finite number, got {value!r}",
+            hint=f"give {spec.name} a number, e.g. {spec.default}",
+        )
+    _check_range(spec, value, where, "a number")
     return float(value)
 
 
+_DIGITS = re.compile(r"[0-9]{1,18}")  # ASCII digits only: "²".isdigit() is True, int("²") fails
+
+
 def _count_of_jobs(value: object) -> int | None:
-    """value as a whole number >= 1 (an int, or text of digits), else None."""
-    if isinstance(value, str) and value.strip().isdigit():
+    """value as a whole number >= 1 (an int, or text of ASCII digits), else None."""
+    if isinstance(value, str) and _DIGITS.fullmatch(value.strip()):
         value = int(value.strip())
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         return None
@@ -488,7 +638,8 @@ def _coerce_jobs(spec: KeySpec, value: Any, where: str) -> Union[str, int]:
         return "auto"
     jobs = _count_of_jobs(value)
     if jobs is None:
-        raise _bad(spec, where, f"expected auto or a whole number >= 1, got {value!r}")
+        raise _bad(spec, where, f"expected auto or a whole number {_bounds(spec)}, got {_shown(value)}")
+    _check_range(spec, jobs, where, "auto or a whole number")
     return jobs
 
 
@@ -548,6 +699,8 @@ def _coerce_map(spec: KeySpec, value: Any, where: str) -> StrMap:
             v = str(v)
         elif not isinstance(v, str):
             raise _bad(spec, where, f"entry {k!r} must be text or a number, got {v!r}")
+        if spec.path:
+            home_path(v, f"{where}: key {spec.name}.{k}:")
         result[k] = v
     return MappingProxyType(result)
 
@@ -779,9 +932,30 @@ def describe_keys() -> str:
     for k in schema().values():
         shown = [c or json.dumps(c) for c in k.choices]
         kind = k.type + (f" ({' · '.join(shown)})" if shown else "")
+        if k.minimum is not None or k.maximum is not None:
+            kind += f" ({_bounds(k)})"
         default = json.dumps(k.default)
         rows.append(f"| `{k.name}` | {kind} | `{default}` | {k.doc} |")
     return "\n".join(rows)
+
+
+def derived(spec: BuildSpec) -> dict[str, tuple[str, str]]:
+    """What the build uses where the profile leaves a key empty: name -> (value, what it is
+    derived from). torch_ref from torch_version; each companion's ref from torch_version and
+    torch_ref through the companion table (torch 2.5.1: torchvision v0.20.1), its repository
+    from torchbuild's list. `invoke config` shows them, marked as derived."""
+    out: dict[str, tuple[str, str]] = {}
+    if not spec.torch_ref:
+        out["torch_ref"] = (spec.git_ref, f"torch_version {spec.torch_version}")
+    for name in spec.companions:
+        if name not in spec.companion_refs:
+            dev = is_development(spec.torch_ref)
+            source = f"torch_ref {spec.torch_ref}" if dev else f"torch_version {spec.torch_version}"
+            ref = default_ref(name, spec.torch_version, spec.torch_ref)
+            out[f"companion_refs.{name}"] = (ref, f"{source} (companion table)")
+        if name not in spec.companion_repos:
+            out[f"companion_repos.{name}"] = (COMPANION_REPOS[name], "companions (the default repository)")
+    return out
 
 
 def profile_text(spec: BuildSpec) -> str:
@@ -796,4 +970,4 @@ def profile_text(spec: BuildSpec) -> str:
 
 def cache_dir(spec: BuildSpec) -> Path:
     """The profile's cache directory on this host (ccache, pip cache, sources, logs)."""
-    return Path(spec.cache_dir).expanduser()
+    return home_path(spec.cache_dir, "cache_dir")

@@ -145,6 +145,7 @@ class Engine:
         image_id = ""
         start = time.monotonic()
         tls_line: str | None = None  # the first line saying a certificate could not be verified
+        step = ""  # the step running: "Step 7/15 : RUN ...", as the builder prints it
         with log.open("w") as logf:
             try:
                 stream = self.client.api.build(
@@ -170,11 +171,13 @@ class Engine:
                                 print(f"  {line}", file=out, flush=True)
                             if tls_line is None and certificate_failure(line):
                                 tls_line = line.strip()
+                            if _STEP.match(line):
+                                step = line.strip()
                     if "aux" in chunk and "ID" in chunk["aux"]:
                         image_id = chunk["aux"]["ID"]
                     if "error" in chunk:
                         logf.write(f"ERROR: {chunk['error']}\n")
-                        detail = f"failed after {time.monotonic() - start:.0f} s: {chunk['error'].strip()}"
+                        detail = f"failed after {time.monotonic() - start:.0f} s: {step_failed(step, chunk['error'])}"
                         raise build_failure(tag, detail, log, tls_line)
             except docker.errors.APIError as exc:
                 raise build_failure(tag, f"failed: {_short(exc)}", log, tls_line) from exc
@@ -265,6 +268,24 @@ _PULL_HINT = (
     "check registry access; without one, make a local base with `invoke base-image` "
     "and use it with --set base_image=torchbuild/base:<suite>-<arch>"
 )
+
+
+_STEP = re.compile(r"Step (\d+/\d+) : (\S+)\s*(.*)")
+_EXIT = re.compile(r"returned a non-zero code: (\d+)")
+
+
+def step_failed(step: str, error: str) -> str:
+    """One line for a failed build step: its number, its instruction and the start of its
+    command (the whole multi-line RUN block is in the log, not in the message), and the exit
+    code; the error's first line, shortened, when the builder named no step."""
+    code = _EXIT.search(error)
+    m = _STEP.match(step)
+    if m and code:
+        command = " ".join(m[3].split())
+        shown = command if len(command) <= 60 else command[:57] + "..."
+        return f"step {m[1]} ({m[2]} {shown}) exited with code {code[1]}"
+    first = next((ln.strip() for ln in error.splitlines() if ln.strip()), "no message")
+    return first if len(first) <= 200 else first[:197] + "..."
 
 
 def build_failure(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import hashlib
 import io
@@ -36,6 +38,7 @@ from .errors import (
     writable_dir,
 )
 from .lock import Lock, LockError
+from .safeio import MiB, read_bytes
 
 LABEL_PREFIX = "org.torchbuild"
 DOCKERFILE = "toolchain.Dockerfile"
@@ -204,16 +207,95 @@ def make_context(spec: BuildSpec, dest: Path, dockerfile: str = DOCKERFILE, extr
     certs = dest / "certs"
     certs.mkdir()
     (certs / "README").write_text("CA certificates from the profile's ca_certificates key.\n")
-    for i, name in enumerate(spec.ca_certificates):
+    for i, (src, data) in enumerate(ca_certificates(spec)):
+        with named_os_errors(certs, "ca_certificates"):
+            (certs / f"{i:02d}-{src.stem}.crt").write_bytes(data)
+    _copy_tree(root, dest / "torchbuild-src")
+
+
+# a bundle of every public root CA is about 220 KiB
+CA_LIMIT = 1 * MiB
+_BEGIN, _END = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
+_PEM_HINT = (
+    "list PEM certificate files (-----BEGIN CERTIFICATE----- blocks), e.g. /usr/local/share/ca-certificates/site.crt; "
+    "convert a DER one with `openssl x509 -inform der -in site.cer -out site.crt`"
+)
+
+
+def ca_certificates(spec: BuildSpec) -> list[tuple[Path, bytes]]:
+    """Each ca_certificates file and its bytes: a regular file of at most CA_LIMIT holding PEM
+    CERTIFICATE blocks only (anything else, a private key or /etc/passwd, is never put in the
+    image's trust store); ProfileError naming the file and the line otherwise."""
+    found = []
+    for name in spec.ca_certificates:
         src = Path(name).expanduser()
         if not src.is_file():
-            raise ImageBuildFailed(
-                f"ca_certificates: {src} is not a file",
-                hint="list PEM files that exist on this host, e.g. /usr/local/share/ca-certificates/site.crt",
-            )
-        with named_os_errors(src, "ca_certificates"):
-            shutil.copyfile(src, certs / f"{i:02d}-{src.stem}.crt")
-    _copy_tree(root, dest / "torchbuild-src")
+            raise ProfileError(f"ca_certificates: {src} is not a file", hint=_PEM_HINT)
+        try:
+            data = read_bytes(src, CA_LIMIT, "ca_certificates", ProfileError)
+        except ProfileError as exc:
+            raise ProfileError(exc.message, hint=_PEM_HINT) from None
+        problem = pem_problem(data)
+        if problem:
+            raise ProfileError(f"ca_certificates: {src} is not a PEM certificate: {problem}", hint=_PEM_HINT)
+        found.append((src, data))
+    return found
+
+
+def pem_problem(data: bytes) -> str:
+    """Why data is not one or more PEM certificates ('' when it is): outside the blocks only
+    blank lines and # comments (as in CA bundles); each block base64 of one DER SEQUENCE."""
+    if b"\0" in data or data[:1] == b"\x30":
+        return "it is binary (a DER certificate?)"
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        return "it is not ASCII text"
+    count, start = 0, 0  # start: the line of the open block's BEGIN, 0 outside blocks
+    lines: list[str] = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not start:
+            if not line or line.startswith("#"):
+                continue
+            if line == _BEGIN:
+                start, lines = n, []
+                continue
+            kind = re.fullmatch(r"-----BEGIN ([A-Z0-9 ]{1,40})-----", line)
+            if kind:
+                return f"line {n} begins a {kind[1]} block; only CERTIFICATE blocks go into a trust store"
+            return f"line {n} is not part of a -----BEGIN CERTIFICATE----- block"
+        if line == _END:
+            problem = _der_problem("".join(lines))
+            if problem:
+                return f"the block at line {start} {problem}"
+            count, start = count + 1, 0
+            continue
+        lines.append(line)
+    if start:
+        return f"the block at line {start} has no {_END} line (truncated?)"
+    if not count:
+        return f"it holds no {_BEGIN} block"
+    return ""
+
+
+def _der_problem(b64: str) -> str:
+    """Why b64 is not the base64 of one DER-encoded SEQUENCE (a certificate's outer structure)."""
+    try:
+        der = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError):
+        return "is not base64"
+    if len(der) < 2 or der[0] != 0x30:
+        return "does not hold a DER certificate (no ASN.1 SEQUENCE)"
+    size, header = der[1], 2
+    if size & 0x80:
+        width = size & 0x7F
+        if not 1 <= width <= 4 or len(der) < 2 + width:
+            return "does not hold a DER certificate (bad length)"
+        size, header = int.from_bytes(der[2 : 2 + width], "big"), 2 + width
+    if header + size != len(der):
+        return f"holds {len(der)} bytes where its DER header says {header + size} (truncated?)"
+    return ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,8 +334,8 @@ def _ca_digests(spec: BuildSpec) -> list[str]:
     for name in spec.ca_certificates:
         path = Path(name).expanduser()
         try:
-            digests.append("sha256:" + hashlib.sha256(path.read_bytes()).hexdigest())
-        except OSError:
+            digests.append("sha256:" + hashlib.sha256(read_bytes(path, CA_LIMIT, "ca_certificates")).hexdigest())
+        except TorchbuildError:
             digests.append(f"unreadable {path}")
     return sorted(digests)
 
@@ -627,6 +709,7 @@ def build_image(
     platform = spec.arch.docker_platform
     packages = apt_packages(spec)
     python_requirements(spec)  # a bad entry is refused before anything is pulled or built
+    ca_certificates(spec)  # and so is a CA file that is not a PEM certificate
     require_emulation(spec.arch)
     if pull or engine.image_attrs(spec.base_image) is None:
         engine.pull(spec.base_image, platform, out=out)

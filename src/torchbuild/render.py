@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from . import console
-from .config import BuildSpec
+from .config import BuildSpec, cache_dir, derived
 from .environment import build_env, format_env
 from .jobs import HostResources, plan_for
 
@@ -18,7 +18,7 @@ def config_data(spec: BuildSpec, host: HostResources | None = None, backend: str
     """The resolved profile and the environment a build on `backend` sees (the cache at /cache
     in the image or SIF, at cache_dir natively)."""
     host = host or HostResources.detect()
-    cache = Path(spec.cache_dir).expanduser()
+    cache = cache_dir(spec)
     plan = plan_for(spec, host, cache)
     cache_root = str(cache) if backend == "native" else CONTAINER_CACHE
     env = build_env(
@@ -33,6 +33,8 @@ def config_data(spec: BuildSpec, host: HostResources | None = None, backend: str
         "build_version": spec.build_version,
         "values": spec.to_dict(),
         "origins": dict(spec.origins),
+        # what the build uses where a key is left empty, and what it is derived from
+        "derived": {key: {"value": value, "from": source} for key, (value, source) in derived(spec).items()},
         "jobs_reason": plan.reason,
         "env": env,
     }
@@ -52,8 +54,17 @@ def config_text(spec: BuildSpec, host: HostResources | None = None, backend: str
         "",
         f"# environment the build sees on {backend} (MAX_JOBS {data['jobs_reason']}; replanned where the build runs)",
         format_env(data["env"]),
+        *_derived_lines(data["derived"]),
     ]
     return console.printable("\n".join(lines))  # values as written, no terminal escape sequences
+
+
+def _derived_lines(values: dict[str, dict[str, str]]) -> list[str]:
+    """The derived values as a table of their own, after the environment (none: no lines)."""
+    if not values:
+        return []
+    rows = [(key, json.dumps(v["value"]), f"derived: {v['from']}") for key, v in values.items()]
+    return ["", "# derived: what the build uses for keys left empty", console.table(("key", "value", "set in"), rows)]
 
 
 def _short_origin(origin: str) -> str:

@@ -680,12 +680,13 @@ class Runtime:
     apptainer: str = "auto"
 
     def args(self, spec: BuildSpec) -> list[str]:
-        if self.engine in ("native", "docker"):
+        from .backends import engine_for
+
+        engine = engine_for(self.engine, default="apptainer")  # the same check and meaning as build's
+        if engine in ("native", "docker"):
             if self.sif or self.apptainer != "auto":
                 raise UsageError("--sif and --apptainer choose the SIF", hint="drop them, or use --engine apptainer")
-            return [] if self.engine == "native" else ["--in-container", "--engine", "docker"]
-        if self.engine != "apptainer":
-            raise UsageError(f"unknown engine {self.engine!r}", hint="use apptainer (the SIF), docker or native")
+            return [] if engine == "native" else ["--in-container", "--engine", "docker"]
         if self.apptainer not in APPTAINER_MODES:
             raise UsageError(
                 f"--apptainer {self.apptainer!r} is none of {', '.join(APPTAINER_MODES)}",

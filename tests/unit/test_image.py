@@ -37,6 +37,8 @@ from torchbuild.image import (
 )
 from torchbuild.lock import Lock, LockError, PipPin
 
+CA_A, CA_B = (Path(__file__).parents[1] / "fixtures" / "ca" / f"site-{x}.crt" for x in "ab")
+
 
 def test_apt_packages_follow_the_profile():
     assert apt_packages(resolve("cpu")) == ["gcc", "g++", "libopenblas-dev"]
@@ -130,7 +132,7 @@ def test_debian_package_names_are_accepted(name):
 
 def test_context_holds_dockerfile_source_and_certs(tmp_path):
     cert = tmp_path / "site.crt"
-    cert.write_text("-----BEGIN CERTIFICATE-----\n")
+    cert.write_bytes(CA_A.read_bytes())
     ctx = tmp_path / "ctx"
     ctx.mkdir()
     make_context(resolve("cpu", [f"ca_certificates={cert}"]), ctx)
@@ -142,7 +144,7 @@ def test_context_holds_dockerfile_source_and_certs(tmp_path):
 
 
 def test_missing_ca_certificate_is_named(tmp_path):
-    with pytest.raises(ImageBuildFailed, match=r"nope\.crt is not a file"):
+    with pytest.raises(ProfileError, match=r"nope\.crt is not a file"):
         make_context(resolve("cpu", [f"ca_certificates={tmp_path}/nope.crt"]), tmp_path)
 
 
@@ -224,11 +226,11 @@ def test_build_settings_do_not_make_the_image_out_of_date(override):
 
 def test_ca_certificates_compare_by_content(tmp_path):
     cert = tmp_path / "site.crt"
-    cert.write_text("-----BEGIN CERTIFICATE-----\nA\n")
+    cert.write_bytes(CA_A.read_bytes())
     spec = resolve("cpu", [f"ca_certificates={cert}"])
     image = _inspect(spec)
     assert input_differences(image, wanted_inputs(spec, "sha256:base")) == []
-    cert.write_text("-----BEGIN CERTIFICATE-----\nB\n")  # the site's CA was replaced
+    cert.write_bytes(CA_B.read_bytes())  # the site's CA was replaced
     (diff,) = input_differences(image, wanted_inputs(spec, "sha256:base"))
     assert diff.startswith("ca_certificates: profile adds sha256:")
     (diff,) = input_differences(_inspect(resolve("cpu")), wanted_inputs(spec, "sha256:base"))

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TextIO
 
 from ..config import BuildSpec
+from ..environment import BACKENDS
 from ..errors import BuildInterrupted, TorchbuildError, UsageError, named_os_errors
 from ..oom import OOM_EXITS, step_failure
 from ..process import interrupts_unwind
@@ -174,32 +175,57 @@ def _named_errors() -> list[type[TorchbuildError]]:
     return found
 
 
+# --engine: where a step runs, with one meaning in every task that takes it (build, install,
+# mpi-check, comms, config... and submit, where it is where the job builds on its node)
+ENGINES = BACKENDS
+ENGINE_HELP = "native (this machine), docker (the toolchain image) or apptainer (the SIF from `invoke sif`)"
+
+
+def engine_for(engine: str, in_container: bool = False, default: str = "native") -> str:
+    """The one check of an --engine value: one of ENGINES, the same in every task. engine ''
+    (not given) is docker with --in-container (its shorthand), else the task's default;
+    --in-container with --engine native contradicts itself."""
+    if not engine:
+        return "docker" if in_container else default
+    if engine not in ENGINES:
+        close = [e for e in ENGINES if e.startswith(engine[:2].lower())]
+        sugg = f"; did you mean {close[0]!r}?" if close else ""
+        raise UsageError(f"unknown --engine {engine!r}{sugg}", hint=f"use --engine {ENGINE_HELP}")
+    if engine == "native" and in_container:
+        raise UsageError("--in-container and --engine native contradict each other", hint="drop one of them")
+    return engine
+
+
 _OPTIONS_REFUSED: dict[str, Callable[[Options], dict[str, object]]] = {
     "native": lambda o: {
         "--user": o.user,
         "--memory": o.memory,
         "--sif": o.sif,
+        "--apptainer": o.apptainer != "auto",
         "--nv": o.nv,
         "--rebuild-image": o.rebuild_image,
         "--host-mpi": o.host_mpi,
     },
-    "docker": lambda o: {"--sif": o.sif, "--nv": o.nv},
+    "docker": lambda o: {"--sif": o.sif, "--apptainer": o.apptainer != "auto", "--nv": o.nv},
     "apptainer": lambda o: {"--user": o.user, "--rebuild-image": o.rebuild_image},
 }
 
 
 def choose(spec: BuildSpec, engine: str, options: Options, out: TextIO = sys.stdout) -> Backend:
-    """The backend for --engine (native, docker, apptainer); options it cannot honour are refused."""
+    """The backend for --engine (native, docker, apptainer: engine_for); options it cannot honour are refused."""
     from .apptainer import ApptainerBackend
     from .docker import DockerBackend
     from .native import NativeBackend
 
     kinds: dict[str, type[Backend]] = {b.name: b for b in (NativeBackend, DockerBackend, ApptainerBackend)}
-    if engine not in kinds:
-        raise UsageError(f"unknown engine {engine!r}", hint=f"use one of {', '.join(kinds)}")
+    engine = engine_for(engine)
     given = [flag for flag, value in _OPTIONS_REFUSED[engine](options).items() if value]
     if given:
         where = "a native build" if engine == "native" else f"--engine {engine}"
-        fix = "add --in-container" if engine == "native" else "drop it, or choose the engine that takes it"
+        fix = (
+            "choose the container with --engine docker or apptainer"
+            if engine == "native"
+            else "drop it, or choose the engine that takes it"
+        )
         raise UsageError(f"{', '.join(given)} cannot be used with {where}", hint=fix)
     return kinds[engine](spec, options, out)

@@ -16,9 +16,9 @@ from invoke.parser.argument import Argument
 from invoke.tasks import Task
 from invoke.tasks import task as invoke_task
 
-from ..backends import Backend, Options, choose
-from ..config import DEFAULT_PROFILE, BuildSpec, resolve
-from ..errors import TorchbuildError, UsageError, debug_enabled, fault_path, os_fault, report
+from ..backends import ENGINE_HELP, Backend, Options, choose, engine_for
+from ..config import DEFAULT_PROFILE, BuildSpec, find_profile, resolve
+from ..errors import ProfileError, TorchbuildError, UsageError, debug_enabled, fault_path, os_fault, report
 from ..safeio import not_an_option
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -30,14 +30,14 @@ HELP = {
 }
 
 RUNTIME_HELP = {
-    "in_container": "run inside the profile's toolchain image or SIF (default: natively, on this machine)",
-    "engine": "with --in-container: docker (the toolchain image) or apptainer (the SIF from `invoke sif`)",
+    "in_container": "run in a container: short for --engine docker (default: natively, on this machine)",
+    "engine": f"where it runs: {ENGINE_HELP}; default native, docker with --in-container",
     "sif": "with --engine apptainer: the SIF (default ./torch-build-<profile>-<arch>.sif)",
     "apptainer": "with --engine apptainer: auto (this host's apptainer, else the builder container), host, docker",
     "nv": "with --engine apptainer: pass --nv (NVIDIA driver and GPUs into the SIF; for GPU nodes)",
     "user": "uid:gid the container runs as (default: yours; --engine docker only)",
     "memory": "memory limit of the container, e.g. 8g (default: none; not natively)",
-    "rebuild_image": "with --in-container (docker): rebuild the toolchain image when it was built from other inputs",
+    "rebuild_image": "with --engine docker: rebuild the toolchain image when it was built from other inputs",
 }
 # runtime options only some tasks take (read by backend_from when the task has them)
 EXTRA_RUNTIME = ("host_mpi",)
@@ -71,22 +71,24 @@ def profile_name(profile: str) -> str:
 
 
 def spec_from(profile: str, set_: list[str] | None, arch: str | None) -> BuildSpec:
-    return resolve(profile_name(profile), set_ or [], arch=arch or None)
+    name = profile_name(profile)
+    if not profile and os.environ.get("TORCHBUILD_PROFILE"):
+        try:
+            find_profile(name)
+        except ProfileError as exc:  # say where the name came from: no --profile was given
+            raise ProfileError(f"$TORCHBUILD_PROFILE: {exc.message}", hint=exc.hint) from None
+    return resolve(name, set_ or [], arch=arch or None)
 
 
 def backend_from(spec: BuildSpec, given: Mapping[str, Any]) -> Backend:
     """The backend a task's runtime options name (given: the task's locals(); the keys of
-    RUNTIME_HELP are read); options that need --in-container are refused without it."""
+    RUNTIME_HELP are read): --engine checked by engine_for, options the engine cannot honour
+    refused by choose."""
     opts = {key: given[key] for key in (*RUNTIME_HELP, *EXTRA_RUNTIME) if key in given}
-    in_container = bool(opts.pop("in_container", False))
-    engine = str(opts.pop("engine", "docker"))
-    if not in_container and (
-        engine != "docker" or opts.get("sif") or opts.get("nv") or opts.get("apptainer", "auto") != "auto"
-    ):
-        raise UsageError("--engine, --sif, --apptainer and --nv choose a container", hint="add --in-container")
+    engine = engine_for(str(opts.pop("engine", "") or ""), bool(opts.pop("in_container", False)))
     sif = opts.pop("sif", "")
     options = Options(sif=Path(sif) if sif else None, **opts)
-    return choose(spec, engine if in_container else "native", options)
+    return choose(spec, engine, options)
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ class Launch:
     arch: str = ""
     set_: tuple[str, ...] = ()
     in_container: bool = False
-    engine: str = "docker"
+    engine: str = ""
     sif: str = ""
     apptainer: str = "auto"
     nv: bool = False
@@ -108,6 +110,11 @@ class Launch:
 
     def spec(self) -> BuildSpec:
         return spec_from(self.profile, list(self.set_), self.arch)
+
+    @property
+    def runtime(self) -> str:
+        """native, docker or apptainer: where the step runs (engine_for)."""
+        return engine_for(self.engine, self.in_container)
 
     def backend(self, spec: BuildSpec, **extra: Any) -> Backend:
         """The backend these options name; extra: a task's own runtime options (EXTRA_RUNTIME)."""

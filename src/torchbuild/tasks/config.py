@@ -6,9 +6,9 @@ import json
 
 from invoke.context import Context
 
+from ..backends import ENGINE_HELP, engine_for
 from ..config import available_profiles, describe_keys, resolve
 from ..console import table
-from ..environment import BACKENDS
 from ..errors import UsageError
 from ..render import config_data, config_text
 from .common import HELP, handles_errors, spec_from, task
@@ -20,8 +20,8 @@ from .common import HELP, handles_errors, spec_from, task
         "format": "text (default) or json",
         "keys": "list every profile key with type, default and doc",
         "list_profiles": "list the shipped profiles with their descriptions, arch and batch system",
-        "in_container": "show the environment of a build in the toolchain image or SIF (default: a native build)",
-        "engine": "with --in-container: docker or apptainer",
+        "in_container": "show the environment of a build in a container: short for --engine docker",
+        "engine": f"the environment of a build where: {ENGINE_HELP}; default native",
     },
     iterable=["set_"],
 )
@@ -35,7 +35,7 @@ def config(
     keys: bool = False,
     list_profiles: bool = False,
     in_container: bool = False,
-    engine: str = "docker",
+    engine: str = "",
 ) -> None:
     """Print the resolved profile (with where each value came from) and the build's environment."""
     if keys:
@@ -46,12 +46,8 @@ def config(
         return
     if format not in ("text", "json"):
         raise UsageError(f"unknown --format {format!r}", hint="use --format text or --format json")
-    if in_container and engine not in BACKENDS[1:]:
-        raise UsageError(f"unknown --engine {engine!r}", hint="use --engine docker or --engine apptainer")
-    if engine != "docker" and not in_container:
-        raise UsageError("--engine chooses a container", hint="add --in-container")
+    backend = engine_for(engine, in_container)
     spec = spec_from(profile, set_, arch)
-    backend = engine if in_container else "native"
     data = config_data(spec, backend=backend)
     print(json.dumps(data, indent=2) if format == "json" else config_text(spec, backend=backend))
 

@@ -105,7 +105,7 @@ def mpi_check(
     The path and MPI_Get_library_version, natively, in the image or in the SIF with the host's MPI bound in;
     fails when host MPI was asked for and another library was loaded."""
     spec = launch.spec()
-    dirs = tuple(host_mpi or (spec.host_mpi if launch.in_container else ()))
+    dirs = tuple(host_mpi or (spec.host_mpi if launch.runtime != "native" else ()))
     for d in dirs:
         if not Path(d).is_absolute() or not Path(d).is_dir():
             raise UsageError(

@@ -6,6 +6,7 @@ import json
 
 from invoke.context import Context
 
+from ..backends import ENGINE_HELP
 from ..runner import pythons_option
 from ..scheduler import Runtime, submit_build
 from .build import SOURCE_HELP, build_options
@@ -33,7 +34,7 @@ JOB_OPTIONS = ("scheduler", "account", "partition", "qos", "walltime", "cpus", "
         "directive": "a further scheduler directive, as written after #SBATCH / #PBS (repeatable; adds to the profile's)",
         "module": "an environment module to load in the job (repeatable; replaces the profile's `modules`)",
         "module_purge": "`module purge` in the job before loading the modules",
-        "engine": "where the job builds: apptainer (the SIF, default), docker (the toolchain image) or native",
+        "engine": f"where the job builds on its node: {ENGINE_HELP}; default apptainer",
         "sif": "with --engine apptainer: the SIF (default ./torch-build-<profile>-<arch>.sif)",
         "apptainer": "with --engine apptainer: auto (the node's apptainer, else the builder container), host, docker",
         "source": SOURCE_HELP + "; a git source is fetched and patched here, before submitting",
