@@ -719,6 +719,12 @@ _COERCE: Mapping[str, Callable[[KeySpec, Any, str], Any]] = {
 _TYPES = tuple(_COERCE)
 
 
+def check_value(name: str, value: Any, where: str) -> None:
+    """ProfileError unless value is one the key `name` takes (type, choices, range): for a spec
+    made otherwise than by resolve (dataclasses.replace), checked again where it is used."""
+    _coerce(schema()[name], value, where)
+
+
 def _coerce(spec: KeySpec, value: Any, where: str) -> Any:
     """Check one value against its KeySpec and return it in canonical form."""
     return _COERCE[spec.type](spec, value, where)

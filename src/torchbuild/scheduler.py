@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, TextIO
 
 from . import __version__
-from .config import BuildSpec, profile_text
+from .config import BuildSpec, check_value, profile_text
 from .errors import (
     BuildInterrupted,
     ImageNotFound,
@@ -62,8 +62,8 @@ _WALLTIME = re.compile(r"(?:(\d+)-)?(\d+):(\d\d):(\d\d)")
 _MEM = re.compile(r"(\d+)([KMGT]?)")
 # the largest job torchbuild asks a scheduler for: far above any one node (a job is one node),
 # far below the numbers a scheduler would overflow on (Slurm's counts are 32-bit)
-MAX_CPUS = 16384
-MAX_GPUS = 64
+# submit's --jobs: the same bound as the profile's max_jobs (configs/defaults.yaml)
+MAX_JOBS = 4096
 MAX_MEM_MB = 1024**3  # 1 PiB
 MAX_WALLTIME_DAYS = 366
 _MEM_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}
@@ -511,22 +511,11 @@ def memory_mb(mem: str) -> float:
 
 
 def check_job_keys(spec: BuildSpec) -> None:
-    """What defaults.yaml's types cannot say about the job keys: each within what one node can
-    be asked for (a number past it is a typo, and would overflow the scheduler's own fields)."""
-    if spec.cpus < 1:
-        raise UsageError(f"cpus {spec.cpus} asks for no cores", hint="--cpus N with N >= 1")
-    if spec.cpus > MAX_CPUS:
-        raise UsageError(
-            f"cpus {spec.cpus} is more cores than any node has (at most {MAX_CPUS})",
-            hint="--cpus N: the cores of the one node the job runs on",
-        )
-    if spec.gpus < 0:
-        raise UsageError(f"gpus {spec.gpus} is negative", hint="--gpus N with N >= 0")
-    if spec.gpus > MAX_GPUS:
-        raise UsageError(
-            f"gpus {spec.gpus} is more GPUs than any node has (at most {MAX_GPUS})",
-            hint="--gpus N: the GPUs of the one node the job runs on (compiling needs none)",
-        )
+    """What defaults.yaml's types and ranges cannot say about the job keys (cpus and gpus have
+    their min and max there): walltime and mem within what one node can be asked for (a number
+    past it is a typo, and would overflow the scheduler's own fields)."""
+    for key in ("cpus", "gpus"):  # resolve checked them; a spec made otherwise is checked again
+        check_value(key, getattr(spec, key), "the job")
     if walltime_seconds(spec.walltime) == 0:
         raise UsageError(f"walltime {spec.walltime} gives the job no time", hint="e.g. --walltime 04:00:00")
     if walltime_seconds(spec.walltime) > MAX_WALLTIME_DAYS * 86400:
@@ -743,9 +732,9 @@ def submit_build(
 
     scheduler = scheduler_for(spec.scheduler)
     check_job_keys(spec)
-    if options.jobs > MAX_CPUS:
+    if options.jobs > MAX_JOBS:
         raise UsageError(
-            f"--jobs {options.jobs} is more compile jobs than any node has cores (at most {MAX_CPUS})",
+            f"--jobs {options.jobs} is more compile jobs than any node has cores (at most {MAX_JOBS})",
             hint="leave --jobs out: the job plans them from its cores and memory",
         )
     account = job_account(spec)
