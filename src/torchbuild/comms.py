@@ -46,7 +46,7 @@ from .errors import CommsFailed, ProfileError, SourceError, ToolMissing, UsageEr
 from .image import tree_digest
 from .nccl_arch import gencode, nccl_release
 from .problems import Problems
-from .safeio import MANIFEST_LIMIT, MiB, read_bytes, read_json
+from .safeio import MANIFEST_LIMIT, MiB, read_bytes, read_json, user_path
 from .source import describe_dir, fetch_git, looks_like_url, sha256_file, unpack_archive
 
 COMMS_MANIFEST = "torchbuild-comms.json"
@@ -100,7 +100,7 @@ def fetch(
     profile key named in errors (default <what>_source)."""
     key, sha_key = key or f"{what}_source", sha_key or f"{what}_sha256"
     origin = source or default_url
-    local = Path(origin).expanduser().absolute()
+    local = user_path(origin).absolute()
     if is_git_url(origin) and not local.is_dir():
         if sha256:
             raise ProfileError(
@@ -383,7 +383,7 @@ def plugin_needs_autotools(spec: BuildSpec) -> bool | None:
         return False
     if not spec.aws_ofi_nccl_source:
         return True
-    tree = Path(spec.aws_ofi_nccl_source).expanduser()
+    tree = user_path(spec.aws_ofi_nccl_source)
     return not (tree / "configure").exists() if tree.is_dir() else None
 
 

@@ -41,7 +41,7 @@ from .errors import CompanionError, SourceError, WheelError, named_os_errors
 from .jobs import HostResources, plan_for
 from .oom import JobsUsed, run_compile
 from .repro import normalize_wheel, source_date_epoch
-from .safeio import KiB, read_text
+from .safeio import KiB, read_text, user_path
 from .source import SourceInfo, describe_dir, fetch_git, update_tree
 
 # what torchbuild sets for each library unless companion_env says otherwise: both switches
@@ -90,7 +90,7 @@ def tree_version(name: str, tree: Path) -> str:
 def _is_git(origin: str) -> bool:
     from .comms import is_git_url
 
-    return is_git_url(origin) and not Path(origin).expanduser().is_dir()
+    return is_git_url(origin) and not user_path(origin).is_dir()
 
 
 def fetch_one(spec: BuildSpec, name: str, cache: Path, out: TextIO = sys.stdout) -> Fetched:
@@ -132,7 +132,7 @@ def fetch_one(spec: BuildSpec, name: str, cache: Path, out: TextIO = sys.stdout)
             sha_key=f"companion_sha256.{name}",
         )
         tree, digest, shown = got.tree, got.digest, got.origin
-        kind = "dir" if Path(origin).expanduser().is_dir() else "tarball"
+        kind = "dir" if user_path(origin).is_dir() else "tarball"
     return Fetched(name=name, tree=tree, origin=shown, digest=digest, version=tree_version(name, tree), kind=kind)
 
 
@@ -162,7 +162,7 @@ def update(spec: BuildSpec, cache: Path, out: TextIO = sys.stdout) -> list[Path]
             ref = spec.companion_refs.get(name) or default_ref(name, spec.torch_version, spec.torch_ref)
             tree = cache / "src" / f"{short(name)}-{ref.replace('/', '_')}"
         else:
-            tree = Path(origin).expanduser().absolute()
+            tree = user_path(origin).absolute()
         if not tree.is_dir():
             raise SourceError(f"{name}: no checkout at {tree} to update", hint="run `invoke source` first")
         info = update_tree(tree, out)

@@ -15,7 +15,6 @@ import functools
 import hashlib
 import json
 import math
-import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -30,7 +29,7 @@ from .companion_table import REPOS as COMPANION_REPOS
 from .companion_table import default_ref, is_development, pairing_problem
 from .errors import ProfileError, UsageError
 from .nccl_arch import nccl_cannot_target
-from .safeio import PROFILE_LIMIT, not_an_option, read_text
+from .safeio import PROFILE_LIMIT, not_an_option, read_text, user_path
 
 DEFAULT_PROFILE = "cpu"
 _CUDA_ARCH_RE = re.compile(r"\d+\.\d+a?(\+PTX)?")
@@ -414,16 +413,7 @@ _NAMES = "a profile name (`invoke config --list-profiles`)"
 def home_path(text: str, what: str, error: type[ProfileError] | type[UsageError] = ProfileError) -> Path:
     """Path(text) with ~ and ~user expanded; error (naming `what`) when ~user names no user of
     this host (Path.expanduser raises RuntimeError) or the text holds a NUL byte."""
-    if "\0" in text:
-        raise error(f"{what} {text!r} holds a NUL byte", hint="write the path without it")
-    expanded = os.path.expanduser(text)
-    if expanded.startswith("~"):
-        user = expanded[1:].split("/", 1)[0]
-        raise error(
-            f"{what} {text}: there is no user {user!r} on this host to expand ~{user}",
-            hint="write the path out in full, or ~/... for your own home",
-        )
-    return Path(expanded)
+    return user_path(text, what, error)
 
 
 def available_profiles(search_dirs: Sequence[Path] = ()) -> list[str]:

@@ -16,6 +16,7 @@ from .engine import HOST_CA_DIRS, Engine, engine_address, host_ca_files
 from .errors import EngineUnavailable, TorchbuildError
 from .jobs import GiB, HostResources
 from .recipe import Bootstrap, RecipeError, fakeroot_flags
+from .safeio import user_path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +126,7 @@ def ca_check(ca_dirs: Sequence[Path], profile: str, listed: Iterable[str]) -> Ch
     found = host_ca_files(ca_dirs)
     if not found:
         return Check("host CA certificates", True, f"none added under {', '.join(str(d) for d in ca_dirs)}")
-    carried = {Path(p).expanduser().resolve() for p in listed}
+    carried = {user_path(p).resolve() for p in listed}
     missing = [str(p) for p in found if p.resolve() not in carried]
     if not missing:
         names = ", ".join(str(p) for p in found)

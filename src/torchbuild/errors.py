@@ -320,7 +320,12 @@ def fault_path(exc: OSError) -> StrPath | None:
 def writable_dir(path: StrPath, what: str) -> Path:
     """Create path (and its parents) if needed and check that it is a writable directory;
     PathError or InsufficientSpace naming it otherwise. Returns the absolute path."""
-    p = Path(path).expanduser().absolute()
+    try:
+        p = Path(path).expanduser().absolute()
+    except RuntimeError:  # ~user of no user here (safeio.user_path names it the same way)
+        raise PathError(
+            f"{what} {path}: there is no such user on this host to expand ~", hint="write the path out in full"
+        ) from None
     with named_os_errors(p, what):
         if p.exists() and not p.is_dir():
             raise PathError(f"{what}: {p} exists and is not a directory", hint="choose a directory path")

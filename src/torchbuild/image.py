@@ -38,7 +38,7 @@ from .errors import (
     writable_dir,
 )
 from .lock import Lock, LockError
-from .safeio import MiB, read_bytes
+from .safeio import MiB, read_bytes, user_path
 
 LABEL_PREFIX = "org.torchbuild"
 DOCKERFILE = "toolchain.Dockerfile"
@@ -228,7 +228,7 @@ def ca_certificates(spec: BuildSpec) -> list[tuple[Path, bytes]]:
     image's trust store); ProfileError naming the file and the line otherwise."""
     found = []
     for name in spec.ca_certificates:
-        src = Path(name).expanduser()
+        src = user_path(name)
         if not src.is_file():
             raise ProfileError(f"ca_certificates: {src} is not a file", hint=_PEM_HINT)
         try:
@@ -332,7 +332,7 @@ def _ca_digests(spec: BuildSpec) -> list[str]:
     """sha256 of each CA file's content: the path differs between hosts, the trust does not."""
     digests = []
     for name in spec.ca_certificates:
-        path = Path(name).expanduser()
+        path = user_path(name)
         try:
             digests.append("sha256:" + hashlib.sha256(read_bytes(path, CA_LIMIT, "ca_certificates")).hexdigest())
         except TorchbuildError:
@@ -789,7 +789,7 @@ def require_image(
     if not rebuild:
         raise problem
     print(f"{problem}: building it", file=out, flush=True)
-    logs = Path(spec.cache_dir).expanduser() / "logs"
+    logs = user_path(spec.cache_dir) / "logs"
     build_image(spec, engine, logs_dir=logs, out=out, locked=find_lock(spec))
     return engine.image_attrs(spec.image_tag) or {}
 

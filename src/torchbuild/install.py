@@ -47,6 +47,7 @@ from .manifest import INSTALL_MANIFEST, InstallManifest, MpiRecord, WheelRecord,
 from .modulefiles import ModuleInfo, add_activate_hook, write_modulefiles
 from .pipenv import keep_built
 from .process import interrupts_unwind
+from .safeio import user_path
 from .wheelhouse import WheelFile, add_wheels, check_mix, wheels_in
 
 # a prefix ends up in shebangs, PATH, apptainer --bind and modulefiles: keep it to plain characters
@@ -137,7 +138,7 @@ def _same_dir(recorded: str, prefix: Path) -> bool:
 def choose_wheels(wheels: Sequence[Path], out_dir: Path) -> list[WheelFile]:
     """The wheels to install: those given, else every wheel in out_dir. One version per project
     (UsageError otherwise), and one local label (WheelhouseConflict)."""
-    found = [WheelFile.read(Path(w).expanduser().resolve()) for w in wheels] if wheels else wheels_in(out_dir)
+    found = [WheelFile.read(user_path(w).resolve()) for w in wheels] if wheels else wheels_in(out_dir)
     if not found:
         raise UsageError(
             f"no wheels to install in {out_dir}", hint="build one first (`invoke build`), or give --wheel W"
@@ -202,7 +203,7 @@ def install(
 ) -> InstallManifest:
     """Make the environment at prefix with backend; returns its manifest. Every check comes
     before the first write; a failure or an interrupt leaves no prefix behind."""
-    prefix = Path(prefix).expanduser().absolute()
+    prefix = user_path(prefix).absolute()
     replace = check_prefix(prefix, force)
     chosen = choose_wheels(wheels, out_dir)
     built_for = wheel_python(chosen)
@@ -279,7 +280,7 @@ def _undo(prefix: Path, keep_dir: bool) -> None:
 
 
 def _existing_dir(path: Path, what: str) -> Path:
-    p = Path(path).expanduser().absolute()
+    p = user_path(path).absolute()
     if not p.is_dir():
         raise PathError(f"{what} {p} is not a directory", hint="give a directory of wheels (or sdists)")
     return p
@@ -521,7 +522,7 @@ def mpi_check(spec: BuildSpec, backend: Backend, *, out_dir: Path, python: str =
     is not from one of them."""
     extra: tuple[Path, ...] = ()
     if python:
-        exe = Path(python).expanduser().absolute()
+        exe = user_path(python).absolute()
         if not exe.parent.parent.is_dir():
             raise PathError(f"--python {exe}: {exe.parent.parent} is not a directory", hint="give PREFIX/bin/python")
         python, extra = str(exe), (exe.parent.parent,)

@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 
 from .config import data_dir
 from .errors import PatchConflict, SourceError, ToolMissing, UnsafePatch
+from .safeio import user_path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +84,7 @@ def load_series(setting: str, version: str, pkg: str = "pytorch") -> Series:
     if setting == "auto":
         directory = find_series_dir(version, patches_root() / pkg)
     else:
-        directory = Path(setting).expanduser()
+        directory = user_path(setting)
         if not directory.is_dir():
             raise SourceError(
                 f"patches: {directory} is not a directory", hint="use auto, none or a directory of .patch files"

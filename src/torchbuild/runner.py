@@ -33,6 +33,7 @@ from .errors import SourceError, TorchbuildError, UsageError, named_os_errors, w
 from .patches import ApplyResult, Series, apply_series, load_series
 from .repro import source_date_epoch
 from .resume import Record, request_key
+from .safeio import user_path
 from .source import SourceInfo, get_source, looks_like_url, sha256_file
 
 
@@ -61,6 +62,8 @@ def places(spec: BuildSpec, source: str, out: str) -> Places:
     """The paths a build uses. Inside the image or a SIF the binds are the defaults: the tree
     at /src, the output at /out (else ./out) and the cache at /cache (else cache_dir)."""
     inside = in_container()
+    if source and not looks_like_url(source):
+        user_path(source, "--source")  # ~user of no user, a NUL byte: named before --out is made
     if not source and inside:
         if not Path("/src/setup.py").is_file():
             raise SourceError(
@@ -307,7 +310,7 @@ def key_of(
     """The request's hash (resume.request_key) for a build of where.source at ref."""
     source = where.source
     if source and not looks_like_url(source):
-        source = str(Path(source).expanduser().absolute())
+        source = str(user_path(source).absolute())
     return request_key(
         spec.hash,
         source,

@@ -156,6 +156,23 @@ def read_json(path: StrPath, limit: int, what: str, error: type[TorchbuildError]
         raise error(f"{what}: {path}: not usable JSON ({exc})") from None
 
 
+def user_path(value: StrPath, what: str = "the path", error: type[TorchbuildError] = PathError) -> Path:
+    """Path(value) with ~ and ~user expanded, as a shell would have: `error` naming `what` where
+    ~user names no user of this host (Path.expanduser raises RuntimeError there; a shell leaves
+    such a word as it is) or the path holds a NUL byte (every system call would refuse it)."""
+    text = os.fspath(value)
+    if "\0" in text:
+        raise error(f"{what} {text!r} holds a NUL byte", hint="write the path without it")
+    expanded = os.path.expanduser(text)
+    if expanded.startswith("~"):
+        user = expanded[1:].split("/", 1)[0]
+        raise error(
+            f"{what} {text}: there is no user {user!r} on this host to expand ~{user}",
+            hint="write the path out in full, or ~/... for your own home",
+        )
+    return Path(expanded)
+
+
 def not_an_option(value: str, what: str, error: type[TorchbuildError] = UsageError) -> str:
     """`value` unchanged, or `error` when it starts with `-` (git, tar, pip and apptainer would
     read it as an option: `--upload-pack=...`, `--orphan`). Callers also put the value after

@@ -44,6 +44,7 @@ from .errors import (
     named_os_errors,
     writable_dir,
 )
+from .safeio import user_path
 
 if TYPE_CHECKING:
     from .runner import BuildOptions
@@ -683,7 +684,7 @@ class Runtime:
             )
         from .sif import check_sif_header, default_sif
 
-        sif = (Path(self.sif) if self.sif else default_sif(spec)).expanduser().absolute()
+        sif = user_path(self.sif or default_sif(spec), "--sif").absolute()
         make = f"make it with `invoke sif --profile {spec.profile} --arch {spec.arch}` (or pass --sif)"
         if not sif.is_file():
             raise ImageNotFound(f"SIF {sif} does not exist: the job would have nothing to build in", hint=make)
@@ -695,7 +696,7 @@ class Runtime:
 def local_source(source: str) -> str:
     """A local --source as the job will name it (absolute): it must exist here, as the node sees
     the same shared file system, and its path must be one line of text."""
-    path = Path(source).expanduser().absolute()
+    path = user_path(source).absolute()
     bad = _CONTROL.search(str(path))
     if bad:
         raise PathError(
@@ -741,7 +742,7 @@ def submit_build(
     if dependency and not _JOB_ID.fullmatch(dependency):
         raise UsageError(f"--dependency {dependency!r} is no job id", hint="pass the id sbatch or qsub printed")
     engine_args = runtime.args(spec)
-    outp = Path(out_dir or "out").expanduser().absolute()
+    outp = user_path(out_dir or "out").absolute()
     _directive_path(outp / "logs", scheduler.name)  # before anything is fetched
     git = not source or looks_like_url(source)
     if not git:  # checked here, where the node's failure would be named hours later
@@ -769,7 +770,7 @@ def submit_build(
     if pythons:
         command += ["--python", ",".join(pythons)]
     job = Job(name, tuple(command), Path.cwd(), outp, spec, account, dependency)
-    if str(Path(spec.cache_dir).expanduser()).startswith("/tmp/"):
+    if str(user_path(spec.cache_dir)).startswith("/tmp/"):
         print(
             f"warning: cache_dir {spec.cache_dir} is node-local on most clusters: ccache will not be shared", file=out
         )

@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 from .config import BuildSpec
 from .errors import InsufficientSpace, PathError, SourceError, ToolMissing, UsageError, named_os_errors
-from .safeio import not_an_option
+from .safeio import not_an_option, user_path
 
 # file:// submodules are refused by default since git 2.38.1; mirrors and tests need them
 _GIT = ["git", "-c", "protocol.file.allow=always", "-c", "advice.detachedHead=false"]
@@ -397,14 +397,14 @@ def get_source(
     not_an_option(ref, "--ref")
     with named_os_errors(dest or source or spec.cache_dir, "getting the source"):
         if source and not looks_like_url(source):
-            return _get_local(spec, Path(source).expanduser().resolve(), ref, dest, out)
+            return _get_local(spec, user_path(source).resolve(), ref, dest, out)
         return _get_git(spec, source, ref, dest, out)
 
 
 def _get_git(spec: BuildSpec, source: str, ref: str, dest: str, out: TextIO) -> SourceInfo:
     ref = ref or spec.git_ref
     url = source or spec.torch_repo
-    tree = Path(dest).expanduser().absolute() if dest else default_tree(spec, ref)
+    tree = user_path(dest).absolute() if dest else default_tree(spec, ref)
     if tree.is_dir():
         print(f"using existing checkout {tree} (`invoke source --update` refreshes a branch)", file=out)
         return dataclasses.replace(describe_dir(tree), kind="git", ref=ref)
@@ -412,7 +412,7 @@ def _get_git(spec: BuildSpec, source: str, ref: str, dest: str, out: TextIO) -> 
 
 
 def _cache(spec: BuildSpec) -> Path:
-    return Path(spec.cache_dir).expanduser()
+    return user_path(spec.cache_dir)
 
 
 def _get_local(spec: BuildSpec, path: Path, ref: str, dest: str, out: TextIO) -> SourceInfo:
@@ -430,7 +430,7 @@ def _get_local(spec: BuildSpec, path: Path, ref: str, dest: str, out: TextIO) ->
             f"--ref {ref} cannot be used with an archive (--source {path}): an archive holds one version",
             hint="drop --ref, or pass a git URL as --source to choose a ref",
         )
-    root = _usable_dest(Path(dest).expanduser().absolute(), "--dest") if dest else _cache(spec) / "src"
+    root = _usable_dest(user_path(dest).absolute(), "--dest") if dest else _cache(spec) / "src"
     return unpack_archive(path, root, out=out)
 
 

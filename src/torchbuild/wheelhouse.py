@@ -24,7 +24,7 @@ from packaging.utils import NormalizedName, parse_wheel_filename
 from packaging.version import Version
 
 from .errors import PathError, TorchbuildError, UsageError, WheelhouseConflict, named_os_errors
-from .safeio import MiB, read_text
+from .safeio import MiB, read_text, user_path
 from .source import sha256_file
 from .verify import check_wheel_file
 
@@ -96,7 +96,7 @@ def add_wheels(dest: Path, wheels: Sequence[Path], *, allow_mixed: bool = False,
     name and other content is a WheelhouseConflict. Returns the paths of the wheels added.
     Nothing is copied when a check fails."""
     incoming: list[WheelFile] = []
-    for w in (WheelFile.read(Path(p).expanduser().resolve()) for p in wheels):
+    for w in (WheelFile.read(user_path(p).resolve()) for p in wheels):
         twin = next((x for x in incoming if x.path.name == w.path.name), None)
         if twin is None:
             incoming.append(w)

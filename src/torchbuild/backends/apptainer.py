@@ -16,6 +16,7 @@ from ..environment import allocation_env, launch_env
 from ..errors import ImageNotFound
 from ..image import LABEL_PREFIX
 from ..manifest import ImageRecord
+from ..safeio import user_path
 from ..sif import SIF_LABEL, Apptainer, check_sif_header, default_sif, locate
 from . import CONTAINER_VIEW, Backend, Binds, container_view
 
@@ -79,7 +80,7 @@ class ApptainerBackend(Backend):
 
     def check(self) -> dict[str, Any] | None:
         self.runner = locate(self.spec, self.options.apptainer, out=self.out)
-        self.sif = (self.options.sif or default_sif(self.spec)).expanduser().resolve()
+        self.sif = user_path(self.options.sif or default_sif(self.spec), "--sif").resolve()
         labels = check_sif(self.spec, self.runner, self.sif)
         return sif_record(labels, str(self.sif))
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 
 from invoke.context import Context
 
@@ -12,6 +11,7 @@ from ..bench import DEFAULT_REPO, Request, check_venv
 from ..config import cache_dir
 from ..errors import SourceError, UsageError, writable_dir
 from ..problems import Problems
+from ..safeio import user_path
 from ..source import describe_dir, fetch_git, looks_like_url
 from .common import Launch, launch_task
 
@@ -45,11 +45,11 @@ def bench(
     # everything local first (the venv, --args, a local tree, the profile, the engine, the
     # cache), all of it named at once; only then the clone
     problems = Problems()
-    prefix = Path(venv).expanduser().absolute()
+    prefix = user_path(venv).absolute()
     problems.check(lambda: check_venv(prefix))
     words = problems.check(lambda: _words(args))
     origin = benchmark or DEFAULT_REPO
-    local = Path(origin).expanduser().absolute()
+    local = user_path(origin).absolute()
     remote = looks_like_url(origin) and not local.is_dir()
     tree_ok = not remote and problems.check(lambda: describe_dir(local)) is not None
     if tree_ok and words and not (local / script).is_file():

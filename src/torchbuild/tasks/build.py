@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from invoke.context import Context
 
@@ -14,6 +13,7 @@ from ..patches import load_series
 from ..problems import Problems
 from ..progress import MODES
 from ..runner import BuildOptions, describe_patches, patch_tree
+from ..safeio import user_path
 from ..source import get_source, update_tree
 from .common import HELP, Launch, handles_errors, launch_task, spec_from, task
 
@@ -130,7 +130,7 @@ def source(
     spec = spec_from(profile, set_, arch)
     cache = cache_dir(spec)
     if update:
-        tree = Path(dest or source).expanduser()
+        tree = user_path(dest or source)
         info = update_tree(tree)
         companions.update(spec, cache)  # every companion checkout of the profile, fast-forwarded too
     else:
@@ -157,7 +157,7 @@ def companions_(c: Context, launch: Launch, wheel: str = "", jobs: str = "", no_
     # everything local first (the wheel, --jobs, the profile, the engine, the cache), all of it
     # named at once; only then the companions' sources are fetched
     problems = Problems()
-    torch_wheel = Path(wheel).expanduser().absolute()
+    torch_wheel = user_path(wheel).absolute()
     torch_version = problems.check(lambda: companions.check_torch_wheel(torch_wheel))
     max_jobs = problems.check(lambda: parse_jobs_option(jobs))
     spec = problems.check(launch.spec)

@@ -18,7 +18,7 @@ from invoke.tasks import task as invoke_task
 
 from ..backends import ENGINE_HELP, Backend, Options, choose, engine_for
 from ..config import DEFAULT_PROFILE, BuildSpec, find_profile, resolve
-from ..errors import ProfileError, TorchbuildError, UsageError, debug_enabled, fault_path, os_fault, report
+from ..errors import PathError, ProfileError, TorchbuildError, UsageError, debug_enabled, fault_path, os_fault, report
 from ..safeio import not_an_option
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -61,6 +61,14 @@ def handles_errors(fn: F) -> F:
                 else os_fault(exc, fault_path(exc) or "", f"invoke {fn.__name__}")
             )
             raise Exit(code=report(err)) from None
+        except ValueError as exc:  # a path with a NUL byte that no check named: every system call refuses it
+            if debug_enabled() or "null byte" not in str(exc):
+                raise
+            raise Exit(
+                code=report(
+                    PathError(f"invoke {fn.__name__}: a path holds a NUL byte", hint="write the path without it")
+                )
+            ) from None
 
     return wrapper  # type: ignore[return-value]
 

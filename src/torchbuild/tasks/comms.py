@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from invoke.context import Context
 
 from ..comms import comms as build_comms
+from ..safeio import user_path
 from .common import Launch, launch_task
 
 
@@ -18,5 +17,5 @@ def comms(c: Context, launch: Launch, out: str = "out") -> None:
     (--in-container) or in the SIF (--engine apptainer); `invoke build` runs it first when the profile has
     nccl: source. See README "NCCL and the Slingshot plugin"."""
     spec = launch.spec()
-    done = build_comms(spec, launch.backend(spec), out_dir=Path(out).expanduser().absolute())
+    done = build_comms(spec, launch.backend(spec), out_dir=user_path(out).absolute())
     print(f"prefix: {done.prefix}\nmanifest: {done.prefix / 'torchbuild-comms.json'}")

@@ -3,14 +3,13 @@ changed objects recompile)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from invoke.context import Context
 
 from ..config import cache_dir, parse_jobs_option
 from ..develop import develop_with
 from ..errors import UsageError, writable_dir
 from ..problems import Problems
+from ..safeio import user_path
 from .common import Launch, launch_task
 
 
@@ -43,8 +42,8 @@ def develop(
     develop_with(
         spec,
         backend,
-        Path(source).expanduser().absolute(),
-        Path(venv).expanduser() if venv else None,
+        user_path(source).absolute(),
+        user_path(venv) if venv else None,
         cache,
         jobs=max_jobs or 0,
         oom_retry=not no_retry,

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from invoke.context import Context
 
 from ..doctor import render, run_checks
+from ..safeio import user_path
 from .common import handles_errors, task
 
 
@@ -14,4 +13,4 @@ from .common import handles_errors, task
 @handles_errors
 def doctor(c: Context, cache_dir: str = "~/.cache/torchbuild") -> None:
     """Report engine, BuildKit, Apptainer, qemu binfmt, cores, memory, disk, GPU and added host CAs; a verdict per task."""
-    print(render(*run_checks(Path(cache_dir).expanduser())))
+    print(render(*run_checks(user_path(cache_dir))))

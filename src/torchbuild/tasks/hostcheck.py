@@ -9,6 +9,7 @@ from invoke.exceptions import Exit
 
 from .. import hostcheck as hc
 from ..errors import UsageError
+from ..safeio import user_path
 from .common import handles_errors, task
 
 # `invoke host-check --strict` when a setting is not ready. The report itself is no failure:
@@ -57,7 +58,7 @@ def host_check(
         raise UsageError("--apply and --restore undo each other", hint="give one of them")
     if not Path(root).is_dir():
         raise UsageError(f"--root {root} is not a directory", hint="give the directory /sys and /proc are read under")
-    state_file = Path(state).expanduser() if state else hc.default_state_file(root)
+    state_file = user_path(state) if state else hc.default_state_file(root)
     actions: list[str] = []
     if apply:
         actions = hc.apply(root, state_file)

@@ -10,6 +10,7 @@ from ..config import DEFAULT_PROFILE, cache_dir
 from ..engine import Engine
 from ..errors import UsageError
 from ..image import build_image, default_lock_path, find_lock, lock_image, push_images
+from ..safeio import user_path
 from .common import HELP, handles_errors, spec_from, task
 
 
@@ -42,7 +43,6 @@ def image(
     """Build the Docker toolchain image for a profile and arch (--arch all: both); a cache hit when nothing
     changed. With a lock file present (<profile>.<arch>.lock beside the profile), it installs exactly the lock;
     --lock writes (or refreshes) it."""
-    from pathlib import Path
 
     if lock_file and arch == "all":
         raise UsageError(
@@ -52,7 +52,7 @@ def image(
     arches = [a.value for a in Arch] if arch == "all" else [arch]
     specs = [spec_from(profile, set_, a) for a in arches]
     engine = Engine.connect()
-    given = Path(lock_file).expanduser().absolute() if lock_file else None
+    given = user_path(lock_file).absolute() if lock_file else None
     for spec in specs:
         logs = cache_dir(spec) / "logs"
         if lock:
@@ -114,7 +114,6 @@ def base_image(
     cache_dir: str = "~/.cache/torchbuild",
 ) -> None:
     """Make a local Debian base image (debootstrap + import) for hosts without registry access."""
-    from pathlib import Path
 
     target = Arch.parse(arch) if arch else Arch.host()
     engine = Engine.connect()
@@ -122,7 +121,7 @@ def base_image(
         engine,
         suite=suite,
         arch=target,
-        work_dir=Path(cache_dir).expanduser() / "rootfs",
+        work_dir=user_path(cache_dir) / "rootfs",
         mirror=mirror or None,
         components=tuple(x for x in components.split(",") if x),
         ignore_valid_until=ignore_valid_until,

@@ -9,6 +9,7 @@ from invoke.context import Context
 from ..errors import UsageError
 from ..install import install as install_env
 from ..install import mpi_check as check_mpi
+from ..safeio import user_path
 from ..wheelhouse import add_wheels, wheels_in
 from .common import Launch, handles_errors, launch_task, task
 
@@ -51,7 +52,7 @@ def install(
         launch.backend(spec),
         prefix=Path(prefix),
         wheels=[Path(w) for w in wheel or []],
-        out_dir=Path(out).expanduser().absolute(),
+        out_dir=user_path(out).absolute(),
         find_links=[Path(f) for f in find_links or []],
         no_index=no_index,
         force=force,
@@ -76,10 +77,10 @@ def wheelhouse(
     """Collect built wheels into a directory with a PEP 503 simple index.
 
     `pip install --no-index --find-links DEST torch` (or --index-url file://DEST/simple)."""
-    wheels = [Path(w) for w in wheel or []] or [w.path for w in wheels_in(Path(out).expanduser())]
+    wheels = [Path(w) for w in wheel or []] or [w.path for w in wheels_in(user_path(out))]
     if not wheels:
         raise UsageError(f"no wheels in {out}", hint="build one first, or give --wheel W")
-    target = Path(dest).expanduser().absolute()
+    target = user_path(dest).absolute()
     added = add_wheels(target, wheels, allow_mixed=mix_local_versions)
     for p in added:
         print(f"added {p.name}")
@@ -111,4 +112,4 @@ def mpi_check(
             raise UsageError(
                 f"--host-mpi {d} is not an existing absolute directory", hint="give the directory of libmpi.so.12"
             )
-    check_mpi(spec, launch.backend(spec, host_mpi=dirs), out_dir=Path(out).expanduser().absolute(), python=python)
+    check_mpi(spec, launch.backend(spec, host_mpi=dirs), out_dir=user_path(out).absolute(), python=python)

@@ -13,6 +13,7 @@ from .. import manifest as mf
 from .. import repro
 from ..console import printable
 from ..errors import WheelError, named_os_errors
+from ..safeio import user_path
 from ..verify import check_wheel_file
 from .common import handles_errors, task
 
@@ -30,7 +31,7 @@ def show(c: Context, file: str) -> None:
 
     Source commit, patches, every profile key, image and its inputs, tool versions,
     environment, wheel sha256 (or preflight canaries), jobs, ccache and durations."""
-    print(mf.show(mf.read(Path(file).expanduser())))
+    print(mf.show(mf.read(user_path(file))))
 
 
 @task(
@@ -51,7 +52,7 @@ def diff(c: Context, a: str, b: str, all_: bool = False) -> None:
     timestamp, mode, compression, position in the archive).
     Exit status: 0 when identical ("identical" is printed), 99 when they differ, any other
     non-zero on an error (invoke's own 1 for a bad option; torchbuild's named errors)."""
-    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    pa, pb = user_path(a), user_path(b)
     if pa.suffix == ".whl" or pb.suffix == ".whl":
         for p in (pa, pb):
             _regular_file(p)  # zipfile would wait forever on a FIFO, read /dev/zero without end

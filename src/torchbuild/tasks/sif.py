@@ -13,6 +13,7 @@ from ..config import DEFAULT_PROFILE, BuildSpec, cache_dir
 from ..engine import Engine
 from ..errors import EngineUnavailable, ToolMissing, UsageError
 from ..recipe import bootstrap_for, build_from_recipe, write_definition
+from ..safeio import user_path
 from ..sif import SifResult, build_sif, host_apptainer, locate, sif_filename
 from .common import HELP, handles_errors, spec_from, task
 
@@ -52,7 +53,7 @@ def sif(
     if write_definition_ and not from_recipe:
         raise UsageError("--write-definition writes the recipe's definition", hint="add --from-recipe")
     if from_recipe:
-        _from_recipe(spec, Path(out).expanduser(), apptainer, rebuild, compression, write_definition_)
+        _from_recipe(spec, user_path(out), apptainer, rebuild, compression, write_definition_)
         return
     engine = Engine.connect()
     runner = locate(spec, apptainer, engine=lambda: engine)
@@ -60,9 +61,7 @@ def sif(
     if comms_wanted(spec):  # the SIF carries the NCCL and plugin built in its image
         made = build_comms(spec, choose(spec, "docker", Options()), out_dir=cache_dir(spec) / "comms-out")
         carried = (made.prefix, made.manifest)
-    result = build_sif(
-        spec, engine, runner, Path(out).expanduser(), rebuild=rebuild, comms=carried, compression=compression
-    )
+    result = build_sif(spec, engine, runner, user_path(out), rebuild=rebuild, comms=carried, compression=compression)
     ratio = result.size / result.image_size if result.image_size else 0.0
     state = "up to date (made from the current image)" if result.cached else f"written in {result.seconds:.1f} s"
     _report(result, state, f"{ratio:.2f} x the image ({spec.image_tag})")
@@ -81,7 +80,7 @@ def _from_recipe(
     spec: BuildSpec, out: Path, apptainer: str, rebuild: bool, compression: str, definition_dir: str
 ) -> None:
     if definition_dir:
-        deffile = write_definition(spec, Path(definition_dir).expanduser().absolute(), compression)
+        deffile = write_definition(spec, user_path(definition_dir).absolute(), compression)
         print(f"{deffile} written, its build context beside it")
         print(f"build it: apptainer build --fakeroot {sif_filename(spec)} {deffile}")
         return

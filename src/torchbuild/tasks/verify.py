@@ -3,11 +3,10 @@ toolchain image or in the SIF."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from invoke.context import Context
 
 from ..runner import verify_with
+from ..safeio import user_path
 from .common import Launch, launch_task
 
 
@@ -37,8 +36,8 @@ def verify(
     verify_with(
         spec,
         launch.backend(spec),
-        wheel=Path(wheel).expanduser().resolve() if wheel else None,
+        wheel=user_path(wheel).resolve() if wheel else None,
         installed=installed,
         expect_version=expect_version,
-        report=Path(report).expanduser().resolve() if report else None,
+        report=user_path(report).resolve() if report else None,
     )
