@@ -3,6 +3,11 @@
 The top-level handlers (invoke tasks and the ``torchbuild`` console script) print
 ``error: <message>`` and ``hint: <hint>`` and exit with ``exit_code``; a traceback is
 shown only with ``--debug`` (invoke) or ``TORCHBUILD_DEBUG=1``.
+
+Every named error is defined here and listed in ``ERRORS``; ``error_for_exit`` turns a step's
+exit code (inside a container or SIF) back into its class on the host without depending on
+which other modules happen to be imported. The README's table "Errors and exit codes" lists
+the same classes with the same codes (a unit test compares them).
 """
 
 from __future__ import annotations
@@ -261,6 +266,102 @@ class BenchFailed(TorchbuildError):
 
     exit_code = 27
     default_hint = "the pip or benchmark output above says why"
+
+
+class ManifestError(TorchbuildError):
+    """A file given as a manifest cannot be read as one: not JSON, not a torchbuild manifest,
+    fields of the wrong type, or written by a newer torchbuild (a newer schema_version)."""
+
+    exit_code = 19
+    default_hint = "give a *.manifest.json that `invoke build` wrote (next to the wheel, or preflight-*.manifest.json)"
+
+
+class LockError(TorchbuildError):
+    """A toolchain lock file cannot be used: it is not a lock, was made for other image inputs
+    (another profile, arch, package list or Python), or no longer installs (a pinned version
+    is gone from the archive or the index, or a hash does not match)."""
+
+    exit_code = 28
+    default_hint = "refresh it with `invoke image --lock` (with --rebuild, every package is resolved afresh)"
+
+
+class RecipeError(TorchbuildError):
+    """The toolchain recipe cannot become an Apptainer definition, or Apptainer cannot build it
+    unprivileged on this host."""
+
+    exit_code = 29
+    default_hint = "build the image with Docker and convert it instead: `invoke image` then `invoke sif`"
+
+
+class TooLarge(PathError):
+    """A file the user named is larger than torchbuild will read for that purpose."""
+
+
+# The registry: every TorchbuildError subclass, listed by hand (tests/unit/test_errors.py checks
+# that no subclass anywhere in the package is missing, and that the README's table matches).
+ERRORS: tuple[type[TorchbuildError], ...] = (
+    ProfileError,
+    UsageError,
+    EngineUnavailable,
+    ImageBuildFailed,
+    ToolMissing,
+    BaseImageError,
+    ImageNotFound,
+    SourceError,
+    PatchConflict,
+    BuildFailed,
+    SifError,
+    InsufficientSpace,
+    OutOfMemory,
+    VerifyFailed,
+    PathError,
+    TooLarge,
+    UnsafePatch,
+    ImageOutOfDate,
+    WheelError,
+    ManifestError,
+    SubmissionRefused,
+    JobFailed,
+    InstallFailed,
+    WheelhouseConflict,
+    CommsFailed,
+    HostSetupFailed,
+    CompanionError,
+    BenchFailed,
+    LockError,
+    RecipeError,
+    BuildInterrupted,
+)
+
+# The exit codes that more than one class shares, deliberately, and the class each maps back to:
+# 2 is a bad input, ProfileError (a profile or --set value) or UsageError (an option); a step in
+# a container gets its options from the host, which checked them, so a 2 there is the profile's.
+# 15 is PathError and TooLarge, its refinement for a file too large to read: a path problem.
+SHARED_EXITS: dict[int, type[TorchbuildError]] = {2: ProfileError, 15: PathError}
+
+
+def _exit_map() -> dict[int, type[TorchbuildError]]:
+    by_code: dict[int, list[type[TorchbuildError]]] = {}
+    for cls in ERRORS:
+        by_code.setdefault(cls.exit_code, []).append(cls)
+    found: dict[int, type[TorchbuildError]] = {}
+    for code, classes in by_code.items():
+        if len(classes) == 1:
+            found[code] = classes[0]
+        elif SHARED_EXITS.get(code) in classes:
+            found[code] = SHARED_EXITS[code]
+        else:  # a new class reusing a code: give it its own, or document the sharing above
+            raise RuntimeError(f"exit code {code} is shared by {', '.join(c.__name__ for c in classes)}")
+    return found
+
+
+EXIT_CODES: dict[int, type[TorchbuildError]] = _exit_map()
+
+
+def error_for_exit(code: int) -> type[TorchbuildError] | None:
+    """The named error class whose exit code is `code` (for a shared code, the one SHARED_EXITS
+    names); None for 0, 1 (a crash, or a plain TorchbuildError) and any code no class has."""
+    return EXIT_CODES.get(code)
 
 
 StrPath = Union[str, "os.PathLike[str]"]

@@ -39,7 +39,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from .errors import TorchbuildError, named_os_errors
+from .errors import LockError as LockError  # defined in errors.py (its registry); importable here too
+from .errors import named_os_errors
 
 LOCK_VERSION = 1
 SUFFIX = ".lock"
@@ -51,15 +52,6 @@ PRIMARY_VENV = "/opt/venv"
 # anchored, so the build log's echo of the RUN command, with its %s, is no match)
 FAILED_RE = re.compile(r"torchbuild-lock: the locked (.+) packages did not install")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
-class LockError(TorchbuildError):
-    """A toolchain lock file cannot be used: it is not a lock, was made for other image inputs
-    (another profile, arch, package list or Python), or no longer installs (a pinned version
-    is gone from the archive or the index, or a hash does not match)."""
-
-    exit_code = 28
-    default_hint = "refresh it with `invoke image --lock` (with --rebuild, every package is resolved afresh)"
 
 
 # Debian policy: name [a-z0-9][a-z0-9+.-]+, optionally :arch; version [epoch:]upstream[-revision]

@@ -28,7 +28,8 @@ from typing import Any, ClassVar, Optional, TypeVar
 
 from . import __version__
 from .console import printable, table
-from .errors import BuildFailed, PathError, TorchbuildError, named_os_errors, os_fault
+from .errors import BuildFailed, PathError, named_os_errors, os_fault
+from .errors import ManifestError as ManifestError  # defined in errors.py (its registry); importable here too
 from .safeio import MANIFEST_LIMIT, loads_json, read_bytes
 
 if typing.TYPE_CHECKING:
@@ -44,15 +45,7 @@ ENGINES = ("native", "docker", "apptainer")
 KINDS = ("wheel", "preflight")
 
 
-READ_HINT = "give a *.manifest.json that `invoke build` wrote (next to the wheel, or preflight-*.manifest.json)"
-
-
-class ManifestError(TorchbuildError):
-    """A file given as a manifest cannot be read as one: not JSON, not a torchbuild manifest,
-    fields of the wrong type, or written by a newer torchbuild (a newer schema_version)."""
-
-    exit_code = 19
-    default_hint = READ_HINT
+READ_HINT = ManifestError.default_hint
 
 
 # --------------------------------------------------------------------------- records

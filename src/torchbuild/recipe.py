@@ -55,7 +55,8 @@ from . import __version__
 from .arch import Arch
 from .comms import wanted as comms_wanted
 from .config import BuildSpec, cache_dir, profile_text
-from .errors import BuildInterrupted, PathError, SifError, TorchbuildError, UsageError, named_os_errors
+from .errors import BuildInterrupted, PathError, SifError, UsageError, named_os_errors
+from .errors import RecipeError as RecipeError  # defined in errors.py (its registry); importable here too
 from .image import build_args, image_context, labels, tree_digest
 from .process import interrupts_unwind
 from .safeio import RECIPE_LIMIT, loads_json, read_text
@@ -85,14 +86,6 @@ RECIPE = "Dockerfile"  # containers/toolchain.Dockerfile, as image_context lays 
 # the root file system a cpu toolchain recipe installs (measured 1.7 GiB as a Docker image): the
 # free space a build needs is sif.space_needed of it (the root file system, its squashfs, the SIF)
 RECIPE_SIZE_ESTIMATE = 2 << 30
-
-
-class RecipeError(TorchbuildError):
-    """The toolchain recipe cannot become an Apptainer definition, or Apptainer cannot build it
-    unprivileged on this host."""
-
-    exit_code = 29
-    default_hint = "build the image with Docker and convert it instead: `invoke image` then `invoke sif`"
 
 
 # --------------------------------------------------------------------------- bootstrap

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import PathError, StrPath, TorchbuildError, UsageError, os_fault
+from .errors import TooLarge as TooLarge  # defined in errors.py (its registry); importable here too
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -30,10 +31,6 @@ MEMBER_LIMIT = 4 * 1024 * MiB  # a wheel member compared by manifest.diff (libto
 # JSON nesting and number length: Python's json has neither limit
 JSON_DEPTH = 64
 JSON_NUMBER_DIGITS = 64
-
-
-class TooLarge(PathError):
-    """A file the user named is larger than torchbuild will read for that purpose."""
 
 
 def _size_label(n: int) -> str:

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, TextIO
 
 from ..config import BuildSpec
 from ..environment import BACKENDS
-from ..errors import BuildInterrupted, TorchbuildError, UsageError, named_os_errors
+from ..errors import BuildInterrupted, TorchbuildError, UsageError, error_for_exit, named_os_errors
 from ..oom import OOM_EXITS, step_failure
 from ..process import interrupts_unwind
 
@@ -152,27 +152,16 @@ def remove_partials(out_dir: Path, run_id: str) -> None:
 
 def failure(rc: int, step: str, where: str, logs: Path) -> TorchbuildError:
     """The host's named error for a step that exited rc: OutOfMemory for exit 13 or a SIGKILL,
-    else the step's own class when rc is a named exit code (it printed its message above),
-    else BuildFailed for a build and a plain error for other steps."""
+    else the step's own class when rc is a named exit code (errors.error_for_exit; the step
+    printed its message above), else BuildFailed for a build and a plain error for other steps."""
     if rc in OOM_EXITS:
         return step_failure(rc, where, logs)
-    for cls in _named_errors():
-        if cls.exit_code == rc:
-            return cls(f"the {step} step in {where} failed ({cls.__name__}, exit {rc}); its report is above")
+    cls = error_for_exit(rc)  # the registry in errors.py: every named error, whatever is imported
+    if cls is not None:
+        return cls(f"the {step} step in {where} failed ({cls.__name__}, exit {rc}); its report is above")
     if step == "build":
         return step_failure(rc, where, logs)
     return TorchbuildError(f"the {step} step in {where} exited with {rc}; its output is above")
-
-
-def _named_errors() -> list[type[TorchbuildError]]:
-    found: list[type[TorchbuildError]] = []
-    todo: list[type[TorchbuildError]] = [TorchbuildError]
-    while todo:
-        cls = todo.pop()
-        subs = cls.__subclasses__()
-        found += subs
-        todo += subs
-    return found
 
 
 # --engine: where a step runs, with one meaning in every task that takes it (build, install,
