@@ -65,15 +65,17 @@ VENV_HINT = "give the prefix `invoke install` made, or the venv `invoke develop`
 
 
 def check_venv(venv: Path) -> Path:
-    """venv's bin/python; PathError when venv does not exist, is a file, or is no venv."""
+    """venv's bin/python; PathError when venv does not exist, is a file, or is no venv. A venv
+    made in the image or the SIF has a bin/python that points at the container's interpreter (a
+    dangling link here): its pyvenv.cfg, or the link itself, is enough."""
     with named_os_errors(venv, "--venv"):
         if not venv.exists():
             raise PathError(f"--venv {venv} does not exist", hint=VENV_HINT)
         if not venv.is_dir():
             raise PathError(f"--venv {venv} is a file, not a venv directory", hint=VENV_HINT)
         python = venv / "bin" / "python"
-        if not python.exists():
-            raise PathError(f"--venv {venv} is not a venv (no bin/python)", hint=VENV_HINT)
+        if not (venv / "pyvenv.cfg").is_file() and not os.path.lexists(python):
+            raise PathError(f"--venv {venv} is not a venv (no pyvenv.cfg, no bin/python)", hint=VENV_HINT)
     return python
 
 

@@ -69,7 +69,7 @@ def test_one_problem_is_raised_as_it_is_and_several_as_one_error_of_the_first_ki
     [
         (lambda p: None, "does not exist"),
         (lambda p: p.write_text("x"), "is a file, not a venv directory"),
-        (lambda p: p.mkdir(), "is not a venv (no bin/python)"),
+        (lambda p: p.mkdir(), "is not a venv (no pyvenv.cfg, no bin/python)"),
     ],
     ids=["missing", "a file", "a directory"],
 )
@@ -195,3 +195,15 @@ def test_a_venv_a_new_path_or_an_empty_directory_is_taken(tmp_path):
     (tmp_path / "venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
     for name in ("new", "empty", "venv"):
         assert check_venv_path(tmp_path / name) == tmp_path / name
+
+
+def test_a_venv_made_in_the_container_is_taken_though_its_python_dangles_here(tmp_path):
+    """`python3 -m venv` run in the image links bin/python to the image's interpreter, which the
+    host may not have: the venv is still one (its pyvenv.cfg says so)."""
+    from torchbuild.bench import check_venv
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to("/nonexistent/in-the-image/python3")
+    (venv / "pyvenv.cfg").write_text("home = /nonexistent/in-the-image\n")
+    assert check_venv(venv) == venv / "bin" / "python"
