@@ -28,7 +28,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from . import __version__, console
+from .atomic import atomic_writer
 from .backends import Backend, Binds
 from .config import BuildSpec, cache_dir, spec_from_dict
 from .environment import build_env
@@ -139,11 +139,15 @@ def _check_sha(archive: Path, sha256: str, key: str, label: str = "") -> None:
     if sha256:
         with named_os_errors(archive, key):
             got = sha256_file(archive)
-        if got != sha256:
-            raise SourceError(
-                f"{key}: {label or archive.name} has sha256 {got}, not the {sha256} expected",
-                hint="download it again from the release page; if the release was re-tagged, check and update the sha256",
-            )
+        _check_digest(got, sha256, key, label or archive.name)
+
+
+def _check_digest(got: str, sha256: str, key: str, label: str) -> None:
+    if sha256 and got != sha256:
+        raise SourceError(
+            f"{key}: {label} has sha256 {got}, not the {sha256} expected",
+            hint="download it again from the release page; if the release was re-tagged, check and update the sha256",
+        )
 
 
 def download(url: str, dest_dir: Path, sha256: str, key: str, out: TextIO = sys.stdout) -> Path:
@@ -155,19 +159,19 @@ def download(url: str, dest_dir: Path, sha256: str, key: str, out: TextIO = sys.
     if dest.is_file() and (not sha256 or sha256_file(dest) == sha256):
         return dest
     print(f"downloading {url}", file=out, flush=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=dest_dir)
     try:
-        with os.fdopen(fd, "wb") as f, urllib.request.urlopen(url, timeout=60) as resp:
-            shutil.copyfileobj(resp, f, 1 << 20)
-        _check_sha(Path(tmp), sha256, key, label=url)
-        os.replace(tmp, dest)
+        # 0600, as the cache's downloads always were (mkstemp's mode)
+        with atomic_writer(dest, mode=0o600) as f, urllib.request.urlopen(url, timeout=60) as resp:
+            hasher = hashlib.sha256()
+            while chunk := resp.read(1 << 20):
+                hasher.update(chunk)
+                f.write(chunk)
+            _check_digest(hasher.hexdigest(), sha256, key, url)
     except (urllib.error.URLError, TimeoutError) as exc:
         raise SourceError(
             f"{key}: could not download {url}: {getattr(exc, 'reason', exc)}",
             hint=f"download it where you can and set {key} to the file (with its sha256)",
         ) from None
-    finally:
-        Path(tmp).unlink(missing_ok=True)
     return dest
 
 
