@@ -44,6 +44,7 @@ from .config import BuildSpec, cache_dir, spec_from_dict
 from .environment import build_env
 from .errors import CommsFailed, ProfileError, SourceError, ToolMissing, UsageError, named_os_errors, writable_dir
 from .image import tree_digest
+from .manifest import write_json
 from .nccl_arch import gencode, nccl_release
 from .problems import Problems
 from .safeio import MANIFEST_LIMIT, MiB, read_bytes, read_json, user_path
@@ -506,8 +507,8 @@ class _Step:
             "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "duration_s": round(time.monotonic() - t0, 1),
         }
+        write_json(self.partial / COMMS_MANIFEST, manifest, "writing the comms manifest")
         with named_os_errors(self.partial, "writing the comms manifest"):
-            (self.partial / COMMS_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
             if self.prefix.exists():  # another run finished the same key meanwhile
                 shutil.rmtree(self.partial)
             else:
