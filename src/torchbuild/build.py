@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from . import __version__, cmakecache, manifest
+from .atomic import atomic_write_text
 from .backends import PARTIAL_PREFIX
 from .config import BuildSpec, spec_from_dict
 from .console import table
@@ -362,9 +363,7 @@ class Outcome:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{PARTIAL_PREFIX}{path.name}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write_text(path, text)
 
 
 @dataclasses.dataclass

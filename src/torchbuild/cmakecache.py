@@ -35,12 +35,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
-import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from .atomic import atomic_write_text
 
 FORMAT = 1  # of the saved file; bumped whenever what is kept changes
 DIRNAME = "cmake-checks"
@@ -325,15 +325,7 @@ def _atomic_write(path: Path, text: str) -> None:
     """Write through a temporary file beside path (its own name: a build with the same key may
     write beside this one), then rename: a reader sees the old file or the new one, never half of
     one. The mode is the umask's, as for any file the build writes."""
-    tmp = path.with_name(f".partial-{path.name}.{uuid.uuid4().hex[:12]}")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, text)
 
 
 def for_build(

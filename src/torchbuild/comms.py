@@ -28,7 +28,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -39,11 +38,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from . import __version__, console
+from .atomic import atomic_writer
 from .backends import Backend, Binds
 from .config import BuildSpec, cache_dir, spec_from_dict
 from .environment import build_env
 from .errors import CommsFailed, ProfileError, SourceError, ToolMissing, UsageError, named_os_errors, writable_dir
 from .image import tree_digest
+from .manifest import write_json
 from .nccl_arch import gencode, nccl_release
 from .problems import Problems
 from .safeio import MANIFEST_LIMIT, MiB, read_bytes, read_json, user_path
@@ -139,11 +140,15 @@ def _check_sha(archive: Path, sha256: str, key: str, label: str = "") -> None:
     if sha256:
         with named_os_errors(archive, key):
             got = sha256_file(archive)
-        if got != sha256:
-            raise SourceError(
-                f"{key}: {label or archive.name} has sha256 {got}, not the {sha256} expected",
-                hint="download it again from the release page; if the release was re-tagged, check and update the sha256",
-            )
+        _check_digest(got, sha256, key, label or archive.name)
+
+
+def _check_digest(got: str, sha256: str, key: str, label: str) -> None:
+    if sha256 and got != sha256:
+        raise SourceError(
+            f"{key}: {label} has sha256 {got}, not the {sha256} expected",
+            hint="download it again from the release page; if the release was re-tagged, check and update the sha256",
+        )
 
 
 def download(url: str, dest_dir: Path, sha256: str, key: str, out: TextIO = sys.stdout) -> Path:
@@ -155,19 +160,19 @@ def download(url: str, dest_dir: Path, sha256: str, key: str, out: TextIO = sys.
     if dest.is_file() and (not sha256 or sha256_file(dest) == sha256):
         return dest
     print(f"downloading {url}", file=out, flush=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=dest_dir)
     try:
-        with os.fdopen(fd, "wb") as f, urllib.request.urlopen(url, timeout=60) as resp:
-            shutil.copyfileobj(resp, f, 1 << 20)
-        _check_sha(Path(tmp), sha256, key, label=url)
-        os.replace(tmp, dest)
+        # 0600, as the cache's downloads always were (mkstemp's mode)
+        with atomic_writer(dest, mode=0o600) as f, urllib.request.urlopen(url, timeout=60) as resp:
+            hasher = hashlib.sha256()
+            while chunk := resp.read(1 << 20):
+                hasher.update(chunk)
+                f.write(chunk)
+            _check_digest(hasher.hexdigest(), sha256, key, url)
     except (urllib.error.URLError, TimeoutError) as exc:
         raise SourceError(
             f"{key}: could not download {url}: {getattr(exc, 'reason', exc)}",
             hint=f"download it where you can and set {key} to the file (with its sha256)",
         ) from None
-    finally:
-        Path(tmp).unlink(missing_ok=True)
     return dest
 
 
@@ -502,8 +507,8 @@ class _Step:
             "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "duration_s": round(time.monotonic() - t0, 1),
         }
+        write_json(self.partial / COMMS_MANIFEST, manifest, "writing the comms manifest")
         with named_os_errors(self.partial, "writing the comms manifest"):
-            (self.partial / COMMS_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
             if self.prefix.exists():  # another run finished the same key meanwhile
                 shutil.rmtree(self.partial)
             else:

@@ -47,12 +47,12 @@ import re
 import shutil
 import stat
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .atomic import atomic_write_bytes
 from .console import table
 from .errors import HostSetupFailed, PathError, StrPath, TorchbuildError
 from .safeio import STATE_LIMIT, KiB, loads_json, read_bytes
@@ -720,17 +720,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
     """path holds data or what it held before, never a part (a new temporary file, never one
     that was there, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    tmp = Path(name)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, data, mode=0o600)  # the state file stays private, as mkstemp made it
 
 
 def _save_state(path: Path, state: dict[str, Any]) -> None:

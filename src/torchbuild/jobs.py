@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .atomic import atomic_write_text
+
 if TYPE_CHECKING:
     from .config import BuildSpec
 
@@ -201,9 +203,7 @@ def record_measured(path: Path, canaries: list[dict[str, object]]) -> dict[str, 
             measured[kind] = peak
     if measured:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(measured, indent=2))
-        os.replace(tmp, path)
+        atomic_write_text(path, json.dumps(measured, indent=2))
     return measured
 
 

@@ -39,6 +39,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from .atomic import atomic_write_bytes
 from .errors import LockError as LockError  # defined in errors.py (its registry); importable here too
 from .errors import named_os_errors
 
@@ -221,10 +222,7 @@ def read(path: Path) -> tuple[Lock, str]:
 def write(lock: Lock, path: Path) -> tuple[str, int]:
     """Write lock to path atomically; (its sha256, its size in bytes)."""
     raw = lock.dump().encode()
-    tmp = path.with_name(f".{path.name}.tmp")
-    with named_os_errors(path, "writing the lock"):
-        tmp.write_bytes(raw)
-        tmp.replace(path)
+    atomic_write_bytes(path, raw, what="writing the lock")
     return hashlib.sha256(raw).hexdigest(), len(raw)
 
 

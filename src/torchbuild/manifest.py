@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
-import tempfile
 import typing
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Optional, TypeVar
 
 from . import __version__
+from .atomic import atomic_write_text
 from .console import printable, table
-from .errors import BuildFailed, PathError, named_os_errors, os_fault
+from .errors import BuildFailed, PathError, named_os_errors
 from .errors import ManifestError as ManifestError  # defined in errors.py (its registry); importable here too
 from .safeio import MANIFEST_LIMIT, loads_json, read_bytes
 
@@ -567,29 +566,16 @@ def write(manifest: Manifest | InstallManifest, path: Path) -> Path:
     """Write manifest to path atomically (a temporary name in the same directory, then a
     rename): a reader never sees half a manifest, and a failure leaves nothing behind."""
     path = Path(path)
-    text = json.dumps(manifest.to_dict(), indent=2) + "\n"
-    tmp: str | None = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide it from a shared install's users
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as exc:
-        raise os_fault(exc, path, "writing the manifest") from exc
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+    write_json(path, manifest.to_dict(), "writing the manifest")
     return path
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+def write_json(path: Path, data: Mapping[str, Any], what: str) -> Path:
+    """One JSON record torchbuild writes (a manifest, `<wheel>.verify.json`, torchbuild-comms.json),
+    atomically (atomic.atomic_write_text): a reader, or a resume that takes the file as a marker,
+    never sees half of one, and a failure leaves the old file as it was. OSError: the named error."""
+    atomic_write_text(path, json.dumps(data, indent=2) + "\n", what=what)
+    return Path(path)
 
 
 def read(path: Path) -> Manifest:

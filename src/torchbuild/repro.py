@@ -24,13 +24,13 @@ import stat
 import struct
 import subprocess
 import tarfile
-import tempfile
 import time
 import zipfile
 import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from .atomic import atomic_writer
 from .errors import WheelError, named_os_errors
 from .safeio import MEMBER_LIMIT
 from .source import SourceInfo
@@ -155,23 +155,19 @@ def normalize_wheel(wheel: Path, epoch: int) -> bool:
         if _is_canonical(infos, when):
             return False
         by_name = {i.filename: i for i in infos}
-        fd, tmp = tempfile.mkstemp(prefix=f".{wheel.name}.", suffix=".partial", dir=wheel.parent)
-        os.close(fd)
-        try:
-            with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=DEFLATE_LEVEL) as dst:
-                for name in canonical_order(list(by_name)):
-                    old = by_name[name]
-                    new = zipfile.ZipInfo(name, date_time=when)
-                    new.create_system = 3
-                    new.external_attr = _mode(old) << 16
-                    new.compress_type = zipfile.ZIP_DEFLATED
-                    with src.open(old) as data, dst.open(new, "w") as out:
-                        shutil.copyfileobj(data, out, 1 << 20)
-            os.chmod(tmp, stat.S_IMODE(wheel.stat().st_mode))
-            os.replace(tmp, wheel)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        mode = stat.S_IMODE(wheel.stat().st_mode)
+        with (
+            atomic_writer(wheel, mode=mode) as f,
+            zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED, compresslevel=DEFLATE_LEVEL) as dst,
+        ):
+            for name in canonical_order(list(by_name)):
+                old = by_name[name]
+                new = zipfile.ZipInfo(name, date_time=when)
+                new.create_system = 3
+                new.external_attr = _mode(old) << 16
+                new.compress_type = zipfile.ZIP_DEFLATED
+                with src.open(old) as data, dst.open(new, "w") as out:
+                    shutil.copyfileobj(data, out, 1 << 20)
     return True
 
 

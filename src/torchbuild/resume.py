@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .atomic import atomic_write_text
 from .backends import EXCHANGE
 from .errors import named_os_errors
 
@@ -101,9 +102,7 @@ class Record:
         self.steps[step] = {**facts, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         with named_os_errors(self.path, "recording the finished steps"):
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-            tmp.write_text(json.dumps({"key": self.key, "steps": self.steps}, indent=2) + "\n")
-            os.replace(tmp, self.path)
+            atomic_write_text(self.path, json.dumps({"key": self.key, "steps": self.steps}, indent=2) + "\n")
 
     def forget(self, *steps: str) -> None:
         """Drop steps whose results are gone, so a later step is not believed either."""

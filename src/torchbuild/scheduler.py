@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, TextIO
 
 from . import __version__
+from .atomic import atomic_write_text
 from .config import BuildSpec, check_value, profile_text
 from .errors import (
     BuildInterrupted,
@@ -554,12 +555,9 @@ def write_job(scheduler: Scheduler, job: Job, profile_file: Path) -> Path:
     """The resolved profile and the script, written atomically; the script's path."""
     script = scheduler.script_path(job)
     with named_os_errors(job.logs, "writing the batch script"):
-        for path, text in ((profile_file, profile_text(job.spec)), (script, scheduler.render(job))):
+        for path, text, mode in ((profile_file, profile_text(job.spec), None), (script, scheduler.render(job), 0o755)):
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.partial")
-            tmp.write_text(text)
-            os.replace(tmp, path)
-    script.chmod(0o755)
+            atomic_write_text(path, text, mode=mode)
     return script
 
 

@@ -34,6 +34,7 @@ from packaging.version import InvalidVersion, Version
 from . import console, pipenv, probe
 from .config import BuildSpec
 from .errors import TorchbuildError, UsageError, WheelError, named_os_errors
+from .manifest import write_json
 
 PROBE = Path(probe.__file__)  # run by path in the interpreter under test, which lacks torchbuild
 WHEEL_METADATA = re.compile(r"[^/]+\.dist-info/WHEEL")
@@ -356,8 +357,7 @@ def run_request(req: dict[str, Any]) -> int:
     print(f"verify {subject} ({data['machine']}, Python {data['python']}):")
     print(render(checks))
     if req.get("json"):
-        with named_os_errors(req["json"], "verify report"):
-            Path(req["json"]).write_text(json.dumps(data, indent=2) + "\n")
+        write_json(Path(req["json"]), data, "verify report")
         print(f"report: {req['json']}")
     if not data["ok"]:
         failed = ", ".join(c.name for c in checks if c.status == "fail")

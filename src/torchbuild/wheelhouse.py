@@ -23,6 +23,7 @@ from packaging.tags import Tag
 from packaging.utils import NormalizedName, parse_wheel_filename
 from packaging.version import Version
 
+from .atomic import atomic_write_text
 from .errors import PathError, TorchbuildError, UsageError, WheelhouseConflict, named_os_errors
 from .safeio import MiB, read_text, user_path
 from .source import sha256_file
@@ -251,9 +252,4 @@ def _page(title: str, body: list[str]) -> str:
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{PARTIAL}{uuid.uuid4().hex[:8]}-{path.name}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write_text(path, text)

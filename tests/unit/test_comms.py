@@ -1032,3 +1032,30 @@ def test_a_script_without_a_shebang_is_named_as_not_executable_not_as_a_write_pr
     with pytest.raises(PathError) as exc, named_os_errors(script, "aws-ofi-nccl autogen.sh"):
         subprocess.run([str(script)], check=False)
     assert "cannot be executed here" in exc.value.message and "write" not in (exc.value.hint or "")
+
+
+def test_the_comms_manifest_is_written_atomically_through_the_manifest_module(tmp_path, monkeypatch):
+    """A failed write of torchbuild-comms.json is the named error, leaves no half manifest or
+    temporary file, and no prefix is made of the partial one."""
+    import errno
+
+    from torchbuild.errors import InsufficientSpace
+
+    site = _site(tmp_path)
+    spec = site.spec()
+    real = os.replace
+
+    def full(src, dst, *a, **kw):
+        if Path(dst).name == COMMS_MANIFEST:
+            raise OSError(errno.ENOSPC, "No space left on device", str(src), None, str(dst))
+        return real(src, dst, *a, **kw)
+
+    monkeypatch.setattr(os, "replace", full)
+    with (
+        contextlib.redirect_stdout(io.StringIO()),
+        pytest.raises(InsufficientSpace, match="writing the comms manifest"),
+    ):
+        comms(spec, choose(spec, "native", Options()), out_dir=site.root / "out", out=io.StringIO())
+    made = [p for p in (site.cache / "comms").rglob("*") if COMMS_MANIFEST in p.name]
+    assert made == []
+    assert not [p for p in (site.cache / "comms").iterdir() if ".partial-" not in p.name]  # no prefix

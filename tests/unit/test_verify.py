@@ -237,3 +237,33 @@ def test_a_report_that_cannot_be_written_is_a_path_error(tmp_path):
     with pytest.raises(PathError, match="verify report") as info:
         run_request(req)
     assert str(report_path) in info.value.message
+
+
+def test_the_verify_report_is_written_atomically_so_a_failed_write_keeps_the_old_one(tmp_path, monkeypatch, capsys):
+    """<wheel>.verify.json is also resume's marker: a failed write must not leave half of one."""
+    import errno
+    import os
+
+    from torchbuild import verify as vf
+    from torchbuild.errors import InsufficientSpace
+    from torchbuild.verify import Check
+
+    wheel = make_wheel(tmp_path / "tiny_pkg-1.2.3+tb-py3-none-any.whl")
+    report = Path(f"{wheel}.verify.json")
+    report.write_text('{"ok": true}\n')
+    monkeypatch.setattr(vf, "verify_wheel", lambda *a, **kw: [Check("import tiny_pkg", "pass")])
+    real = os.replace
+
+    def full(src, dst, *a, **kw):
+        if Path(dst) == report:
+            raise OSError(errno.ENOSPC, "No space left on device", str(src), None, str(dst))
+        return real(src, dst, *a, **kw)
+
+    monkeypatch.setattr(os, "replace", full)
+    req = request(resolve("cpu"), wheel=wheel, installed="", expect_version="1.2.3+tb", report=None)
+    with pytest.raises(InsufficientSpace, match="verify report"):
+        run_request(req)
+    assert report.read_text() == '{"ok": true}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == [wheel.name, report.name]  # no temporary file
+    monkeypatch.setattr(os, "replace", real)
+    assert run_request(req) == 0 and json.loads(report.read_text())["subject"] == wheel.name
