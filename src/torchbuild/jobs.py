@@ -269,3 +269,18 @@ def plan_for(spec: BuildSpec, host: HostResources, cache_root: str | Path, jobs:
         nvcc_threads=spec.nvcc_threads,
         cuda_archs=len(spec.cuda_arch_list),
     )
+
+
+def plan_make(spec: BuildSpec, host: HostResources, cache_root: str | Path, jobs: int = 0, *, kind: str) -> JobPlan:
+    """The plan of a make whose compile jobs are of one kind ("cxx": the C++ per-job peak;
+    "cuda": the CUDA one, for nvcc's device code) and that takes no nvcc --threads (NCCL's
+    make, the aws-ofi-nccl plugin's): --jobs (jobs), else the profile's max_jobs, planned as
+    plan_for plans, from the same peaks (measured on this profile's canaries where there are some)."""
+    if jobs:
+        return JobPlan(jobs, f"--jobs {jobs}")
+    peaks = Peaks.defaults(spec.mem_per_job_gb, spec.mem_per_cuda_job_gb).with_measured(
+        load_measured(peaks_file(cache_root, spec.hash))
+    )
+    # nvcc_threads=1: a fixed count adds nothing to the plan, and such a make is given none
+    plan = plan_jobs(spec.max_jobs, spec.mem_per_job_gb, host, cuda=kind == "cuda", peaks=peaks, nvcc_threads=1)
+    return JobPlan(plan.jobs, plan.reason)

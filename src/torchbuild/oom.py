@@ -157,11 +157,12 @@ def run_compile(
     jobs: JobsUsed,
     retry: bool = True,
     watch: Callable[[str], None] | None = None,
+    failure: Callable[[Finished], TorchbuildError] | None = None,
 ) -> float:
     """Run a compile step with jobs.current jobs; resume it with fewer after an OOM kill.
     Returns the seconds spent over all attempts. A failure that printed a disk-full message is
     InsufficientSpace naming the file system that was full (never retried: fewer jobs need
-    the same space)."""
+    the same space); any other failure is failure(how it finished), else BuildFailed."""
     total = 0.0
     while True:
         env = env_for(jobs.current)
@@ -181,6 +182,8 @@ def run_compile(
             )
         evidence = evidence or (f"exit {done.returncode} (SIGKILL)" if done.returncode in SIGKILLED else None)
         if evidence is None:
+            if failure is not None:
+                raise failure(done)
             raise BuildFailed(f"{what} failed (exit {done.returncode}) after {done.seconds:.0f} s; log: {sink.path}")
         _resume_or_raise(what, done, evidence, jobs, retry, sink)
 
