@@ -11,7 +11,9 @@ digests, arch list, libfabric, compilers, the image), so a rerun is a no-op.
 
 The step, where the backend runs it (image, SIF or natively): checks libfabric and the tools
 before anything compiles (all failures in one error), builds NCCL with `make src.lib` and
-NVCC_GENCODE from cuda_arch_list, builds the plugin with autotools (`make install DESTDIR=`, an rpath to libfabric), checks what
+NVCC_GENCODE from cuda_arch_list, builds the plugin with autotools (`make install DESTDIR=`, an rpath to libfabric)
+(each `make -j` planned where the step runs, as torch's build is, and resumed with fewer jobs
+after an out-of-memory kill: oom.run_compile), checks what
 it built (the plugin's ncclNetPlugin_v* symbols, `ldd`, ncclGetVersion) and writes
 torchbuild-comms.json. All of it happens in <prefix>.partial-<run>, renamed to the prefix at the
 end: a failure or an interrupt leaves no prefix.
@@ -32,7 +34,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
@@ -44,9 +46,12 @@ from .config import BuildSpec, cache_dir, spec_from_dict
 from .environment import build_env
 from .errors import CommsFailed, ProfileError, SourceError, ToolMissing, UsageError, named_os_errors, writable_dir
 from .image import tree_digest
+from .jobs import HostResources, JobPlan, plan_make
 from .manifest import write_json
 from .nccl_arch import gencode, nccl_release
+from .oom import JobsUsed, run_compile
 from .problems import Problems
+from .process import Finished
 from .safeio import MANIFEST_LIMIT, MiB, read_bytes, read_json, user_path
 from .source import describe_dir, fetch_git, looks_like_url, sha256_file, unpack_archive
 
@@ -216,9 +221,18 @@ class Comms:
     built_now: bool
 
 
-def comms(spec: BuildSpec, backend: Backend, *, out_dir: Path, out: TextIO = sys.stdout) -> Comms:
+def comms(
+    spec: BuildSpec,
+    backend: Backend,
+    *,
+    out_dir: Path,
+    out: TextIO = sys.stdout,
+    jobs: int = 0,
+    oom_retry: bool = True,
+) -> Comms:
     """Build NCCL and the plugin the profile asks for with backend, unless a prefix of the same
-    key is there already."""
+    key is there already. jobs: --jobs (0: planned where the step runs, from its cores and
+    memory); oom_retry: resume a make with fewer jobs after an out-of-memory kill."""
     if not wanted(spec):
         raise UsageError(
             f"profile {spec.profile} builds neither NCCL nor a plugin (nccl: {spec.nccl}, no aws_ofi_nccl_version)",
@@ -273,6 +287,8 @@ def comms(spec: BuildSpec, backend: Backend, *, out_dir: Path, out: TextIO = sys
         "plugin": {"tree": str(plugin.tree), "origin": plugin.origin, "sha256": plugin.digest} if plugin else None,
         "image": image,
         "engine": backend.engine,
+        "jobs": jobs,
+        "oom_retry": oom_retry,
     }
     with named_os_errors(prefix.parent, "cache_dir"):
         prefix.parent.mkdir(parents=True, exist_ok=True)
@@ -475,12 +491,35 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
+class _Stdout:
+    """oom.run_compile's sink for the step: its output streams to stdout, as the step's does."""
+
+    path = Path("the output above")
+
+    def write(self, text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    def line(self, text: str = "") -> None:
+        print(text, flush=True)
+
+
 class _Step:
     def __init__(self, spec: BuildSpec, prefix: Path, partial: Path, req: Mapping[str, Any]) -> None:
         self.spec, self.prefix, self.partial, self.req = spec, prefix, partial, req
-        jobs = int(req.get("jobs") or os.cpu_count() or 1)
-        self.jobs = max(1, jobs)
-        self.env = {**os.environ, **build_env(spec, cache_root=str(prefix.parent.parent), jobs=self.jobs)}
+        # NCCL's make compiles device code with nvcc (the CUDA per-job peak), the plugin's is C++;
+        # both planned where the step runs (its cores and memory: an allocation's, a container's)
+        # unless --jobs fixed them
+        cache_root = prefix.parent.parent
+        host, jobs = HostResources.detect(), int(req.get("jobs") or 0)
+        self.plans = {
+            part: plan_make(spec, host, cache_root, jobs, kind=kind)
+            for part, kind in (("nccl", "cuda"), ("plugin", "cxx"))
+            if req.get(part)
+        }
+        self.retry = bool(req.get("oom_retry", True))
+        self.jobs = min((p.jobs for p in self.plans.values()), default=1)  # MAX_JOBS of the step's env
+        self.env = {**os.environ, **build_env(spec, cache_root=str(cache_root), jobs=self.jobs)}
 
     def run(self) -> None:
         started, t0 = datetime.now(timezone.utc), time.monotonic()
@@ -539,7 +578,6 @@ class _Step:
         cuda_lib = find_library(Path(self.spec.cuda_home), "libcudart_static.a")
         flags = gencode(self.spec.cuda_arch_list)
         args = [
-            f"-j{self.jobs}",
             "src.lib",
             f"BUILDDIR={build}",
             f"CUDA_HOME={self.spec.cuda_home}",
@@ -549,7 +587,9 @@ class _Step:
         if cuda_lib is not None:
             args.append(f"CUDA_LIB={cuda_lib.parent}")
         print(f"building NCCL {self.spec.nccl_version} for {', '.join(self.spec.cuda_arch_list)} ({flags})", flush=True)
-        self._call(["make", "-C", str(work), *args], "building NCCL")
+        used = self._compile(
+            lambda n: ["make", "-C", str(work), f"-j{n}", *args], "building NCCL", self.plans["nccl"], work, self.env
+        )
         for sub in ("include", "lib"):
             shutil.copytree(build / sub, self.partial / sub, symlinks=True, dirs_exist_ok=True)
         library = self.partial / "lib" / "libnccl.so.2"
@@ -568,6 +608,7 @@ class _Step:
             "gencode": flags,
             "arch_list": list(self.spec.cuda_arch_list),
             "library": "lib/" + library.resolve().name,
+            "jobs": used,
             "seconds": round(time.monotonic() - t0, 1),
             "size_bytes": _size(self.partial / "lib") + _size(self.partial / "include"),
         }
@@ -594,7 +635,7 @@ class _Step:
         if lib_dir is not None and str(root) != "/usr":
             env["LDFLAGS"] = f"{env.get('LDFLAGS', '')} -Wl,-rpath,{lib_dir.parent}".strip()
         self._call(["./configure", *args], "aws-ofi-nccl configure", cwd=work, env=env)
-        self._call(["make", f"-j{self.jobs}"], "building aws-ofi-nccl", cwd=work, env=env)
+        used = self._compile(lambda n: ["make", f"-j{n}"], "building aws-ofi-nccl", self.plans["plugin"], work, env)
         stage = self.partial / "work" / "stage"
         self._call(["make", "install", f"DESTDIR={stage}"], "installing aws-ofi-nccl", cwd=work, env=env)
         shutil.copytree(stage / str(self.prefix).lstrip("/"), self.partial, symlinks=True, dirs_exist_ok=True)
@@ -625,6 +666,7 @@ class _Step:
             "configure": args,
             "library": f"lib/{library.name}",
             "symbols": symbols,
+            "jobs": used,
             "seconds": round(time.monotonic() - t0, 1),
             "size_bytes": sum(
                 p.stat().st_size for p in (self.partial / "lib").glob("libnccl-*") if p.is_file() and not p.is_symlink()
@@ -651,6 +693,36 @@ class _Step:
         proc = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, check=False)
         found = re.search(r"release (\d+\.\d+)", proc.stdout)
         return found[1] if found else ""
+
+    def _compile(
+        self, cmd_for: Callable[[int], Sequence[str]], what: str, plan: JobPlan, cwd: Path, env: Mapping[str, str]
+    ) -> dict[str, Any]:
+        """A make -j of plan.jobs in cwd, resumed with fewer jobs after an out-of-memory kill (make
+        keeps what it built) unless --no-retry; what it used, as a build manifest's jobs record."""
+        print(f"comms: {what} with {plan.jobs} jobs ({plan.reason})", flush=True)
+        used = JobsUsed(plan.jobs, plan.jobs)
+
+        def failed(done: Finished) -> CommsFailed:
+            return CommsFailed(f"{what} failed (exit {done.returncode}): {' '.join(cmd_for(used.current)[:4])}")
+
+        with named_os_errors(cwd, what):
+            run_compile(
+                cmd_for,
+                cwd=str(cwd),
+                env_for=lambda n: {**env, "MAX_JOBS": str(n)},
+                sink=_Stdout(),
+                what=what,
+                jobs=used,
+                retry=self.retry,
+                failure=failed,
+            )
+        return {
+            "max_jobs": used.start,
+            "final_jobs": used.current,
+            "reason": plan.reason,
+            "nvcc_threads": 0,
+            "retries": used.retries,
+        }
 
     def _call(
         self, cmd: Sequence[str], what: str, cwd: Path | None = None, env: Mapping[str, str] | None = None

@@ -144,7 +144,7 @@ def build(
     wanted = spec.companions and not options.preflight and primary
     fetched = fetch_companions(spec, cache, out=out) if wanted else []
     if outcome is None:
-        extra_env, linked = _comms(spec, backend, out_dir, out)
+        extra_env, linked = _comms(spec, backend, out_dir, out, options)
         info, series, result = _source(spec, where, ref, done, out)
         epoch = source_date_epoch(info, {**os.environ, **spec.env})
         binds = Binds(cache=cache, out=out_dir, src=info.path)
@@ -222,13 +222,13 @@ def build_pythons(
 
 
 def _comms(
-    spec: BuildSpec, backend: Backend, out_dir: Path, out: TextIO
+    spec: BuildSpec, backend: Backend, out_dir: Path, out: TextIO, options: BuildOptions = BuildOptions()
 ) -> tuple[dict[str, str], dict[str, Any] | None]:
     """NCCL and the plugin the profile builds from source (a no-op when they are built): the
     variables that link torch to that NCCL, and what the wheel's manifest records of them."""
     if not comms_wanted(spec):
         return {}, None
-    made = build_comms(spec, backend, out_dir=out_dir, out=out)
+    made = build_comms(spec, backend, out_dir=out_dir, out=out, jobs=options.jobs, oom_retry=options.oom_retry)
     m = made.manifest
     record: dict[str, Any] = {"prefix": str(made.prefix), "key": m.get("key", "")}
     if m.get("nccl"):

@@ -13,7 +13,9 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
+import sys
 import tarfile
 import threading
 from collections.abc import Iterator
@@ -47,8 +49,17 @@ from torchbuild.comms import (
 )
 from torchbuild.config import resolve
 from torchbuild.environment import comms_runtime_env
-from torchbuild.errors import CommsFailed, ProfileError, SifError, SourceError, ToolMissing, UsageError
+from torchbuild.errors import (
+    CommsFailed,
+    OutOfMemory,
+    ProfileError,
+    SifError,
+    SourceError,
+    ToolMissing,
+    UsageError,
+)
 from torchbuild.image import apt_packages, comms_packages, tree_digest
+from torchbuild.jobs import GiB, HostResources, plan_make
 from torchbuild.runner import _comms as runner_comms
 from torchbuild.runner import comms_for_verify
 from torchbuild.safeio import MANIFEST_LIMIT
@@ -661,6 +672,133 @@ def test_the_prefix_is_keyed_by_the_image_id_not_the_backends_name(tmp_path, cap
 
     assert prefix_for("apptainer", "sha256:aaa") != prefix_for("apptainer", "sha256:bbb")
     assert prefix_for("apptainer", "sha256:aaa") == prefix_for("docker", "sha256:aaa")
+
+
+# --------------------------------------------------------------------------- jobs: the planner and out-of-memory resumes
+
+
+def _fake_host(monkeypatch, cores: int, mem_gib: float) -> HostResources:
+    """HostResources.detect() answers as an allocation of cores and mem_gib would, wherever it is called."""
+    host = HostResources(cores=cores, memory_bytes=int(mem_gib * GiB), memory_source="test allocation")
+    monkeypatch.setattr(HostResources, "detect", lambda *a, **k: host)
+    return host
+
+
+def _makes(output: str) -> list[str]:
+    """The make commands the step ran (oom.run_watched prints each as `$ make ...`)."""
+    return [ln for ln in output.splitlines() if ln.startswith("$ make")]
+
+
+def test_comms_plans_its_jobs_for_the_allocation_not_the_nodes_cpu_count(tmp_path, monkeypatch):
+    """Inside a batch allocation of 2 cores and 3 GiB on a 64-core node: NCCL's nvcc make gets
+    what 3 GiB / the CUDA per-job peak allows, the plugin's C++ make what 2 cores allow."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    host = _fake_host(monkeypatch, 2, 3)
+    site = _site(tmp_path)
+    spec = site.spec()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        made = comms(spec, choose(spec, "native", Options()), out_dir=tmp_path / "out", out=out)
+    nccl_plan = plan_make(spec, host, site.cache, kind="cuda")
+    plugin_plan = plan_make(spec, host, site.cache, kind="cxx")
+    assert (nccl_plan.jobs, plugin_plan.jobs) == (1, 2)  # 3 GiB / 5 GiB per CUDA job; 2 cores (1.5 GiB a job)
+    m = made.manifest
+    assert m["nccl"]["jobs"] == {
+        "max_jobs": 1,
+        "final_jobs": 1,
+        "reason": nccl_plan.reason,
+        "nvcc_threads": 0,
+        "retries": [],
+    }
+    assert m["plugin"]["jobs"] == {
+        "max_jobs": 2,
+        "final_jobs": 2,
+        "reason": plugin_plan.reason,
+        "nvcc_threads": 0,
+        "retries": [],
+    }
+    assert "2 cores" in plugin_plan.reason and "CUDA job" in nccl_plan.reason
+    text = out.getvalue()
+    assert f"comms: building NCCL with 1 jobs ({nccl_plan.reason})" in text
+    assert f"comms: building aws-ofi-nccl with 2 jobs ({plugin_plan.reason})" in text
+    compiles = [c for c in _makes(text) if "install" not in c]
+    assert len(compiles) == 2 and " -j1 " in compiles[0] + " " and compiles[1].endswith("make -j2")
+    assert "-j64" not in text
+
+
+def test_comms_jobs_option_wins_over_the_plan(tmp_path, monkeypatch):
+    _fake_host(monkeypatch, 2, 3)
+    site = _site(tmp_path)
+    spec = site.spec()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        made = comms(spec, choose(spec, "native", Options()), out_dir=tmp_path / "out", out=out, jobs=6)
+    for part in ("nccl", "plugin"):
+        assert made.manifest[part]["jobs"]["max_jobs"] == 6 and made.manifest[part]["jobs"]["reason"] == "--jobs 6"
+    assert all(" -j6" in c for c in _makes(out.getvalue()) if "install" not in c)
+
+
+def _oom_make(tmp_path: Path) -> Path:
+    """A make that is OOM-killed as a compiler is (g++'s message, exit 2) when run with more
+    than 2 jobs, and is the real make otherwise; each call's arguments go to <tools>/calls."""
+    real = shutil.which("make")
+    assert real is not None
+    tools = tmp_path / "oom-tools"
+    tools.mkdir()
+    script = tools / "make"
+    script.write_text(
+        f"""#!{sys.executable}
+import os, re, sys
+open({str(tools / "calls")!r}, "a").write(" ".join(sys.argv[1:]) + "\\n")
+jobs = [int(m[1]) for a in sys.argv[1:] for m in [re.fullmatch(r"-j(\\d+)", a)] if m]
+if jobs and jobs[0] > 2:
+    print("g++: fatal error: Killed signal terminated program cc1plus", flush=True)
+    print("make: *** [Makefile:4: all] Error 1", flush=True)
+    sys.exit(2)
+os.execv({real!r}, [{real!r}, *sys.argv[1:]])
+"""
+    )
+    script.chmod(0o755)
+    return tools
+
+
+def test_an_oom_killed_make_is_resumed_with_fewer_jobs_and_the_retry_recorded(tmp_path, monkeypatch):
+    _fake_host(monkeypatch, 4, 64)  # 4 jobs for each make
+    tools = _oom_make(tmp_path)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    site = _site(tmp_path)
+    spec = site.spec()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        made = comms(spec, choose(spec, "native", Options()), out_dir=tmp_path / "out", out=out)
+    lines = (tools / "calls").read_text().splitlines()
+    # NCCL's make -C <tree> -jN: killed with 4 jobs, resumed with 2
+    assert [ln.split()[2] for ln in lines if ln.startswith("-C")] == ["-j4", "-j2"]
+    # the plugin's make -jN likewise, then its install
+    plugin = [ln.split()[0] for ln in lines if not ln.startswith("-C")]
+    assert plugin == ["-j4", "-j2", "install"]
+    for part, what in (("nccl", "building NCCL"), ("plugin", "building aws-ofi-nccl")):
+        jobs = made.manifest[part]["jobs"]
+        assert (jobs["max_jobs"], jobs["final_jobs"]) == (4, 2)
+        [retry] = jobs["retries"]
+        assert (retry["step"], retry["jobs"], retry["next_jobs"]) == (what, 4, 2)
+        assert "Killed signal terminated program cc1plus" in retry["evidence"]
+        assert f"torchbuild: out of memory in {what} with 4 jobs" in out.getvalue()
+    assert made.built_now and (made.prefix / "lib" / "libnccl-net.so").is_file()
+
+
+def test_no_retry_fails_at_the_first_oom_kill_and_leaves_nothing(tmp_path, monkeypatch):
+    _fake_host(monkeypatch, 4, 64)
+    tools = _oom_make(tmp_path)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    site = _site(tmp_path)
+    spec = site.spec()
+    with contextlib.redirect_stdout(io.StringIO()), pytest.raises(OutOfMemory) as exc:
+        comms(spec, choose(spec, "native", Options()), out_dir=tmp_path / "out", out=io.StringIO(), oom_retry=False)
+    assert "building NCCL ran out of memory with 4 jobs" in exc.value.message
+    assert "--no-retry" in (exc.value.hint or "")
+    assert (tools / "calls").read_text().count("-j") == 1
+    assert list((site.cache / "comms").iterdir()) == []
 
 
 # --------------------------------------------------------------------------- plugin_symbols, unresolved, versions

@@ -5,17 +5,31 @@ from __future__ import annotations
 from invoke.context import Context
 
 from ..comms import comms as build_comms
+from ..config import parse_jobs_option
+from ..problems import Problems
 from ..safeio import user_path
 from .common import Launch, launch_task
 
 
-@launch_task(help={"out": "where the step's request file goes (default ./out); the libraries go into the cache"})
-def comms(c: Context, launch: Launch, out: str = "out") -> None:
+@launch_task(
+    help={
+        "out": "where the step's request file goes (default ./out); the libraries go into the cache",
+        "jobs": "parallel compile jobs, an integer >= 1 (default: planned from cores and memory)",
+        "no_retry": "fail with OutOfMemory at the first out-of-memory kill instead of resuming with fewer jobs",
+    }
+)
+def comms(c: Context, launch: Launch, out: str = "out", jobs: str = "", no_retry: bool = False) -> None:
     """Build NCCL for the profile's cuda_arch_list and the aws-ofi-nccl plugin against libfabric.
 
     Into <cache_dir>/comms/<versions>-<key>: a rerun with the same inputs is a no-op. Natively, in the image
     (--in-container) or in the SIF (--engine apptainer); `invoke build` runs it first when the profile has
     nccl: source. See README "NCCL and the Slingshot plugin"."""
-    spec = launch.spec()
-    done = build_comms(spec, launch.backend(spec), out_dir=user_path(out).absolute())
+    problems = Problems()  # a bad --jobs and a bad profile named at once
+    max_jobs = problems.check(lambda: parse_jobs_option(jobs))
+    spec = problems.check(launch.spec)
+    problems.raise_any()
+    assert spec is not None and max_jobs is not None
+    done = build_comms(
+        spec, launch.backend(spec), out_dir=user_path(out).absolute(), jobs=max_jobs, oom_retry=not no_retry
+    )
     print(f"prefix: {done.prefix}\nmanifest: {done.prefix / 'torchbuild-comms.json'}")
