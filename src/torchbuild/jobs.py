@@ -59,6 +59,9 @@ class HostResources:
         env = os.environ if environ is None else environ
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         cores_source = "CPU affinity"
+        quota = cgroup_cpus(cgroup_root, self_cgroup)
+        if quota is not None and quota < cores:  # `docker run --cpus 2`, a cgroup with a CPU quota
+            cores, cores_source = quota, "cgroup CPU quota"
         for variable in ALLOCATION_CPUS:
             allotted = _int(env.get(variable))
             if allotted and allotted < cores:
@@ -136,6 +139,24 @@ def cgroup_limit(root: Path = Path("/sys/fs/cgroup"), self_cgroup: Path = Path("
     else:
         limits.append(_read_int(root / "memory" / "memory.limit_in_bytes"))
     found = [x for x in limits if x is not None and x < (1 << 60)]  # v1 says unlimited with a huge number
+    return min(found) if found else None
+
+
+def cgroup_cpus(root: Path = Path("/sys/fs/cgroup"), self_cgroup: Path = Path("/proc/self/cgroup")) -> int | None:
+    """The cores a CPU quota allows (quota / period, rounded up, at least 1) over this process's
+    cgroups and the root's (v2 cpu.max "QUOTA PERIOD" or "max PERIOD"; v1 cpu.cfs_quota_us and
+    cpu.cfs_period_us, -1 for none); None without a quota."""
+    found: list[int] = []
+    for d in [*own_cgroups(root, self_cgroup), root]:
+        try:
+            text = (d / "cpu.max").read_text().split()
+        except (OSError, UnicodeDecodeError):
+            text = []
+        if len(text) == 2 and text[0].isdigit() and text[1].isdigit() and int(text[1]) > 0:
+            found.append(max(1, -(-int(text[0]) // int(text[1]))))
+    quota, period = _read_int(root / "cpu" / "cpu.cfs_quota_us"), _read_int(root / "cpu" / "cpu.cfs_period_us")
+    if quota and period and quota > 0:
+        found.append(max(1, -(-quota // period)))
     return min(found) if found else None
 
 

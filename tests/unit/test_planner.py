@@ -4,6 +4,7 @@ detection, the retry loop (progress output: test_progress.py; the .ninja_log rep
 from __future__ import annotations
 
 import io
+import os
 import sys
 from pathlib import Path
 
@@ -81,6 +82,31 @@ def test_the_smallest_memory_source_wins(tmp_path):
     (cg / "memory.max").write_text("max\n")
     res = HostResources.detect({"SLURM_MEM_PER_NODE": "16384"}, cgroup_root=cg, meminfo=meminfo)
     assert (res.memory_bytes, res.memory_source) == (8 * GiB, "MemAvailable")
+
+
+def test_a_cgroup_cpu_quota_caps_the_cores(tmp_path, monkeypatch):
+    """`docker run --cpus 1.5` (cgroup v2 cpu.max "150000 100000") or a v1 cfs quota: the cores
+    the quota allows, rounded up, not the affinity mask's (which still lists every core)."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemAvailable:   8388608 kB\n")
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    res = HostResources.detect({}, cgroup_root=v2, meminfo=meminfo, self_cgroup=tmp_path / "none")
+    assert (res.cores, res.cores_source) == (2, "cgroup CPU quota")
+    (v2 / "cpu.max").write_text("max 100000\n")  # no quota
+    assert HostResources.detect({}, cgroup_root=v2, meminfo=meminfo, self_cgroup=tmp_path / "none").cores == 64
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("300000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    res = HostResources.detect(
+        {"SLURM_CPUS_ON_NODE": "2"}, cgroup_root=v1, meminfo=meminfo, self_cgroup=tmp_path / "none"
+    )
+    assert (res.cores, res.cores_source) == (2, "SLURM_CPUS_ON_NODE")  # the smaller of the two
+    res = HostResources.detect({}, cgroup_root=v1, meminfo=meminfo, self_cgroup=tmp_path / "none")
+    assert (res.cores, res.cores_source) == (3, "cgroup CPU quota")
 
 
 @pytest.mark.parametrize(
