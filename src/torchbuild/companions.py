@@ -35,6 +35,16 @@ from packaging.version import InvalidVersion, Version
 from . import manifest, pipenv
 from .backends import PARTIAL_PREFIX
 from .companion_table import REPOS, default_ref, version_problem
+from .compile_job import (
+    Tee,
+    ccache_stats,
+    check_wheel_tools,
+    hit_rate,
+    now_utc,
+    path_independent,
+    pip_wheel,
+    toolchain_versions,
+)
 from .config import BuildSpec
 from .environment import build_env, compilers
 from .errors import CompanionError, SourceError, WheelError, named_os_errors
@@ -450,17 +460,6 @@ def _build_one(
     work: Path,
     out: TextIO,
 ) -> Path:
-    from .build import (
-        Tee,
-        _now,
-        ccache_stats,
-        check_wheel_tools,
-        hit_rate,
-        path_independent,
-        pip_wheel,
-        toolchain_versions,
-    )
-
     version = build_version(job, torch_version, spec.local_version)
     env_vars = {
         **companion_env(spec, job.name, base),
@@ -487,7 +486,7 @@ def _build_one(
     log = out_dir / "logs" / f"{job.name}-{spec.profile}-{time.strftime('%Y%m%d-%H%M%S')}-{req.run_id}.log"
     with named_os_errors(log.parent, "writing the companion's build log"):
         tee = Tee(log, out, "lines")
-    started, t0 = _now(), time.monotonic()
+    started, t0 = now_utc(), time.monotonic()
     used = JobsUsed(jobs, jobs)
     try:
         tee.line(f"{job.name} {version} against {torch_wheel.name} ({job.tree})")
@@ -539,7 +538,7 @@ def _build_one(
                 "retries": used.retries,
             },
             started=started,
-            finished=_now(),
+            finished=now_utc(),
             seconds=seconds,
             ccache=hit_rate(ccache_stats(env)),
             log=log.name,

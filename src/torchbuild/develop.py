@@ -26,6 +26,7 @@ from typing import Any, TextIO
 
 from packaging.version import InvalidVersion, Version
 
+from .compile_job import Tee, ccache_stats, hit_rate, path_independent
 from .config import BuildSpec, spec_from_dict
 from .environment import build_env
 from .errors import BuildFailed, PathError, TorchbuildError, named_os_errors
@@ -107,8 +108,6 @@ def _make_venv(venv: Path, python: Path) -> None:
 
 def develop(req: Request, out: TextIO = sys.stdout) -> dict[str, Any]:
     """Install req.tree in development mode into req.venv; what was done (also printed)."""
-    from .build import Tee, ccache_stats, hit_rate, path_independent
-
     tree, venv = Path(req.tree), Path(req.venv)
     t0 = time.monotonic()
     with named_os_errors(req.log, "writing the develop log"):

@@ -64,7 +64,7 @@ from spython.main.parse.writers.singularity import SingularityWriter
 
 from . import __version__
 from .arch import Arch
-from .build import Tee
+from .compile_job import Tee
 from .config import DEFAULT_PROFILE, BuildSpec, cache_dir, profile_text
 from .engine import Engine
 from .environment import build_env, comms_runtime_env, prepend_path_lines, runtime_env

@@ -32,6 +32,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from . import console, pipenv, probe
+from .compile_job import interpreter
 from .config import BuildSpec
 from .errors import TorchbuildError, UsageError, WheelError, named_os_errors
 from .manifest import write_json
@@ -270,8 +271,6 @@ def verify_wheel(
     """Tags, then install into a fresh venv (dependencies from this interpreter) and probe;
     with comms, the NCCL and plugin checks (comms_checks) against the venv's torch.
     WheelError (or PathError) first when the file is not a readable wheel."""
-    from .build import interpreter
-
     check_wheel_file(wheel)
     base = interpreter(python)
     checks = tag_checks(wheel.name, expect_version, supported_tags(python=python) if python else None)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.build import pip_wheel
+from torchbuild.compile_job import pip_wheel
 from torchbuild.config import resolve
 from torchbuild.errors import (
     InsufficientSpace,

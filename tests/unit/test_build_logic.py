@@ -6,7 +6,8 @@ import shutil
 
 import pytest
 
-from torchbuild.build import BuildRequest, hit_rate, object_target
+from torchbuild.build import BuildRequest, object_target
+from torchbuild.compile_job import hit_rate
 from torchbuild.config import resolve
 from torchbuild.errors import BuildFailed
 

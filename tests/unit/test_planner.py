@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from torchbuild import oom
-from torchbuild.build import Tee
+from torchbuild.compile_job import Tee
 from torchbuild.errors import BuildFailed, InsufficientSpace, OutOfMemory
 from torchbuild.jobs import GiB, HostResources, Peaks, load_measured, plan_jobs, record_measured
 from torchbuild.oom import JobsUsed, fewer_jobs, oom_evidence, run_compile

@@ -16,7 +16,7 @@ import pytest
 from helpers import invoke_here, make_wheel
 
 from torchbuild import repro
-from torchbuild.build import interpreter, path_independent
+from torchbuild.compile_job import check_wheel_tools, interpreter, path_independent
 from torchbuild.config import resolve
 from torchbuild.errors import ToolMissing, UsageError, WheelError
 from torchbuild.runner import pythons_option
@@ -237,8 +237,6 @@ def test_interpreter_for_a_version():
 
 
 def test_another_interpreter_is_asked_for_its_own_wheel_tools(tmp_path):
-    from torchbuild.build import check_wheel_tools
-
     (tmp_path / "setup.py").write_text("")
     bare = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
