@@ -41,10 +41,10 @@ def _size_label(n: int) -> str:
     return f"{n} bytes"
 
 
-def read_bytes(path: StrPath, limit: int, what: str, error: type[TorchbuildError] = PathError) -> bytes:
-    """At most `limit` bytes of the regular file `path`; a larger file, a device, a FIFO or a
-    directory is `error` (PathError by default) naming it, an OS fault its named error."""
-    p = Path(path)
+def _open_regular(p: Path, what: str, error: type[TorchbuildError]) -> tuple[int, os.stat_result]:
+    """An open descriptor of the regular file p (non-blocking, so a FIFO never waits for a
+    writer) and its stat; `error` for a directory, device, FIFO or socket (the descriptor is
+    closed then), the OS fault's named error when it cannot be opened."""
     try:
         fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
@@ -55,6 +55,20 @@ def read_bytes(path: StrPath, limit: int, what: str, error: type[TorchbuildError
             raise error(f"{what}: {p} is a directory, a file was expected", hint="name a file")
         if not stat.S_ISREG(st.st_mode):
             raise error(f"{what}: {p} is not a regular file (a device, FIFO or socket)", hint="name a regular file")
+    except BaseException as exc:
+        os.close(fd)
+        if isinstance(exc, OSError):
+            raise os_fault(exc, p, what) from exc
+        raise
+    return fd, st
+
+
+def read_bytes(path: StrPath, limit: int, what: str, error: type[TorchbuildError] = PathError) -> bytes:
+    """At most `limit` bytes of the regular file `path`; a larger file, a device, a FIFO or a
+    directory is `error` (PathError by default) naming it, an OS fault its named error."""
+    p = Path(path)
+    fd, st = _open_regular(p, what, error)
+    try:
         if st.st_size > limit:
             raise (TooLarge if error is PathError else error)(
                 f"{what}: {p} is {_size_label(st.st_size)}, more than the {_size_label(limit)} torchbuild reads",
@@ -187,16 +201,8 @@ def read_head(path: StrPath, size: int, what: str, error: type[TorchbuildError] 
     check a file's magic bytes. A directory, device or FIFO is `error` naming it, an OS fault
     its named error."""
     p = Path(path)
+    fd, _ = _open_regular(p, what, error)
     try:
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise os_fault(exc, p, what) from exc
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise error(f"{what}: {p} is a directory, a file was expected", hint="name a file")
-        if not stat.S_ISREG(st.st_mode):
-            raise error(f"{what}: {p} is not a regular file (a device, FIFO or socket)", hint="name a regular file")
         return os.read(fd, size)
     except OSError as exc:
         raise os_fault(exc, p, what) from exc
