@@ -22,6 +22,7 @@ A failure at any point removes the prefix: there is no half-made environment.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -238,10 +239,33 @@ def install(
         "module": {"name": name, "version": version},
     }
     started = time.monotonic()
+    _run_staged(backend, request, binds, Staging(prefix, replace, stage, tmp, [w.path for w in chosen]))
+    manifest = read_install(prefix / INSTALL_MANIFEST)
+    _summary(manifest, time.monotonic() - started)
+    return manifest
+
+
+@dataclasses.dataclass(frozen=True)
+class Staging:
+    """What install() makes around the step: the prefix (replaced with --force), the staged
+    wheelhouse and the step's TMPDIR, all under paths the user gave."""
+
+    prefix: Path
+    replace: bool
+    stage: Path
+    tmp: Path
+    wheels: list[Path]
+
+
+def _run_staged(backend: Backend, request: dict[str, Any], binds: Binds, st: Staging) -> None:
+    """Stage the wheels, make the prefix and run the install step; on any failure or interrupt
+    the prefix is removed (emptied, where it is a directory the user made), and the staged
+    wheelhouse and TMPDIR go on every way out."""
+    prefix, replace, stage, tmp = st.prefix, st.replace, st.stage, st.tmp
     theirs = prefix.is_dir() and not replace  # an empty directory the user made: emptied, never removed
     try:
         with interrupts_unwind():
-            add_wheels(stage, [w.path for w in chosen])
+            add_wheels(stage, st.wheels)
             with named_os_errors(tmp, "the install's temporary directory"):
                 tmp.mkdir(exist_ok=True)
             if replace:
@@ -265,9 +289,6 @@ def install(
     finally:
         shutil.rmtree(stage, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)
-    manifest = read_install(prefix / INSTALL_MANIFEST)
-    _summary(manifest, time.monotonic() - started)
-    return manifest
 
 
 def _undo(prefix: Path, keep_dir: bool) -> None:
