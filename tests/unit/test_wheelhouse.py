@@ -113,11 +113,16 @@ def _users_file(simple: Path) -> Path:
     return kept
 
 
-def _page_beside_a_file(simple: Path) -> Path:
-    """A page like ours, in a directory that also holds a file of the user's."""
+def _stale_page(simple: Path) -> None:
+    """Our page of a project whose wheel is no longer in the wheelhouse (the sweep's case)."""
     dest = simple.parent
     add_wheels(dest, [make_wheel(dest.parent / "old", "oldproj", "1.0")])
     (dest / "oldproj-1.0-py3-none-any.whl").unlink()
+
+
+def _page_beside_a_file(simple: Path) -> Path:
+    """A page like ours, in a directory that also holds a file of the user's."""
+    _stale_page(simple)
     kept = simple / "oldproj" / "notes.txt"
     kept.write_text("mine")
     return kept
@@ -125,9 +130,7 @@ def _page_beside_a_file(simple: Path) -> Path:
 
 def _edited_page(simple: Path) -> Path:
     """A page like ours that the user edited (a link of their own added)."""
-    dest = simple.parent
-    add_wheels(dest, [make_wheel(dest.parent / "old", "oldproj", "1.0")])
-    (dest / "oldproj-1.0-py3-none-any.whl").unlink()
+    _stale_page(simple)
     page = simple / "oldproj" / "index.html"
     page.write_text(
         page.read_text().replace("  </body>", '    <a href="https://example.org/x.whl">x</a><br>\n  </body>')
