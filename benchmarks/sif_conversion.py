@@ -25,10 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from torchbuild.config import cache_dir, resolve  # noqa: E402
-from torchbuild.engine import Engine  # noqa: E402
-from torchbuild.image import require_image  # noqa: E402
-from torchbuild.sif import APPTAINER_DEFAULT_COMPRESSION, build_sif, locate  # noqa: E402
+from torchbuild.inputs.config import cache_dir, resolve  # noqa: E402
+from torchbuild.inputs.engine import Engine  # noqa: E402
+from torchbuild.inputs.image import require_image  # noqa: E402
+from torchbuild.inputs.sif import APPTAINER_DEFAULT_COMPRESSION, build_sif, locate  # noqa: E402
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from invoke.program import Program
 
-from . import __version__
+from torchbuild import __version__
 
 EPILOG = """
 In the toolchain SIF (its runscript is this program), bind the tree, the cache and the output:
@@ -30,8 +30,8 @@ class TorchbuildProgram(Program):
 
 
 def program() -> Program:
-    from .tasks import ns
-    from .tasks.common import PROGRAM
+    from torchbuild.tasks import ns
+    from torchbuild.tasks.common import PROGRAM
 
     PROGRAM["binary"] = "torchbuild"
     return TorchbuildProgram(namespace=ns, version=__version__, name="torchbuild", binary="torchbuild")

@@ -14,12 +14,12 @@ import pytest
 from helpers import FIXTURES, OFI_PLUGIN, SUITE, SUITE_PYTHON, TORCH_PROFILE, image_ok, run_in, run_invoke, set_args
 from slurm_cluster import SlurmCluster, missing_tools
 
-from torchbuild.arch import Arch
-from torchbuild.baseimage import make_base_image
-from torchbuild.config import resolve
-from torchbuild.engine import Engine
-from torchbuild.errors import EngineUnavailable
-from torchbuild.sif import DockerApptainer, locate, remove_tree
+from torchbuild.core.arch import Arch
+from torchbuild.core.errors import EngineUnavailable
+from torchbuild.inputs.baseimage import make_base_image
+from torchbuild.inputs.config import resolve
+from torchbuild.inputs.engine import Engine
+from torchbuild.inputs.sif import DockerApptainer, locate, remove_tree
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import FIXTURES, REPO, image_ok, preflight_ok, run_invoke, set_args
 
-from torchbuild.source import sha256_file
+from torchbuild.inputs.source import sha256_file
 
 pytestmark = pytest.mark.docker
 

@@ -13,8 +13,8 @@ import shutil
 import pytest
 from helpers import FIXTURES, preflight_ok, run_invoke, set_args
 
-from torchbuild import lock as lk
-from torchbuild.image import read_image_files
+from torchbuild.inputs import lock as lk
+from torchbuild.inputs.image import read_image_files
 
 pytestmark = pytest.mark.docker
 

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from torchbuild.arch import Arch
-from torchbuild.config import resolve
-from torchbuild.image import push_images
+from torchbuild.core.arch import Arch
+from torchbuild.inputs.config import resolve
+from torchbuild.inputs.image import push_images
 
 pytestmark = [pytest.mark.docker, pytest.mark.emulation]
 

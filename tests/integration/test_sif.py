@@ -18,8 +18,8 @@ import pytest
 from helpers import FIXTURES, REPO, image_ok, manifest_of, run_invoke, set_args
 
 from torchbuild import __version__
-from torchbuild.config import cache_dir, resolve
-from torchbuild.sif import DockerApptainer, builder_tag, locate
+from torchbuild.inputs.config import cache_dir, resolve
+from torchbuild.inputs.sif import DockerApptainer, builder_tag, locate
 
 pytestmark = [pytest.mark.docker, pytest.mark.apptainer]
 

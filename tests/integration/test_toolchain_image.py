@@ -10,10 +10,10 @@ from helpers import SUITE_PYTHON, run_invoke, set_args
 from packaging.requirements import Requirement
 
 from torchbuild import __version__
-from torchbuild.arch import Arch
-from torchbuild.config import resolve
-from torchbuild.errors import ImageOutOfDate
-from torchbuild.image import image_inputs, require_image
+from torchbuild.core.arch import Arch
+from torchbuild.core.errors import ImageOutOfDate
+from torchbuild.inputs.config import resolve
+from torchbuild.inputs.image import image_inputs, require_image
 
 pytestmark = pytest.mark.docker
 

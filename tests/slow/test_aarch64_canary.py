@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from helpers import FIXTURES, SUITE, image_ok, preflight_ok, set_args
 
-from torchbuild.arch import Arch
-from torchbuild.baseimage import make_base_image
-from torchbuild.engine import Engine
+from torchbuild.core.arch import Arch
+from torchbuild.inputs.baseimage import make_base_image
+from torchbuild.inputs.engine import Engine
 
 pytestmark = [pytest.mark.docker, pytest.mark.emulation, pytest.mark.slow]
 

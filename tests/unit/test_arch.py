@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from torchbuild.arch import Arch
-from torchbuild.errors import ProfileError
+from torchbuild.core.arch import Arch
+from torchbuild.core.errors import ProfileError
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild import build, jobs, lock, resume, scheduler
-from torchbuild.atomic import atomic_write_bytes, atomic_write_text, atomic_writer, umask
-from torchbuild.errors import InsufficientSpace, PathError
-from torchbuild.manifest import write_json
+from torchbuild.core.atomic import atomic_write_bytes, atomic_write_text, atomic_writer, umask
+from torchbuild.core.errors import InsufficientSpace, PathError
+from torchbuild.delivery.manifest import write_json
+from torchbuild.inputs import jobs, lock
+from torchbuild.launch import scheduler
+from torchbuild.steps import build, resume
 
 LOCK = lock.Lock(
     profile="p",

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.backends import Binds, Options, choose, container_view, failure
-from torchbuild.config import resolve
-from torchbuild.errors import BuildFailed, OutOfMemory, PathError, TorchbuildError, UsageError, VerifyFailed
+from torchbuild.core.errors import BuildFailed, OutOfMemory, PathError, TorchbuildError, UsageError, VerifyFailed
+from torchbuild.inputs.config import resolve
+from torchbuild.launch.backends import Binds, Options, choose, container_view, failure
 
 
 @pytest.mark.parametrize(

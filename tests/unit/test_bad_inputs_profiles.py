@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.config import parse_jobs_option, resolve
-from torchbuild.errors import ProfileError, UsageError
+from torchbuild.core.errors import ProfileError, UsageError
+from torchbuild.inputs.config import parse_jobs_option, resolve
 
 LONG_LOCAL = "a" * 220
 

@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.compile_job import pip_wheel
-from torchbuild.config import resolve
-from torchbuild.errors import (
+from torchbuild.core.errors import (
     InsufficientSpace,
     PatchConflict,
     PathError,
@@ -25,8 +23,10 @@ from torchbuild.errors import (
     UnsafePatch,
     UsageError,
 )
-from torchbuild.patches import apply_series, load_series
-from torchbuild.source import get_source, unpack_archive
+from torchbuild.inputs.config import resolve
+from torchbuild.inputs.patches import apply_series, load_series
+from torchbuild.inputs.source import get_source, unpack_archive
+from torchbuild.steps.compile_job import pip_wheel
 
 OUTSIDE_TEXT = "outside a\n"
 

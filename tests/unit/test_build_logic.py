@@ -6,10 +6,10 @@ import shutil
 
 import pytest
 
-from torchbuild.build import BuildRequest, object_target
-from torchbuild.compile_job import hit_rate
-from torchbuild.config import resolve
-from torchbuild.errors import BuildFailed
+from torchbuild.core.errors import BuildFailed
+from torchbuild.inputs.config import resolve
+from torchbuild.steps.build import BuildRequest, object_target
+from torchbuild.steps.compile_job import hit_rate
 
 NINJA = """rule cc
   command = touch $out

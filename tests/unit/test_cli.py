@@ -10,7 +10,7 @@ import sys
 from helpers import FIXTURES, REPO, run_invoke
 
 from torchbuild import __version__
-from torchbuild.config import available_profiles, describe_keys, schema
+from torchbuild.inputs.config import available_profiles, describe_keys, schema
 from torchbuild.tasks import ns
 
 

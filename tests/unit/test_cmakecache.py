@@ -11,8 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from torchbuild import cmakecache
-from torchbuild.build import (
+from torchbuild.core.errors import BuildFailed
+from torchbuild.steps import cmakecache
+from torchbuild.steps.build import (
     CONFIGURE_DONE,
     ConfigureWatch,
     build_dir,
@@ -20,8 +21,7 @@ from torchbuild.build import (
     prepare_configure,
     with_checks,
 )
-from torchbuild.cmakecache import CheckCache, Entry, ProbeCounter, for_build, key_of, probe_entries, setup_entries
-from torchbuild.errors import BuildFailed
+from torchbuild.steps.cmakecache import CheckCache, Entry, ProbeCounter, for_build, key_of, probe_entries, setup_entries
 
 # Shapes of entries a real PyTorch 2.6 configure leaves (trimmed from its CMakeCache.txt)
 CACHE = """# This is the CMakeCache file.

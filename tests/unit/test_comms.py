@@ -25,11 +25,30 @@ from typing import Any
 import pytest
 from helpers import make_wheel
 
-from torchbuild import manifest as mf
-from torchbuild.backends import Binds, Options, choose, container_view
-from torchbuild.backends.apptainer import run_args, sif_record
-from torchbuild.backends.native import NativeBackend
-from torchbuild.comms import (
+from torchbuild.core.errors import (
+    CommsFailed,
+    OutOfMemory,
+    ProfileError,
+    SifError,
+    SourceError,
+    ToolMissing,
+    UsageError,
+)
+from torchbuild.core.safeio import MANIFEST_LIMIT
+from torchbuild.delivery import manifest as mf
+from torchbuild.delivery.verify import comms_checks
+from torchbuild.inputs.config import resolve
+from torchbuild.inputs.environment import comms_runtime_env
+from torchbuild.inputs.image import apt_packages, comms_packages, tree_digest
+from torchbuild.inputs.jobs import GiB, HostResources, plan_make
+from torchbuild.inputs.sif import SIF_COMMS, definition, environment_section, runtime_hash
+from torchbuild.inputs.source import sha256_file
+from torchbuild.launch.backends import Binds, Options, choose, container_view
+from torchbuild.launch.backends.apptainer import run_args, sif_record
+from torchbuild.launch.backends.native import NativeBackend
+from torchbuild.launch.runner import _comms as runner_comms
+from torchbuild.launch.runner import comms_for_verify
+from torchbuild.steps.comms import (
     COMMS_MANIFEST,
     HEADER_LIMIT,
     Source,
@@ -47,25 +66,6 @@ from torchbuild.comms import (
     unresolved,
     version_code,
 )
-from torchbuild.config import resolve
-from torchbuild.environment import comms_runtime_env
-from torchbuild.errors import (
-    CommsFailed,
-    OutOfMemory,
-    ProfileError,
-    SifError,
-    SourceError,
-    ToolMissing,
-    UsageError,
-)
-from torchbuild.image import apt_packages, comms_packages, tree_digest
-from torchbuild.jobs import GiB, HostResources, plan_make
-from torchbuild.runner import _comms as runner_comms
-from torchbuild.runner import comms_for_verify
-from torchbuild.safeio import MANIFEST_LIMIT
-from torchbuild.sif import SIF_COMMS, definition, environment_section, runtime_hash
-from torchbuild.source import sha256_file
-from torchbuild.verify import comms_checks
 
 CUDA = ["cuda_version=12.4", 'cuda_arch_list=["9.0"]', "distributed=[gloo, nccl]"]
 LINKED = "torch links the NCCL comms built"
@@ -1162,7 +1162,7 @@ def test_a_comms_record_of_the_wrong_shape_is_a_manifest_error(tmp_path):
 
 def test_a_script_without_a_shebang_is_named_as_not_executable_not_as_a_write_problem(tmp_path):
     """What `./autogen.sh` of a release archive did before it was run with sh: ENOEXEC."""
-    from torchbuild.errors import PathError, named_os_errors
+    from torchbuild.core.errors import PathError, named_os_errors
 
     script = tmp_path / "autogen.sh"
     script.write_text("echo hi\n")
@@ -1177,7 +1177,7 @@ def test_the_comms_manifest_is_written_atomically_through_the_manifest_module(tm
     temporary file, and no prefix is made of the partial one."""
     import errno
 
-    from torchbuild.errors import InsufficientSpace
+    from torchbuild.core.errors import InsufficientSpace
 
     site = _site(tmp_path)
     spec = site.spec()

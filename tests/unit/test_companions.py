@@ -19,13 +19,13 @@ import pytest
 from helpers import isolated_pip_env, make_wheel
 from packaging.version import Version
 
-from torchbuild import bench as benchmod
-from torchbuild import companions
-from torchbuild.companion_table import TABLE, default_ref, pairing_problem, version_problem
-from torchbuild.config import resolve
-from torchbuild.develop import BASE_PTH, make_venv, mode_for
-from torchbuild.environment import build_env
-from torchbuild.errors import BenchFailed, CompanionError, ProfileError, SourceError
+from torchbuild.core.errors import BenchFailed, CompanionError, ProfileError, SourceError
+from torchbuild.inputs.companion_table import TABLE, default_ref, pairing_problem, version_problem
+from torchbuild.inputs.config import resolve
+from torchbuild.inputs.environment import build_env
+from torchbuild.steps import bench as benchmod
+from torchbuild.steps import companions
+from torchbuild.steps.develop import BASE_PTH, make_venv, mode_for
 
 # --------------------------------------------------------------------------- the table
 
@@ -408,8 +408,8 @@ def _minitorch(tmp_path: Path) -> Path:
 
 
 def test_build_refuses_a_companion_of_another_line_before_compiling_torch(tmp_path):
-    from torchbuild import runner
-    from torchbuild.backends import Options, choose
+    from torchbuild.launch import runner
+    from torchbuild.launch.backends import Options, choose
 
     archive, _ = _archive(tmp_path, "vision-0.20.0", "0.20.0")
     spec = resolve(
@@ -429,8 +429,8 @@ def test_build_refuses_a_companion_of_another_line_before_compiling_torch(tmp_pa
 
 
 def test_build_runs_the_companions_after_the_wheel_and_before_verify(tmp_path, monkeypatch):
-    from torchbuild import runner
-    from torchbuild.backends import Options, choose
+    from torchbuild.launch import runner
+    from torchbuild.launch.backends import Options, choose
 
     archive, _ = _archive(tmp_path, "vision-0.21.0", "0.21.0")
     spec = resolve(

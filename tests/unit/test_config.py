@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.arch import Arch
-from torchbuild.config import BuildSpec, available_profiles, resolve, schema
-from torchbuild.environment import build_env
-from torchbuild.errors import ProfileError
+from torchbuild.core.arch import Arch
+from torchbuild.core.errors import ProfileError
+from torchbuild.inputs.config import BuildSpec, available_profiles, resolve, schema
+from torchbuild.inputs.environment import build_env
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "profiles"
 

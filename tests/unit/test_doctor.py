@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchbuild.doctor import Check, Verdict, ca_check, render
+from torchbuild.launch.doctor import Check, Verdict, ca_check, render
 
 PEM = "-----BEGIN CERTIFICATE-----\n"
 
@@ -57,8 +57,8 @@ def test_render_is_a_table_per_section():
 
 
 def node(**facts):
-    from torchbuild.arch import Arch
-    from torchbuild.doctor import _Host
+    from torchbuild.core.arch import Arch
+    from torchbuild.launch.doctor import _Host
 
     base = dict(arch=Arch.X86_64, foreign=Arch.AARCH64, engine_ok=False, emulation=False, debootstrap=None)
     return _Host(
@@ -67,7 +67,7 @@ def node(**facts):
 
 
 def test_recipe_verdict_says_which_bootstraps_a_node_can_build(tmp_path):
-    from torchbuild.doctor import _recipe_verdict
+    from torchbuild.launch.doctor import _recipe_verdict
 
     etc = tmp_path / "etc"
     etc.mkdir()

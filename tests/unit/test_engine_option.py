@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.backends import ENGINES, engine_for
-from torchbuild.config import resolve
-from torchbuild.errors import UsageError
-from torchbuild.scheduler import Runtime
+from torchbuild.core.errors import UsageError
+from torchbuild.inputs.config import resolve
+from torchbuild.launch.backends import ENGINES, engine_for
+from torchbuild.launch.scheduler import Runtime
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from torchbuild.config import resolve
-from torchbuild.environment import build_env, compilers, format_env
+from torchbuild.inputs.config import resolve
+from torchbuild.inputs.environment import build_env, compilers, format_env
 
 
 def test_cpu_env_has_no_cuda_and_uses_ccache():

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import torchbuild
-from torchbuild import errors
-from torchbuild.errors import (
+from torchbuild.core import errors
+from torchbuild.core.errors import (
     ERRORS,
     SHARED_EXITS,
     LockError,
@@ -45,15 +45,15 @@ def test_the_registry_holds_every_named_error_of_the_package():
     missing = sorted(c.__qualname__ + " in " + c.__module__ for c in defined - set(ERRORS))
     assert not missing, f"errors.ERRORS lacks {missing}: define the class in errors.py and list it there"
     assert set(ERRORS) <= defined
-    assert all(c.__module__ == "torchbuild.errors" for c in ERRORS)
+    assert all(c.__module__ == "torchbuild.core.errors" for c in ERRORS)
 
 
 def test_the_moved_classes_are_still_importable_from_their_old_modules():
-    from torchbuild.lock import LockError as lock_error
-    from torchbuild.manifest import READ_HINT
-    from torchbuild.manifest import ManifestError as manifest_error
-    from torchbuild.recipe import RecipeError as recipe_error
-    from torchbuild.safeio import TooLarge as too_large
+    from torchbuild.core.safeio import TooLarge as too_large
+    from torchbuild.delivery.manifest import READ_HINT
+    from torchbuild.delivery.manifest import ManifestError as manifest_error
+    from torchbuild.inputs.lock import LockError as lock_error
+    from torchbuild.inputs.recipe import RecipeError as recipe_error
 
     assert (lock_error, manifest_error, recipe_error, too_large) == (LockError, ManifestError, RecipeError, TooLarge)
     assert ManifestError.default_hint == READ_HINT
@@ -91,11 +91,11 @@ def test_an_undocumented_shared_code_is_refused(monkeypatch):
 FRESH = """
 import sys
 from pathlib import Path
-import torchbuild.errors, torchbuild.backends
-assert not {"torchbuild.lock", "torchbuild.recipe", "torchbuild.manifest"} & set(sys.modules)
+import torchbuild.core.errors, torchbuild.launch.backends
+assert not {"torchbuild.inputs.lock", "torchbuild.inputs.recipe", "torchbuild.delivery.manifest"} & set(sys.modules)
 for rc in (28, 29, 19):
-    print(rc, torchbuild.errors.error_for_exit(rc).__name__,
-          type(torchbuild.backends.failure(rc, "verify", "the image", Path("logs"))).__name__)
+    print(rc, torchbuild.core.errors.error_for_exit(rc).__name__,
+          type(torchbuild.launch.backends.failure(rc, "verify", "the image", Path("logs"))).__name__)
 """
 
 

@@ -14,9 +14,9 @@ import pytest
 from invoke.context import Context
 from invoke.exceptions import Exit
 
-from torchbuild import hostcheck as hc
-from torchbuild.errors import HostSetupFailed, PathError
-from torchbuild.hostcheck import NOT_READY, READY, UNKNOWN, CommandResult, Setting
+from torchbuild.core.errors import HostSetupFailed, PathError
+from torchbuild.launch import hostcheck as hc
+from torchbuild.launch.hostcheck import NOT_READY, READY, UNKNOWN, CommandResult, Setting
 from torchbuild.tasks.hostcheck import host_check
 
 CPU = "sys/devices/system/cpu"

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 from helpers import isolated_pip_env, make_wheel
 
-from torchbuild import bench as benchmod
-from torchbuild import companions, pipenv
-from torchbuild.config import resolve
-from torchbuild.manifest import INSTALL_MANIFEST, read_install
-from torchbuild.verify import verify_wheel
+from torchbuild.delivery import pipenv
+from torchbuild.delivery.manifest import INSTALL_MANIFEST, read_install
+from torchbuild.delivery.verify import verify_wheel
+from torchbuild.inputs.config import resolve
+from torchbuild.steps import bench as benchmod
+from torchbuild.steps import companions
 
 BUILT = "9.9.9+built"
 PYVER = f"{sys.version_info[0]}.{sys.version_info[1]}"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.config import parse_jobs_option, resolve
-from torchbuild.errors import ProfileError, UsageError
+from torchbuild.core.errors import ProfileError, UsageError
+from torchbuild.inputs.config import parse_jobs_option, resolve
 from torchbuild.tasks.common import spec_from
 
 
@@ -112,7 +112,7 @@ def test_the_ranges_ends_are_accepted():
 
 def test_own_home_in_cache_dir_still_expands():
     spec = resolve("cpu", ["cache_dir=~/tb-cache"])
-    from torchbuild.config import cache_dir
+    from torchbuild.inputs.config import cache_dir
 
     assert cache_dir(spec) == Path(os.path.expanduser("~/tb-cache"))
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from torchbuild import __version__
-from torchbuild.arch import Arch
-from torchbuild.config import resolve
-from torchbuild.engine import build_failure, certificate_failure, certificate_hint, host_ca_files, pull_failure
-from torchbuild.errors import ImageBuildFailed, ProfileError
-from torchbuild.image import (
+from torchbuild.core.arch import Arch
+from torchbuild.core.errors import ImageBuildFailed, ProfileError
+from torchbuild.inputs.config import resolve
+from torchbuild.inputs.engine import build_failure, certificate_failure, certificate_hint, host_ca_files, pull_failure
+from torchbuild.inputs.image import (
     LockedBy,
     _lock_failure,
     apt_packages,
@@ -35,7 +35,7 @@ from torchbuild.image import (
     wanted_inputs,
     write_package_lists,
 )
-from torchbuild.lock import Lock, LockError, PipPin
+from torchbuild.inputs.lock import Lock, LockError, PipPin
 
 CA_A, CA_B = (Path(__file__).parents[1] / "fixtures" / "ca" / f"site-{x}.crt" for x in "ab")
 
@@ -441,7 +441,7 @@ def test_a_lock_changes_the_inputs_hash_and_the_labels(tmp_path):
 
 
 def test_a_lock_source_tree_copy_leaves_lock_files_out(tmp_path, monkeypatch):
-    from torchbuild import image as image_mod
+    from torchbuild.inputs import image as image_mod
 
     root = tmp_path / "root"
     (root / "configs" / "profiles").mkdir(parents=True)

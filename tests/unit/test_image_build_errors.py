@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from torchbuild.engine import Engine
-from torchbuild.errors import ImageBuildFailed
+from torchbuild.core.errors import ImageBuildFailed
+from torchbuild.inputs.engine import Engine
 
 RUN_BLOCK = (
     "/bin/sh -c set -eux;     apt-get update;     apt-get install -y --no-install-recommends gcc g++ "

@@ -20,12 +20,8 @@ import pytest
 from helpers import TORCH_TAG, make_wheel
 from packaging.utils import canonicalize_name
 
-from torchbuild.backends import Options, choose
-from torchbuild.backends.apptainer import run_args
-from torchbuild.config import resolve
-from torchbuild.environment import readonly_shell_variables, runtime_env
-from torchbuild.errors import PathError, ProfileError, UsageError
-from torchbuild.install import (
+from torchbuild.core.errors import PathError, ProfileError, UsageError
+from torchbuild.delivery.install import (
     check_prefix,
     choose_wheels,
     module_identity,
@@ -34,10 +30,14 @@ from torchbuild.install import (
     wants_mpi4py,
     wheel_python,
 )
-from torchbuild.manifest import INSTALL_MANIFEST, InstallManifest, read_install, write_install
-from torchbuild.mpiinfo import MPI_LIBRARY
-from torchbuild.sif import runtime_hash
-from torchbuild.wheelhouse import WheelFile
+from torchbuild.delivery.manifest import INSTALL_MANIFEST, InstallManifest, read_install, write_install
+from torchbuild.delivery.mpiinfo import MPI_LIBRARY
+from torchbuild.delivery.wheelhouse import WheelFile
+from torchbuild.inputs.config import resolve
+from torchbuild.inputs.environment import readonly_shell_variables, runtime_env
+from torchbuild.inputs.sif import runtime_hash
+from torchbuild.launch.backends import Options, choose
+from torchbuild.launch.backends.apptainer import run_args
 
 REPO = Path(__file__).resolve().parents[2]
 TORCHBUILD = Path(sys.executable).with_name("torchbuild")
@@ -334,7 +334,7 @@ def test_mpi_library_pattern(name, matches):
 
 def test_mpiinfo_reports_the_mpi_it_loads_or_that_there_is_none():
     proc = subprocess.run(
-        [sys.executable, str(REPO / "src" / "torchbuild" / "mpiinfo.py"), "no_such_module_xyz"],
+        [sys.executable, str(REPO / "src" / "torchbuild" / "delivery" / "mpiinfo.py"), "no_such_module_xyz"],
         capture_output=True,
         text=True,
         env={**os.environ, "LD_LIBRARY_PATH": "/nonexistent-lib-dir"},

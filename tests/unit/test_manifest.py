@@ -1,4 +1,4 @@
-"""The manifest: typed, versioned, written and read only by torchbuild.manifest, and the
+"""The manifest: typed, versioned, written and read only by torchbuild.delivery.manifest, and the
 `invoke manifest.show` / `invoke manifest.diff` tasks that read it."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from helpers import invoke_here
 
 import torchbuild
 from torchbuild import __version__
-from torchbuild import manifest as mf
-from torchbuild.config import resolve
-from torchbuild.errors import BuildFailed, InsufficientSpace, PathError, TorchbuildError
+from torchbuild.core.errors import BuildFailed, InsufficientSpace, PathError, TorchbuildError
+from torchbuild.delivery import manifest as mf
+from torchbuild.inputs.config import resolve
 from torchbuild.tasks.manifest import DIFFERENT
 
 SPEC = resolve("cpu")

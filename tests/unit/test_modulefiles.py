@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.config import resolve
-from torchbuild.modulefiles import (
+from torchbuild.delivery.modulefiles import (
     HOOK_BEGIN,
     RESTORE,
     ModuleInfo,
@@ -24,7 +23,8 @@ from torchbuild.modulefiles import (
     tcl_string,
     write_modulefiles,
 )
-from torchbuild.sif import environment_section
+from torchbuild.inputs.config import resolve
+from torchbuild.inputs.sif import environment_section
 
 # values a runtime_env may hold that a shell, Lua or Tcl would otherwise interpret
 TRICKY = {

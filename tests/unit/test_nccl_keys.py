@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from torchbuild.config import resolve
-from torchbuild.environment import build_env
-from torchbuild.errors import ProfileError
-from torchbuild.nccl_arch import gencode, nccl_cannot_target
+from torchbuild.core.errors import ProfileError
+from torchbuild.inputs.config import resolve
+from torchbuild.inputs.environment import build_env
+from torchbuild.inputs.nccl_arch import gencode, nccl_cannot_target
 
 CUDA = ["cuda_version=12.4", 'cuda_arch_list=["9.0"]', "distributed=[gloo, nccl]"]
 

@@ -9,13 +9,13 @@ import io
 import pytest
 from helpers import invoke_here, make_wheel
 
-from torchbuild import comms as commsmod
-from torchbuild import companions
-from torchbuild.backends import Options, choose
-from torchbuild.comms import _Step
-from torchbuild.config import resolve
-from torchbuild.errors import PathError, ProfileError
-from torchbuild.problems import Problems
+from torchbuild.core.errors import PathError, ProfileError
+from torchbuild.core.problems import Problems
+from torchbuild.inputs.config import resolve
+from torchbuild.launch.backends import Options, choose
+from torchbuild.steps import comms as commsmod
+from torchbuild.steps import companions
+from torchbuild.steps.comms import _Step
 
 bench_task = importlib.import_module("torchbuild.tasks.bench")  # the module, not the task it exports
 CUDA = ["cuda_version=12.4", 'cuda_arch_list=["9.0"]', "distributed=[gloo, nccl]"]
@@ -188,7 +188,7 @@ def test_develop_names_a_venv_that_is_no_venv_with_the_other_problems(tmp_path, 
 
 
 def test_a_venv_a_new_path_or_an_empty_directory_is_taken(tmp_path):
-    from torchbuild.develop import check_venv_path
+    from torchbuild.steps.develop import check_venv_path
 
     (tmp_path / "empty").mkdir()
     (tmp_path / "venv").mkdir()
@@ -200,7 +200,7 @@ def test_a_venv_a_new_path_or_an_empty_directory_is_taken(tmp_path):
 def test_a_venv_made_in_the_container_is_taken_though_its_python_dangles_here(tmp_path):
     """`python3 -m venv` run in the image links bin/python to the image's interpreter, which the
     host may not have: the venv is still one (its pyvenv.cfg says so)."""
-    from torchbuild.bench import check_venv
+    from torchbuild.steps.bench import check_venv
 
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)

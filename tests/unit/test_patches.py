@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.errors import PatchConflict
-from torchbuild.patches import apply_series, find_series_dir, load_series, patches_root
+from torchbuild.core.errors import PatchConflict
+from torchbuild.inputs.patches import apply_series, find_series_dir, load_series, patches_root
 
 
 def tree_digest(root: Path) -> str:

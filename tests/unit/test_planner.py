@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild import oom
-from torchbuild.compile_job import Tee
-from torchbuild.errors import BuildFailed, InsufficientSpace, OutOfMemory
-from torchbuild.jobs import GiB, HostResources, Peaks, load_measured, plan_jobs, record_measured
-from torchbuild.oom import JobsUsed, fewer_jobs, oom_evidence, run_compile
+from torchbuild.core import oom
+from torchbuild.core.errors import BuildFailed, InsufficientSpace, OutOfMemory
+from torchbuild.core.oom import JobsUsed, fewer_jobs, oom_evidence, run_compile
+from torchbuild.inputs.jobs import GiB, HostResources, Peaks, load_measured, plan_jobs, record_measured
+from torchbuild.steps.compile_job import Tee
 
 
 def host(cores: int, mem_gib: float) -> HostResources:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from torchbuild import probe
+from torchbuild.delivery import probe
 
 PROBE = Path(probe.__file__)
 EXPECT = {
@@ -71,7 +71,7 @@ def statuses(checks: list[dict[str, str]]) -> dict[str, str]:
 
 
 def test_records_are_what_verify_reads_back():
-    from torchbuild.verify import Check
+    from torchbuild.delivery.verify import Check
 
     assert probe.record("a", True, 3) == {"name": "a", "status": "pass", "detail": "3"}
     assert probe.record("a", False)["status"] == "fail"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import re
 
-from torchbuild.progress import MODES, Progress
+from torchbuild.core.progress import MODES, Progress
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

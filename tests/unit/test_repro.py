@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from helpers import invoke_here, make_wheel
 
-from torchbuild import repro
-from torchbuild.compile_job import check_wheel_tools, interpreter, path_independent
-from torchbuild.config import resolve
-from torchbuild.errors import ToolMissing, UsageError, WheelError
-from torchbuild.runner import pythons_option
-from torchbuild.source import SourceInfo
+from torchbuild.core.errors import ToolMissing, UsageError, WheelError
+from torchbuild.inputs.config import resolve
+from torchbuild.inputs.source import SourceInfo
+from torchbuild.launch.runner import pythons_option
+from torchbuild.steps import repro
+from torchbuild.steps.compile_job import check_wheel_tools, interpreter, path_independent
 from torchbuild.tasks.manifest import DIFFERENT
 
 EPOCH = 1700000000  # 2023-11-14T22:13:20Z

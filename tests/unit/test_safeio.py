@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from torchbuild.errors import PathError, UsageError
-from torchbuild.safeio import TooLarge, loads_json, not_an_option, read_bytes, read_json, read_text
+from torchbuild.core.errors import PathError, UsageError
+from torchbuild.core.safeio import TooLarge, loads_json, not_an_option, read_bytes, read_json, read_text
 
 
 def test_dev_zero_is_refused_without_reading_it() -> None:

@@ -21,8 +21,7 @@ import pytest
 from helpers import fake_sif as _fake_sif
 from helpers import run_invoke
 
-from torchbuild.config import available_profiles, resolve
-from torchbuild.errors import (
+from torchbuild.core.errors import (
     BuildInterrupted,
     JobFailed,
     PathError,
@@ -31,8 +30,9 @@ from torchbuild.errors import (
     ToolMissing,
     UsageError,
 )
-from torchbuild.runner import BuildOptions
-from torchbuild.scheduler import (
+from torchbuild.inputs.config import available_profiles, resolve
+from torchbuild.launch.runner import BuildOptions
+from torchbuild.launch.scheduler import (
     TAIL_LINES,
     Job,
     JobStatus,
@@ -1028,8 +1028,8 @@ def test_invoke_submit_refuses_a_sif_that_is_no_sif_on_the_login_node(tmp_path, 
 
 
 def test_a_sif_is_told_by_its_header_with_a_bounded_read(tmp_path):
-    from torchbuild.errors import ImageNotFound
-    from torchbuild.sif import check_sif_header
+    from torchbuild.core.errors import ImageNotFound
+    from torchbuild.inputs.sif import check_sif_header
 
     check_sif_header(_fake_sif(tmp_path / "ok.sif"), "--sif", "hint")
     big = tmp_path / "big.sif"

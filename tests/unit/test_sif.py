@@ -19,11 +19,10 @@ import pytest
 from helpers import fake_sif
 
 from torchbuild import __version__
-from torchbuild.backends.apptainer import check_sif, run_args
 from torchbuild.cli import main
-from torchbuild.config import profile_text, resolve
-from torchbuild.errors import ImageNotFound, InsufficientSpace, SifError, ToolMissing, UsageError
-from torchbuild.sif import (
+from torchbuild.core.errors import ImageNotFound, InsufficientSpace, SifError, ToolMissing, UsageError
+from torchbuild.inputs.config import profile_text, resolve
+from torchbuild.inputs.sif import (
     APPTAINER_DEFAULT_COMPRESSION,
     Apptainer,
     Compression,
@@ -40,6 +39,7 @@ from torchbuild.sif import (
     space_needed,
     write_oci_layout,
 )
+from torchbuild.launch.backends.apptainer import check_sif, run_args
 
 
 def test_definition_bootstraps_from_the_oci_layout_and_adds_metadata_only(tmp_path):
@@ -264,7 +264,7 @@ def test_cli_help_explains_the_binds(capsys):
 
 
 def test_default_sif_link_is_replaced_without_leftovers(tmp_path):
-    from torchbuild.sif import link_default
+    from torchbuild.inputs.sif import link_default
 
     spec = resolve("cpu")
     final = tmp_path / sif_filename(spec)

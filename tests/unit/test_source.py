@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.errors import SourceError, UsageError
-from torchbuild.source import _clone, describe_dir, fetch_git, mirror_path, unpack_archive, update_tree
+from torchbuild.core.errors import SourceError, UsageError
+from torchbuild.inputs.source import _clone, describe_dir, fetch_git, mirror_path, unpack_archive, update_tree
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "t",

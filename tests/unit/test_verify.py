@@ -14,10 +14,8 @@ from pathlib import Path
 import pytest
 from packaging.tags import Tag
 
-from torchbuild.config import resolve
-from torchbuild.errors import PathError, UsageError, VerifyFailed, WheelError
-from torchbuild.steps import run_step_file
-from torchbuild.verify import (
+from torchbuild.core.errors import PathError, UsageError, VerifyFailed, WheelError
+from torchbuild.delivery.verify import (
     Check,
     check_wheel_file,
     render,
@@ -28,6 +26,8 @@ from torchbuild.verify import (
     tag_checks,
     verify_wheel,
 )
+from torchbuild.inputs.config import resolve
+from torchbuild.steps import run_step_file
 
 PY = f"cp{sys.version_info.major}{sys.version_info.minor}"
 GOOD = f"tiny_pkg-1.2.3+tb-{PY}-{PY}-linux_x86_64.whl"
@@ -244,9 +244,9 @@ def test_the_verify_report_is_written_atomically_so_a_failed_write_keeps_the_old
     import errno
     import os
 
-    from torchbuild import verify as vf
-    from torchbuild.errors import InsufficientSpace
-    from torchbuild.verify import Check
+    from torchbuild.core.errors import InsufficientSpace
+    from torchbuild.delivery import verify as vf
+    from torchbuild.delivery.verify import Check
 
     wheel = make_wheel(tmp_path / "tiny_pkg-1.2.3+tb-py3-none-any.whl")
     report = Path(f"{wheel}.verify.json")

@@ -19,8 +19,8 @@ from urllib.request import url2pathname
 import pytest
 from helpers import TORCH_TAG, make_wheel
 
-from torchbuild.errors import InsufficientSpace, PathError, UsageError, WheelError, WheelhouseConflict
-from torchbuild.wheelhouse import add_wheels, wheels_in
+from torchbuild.core.errors import InsufficientSpace, PathError, UsageError, WheelError, WheelhouseConflict
+from torchbuild.delivery.wheelhouse import add_wheels, wheels_in
 
 TORCHBUILD = Path(sys.executable).with_name("torchbuild")
 

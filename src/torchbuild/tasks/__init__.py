@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from invoke.collection import Collection
 
-from .bench import bench
-from .build import build, companions_, patches, source
-from .comms import comms
-from .config import config
-from .develop import develop
-from .doctor import doctor
-from .hostcheck import host_check
-from .image import base_image, image
-from .inside import inside
-from .install import install, mpi_check, wheelhouse
-from .manifest import manifest
-from .sif import sif
-from .submit import submit
-from .verify import verify
+from torchbuild.tasks.bench import bench
+from torchbuild.tasks.build import build, companions_, patches, source
+from torchbuild.tasks.comms import comms
+from torchbuild.tasks.config import config
+from torchbuild.tasks.develop import develop
+from torchbuild.tasks.doctor import doctor
+from torchbuild.tasks.hostcheck import host_check
+from torchbuild.tasks.image import base_image, image
+from torchbuild.tasks.inside import inside
+from torchbuild.tasks.install import install, mpi_check, wheelhouse
+from torchbuild.tasks.manifest import manifest
+from torchbuild.tasks.sif import sif
+from torchbuild.tasks.submit import submit
+from torchbuild.tasks.verify import verify
 
 ns = Collection(
     config,

@@ -6,14 +6,14 @@ import shlex
 
 from invoke.context import Context
 
-from ..backends import Binds
-from ..bench import DEFAULT_REPO, Request, check_venv
-from ..config import cache_dir
-from ..errors import SourceError, UsageError, writable_dir
-from ..problems import Problems
-from ..safeio import user_path
-from ..source import describe_dir, fetch_git, looks_like_url
-from .common import Launch, launch_task
+from torchbuild.core.errors import SourceError, UsageError, writable_dir
+from torchbuild.core.problems import Problems
+from torchbuild.core.safeio import user_path
+from torchbuild.inputs.config import cache_dir
+from torchbuild.inputs.source import describe_dir, fetch_git, looks_like_url
+from torchbuild.launch.backends import Binds
+from torchbuild.steps.bench import DEFAULT_REPO, Request, check_venv
+from torchbuild.tasks.common import Launch, launch_task
 
 
 @launch_task(

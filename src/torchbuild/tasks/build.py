@@ -6,16 +6,17 @@ import sys
 
 from invoke.context import Context
 
-from .. import companions, runner
-from ..config import cache_dir, parse_jobs_option
-from ..errors import UsageError, writable_dir
-from ..patches import load_series
-from ..problems import Problems
-from ..progress import MODES
-from ..runner import BuildOptions, describe_patches, patch_tree
-from ..safeio import user_path
-from ..source import get_source, update_tree
-from .common import HELP, Launch, handles_errors, launch_task, spec_from, task
+from torchbuild.core.errors import UsageError, writable_dir
+from torchbuild.core.problems import Problems
+from torchbuild.core.progress import MODES
+from torchbuild.core.safeio import user_path
+from torchbuild.inputs.config import cache_dir, parse_jobs_option
+from torchbuild.inputs.patches import load_series
+from torchbuild.inputs.source import get_source, update_tree
+from torchbuild.launch import runner
+from torchbuild.launch.runner import BuildOptions, describe_patches, patch_tree
+from torchbuild.steps import companions
+from torchbuild.tasks.common import HELP, Launch, handles_errors, launch_task, spec_from, task
 
 SOURCE_HELP = "git URL, local tree, tarball or Debian .dsc (default: the profile's torch_repo at its ref)"
 

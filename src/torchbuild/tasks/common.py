@@ -16,10 +16,19 @@ from invoke.parser.argument import Argument
 from invoke.tasks import Task
 from invoke.tasks import task as invoke_task
 
-from ..backends import ENGINE_HELP, Backend, Options, choose, engine_for
-from ..config import DEFAULT_PROFILE, BuildSpec, find_profile, resolve
-from ..errors import PathError, ProfileError, TorchbuildError, UsageError, debug_enabled, fault_path, os_fault, report
-from ..safeio import not_an_option
+from torchbuild.core.errors import (
+    PathError,
+    ProfileError,
+    TorchbuildError,
+    UsageError,
+    debug_enabled,
+    fault_path,
+    os_fault,
+    report,
+)
+from torchbuild.core.safeio import not_an_option
+from torchbuild.inputs.config import DEFAULT_PROFILE, BuildSpec, find_profile, resolve
+from torchbuild.launch.backends import ENGINE_HELP, Backend, Options, choose, engine_for
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -185,7 +194,7 @@ def print_task_help(task: Task) -> None:  # type: ignore[type-arg]
     from invoke.parser import Parser
     from invoke.program import Program
 
-    from . import ns
+    from torchbuild.tasks import ns
 
     # by body: invoke loading tasks.py copies the sub-collections (and their tasks)
     name = next((n for n in ns.task_names if ns[n].body is task.body), task.name or task.body.__name__)

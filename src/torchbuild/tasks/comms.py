@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from invoke.context import Context
 
-from ..comms import comms as build_comms
-from ..config import parse_jobs_option
-from ..problems import Problems
-from ..safeio import user_path
-from .common import Launch, launch_task
+from torchbuild.core.problems import Problems
+from torchbuild.core.safeio import user_path
+from torchbuild.inputs.config import parse_jobs_option
+from torchbuild.steps.comms import comms as build_comms
+from torchbuild.tasks.common import Launch, launch_task
 
 
 @launch_task(

@@ -6,12 +6,12 @@ import json
 
 from invoke.context import Context
 
-from ..backends import ENGINE_HELP, engine_for
-from ..config import available_profiles, describe_keys, resolve
-from ..console import table
-from ..errors import UsageError
-from ..render import config_data, config_text
-from .common import HELP, handles_errors, spec_from, task
+from torchbuild.core.console import table
+from torchbuild.core.errors import UsageError
+from torchbuild.inputs.config import available_profiles, describe_keys, resolve
+from torchbuild.inputs.render import config_data, config_text
+from torchbuild.launch.backends import ENGINE_HELP, engine_for
+from torchbuild.tasks.common import HELP, handles_errors, spec_from, task
 
 
 @task(

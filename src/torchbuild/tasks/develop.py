@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from invoke.context import Context
 
-from ..config import cache_dir, parse_jobs_option
-from ..develop import develop_with
-from ..errors import UsageError, writable_dir
-from ..problems import Problems
-from ..safeio import user_path
-from .common import Launch, launch_task
+from torchbuild.core.errors import UsageError, writable_dir
+from torchbuild.core.problems import Problems
+from torchbuild.core.safeio import user_path
+from torchbuild.inputs.config import cache_dir, parse_jobs_option
+from torchbuild.steps.develop import develop_with
+from torchbuild.tasks.common import Launch, launch_task
 
 
 @launch_task(

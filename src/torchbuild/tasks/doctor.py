@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from invoke.context import Context
 
-from ..doctor import render, run_checks
-from ..safeio import user_path
-from .common import handles_errors, task
+from torchbuild.core.safeio import user_path
+from torchbuild.launch.doctor import render, run_checks
+from torchbuild.tasks.common import handles_errors, task
 
 
 @task(help={"cache_dir": "cache directory whose free space is reported (default ~/.cache/torchbuild)"})

@@ -7,10 +7,10 @@ from pathlib import Path
 from invoke.context import Context
 from invoke.exceptions import Exit
 
-from .. import hostcheck as hc
-from ..errors import UsageError
-from ..safeio import user_path
-from .common import handles_errors, task
+from torchbuild.core.errors import UsageError
+from torchbuild.core.safeio import user_path
+from torchbuild.launch import hostcheck as hc
+from torchbuild.tasks.common import handles_errors, task
 
 # `invoke host-check --strict` when a setting is not ready. The report itself is no failure:
 # HostSetupFailed's 25 stays for --apply/--restore failing, and 2..27 for the named errors.

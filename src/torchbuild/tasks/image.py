@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from invoke.context import Context
 
-from ..arch import Arch
-from ..baseimage import DEFAULT_COMPONENTS, make_base_image
-from ..config import DEFAULT_PROFILE, cache_dir
-from ..engine import Engine
-from ..errors import UsageError
-from ..image import build_image, default_lock_path, find_lock, lock_image, push_images
-from ..safeio import user_path
-from .common import HELP, handles_errors, spec_from, task
+from torchbuild.core.arch import Arch
+from torchbuild.core.errors import UsageError
+from torchbuild.core.safeio import user_path
+from torchbuild.inputs.baseimage import DEFAULT_COMPONENTS, make_base_image
+from torchbuild.inputs.config import DEFAULT_PROFILE, cache_dir
+from torchbuild.inputs.engine import Engine
+from torchbuild.inputs.image import build_image, default_lock_path, find_lock, lock_image, push_images
+from torchbuild.tasks.common import HELP, handles_errors, spec_from, task
 
 
 @task(

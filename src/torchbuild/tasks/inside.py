@@ -10,10 +10,10 @@ from pathlib import Path
 from invoke.collection import Collection
 from invoke.context import Context
 
-from ..errors import ToolMissing
-from ..sif import LABELS_PREFIX, HostApptainer, host_apptainer
-from ..steps import STEPS, run_step_file
-from .common import handles_errors, task
+from torchbuild.core.errors import ToolMissing
+from torchbuild.inputs.sif import LABELS_PREFIX, HostApptainer, host_apptainer
+from torchbuild.steps import STEPS, run_step_file
+from torchbuild.tasks.common import handles_errors, task
 
 
 @task(help={"name": f"the step: {', '.join(STEPS)}", "request": "the request file (JSON) its backend wrote"})

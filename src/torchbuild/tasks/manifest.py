@@ -9,13 +9,13 @@ from invoke.collection import Collection
 from invoke.context import Context
 from invoke.exceptions import Exit
 
-from .. import manifest as mf
-from .. import repro
-from ..console import printable
-from ..errors import WheelError, named_os_errors
-from ..safeio import user_path
-from ..verify import check_wheel_file
-from .common import handles_errors, task
+from torchbuild.core.console import printable
+from torchbuild.core.errors import WheelError, named_os_errors
+from torchbuild.core.safeio import user_path
+from torchbuild.delivery import manifest as mf
+from torchbuild.delivery.verify import check_wheel_file
+from torchbuild.steps import repro
+from torchbuild.tasks.common import handles_errors, task
 
 # `invoke manifest diff` when the manifests differ. Not 1: invoke itself exits 1 for a bad
 # option or a missing argument (and Python for a traceback), and 2..19 and 130 are named errors.

@@ -6,11 +6,11 @@ import json
 
 from invoke.context import Context
 
-from ..backends import ENGINE_HELP
-from ..runner import pythons_option
-from ..scheduler import Runtime, submit_build
-from .build import SOURCE_HELP, build_options
-from .common import HELP, handles_errors, spec_from, task
+from torchbuild.launch.backends import ENGINE_HELP
+from torchbuild.launch.runner import pythons_option
+from torchbuild.launch.scheduler import Runtime, submit_build
+from torchbuild.tasks.build import SOURCE_HELP, build_options
+from torchbuild.tasks.common import HELP, handles_errors, spec_from, task
 
 # options that set the profile key of the same name: given on the command line, each is a --set
 # of that key, so it is validated like the profile's own value and recorded in the resolved

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from invoke.context import Context
 
-from ..runner import verify_with
-from ..safeio import user_path
-from .common import Launch, launch_task
+from torchbuild.core.safeio import user_path
+from torchbuild.launch.runner import verify_with
+from torchbuild.tasks.common import Launch, launch_task
 
 
 @launch_task(
@@ -29,7 +29,7 @@ def verify(
     """Verify a wheel: tags, version, fresh-venv install, import; for torch also its configuration,
     tensor/autograd, 2-process gloo all_reduce and broadcast, CUDA when a GPU is visible."""
     if bool(wheel) == bool(installed):
-        from ..errors import UsageError
+        from torchbuild.core.errors import UsageError
 
         raise UsageError("give exactly one of --wheel W and --installed NAME", hint="invoke verify --wheel out/x.whl")
     spec = launch.spec()

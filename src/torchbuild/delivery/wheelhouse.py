@@ -1,0 +1,255 @@
+"""A wheelhouse: built wheels in one directory with a PEP 503 simple index, so that both
+`pip install --no-index --find-links DIR torch` and `--index-url file://DIR/simple` work.
+
+Wheel names and versions go through packaging. A project may hold several public versions,
+but one local label only (2.6.0+gh200 and 2.6.0+cpu side by side make pip's choice depend
+on sort order), unless the caller asks for the mix. Wheels are copied under a temporary name
+and renamed; the index is rewritten from what is in the directory, each page atomically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import html
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from packaging.tags import Tag
+from packaging.utils import NormalizedName, parse_wheel_filename
+from packaging.version import Version
+
+from torchbuild.core.atomic import atomic_write_text
+from torchbuild.core.errors import PathError, TorchbuildError, UsageError, WheelhouseConflict, named_os_errors
+from torchbuild.core.safeio import MiB, read_text, user_path
+from torchbuild.delivery.verify import check_wheel_file
+from torchbuild.inputs.source import sha256_file
+
+SIMPLE = "simple"
+PARTIAL = ".partial-"
+
+
+@dataclasses.dataclass(frozen=True)
+class WheelFile:
+    path: Path
+    project: NormalizedName
+    version: Version
+    tags: frozenset[Tag] = frozenset()  # the interpreters and platforms it installs on
+
+    @classmethod
+    def read(cls, path: Path) -> WheelFile:
+        """WheelError unless path is a wheel (its name and its zip's *.dist-info/WHEEL)."""
+        check_wheel_file(path)
+        name, version, _build, tags = parse_wheel_filename(path.name)
+        return cls(path, name, version, tags)
+
+    @property
+    def local(self) -> str:
+        return self.version.local or ""
+
+
+def wheels_in(directory: Path) -> list[WheelFile]:
+    """The wheels directly in directory (partial copies left out), sorted by file name."""
+    with named_os_errors(directory, "reading the wheel directory"):
+        names = sorted(p for p in directory.glob("*.whl") if not p.name.startswith((".", PARTIAL)))
+    return [WheelFile.read(p) for p in names]
+
+
+def check_mix(wheels: Iterable[WheelFile], *, allow_mixed: bool = False, what: str = "the wheelhouse") -> None:
+    """WheelhouseConflict when a project comes with more than one local label (2.6.0+gh200
+    next to 2.6.0+cpu, or next to a plain 2.6.0) and allow_mixed is false, or when two files
+    of one project and version share a tag (the same Python and platform: only a build number
+    or the name would tell them apart). One version for several Pythons (cp313 and cp314, what
+    `invoke build --python 3.13,3.14` writes) is fine: each interpreter installs only its own."""
+    by_project: dict[str, dict[str, list[WheelFile]]] = {}
+    seen: dict[tuple[str, Version], list[WheelFile]] = {}
+    for w in wheels:
+        for twin in seen.get((w.project, w.version), []):
+            shared = twin.tags & w.tags
+            if twin.path.name != w.path.name and shared:
+                raise WheelhouseConflict(
+                    f"{what} would hold two wheels of {w.project} {w.version} for {min(map(str, shared))}: "
+                    f"{twin.path.name} and {w.path.name}",
+                    hint="keep one of them; a wheel for the same Python and platform goes in another wheelhouse",
+                )
+        seen.setdefault((w.project, w.version), []).append(w)
+        by_project.setdefault(w.project, {}).setdefault(w.local, []).append(w)
+    if allow_mixed:
+        return
+    for project, locals_ in by_project.items():
+        if len(locals_) > 1:
+            shown = "; ".join(
+                f"+{label or '(none)'}: {', '.join(x.path.name for x in ws)}" for label, ws in locals_.items()
+            )
+            raise WheelhouseConflict(
+                f"{what} would mix local versions of {project}: {shown}",
+                hint="use one wheelhouse per build flavour, or pass --mix-local-versions if that is what you want",
+            )
+
+
+def add_wheels(dest: Path, wheels: Sequence[Path], *, allow_mixed: bool = False, link: bool = True) -> list[Path]:
+    """Copy wheels into dest (hard links where dest is on the same file system, with link) and
+    rewrite its index. A wheel already there with the same content is kept; one with the same
+    name and other content is a WheelhouseConflict. Returns the paths of the wheels added.
+    Nothing is copied when a check fails."""
+    incoming: list[WheelFile] = []
+    for w in (WheelFile.read(user_path(p).resolve()) for p in wheels):
+        twin = next((x for x in incoming if x.path.name == w.path.name), None)
+        if twin is None:
+            incoming.append(w)
+        elif twin.path != w.path and sha256_file(twin.path) != sha256_file(w.path):
+            raise WheelhouseConflict(
+                f"two different wheels named {w.path.name}: {twin.path} and {w.path}",
+                hint="give one of them; a wheel's name must say what it holds",
+            )
+    if not incoming:
+        raise UsageError("no wheels to add", hint="give --wheel W (repeatable), or build one into --out first")
+    made = [d for d in (dest, *dest.parents) if not d.exists()]  # what a failure removes again
+    with named_os_errors(dest, "the wheelhouse"):
+        dest.mkdir(parents=True, exist_ok=True)
+    added: list[Path] = []
+    try:
+        _add(dest, incoming, allow_mixed, link, added)
+    except BaseException:
+        # the wheelhouse is left as it was: what this call made goes, with the wheels it added
+        if made:
+            shutil.rmtree(made[-1], ignore_errors=True)  # everything under it is this call's
+        elif added:
+            for f in added:
+                f.unlink(missing_ok=True)
+            with contextlib.suppress(OSError, TorchbuildError):
+                write_index(dest)  # the pages as they were, where the index was half rewritten
+        raise
+    return added
+
+
+def _add(dest: Path, incoming: list[WheelFile], allow_mixed: bool, link: bool, added: list[Path]) -> None:
+    present = {w.path.name: w for w in wheels_in(dest)}
+    todo = []
+    for w in incoming:
+        there = present.get(w.path.name)
+        if there is None:
+            todo.append(w)
+        elif sha256_file(there.path) != sha256_file(w.path):
+            raise WheelhouseConflict(
+                f"{dest} already holds a different {w.path.name}",
+                hint="a published wheel never changes: bump local_version for the new build, or use another wheelhouse",
+            )
+    names = {w.path.name for w in todo}
+    check_mix([*present.values(), *(w for w in incoming if w.path.name in names)], allow_mixed=allow_mixed)
+    with named_os_errors(dest, "the wheelhouse"):
+        _refuse_links(dest, {w.project for w in (*present.values(), *incoming)})
+    for w in todo:
+        final = dest / w.path.name
+        tmp = dest / f"{PARTIAL}{uuid.uuid4().hex[:8]}-{w.path.name}"
+        with named_os_errors(final, "copying into the wheelhouse"):
+            try:
+                _link_or_copy(w.path, tmp, link)
+                os.replace(tmp, final)
+                added.append(final)
+            finally:
+                tmp.unlink(missing_ok=True)
+    write_index(dest)
+
+
+def _link_or_copy(src: Path, dst: Path, link: bool) -> None:
+    if link:
+        try:
+            os.link(src, dst)
+            return
+        except OSError:
+            pass
+    shutil.copyfile(src, dst)
+
+
+def write_index(dest: Path) -> Path:
+    """dest/simple/index.html and dest/simple/<project>/index.html (PEP 503, with PEP 629's
+    repository version), each link carrying the wheel's sha256; pages of projects no longer
+    present are removed. Returns dest/simple."""
+    wheels = wheels_in(dest)
+    simple = dest / SIMPLE
+    projects: dict[str, list[WheelFile]] = {}
+    for w in wheels:
+        projects.setdefault(w.project, []).append(w)
+    with named_os_errors(simple, "writing the wheelhouse index"):
+        _refuse_links(dest, projects)
+        simple.mkdir(exist_ok=True)
+        for project, ws in sorted(projects.items()):
+            links = [
+                f'    <a href="../../{html.escape(w.path.name)}#sha256={sha256_file(w.path)}">{html.escape(w.path.name)}</a><br>'
+                for w in ws
+            ]
+            (simple / project).mkdir(exist_ok=True)
+            _write(simple / project / "index.html", _page(f"Links for {project}", links))
+        root = [f'    <a href="{html.escape(p)}/">{html.escape(p)}</a><br>' for p in sorted(projects)]
+        _write(simple / "index.html", _page("Simple index", root))
+        for stale in simple.iterdir():
+            if stale.name not in projects and _our_page_only(stale):
+                (stale / "index.html").unlink()
+                stale.rmdir()
+    return simple
+
+
+# a project page's link as _project_page writes it
+_LINK = re.compile(r'    <a href="\.\./\.\./([^"/<>]+\.whl)#sha256=[0-9a-f]{64}">\1</a><br>')
+_PAGE_LIMIT = 1 * MiB  # a page of ours lists a few wheels: far less than this
+
+
+def _our_page_only(directory: Path) -> bool:
+    """Whether directory (in simple/) holds nothing but a project page torchbuild writes for
+    it: the stale-page sweep removes those and leaves anything else (a page another tool wrote,
+    a file of the user's) as it is."""
+    if directory.is_symlink() or not directory.is_dir():
+        return False
+    try:
+        if [p.name for p in directory.iterdir()] != ["index.html"]:
+            return False
+        text = read_text(directory / "index.html", _PAGE_LIMIT, "a wheelhouse index page")
+    except (OSError, TorchbuildError):
+        return False
+    head = _page(f"Links for {directory.name}", []).split("  </body>")[0]
+    body = text[len(head) :].split("\n")
+    return (
+        text.startswith(head)
+        and text.endswith("  </body>\n</html>\n")
+        and all(_LINK.fullmatch(line) for line in body[:-3])
+        and body[-3:] == ["  </body>", "</html>", ""]
+    )
+
+
+def _refuse_links(dest: Path, projects: Iterable[str]) -> None:
+    """PathError when simple/ or a project's page directory is a symbolic link: the index is
+    written in dest only, never through a link to elsewhere."""
+    simple = dest / SIMPLE
+    for d in (simple, *(simple / p for p in projects)):
+        if d.is_symlink():
+            raise PathError(
+                f"{d} is a symbolic link: the wheelhouse's index is written in {dest} only",
+                hint=f"remove the link, or use another --dest than {dest}",
+            )
+
+
+def _page(title: str, body: list[str]) -> str:
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            "<html>",
+            "  <head>",
+            '    <meta name="pypi:repository-version" content="1.0">',
+            f"    <title>{html.escape(title)}</title>",
+            "  </head>",
+            "  <body>",
+            *body,
+            "  </body>",
+            "</html>",
+            "",
+        ]
+    )
+
+
+def _write(path: Path, text: str) -> None:
+    atomic_write_text(path, text)

@@ -1,0 +1,969 @@
+"""Profiles: load -> merge (defaults < extends chain < profile < --set) -> validate -> BuildSpec.
+
+configs/defaults.yaml declares every key (type, default, doc). A profile is a flat YAML
+mapping of those keys plus an optional ``extends:`` naming another profile (by name or
+path). ``--set key=value`` overrides one key; ``--set switches.USE_MPI=1`` sets one entry of
+a map. The result is a frozen :class:`BuildSpec`; nothing after resolution reads YAML or
+the environment again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import hashlib
+import json
+import math
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Union
+
+import yaml
+from packaging.version import InvalidVersion, Version
+
+from torchbuild.core.arch import Arch
+from torchbuild.core.errors import ProfileError, UsageError
+from torchbuild.core.safeio import PROFILE_LIMIT, not_an_option, read_text, user_path
+from torchbuild.inputs.companion_table import REPOS as COMPANION_REPOS
+from torchbuild.inputs.companion_table import default_ref, is_development, pairing_problem
+from torchbuild.inputs.nccl_arch import nccl_cannot_target
+
+DEFAULT_PROFILE = "cpu"
+_CUDA_ARCH_RE = re.compile(r"\d+\.\d+a?(\+PTX)?")
+_PROFILE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def data_dir() -> Path:
+    """Directory holding configs/ and containers/ (installed package or source checkout)."""
+    here = Path(__file__).resolve().parents[1]  # the torchbuild package
+    if (here / "configs" / "defaults.yaml").is_file():  # installed wheel
+        return here
+    return here.parents[1]  # source checkout: src/torchbuild -> repo root
+
+
+def defaults_file() -> Path:
+    return data_dir() / "configs" / "defaults.yaml"
+
+
+def profiles_dir() -> Path:
+    return data_dir() / "configs" / "profiles"
+
+
+# --------------------------------------------------------------------------- schema
+
+
+@dataclasses.dataclass(frozen=True)
+class KeySpec:
+    name: str
+    type: str
+    default: Any
+    doc: str
+    choices: tuple[str, ...] = ()
+    pattern: str | None = None
+    key_pattern: str | None = None
+    # int, number and jobs keys: the range a value must lie in (a typo of 10^23 jobs, or .inf
+    # GiB per job, is named here, not an OverflowError in the planner)
+    minimum: float | None = None
+    maximum: float | None = None
+    # a host path (or a list or map of them): ~user must name a user of this host
+    path: bool = False
+    # build: decides what is built (hashed); job: how a batch job asks for a node; runtime: how
+    # the built torch is installed and run (runtime environment, packages, modules, host MPI)
+    scope: str = "build"
+
+
+SCOPES = ("build", "job", "runtime")
+
+
+@functools.cache
+def schema() -> Mapping[str, KeySpec]:
+    """Every allowed key, read once from configs/defaults.yaml."""
+    path = defaults_file()
+    raw = yaml.safe_load(path.read_text())
+    keys: dict[str, KeySpec] = {}
+    for name, entry in raw.items():
+        if entry.get("type") not in _TYPES or "doc" not in entry or "default" not in entry:
+            raise ProfileError(f"{path}: key {name!r} needs type (one of {_TYPES}), default and doc")
+        if entry.get("scope", "build") not in SCOPES:
+            raise ProfileError(f"{path}: key {name!r} has scope {entry['scope']!r}; use one of {SCOPES}")
+        keys[name] = KeySpec(
+            name=name,
+            type=entry["type"],
+            default=entry["default"],
+            doc=entry["doc"],
+            choices=tuple(entry.get("choices", ())),
+            pattern=entry.get("pattern"),
+            key_pattern=entry.get("key_pattern"),
+            minimum=entry.get("min"),
+            maximum=entry.get("max"),
+            path=bool(entry.get("path", False)),
+            scope=entry.get("scope", "build"),
+        )
+    # the defaults must themselves be valid, or every profile would inherit an error
+    for key in keys.values():
+        _coerce(key, key.default, f"{path}")
+    return MappingProxyType(keys)
+
+
+# --------------------------------------------------------------------------- BuildSpec
+
+StrMap = Mapping[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildSpec:
+    """A resolved, validated profile. Field names are exactly the keys of defaults.yaml."""
+
+    profile: str
+    description: str
+    torch_version: str
+    torch_repo: str
+    torch_ref: str
+    local_version: str
+    patches: str
+    arch: Arch
+    base_image: str
+    python_version: str
+    python_versions: tuple[str, ...]
+    compiler: str
+    compiler_version: str
+    apt_packages: tuple[str, ...]
+    python_packages: tuple[str, ...]
+    python_system_site_packages: bool
+    ca_certificates: tuple[str, ...]
+    image_name: str
+    sif_builder_base: str
+    sif_bootstrap: str
+    sif_suite: str
+    sif_mirror: str
+    sif_components: tuple[str, ...]
+    cuda_version: str
+    cuda_arch_list: tuple[str, ...]
+    cuda_home: str
+    cuda_packages: tuple[str, ...]
+    cuda_flags: tuple[str, ...]
+    nvcc_threads: int
+    blas: str
+    mkl_threading: str
+    mpi: str
+    distributed: tuple[str, ...]
+    nccl: str
+    nccl_version: str
+    nccl_source: str
+    nccl_sha256: str
+    aws_ofi_nccl_version: str
+    aws_ofi_nccl_source: str
+    aws_ofi_nccl_sha256: str
+    libfabric_prefix: str
+    companions: tuple[str, ...]
+    companion_repos: StrMap
+    companion_refs: StrMap
+    companion_sha256: StrMap
+    companion_env: StrMap
+    switches: StrMap
+    cflags: tuple[str, ...]
+    cxxflags: tuple[str, ...]
+    ldflags: tuple[str, ...]
+    env: StrMap
+    preflight_targets: tuple[str, ...]
+    canaries: tuple[str, ...]
+    max_jobs: Union[str, int]
+    mem_per_job_gb: float
+    mem_per_cuda_job_gb: float
+    cache_dir: str
+    ccache_size: str
+    scheduler: str
+    account: str
+    partition: str
+    qos: str
+    walltime: str
+    cpus: int
+    mem: str
+    gpus: int
+    gpu_type: str
+    constraint: str
+    modules: tuple[str, ...]
+    module_purge: bool
+    export_env: bool
+    directives: tuple[str, ...]
+    runtime_env: StrMap
+    runtime_packages: tuple[str, ...]
+    runtime_modules: tuple[str, ...]
+    mpicc: str
+    host_mpi: tuple[str, ...]
+    # where each key's value came from ("defaults.yaml", "gh200.yaml:12", "--set"); not hashed
+    origins: StrMap = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    # -- derived facts (one place each)
+    @property
+    def cuda(self) -> bool:
+        return bool(self.cuda_version)
+
+    @property
+    def pythons(self) -> tuple[str, ...]:
+        """Every Python the image provides: python_version first, then python_versions' others."""
+        return (self.python_version, *(v for v in self.python_versions if v != self.python_version))
+
+    @property
+    def git_ref(self) -> str:
+        return self.torch_ref or f"v{self.torch_version}"
+
+    @property
+    def build_version(self) -> str:
+        """PYTORCH_BUILD_VERSION: the version the wheel will carry."""
+        if self.local_version:
+            return f"{self.torch_version}+{self.local_version}"
+        return self.torch_version
+
+    @property
+    def image_tag(self) -> str:
+        return f"{self.image_name}:{self.profile}-{self.torch_version}-{self.arch.value}"
+
+    @property
+    def manifest_tag(self) -> str:
+        """The multi-arch manifest list that --push publishes over the per-arch tags."""
+        return f"{self.image_name}:{self.profile}-{self.torch_version}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data in defaults.yaml key order (plus profile), for printing and hashing."""
+        out: dict[str, Any] = {"profile": self.profile}
+        for name in schema():
+            value = getattr(self, name)
+            if isinstance(value, Arch):
+                value = value.value
+            elif isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            out[name] = value
+        return out
+
+    @property
+    def hash(self) -> str:
+        """sha256 of the resolved profile's build keys; recorded in image labels and manifests.
+        The job keys (scope: job) say how a batch job asks for a node, and the runtime keys
+        (scope: runtime) how the result is installed and run, not what is built: a build
+        submitted with another account, or installed with other runtime settings, is the same build."""
+        keys = schema()
+        data = {k: v for k, v in self.to_dict().items() if k not in keys or keys[k].scope == "build"}
+        blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- loading
+
+
+@dataclasses.dataclass
+class _Layer:
+    """One source of values: a YAML file or the command line."""
+
+    label: str  # shown in messages: a path, or "--set"
+    values: dict[str, Any]
+    lines: dict[str, int]
+
+    def where(self, key: str) -> str:
+        line = self.lines.get(key)
+        return f"{self.label}:{line}" if line else self.label
+
+
+# what one profile (or --set value) may make of its YAML: nodes written out plus nodes repeated
+# through aliases (`*a`), and nesting. A profile is a flat mapping of short lists and maps, far
+# under both; a billion-laughs file (aliases of aliases) or [[[[...]]]] is refused while it is
+# composed, before it takes memory or recursion.
+YAML_MAX_NODES = 100_000
+YAML_MAX_DEPTH = 32
+
+
+class _YamlTooLarge(yaml.YAMLError):
+    def __init__(self, problem: str, mark: Any) -> None:
+        super().__init__(problem)
+        self.problem, self.problem_mark = problem, mark
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that counts the nodes a document expands to (an alias counts as many nodes as
+    the node it repeats) and its nesting, and refuses a document over YAML_MAX_NODES or
+    YAML_MAX_DEPTH, or with an alias inside the node it names (a recursive structure)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._nodes = 0
+        self._depth = 0
+        self._open: set[str] = set()  # anchors of the collections being composed
+        self._sizes: dict[int, int] = {}
+
+    def _size(self, node: yaml.Node) -> int:
+        known = self._sizes.get(id(node))
+        if known is None:
+            known = 1
+            if isinstance(node, yaml.SequenceNode):
+                known += sum(self._size(item) for item in node.value)
+            elif isinstance(node, yaml.MappingNode):
+                known += sum(self._size(k) + self._size(v) for k, v in node.value)
+            self._sizes[id(node)] = known
+        return known
+
+    def _count(self, n: int, mark: Any) -> None:
+        self._nodes += n
+        if self._nodes > YAML_MAX_NODES:
+            raise _YamlTooLarge(f"expands to more than {YAML_MAX_NODES} values (aliases repeat their anchor)", mark)
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor in self._open:
+                raise _YamlTooLarge(f"alias *{event.anchor} is inside the node it names (a loop)", event.start_mark)
+            if event.anchor in self.anchors:
+                self._count(self._size(self.anchors[event.anchor]), event.start_mark)
+            return super().compose_node(parent, index)
+        self._count(1, event.start_mark)
+        self._depth += 1
+        if self._depth > YAML_MAX_DEPTH:
+            raise _YamlTooLarge(f"nested more than {YAML_MAX_DEPTH} levels deep", event.start_mark)
+        anchor = getattr(event, "anchor", None)
+        if anchor:
+            self._open.add(anchor)
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+            self._open.discard(anchor or "")
+        return node
+
+
+def _load_yaml(text: str, label: str, lines: bool = True) -> tuple[yaml.Node | None, Any]:
+    """The composed node and the data of one YAML document, bounded (_BoundedLoader); bad YAML,
+    a document too large once expanded, or a number Python will not read is a ProfileError."""
+    loader = _BoundedLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except _YamlTooLarge as exc:
+        raise ProfileError(
+            _yaml_error(label, exc, lines).message,
+            hint="write the values out: a profile is a flat mapping of short lists and maps",
+        ) from None
+    except yaml.YAMLError as exc:
+        raise _yaml_error(label, exc, lines) from None
+    except (ValueError, OverflowError) as exc:  # int() of a 5000-digit number, and the like
+        raise ProfileError(
+            f"{label}: not usable YAML: {str(exc)[:120]}", hint="write numbers of a sensible size"
+        ) from None
+    finally:
+        loader.dispose()
+    return node, data
+
+
+def _read_yaml(path: Path) -> _Layer:
+    text = _read_text(path)
+    node, data = _load_yaml(text, str(path))
+    if node is None:
+        raise ProfileError(
+            f"{path}: the profile is empty",
+            hint="write the keys it sets (at least description:), or `extends: cpu` to reuse a profile",
+        )
+    if not isinstance(data, dict) or not isinstance(node, yaml.MappingNode):
+        raise ProfileError(f"{path}: a profile must be a mapping of key: value")
+    duplicate = next(_duplicate_keys(node), None)
+    if duplicate is not None:
+        key, first, again = duplicate
+        raise ProfileError(
+            f"{path}:{again}: key {key!r} is given twice (first at line {first})",
+            hint="remove one of them: YAML would silently keep only the last",
+        )
+    lines = {k.value: k.start_mark.line + 1 for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
+    return _Layer(str(path), data, lines)
+
+
+def _read_text(path: Path) -> str:
+    """The profile's text, at most PROFILE_LIMIT bytes of a regular UTF-8 file (safeio)."""
+    return read_text(path, PROFILE_LIMIT, "profile", ProfileError)
+
+
+def _yaml_error(label: str, exc: yaml.YAMLError, lines: bool = True) -> ProfileError:
+    mark = getattr(exc, "problem_mark", None)
+    where = f"{label}:{mark.line + 1}" if mark and lines else label
+    problem = getattr(exc, "problem", None) or str(exc)
+    return ProfileError(f"{where}: not valid YAML: {problem}", hint="check the quoting and brackets on that line")
+
+
+def _duplicate_keys(node: yaml.Node) -> Iterator[tuple[str, int, int]]:
+    """(key, first line, repeated line) for each key given twice in one mapping, at any depth."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                line = key.start_mark.line + 1
+                if key.value in seen:
+                    yield key.value, seen[key.value], line
+                seen.setdefault(key.value, line)
+            yield from _duplicate_keys(value)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            yield from _duplicate_keys(item)
+
+
+_PROFILE_IS = "a profile is a YAML file of key: value lines (the keys of configs/defaults.yaml)"
+_NAMES = "a profile name (`invoke config --list-profiles`)"
+
+
+def home_path(text: str, what: str, error: type[ProfileError] | type[UsageError] = ProfileError) -> Path:
+    """Path(text) with ~ and ~user expanded; error (naming `what`) when ~user names no user of
+    this host (Path.expanduser raises RuntimeError) or the text holds a NUL byte."""
+    return user_path(text, what, error)
+
+
+def available_profiles(search_dirs: Sequence[Path] = ()) -> list[str]:
+    names: set[str] = set()
+    for d in [*search_dirs, profiles_dir()]:
+        if d.is_dir():
+            names.update(p.stem for p in d.glob("*.yaml"))
+    return sorted(names)
+
+
+def find_profile(ref: str, search_dirs: Sequence[Path] = (), relative_to: Path | None = None) -> Path:
+    """A profile by name (searched in search_dirs, then configs/profiles) or by path."""
+    looks_like_path = ref.endswith((".yaml", ".yml")) or "/" in ref or ref.startswith("~")
+    if looks_like_path:
+        p = home_path(ref, "profile", ProfileError)
+        if not p.is_absolute() and relative_to is not None and (relative_to / p).is_file():
+            p = relative_to / p
+        if p.is_file():
+            return p.resolve()
+        what = _PROFILE_IS
+        if p.is_dir():
+            raise ProfileError(f"profile {ref} is a directory; {what}", hint=f"name a .yaml file in it, or {_NAMES}")
+        if p.exists():
+            raise ProfileError(f"profile {ref} is not a regular file; {what}", hint=f"name a .yaml file, or {_NAMES}")
+        raise ProfileError(
+            f"profile file {ref} does not exist; {what}", hint=f"pass a path to a .yaml file, or {_NAMES}"
+        )
+    dirs = [*(([relative_to]) if relative_to else []), *search_dirs, profiles_dir()]
+    for d in dirs:
+        p = d / f"{ref}.yaml"
+        if p.is_file():
+            return p.resolve()
+    names = available_profiles(search_dirs)
+    close = difflib.get_close_matches(ref, names, n=1)
+    suggestion = f"; did you mean {close[0]!r}?" if close else ""
+    raise ProfileError(
+        f"no profile named {ref!r}{suggestion}",
+        hint=f"available profiles: {', '.join(names)} (or pass a path to a .yaml file)",
+    )
+
+
+def _profile_chain(path: Path, search_dirs: Sequence[Path]) -> list[_Layer]:
+    """[base-most, ..., path] following extends:, refusing cycles."""
+    chain: list[_Layer] = []
+    seen: list[Path] = []
+    current: Path | None = path
+    while current is not None:
+        if current in seen:
+            cycle = " -> ".join(str(p) for p in [*seen, current])
+            raise ProfileError(f"profiles extend each other in a cycle: {cycle}", hint="remove one extends:")
+        seen.append(current)
+        layer = _read_yaml(current)
+        parent = layer.values.pop("extends", None)
+        chain.append(layer)
+        if parent is None:
+            current = None
+        elif not isinstance(parent, str):
+            raise ProfileError(f"{layer.where('extends')}: extends must be a profile name or path")
+        else:
+            current = find_profile(parent, search_dirs, relative_to=current.parent)
+    chain.reverse()
+    return chain
+
+
+def parse_set(items: Iterable[str]) -> _Layer:
+    """Turn ``--set key=value`` strings into a layer; values are parsed by the key's type."""
+    keys = schema()
+    values: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ProfileError(f"--set {item!r}: expected key=value", hint="e.g. --set python_version=3.12")
+        key, _, raw = item.partition("=")
+        key = key.strip()
+        top, dot, sub = key.partition(".")
+        spec = keys.get(top)
+        if top in RENAMED:
+            raise ProfileError(f"--set: key {top!r} was replaced", hint=f"write {RENAMED[top]}")
+        if spec is None:
+            raise ProfileError(f"--set: unknown key {top!r}{_suggest(top)}")
+        if dot:
+            if spec.type != "map":
+                raise ProfileError(f"--set {key}: {top!r} is a {spec.type}, not a map; write --set {top}=...")
+            values.setdefault(top, {})[sub] = raw
+        else:
+            values[top] = _parse_cli_value(spec, raw)
+    return _Layer("--set", values, {})
+
+
+def _parse_cli_value(spec: KeySpec, raw: str) -> Any:
+    raw = raw.strip()
+    if spec.type in ("list", "requirements", "cuda_arch_list"):
+        if raw.startswith("["):
+            return _cli_yaml(spec, raw)
+        return [part.strip() for part in re.split(r"[;,]", raw) if part.strip()]
+    if spec.type == "map":
+        return _cli_yaml(spec, raw) if raw else {}
+    if spec.type in ("int", "number", "bool"):
+        return _cli_yaml(spec, raw)
+    return raw  # str and jobs stay text: "3.10" must not become 3.1
+
+
+def _cli_yaml(spec: KeySpec, raw: str) -> Any:
+    try:
+        return _load_yaml(raw, f"--set {spec.name}={raw[:60]}", lines=False)[1]
+    except ProfileError as exc:
+        raise ProfileError(
+            exc.message,
+            hint="quote the whole --set argument for the shell; lists are [a, b], maps are {KEY: value}",
+        ) from None
+
+
+def _suggest(key: str) -> str:
+    close = difflib.get_close_matches(key, list(schema()), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _bad(spec: KeySpec, where: str, problem: str, hint: str | None = None) -> ProfileError:
+    return ProfileError(f"{where}: key {spec.name!r}: {problem}", hint=hint)
+
+
+def _coerce_text(spec: KeySpec, v: Any, where: str, what: str = "value") -> str:
+    """A str key's value (or a list's item): text, one of the choices, matching the pattern."""
+    if isinstance(v, bool) or v is None:
+        raise _bad(spec, where, f"{what} must be text, got {v!r}")
+    if isinstance(v, float):
+        raise _bad(spec, where, f"{what} {v!r} was read as a number", hint=f"quote it in YAML: '{v}'")
+    if isinstance(v, int):
+        v = str(v)
+    if not isinstance(v, str):
+        raise _bad(spec, where, f"{what} must be text, got {type(v).__name__}")
+    if spec.choices and v not in spec.choices:
+        close = difflib.get_close_matches(v, spec.choices, n=1)
+        sugg = f"; did you mean {close[0]!r}?" if close else ""
+        shown = ", ".join(repr(c) for c in spec.choices)
+        raise _bad(spec, where, f"{v!r} is not allowed{sugg}", hint=f"valid values: {shown}")
+    if spec.pattern is not None and not re.fullmatch(spec.pattern, v):
+        raise _bad(spec, where, f"{_shown(v, 80)} is malformed (expected to match {spec.pattern})")
+    if spec.path:
+        home_path(v, f"{where}: key {spec.name!r}:")
+    return v
+
+
+def _coerce_bool(spec: KeySpec, value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise _bad(spec, where, f"expected true or false, got {value!r}")
+    return value
+
+
+def _shown(value: Any, width: int = 24) -> str:
+    """A value for a message: a 10^23 is shown as its first digits, a long text as its start."""
+    text = repr(value)
+    return text if len(text) <= width else f"{text[: width - 4]}... ({len(text)} characters)"
+
+
+def _bounds(spec: KeySpec) -> str:
+    """'from 1 to 4096': the range of an int (from 0), number (above 0) or jobs (from 1) key."""
+    low = spec.minimum if spec.minimum is not None else {"int": 0, "jobs": 1}.get(spec.type, 0)
+    high = f"{spec.maximum:g}" if spec.maximum is not None else "any size"
+    if spec.type == "number" and spec.minimum is None:
+        return f"above 0 up to {high}"
+    return f"from {low:g} to {high}"
+
+
+def _check_range(spec: KeySpec, value: float, where: str, expected: str) -> None:
+    low = spec.minimum if spec.minimum is not None else -math.inf
+    high = spec.maximum if spec.maximum is not None else math.inf
+    if not low <= value <= high:
+        bounds = _bounds(spec)
+        raise _bad(
+            spec, where, f"{_shown(value)} is out of range: expected {expected} {bounds}", hint=f"give a value {bounds}"
+        )
+
+
+def _coerce_int(spec: KeySpec, value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _bad(spec, where, f"expected a whole number >= 0, got {_shown(value)}")
+    _check_range(spec, value, where, "a whole number")
+    return value
+
+
+def _coerce_number(spec: KeySpec, value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise _bad(spec, where, f"expected a number > 0, got {_shown(value)}")
+    if not math.isfinite(value):
+        raise _bad(
+            spec,
+            where,
+            f"expected a finite number, got {value!r}",
+            hint=f"give {spec.name} a number, e.g. {spec.default}",
+        )
+    _check_range(spec, value, where, "a number")
+    return float(value)
+
+
+_DIGITS = re.compile(r"[0-9]{1,18}")  # ASCII digits only: "²".isdigit() is True, int("²") fails
+
+
+def _count_of_jobs(value: object) -> int | None:
+    """value as a whole number >= 1 (an int, or text of ASCII digits), else None."""
+    if isinstance(value, str) and _DIGITS.fullmatch(value.strip()):
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None
+    return value
+
+
+def _coerce_jobs(spec: KeySpec, value: Any, where: str) -> Union[str, int]:
+    if value == "auto":
+        return "auto"
+    jobs = _count_of_jobs(value)
+    if jobs is None:
+        raise _bad(spec, where, f"expected auto or a whole number {_bounds(spec)}, got {_shown(value)}")
+    _check_range(spec, jobs, where, "auto or a whole number")
+    return jobs
+
+
+def _coerce_list(spec: KeySpec, value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise _bad(spec, where, f"expected a list, got {value!r}", hint="write a YAML list: [a, b]")
+    return tuple(_coerce_text(spec, v, where, "item") for v in value)
+
+
+def _coerce_requirements(spec: KeySpec, value: Any, where: str) -> tuple[str, ...]:
+    """A list of pip requirements (PEP 508: name, extras, version specifiers, markers)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    items = _coerce_list(spec, value, where)
+    for item in items:
+        try:
+            Requirement(item)
+        except InvalidRequirement as exc:
+            raise _bad(
+                spec,
+                where,
+                f"{item!r} is not a pip requirement ({str(exc).splitlines()[0]})",
+                hint="write name[extras]<specifiers>: mpi4py>=4",
+            ) from None
+    return items
+
+
+def _coerce_cuda_arch_list(spec: KeySpec, value: Any, where: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [v for v in re.split(r"[;, ]", value) if v]
+    if not isinstance(value, list):
+        raise _bad(spec, where, f"expected a list of GPU architectures, got {value!r}")
+    out = []
+    for v in value:
+        text = str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+        if not isinstance(text, str) or not _CUDA_ARCH_RE.fullmatch(text):
+            raise _bad(
+                spec,
+                where,
+                f"{v!r} is not a CUDA architecture",
+                hint="write major.minor with an optional a or +PTX suffix: 8.0, 9.0a, 9.0+PTX",
+            )
+        out.append(text)
+    return tuple(out)
+
+
+def _coerce_map(spec: KeySpec, value: Any, where: str) -> StrMap:
+    if not isinstance(value, dict):
+        raise _bad(spec, where, f"expected a mapping, got {value!r}")
+    result: dict[str, str] = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or (spec.key_pattern and not re.fullmatch(spec.key_pattern, k)):
+            raise _bad(spec, where, f"entry name {k!r} is not allowed (must match {spec.key_pattern})")
+        if isinstance(v, bool):
+            v = "1" if v else "0"
+        elif isinstance(v, (int, float)):
+            v = str(v)
+        elif not isinstance(v, str):
+            raise _bad(spec, where, f"entry {k!r} must be text or a number, got {v!r}")
+        if spec.path:
+            home_path(v, f"{where}: key {spec.name}.{k}:")
+        result[k] = v
+    return MappingProxyType(result)
+
+
+_COERCE: Mapping[str, Callable[[KeySpec, Any, str], Any]] = {
+    "str": _coerce_text,
+    "int": _coerce_int,
+    "bool": _coerce_bool,
+    "number": _coerce_number,
+    "list": _coerce_list,
+    "requirements": _coerce_requirements,
+    "map": _coerce_map,
+    "jobs": _coerce_jobs,
+    "cuda_arch_list": _coerce_cuda_arch_list,
+}
+_TYPES = tuple(_COERCE)
+
+
+def check_value(name: str, value: Any, where: str) -> None:
+    """ProfileError unless value is one the key `name` takes (type, choices, range): for a spec
+    made otherwise than by resolve (dataclasses.replace), checked again where it is used."""
+    _coerce(schema()[name], value, where)
+
+
+def _coerce(spec: KeySpec, value: Any, where: str) -> Any:
+    """Check one value against its KeySpec and return it in canonical form."""
+    return _COERCE[spec.type](spec, value, where)
+
+
+def parse_jobs_option(value: object, option: str = "--jobs") -> int:
+    """A --jobs style option, checked like the max_jobs key: a whole number >= 1 (int or text).
+
+    0 means "plan from cores and memory" and is returned for the option's default only: the
+    int 0, None, "" (not given) or "auto" (as max_jobs takes it). An explicit "0", a negative
+    or a non-numeric value is a UsageError naming the option."""
+    if value is None or value in ("", "auto") or (type(value) is int and value == 0):
+        return 0
+    jobs = _count_of_jobs(value)
+    if jobs is None:
+        raise UsageError(
+            f"{option} {value!r}: expected a whole number >= 1",
+            hint=f"give {option} N with N >= 1, or leave it out to plan the jobs from cores and memory",
+        )
+    return jobs
+
+
+# keys that were replaced, and what to write instead
+RENAMED = {"system_nccl": "nccl: system (was system_nccl: true) or nccl: bundled (was false)"}
+
+
+def _check_keys(layer: _Layer) -> None:
+    for key in layer.values:
+        if key in RENAMED:
+            raise ProfileError(f"{layer.where(key)}: key {key!r} was replaced", hint=f"write {RENAMED[key]}")
+        if key not in schema():
+            where = layer.where(key)
+            raise ProfileError(
+                f"{where}: unknown key {key!r}{_suggest(key)}",
+                hint="every key is listed with its doc in configs/defaults.yaml (`invoke config --keys`)",
+            )
+
+
+# variables the install environment's activate script and modulefiles set themselves
+# (and, in the SIF, HOME and TORCHBUILD_PROFILE, which the runtime and %environment set)
+RUNTIME_MANAGED = frozenset(
+    {"PATH", "VIRTUAL_ENV", "VIRTUAL_ENV_PROMPT", "PYTHONHOME", "PS1", "HOME", "TORCHBUILD_PROFILE"}
+)
+
+
+def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], host: Arch) -> None:
+    """Rules that involve more than one key; the message names where the later key was set."""
+
+    def fail(key: str, problem: str, hint: str) -> None:
+        raise ProfileError(f"{where[key]}: key {key!r}: {problem}", hint=hint)
+
+    cuda = bool(values["cuda_version"])
+    arch = host if values["arch"] == "host" else Arch(values["arch"])
+    if values["cuda_arch_list"] and not cuda:
+        fail("cuda_arch_list", "set, but cuda_version is empty", "set cuda_version (e.g. 12.6) or clear cuda_arch_list")
+    if cuda and not values["cuda_arch_list"]:
+        fail("cuda_version", "CUDA build without cuda_arch_list", 'set cuda_arch_list, e.g. ["8.0", "9.0"]')
+    if "nccl" in values["distributed"] and not cuda:
+        fail("distributed", "nccl needs a CUDA build", "drop nccl from distributed or set cuda_version")
+    if values["nccl"] != "bundled" and "nccl" not in values["distributed"]:
+        fail("nccl", f"{values['nccl']}, but nccl is not in distributed", "add nccl to distributed")
+    for key in ("nccl_source", "nccl_sha256"):
+        if values[key] and values["nccl"] != "source":
+            fail(key, f"only applies with nccl: source (nccl is {values['nccl']})", f"set nccl: source or remove {key}")
+    plugin = values["aws_ofi_nccl_version"]
+    for key in ("aws_ofi_nccl_source", "aws_ofi_nccl_sha256", "libfabric_prefix"):
+        if values[key] and not plugin:
+            fail(
+                key,
+                "set, but aws_ofi_nccl_version is empty (no plugin is built)",
+                "set aws_ofi_nccl_version, e.g. 1.17.1",
+            )
+    if plugin and "nccl" not in values["distributed"]:
+        fail("aws_ofi_nccl_version", "the NCCL plugin needs nccl in distributed", "add nccl to distributed")
+    if values["nccl"] == "source":
+        bad = nccl_cannot_target(values["nccl_version"], values["cuda_arch_list"])
+        if bad:
+            fail("nccl_version", bad, "choose a newer nccl_version, or drop that arch from cuda_arch_list")
+    for key in ("companion_repos", "companion_refs", "companion_sha256"):
+        extra = sorted(set(values[key]) - set(values["companions"]))
+        if extra:
+            fail(
+                key,
+                f"names {', '.join(extra)}, which companions does not list",
+                f"add it to companions or drop it from {key}",
+            )
+    for name in values["companions"]:
+        problem = pairing_problem(name, values["torch_version"], values["torch_ref"])
+        if problem:
+            fail("companions", problem, "drop it from companions, or choose a torch_version the table pairs it with")
+    # refs and sources reach git, tar and pip argvs: one starting with '-' would be read as an option
+    for key in ("torch_ref", "torch_repo", "nccl_source", "aws_ofi_nccl_source", "companion_refs", "companion_repos"):
+        given = values[key] if isinstance(values[key], Mapping) else {"": values[key]}
+        for name, value in given.items():
+            label = f"{key}.{name}" if name else key
+            try:
+                not_an_option(value, label, ProfileError)
+            except ProfileError as exc:
+                fail(key, exc.message, exc.hint)
+    twice = sorted({v for v in values["python_versions"] if values["python_versions"].count(v) > 1})
+    if twice:
+        fail("python_versions", f"lists {', '.join(twice)} twice", "list each Python once")
+    if "mpi" in values["distributed"] and values["mpi"] == "none":
+        fail("distributed", "mpi backend requested but mpi is none", "set mpi: openmpi, mpich or system")
+    if values["mkl_threading"] and values["blas"] != "mkl":
+        fail("mkl_threading", f"only applies with blas: mkl (blas is {values['blas']})", "remove mkl_threading")
+    if values["blas"] == "mkl" and arch is Arch.AARCH64:
+        fail("blas", "MKL exists only for x86_64", "use openblas or nvpl on aarch64")
+    if values["blas"] == "nvpl" and arch is Arch.X86_64:
+        fail("blas", "NVPL exists only for aarch64", "use mkl or openblas on x86_64")
+    managed = sorted(set(values["runtime_env"]) & RUNTIME_MANAGED)
+    if managed:
+        fail(
+            "runtime_env",
+            f"{', '.join(managed)} is set by the install environment itself (its bin/ first on PATH)",
+            "leave it out; host library directories go in host_mpi",
+        )
+    if not _PROFILE_NAME_RE.fullmatch(values["profile"]):
+        fail("profile", "profile names may use letters, digits, '.', '_' and '-'", "rename the file")
+
+
+# the longest platform tag a wheel of ours may carry, and the longest file written beside it
+_WORST_PLATFORM = "manylinux_2_28_aarch64"
+_WORST_COMPANION = ".manifest.json"  # longer than .verify.json
+_NAME_MAX = 255  # bytes in one file name on Linux file systems
+
+
+def _check_version(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
+    """The wheel's version must be PEP 440, and its file name (and the manifest beside it) fit
+    in a file name: found when the profile resolves, not when the wheel is written hours later."""
+    torch_version, local = values["torch_version"], values["local_version"]
+    version = f"{torch_version}+{local}" if local else torch_version
+    key = "local_version" if local and _is_pep440(torch_version) else "torch_version"
+    if not _is_pep440(version):
+        raise ProfileError(
+            f"{where[key]}: key {key!r}: {version} is not a valid version (PEP 440)",
+            hint="use a release like 2.6.0 (or 2.6.0rc1) and a local part of letters, digits and dots",
+        )
+    py = "cp" + values["python_version"].replace(".", "")
+    name = f"torch-{version}-{py}-{py}-{_WORST_PLATFORM}.whl{_WORST_COMPANION}"
+    excess = len(name.encode()) - _NAME_MAX
+    if excess > 0:
+        raise ProfileError(
+            f"{where[key]}: key {key!r}: the wheel's manifest would be named {name[:40]}... "
+            f"({len(name.encode())} bytes), longer than the {_NAME_MAX} bytes a file name may have",
+            hint=f"shorten {key} by at least {excess} character{'s' if excess > 1 else ''}",
+        )
+
+
+def _is_pep440(version: str) -> bool:
+    try:
+        Version(version)
+    except InvalidVersion:
+        return False
+    return True
+
+
+def resolve(
+    profile: str = DEFAULT_PROFILE,
+    overrides: Iterable[str] = (),
+    *,
+    arch: str | None = None,
+    search_dirs: Sequence[Path] = (),
+    host: Arch | None = None,
+) -> BuildSpec:
+    """Resolve a profile (name or path) with --set overrides into a frozen BuildSpec."""
+    keys = schema()
+    host = host or Arch.host()
+    path = find_profile(profile, search_dirs)
+    layers = _profile_chain(path, search_dirs)
+    cli = parse_set(overrides)
+    if arch is not None:
+        cli.values["arch"] = Arch.parse(arch).value if arch != "host" else "host"
+    layers.append(cli)
+
+    merged: dict[str, Any] = {k: _coerce(s, s.default, "defaults.yaml") for k, s in keys.items()}
+    origins: dict[str, str] = {k: "defaults.yaml" for k in keys}
+    for layer in layers:
+        _check_keys(layer)
+        for key, value in layer.values.items():
+            where = layer.where(key)
+            if keys[key].type == "map" and isinstance(value, dict) and isinstance(merged[key], Mapping):
+                value = {**merged[key], **value}  # maps merge entry by entry
+            merged[key] = _coerce(keys[key], value, where)
+            origins[key] = where
+    merged["profile"] = path.stem
+    origins["profile"] = str(path)
+    _cross_check(merged, origins, host)
+    _check_version(merged, origins)
+    if merged["arch"] == "host":
+        merged["arch"] = host.value
+    merged["arch"] = Arch(merged["arch"])
+    return BuildSpec(**merged, origins=MappingProxyType(origins))
+
+
+def spec_from_dict(data: Mapping[str, Any], label: str = "spec") -> BuildSpec:
+    """Rebuild a BuildSpec from BuildSpec.to_dict() output (the request a container receives)."""
+    keys = schema()
+    missing = set(keys) - set(data)
+    unknown = set(data) - set(keys) - {"profile"}
+    if missing or unknown:
+        raise ProfileError(f"{label}: keys missing {sorted(missing)} / unknown {sorted(unknown)}")
+    values: dict[str, Any] = {k: _coerce(keys[k], data[k], label) for k in keys}
+    values["arch"] = Arch(values["arch"])
+    return BuildSpec(profile=str(data["profile"]), **values, origins=MappingProxyType({"profile": label}))
+
+
+def describe_keys() -> str:
+    """The key reference as Markdown rows (used by `invoke config --keys` and the README)."""
+    rows = ["| key | type | default | description |", "|---|---|---|---|"]
+    for k in schema().values():
+        shown = [c or json.dumps(c) for c in k.choices]
+        kind = k.type + (f" ({' · '.join(shown)})" if shown else "")
+        if k.minimum is not None or k.maximum is not None:
+            kind += f" ({_bounds(k)})"
+        default = json.dumps(k.default)
+        rows.append(f"| `{k.name}` | {kind} | `{default}` | {k.doc} |")
+    return "\n".join(rows)
+
+
+def derived(spec: BuildSpec) -> dict[str, tuple[str, str]]:
+    """What the build uses where the profile leaves a key empty: name -> (value, what it is
+    derived from). torch_ref from torch_version; each companion's ref from torch_version and
+    torch_ref through the companion table (torch 2.5.1: torchvision v0.20.1), its repository
+    from torchbuild's list. `invoke config` shows them, marked as derived."""
+    out: dict[str, tuple[str, str]] = {}
+    if not spec.torch_ref:
+        out["torch_ref"] = (spec.git_ref, f"torch_version {spec.torch_version}")
+    for name in spec.companions:
+        if name not in spec.companion_refs:
+            dev = is_development(spec.torch_ref)
+            source = f"torch_ref {spec.torch_ref}" if dev else f"torch_version {spec.torch_version}"
+            ref = default_ref(name, spec.torch_version, spec.torch_ref)
+            out[f"companion_refs.{name}"] = (ref, f"{source} (companion table)")
+        if name not in spec.companion_repos:
+            out[f"companion_repos.{name}"] = (COMPANION_REPOS[name], "companions (the default repository)")
+    return out
+
+
+def profile_text(spec: BuildSpec) -> str:
+    """The resolved profile as a complete profile file (every key, no `extends`): resolving it
+    again gives the same spec. Baked into SIFs and written beside batch jobs."""
+    from torchbuild import __version__
+
+    data = {k: v for k, v in spec.to_dict().items() if k != "profile"}
+    header = f"# profile {spec.profile} as resolved by torchbuild {__version__} (sha256 {spec.hash})\n"
+    return header + yaml.safe_dump(data, sort_keys=False)
+
+
+def cache_dir(spec: BuildSpec) -> Path:
+    """The profile's cache directory on this host (ccache, pip cache, sources, logs)."""
+    return home_path(spec.cache_dir, "cache_dir")

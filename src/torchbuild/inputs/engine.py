@@ -1,0 +1,336 @@
+"""The Docker engine, through docker-py: connect, build images with streamed output, inspect."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from torchbuild.core.errors import EngineUnavailable, ImageBuildFailed
+
+try:  # docker-py is a host dependency; the code inside the image never connects to an engine
+    import docker
+    import docker.errors
+except ImportError:  # pragma: no cover - exercised only without docker-py
+    docker = None
+
+
+# Where administrators add CAs to a host's trust store (Debian/Ubuntu; RHEL/Fedora): a
+# TLS-inspecting proxy's CA is found here, and images get it only through ca_certificates.
+HOST_CA_DIRS = (Path("/usr/local/share/ca-certificates"), Path("/etc/pki/ca-trust/source/anchors"))
+
+# pip (CERTIFICATE_VERIFY_FAILED, SSLCertVerificationError), apt (Certificate verification
+# failed), curl and git (SSL certificate problem), OpenSSL (certificate verify failed), Go (x509)
+_TLS_FAILURE = re.compile(
+    r"CERTIFICATE_VERIFY_FAILED|SSLCertVerificationError|Certificate verification failed"
+    r"|SSL certificate problem|certificate verify failed|x509: certificate signed by unknown authority",
+    re.IGNORECASE,
+)
+
+
+def host_ca_files(dirs: Iterable[Path] = HOST_CA_DIRS) -> list[Path]:
+    """The CA files (*.crt, *.pem) added to this host's trust store under dirs (in that order,
+    sorted within each)."""
+    found: list[Path] = []
+    for d in dirs:
+        with contextlib.suppress(OSError):
+            found += sorted(p for p in d.rglob("*") if p.suffix in (".crt", ".pem") and p.is_file())
+    return found
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _excerpt(line: str) -> str:
+    """The part of a log line around its certificate failure, without terminal colours."""
+    clean = _ANSI.sub("", line).strip()
+    m = _TLS_FAILURE.search(clean)
+    start = max(0, m.start() - 80) if m else 0
+    return ("..." if start else "") + clean[start : start + 200]
+
+
+def certificate_failure(line: str) -> bool:
+    """True when a build log line says a TLS certificate could not be verified."""
+    return _TLS_FAILURE.search(line) is not None
+
+
+def certificate_hint(ca_files: list[Path], dirs: Sequence[Path] = HOST_CA_DIRS) -> str:
+    """What to do when a build inside the image cannot verify a certificate (a TLS-inspecting
+    proxy, most often): carry the host's CAs into the image with ca_certificates."""
+    if ca_files:
+        listed = ",".join(str(p) for p in ca_files)
+        return (
+            "the image does not trust the certificate (a TLS-inspecting proxy?): add this host's CAs with "
+            f"--set ca_certificates={listed} (or list them under ca_certificates in the profile)"
+        )
+    where = " or ".join(str(d) for d in dirs)
+    return (
+        "the image does not trust the certificate (a TLS-inspecting proxy?): add your site's CA (PEM) with "
+        f"--set ca_certificates=/path/to/site-ca.crt (none found under {where})"
+    )
+
+
+def engine_address() -> str:
+    return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+
+
+@dataclasses.dataclass
+class Engine:
+    """A reachable Docker engine."""
+
+    client: Any  # docker.DockerClient
+
+    @classmethod
+    def connect(cls, timeout: int = 600) -> Engine:
+        if docker is None:
+            raise EngineUnavailable("docker-py is not installed", hint="pip install docker")
+        try:
+            # version="auto": negotiate, so old engines (Debian's 20.10 speaks API 1.41) work
+            client = docker.from_env(version="auto", timeout=timeout)
+            client.ping()
+        except docker.errors.DockerException as exc:
+            raise EngineUnavailable(f"Docker engine not reachable at {engine_address()}: {_short(exc)}") from exc
+        return cls(client)
+
+    def version(self) -> dict[str, Any]:
+        return dict(self.client.version())
+
+    def image_attrs(self, ref: str) -> dict[str, Any] | None:
+        """`docker image inspect` of ref, or None when there is no such image."""
+        try:
+            return dict(self.client.api.inspect_image(ref))
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.APIError as exc:
+            if exc.status_code == 404:
+                return None
+            raise
+
+    def pull(self, ref: str, platform: str | None, out: TextIO = sys.stdout) -> None:
+        repo, tag = _split_ref(ref)
+        print(f"pulling {ref} ({platform or 'default platform'})", file=out, flush=True)
+        try:
+            for chunk in self.client.api.pull(repo, tag=tag, platform=platform, stream=True, decode=True):
+                if "error" in chunk:
+                    raise pull_failure(ref, str(chunk["error"]))
+        except docker.errors.APIError as exc:
+            raise pull_failure(ref, _short(exc)) from exc
+
+    def build(
+        self,
+        context: Path,
+        *,
+        tag: str,
+        dockerfile: str = "Dockerfile",
+        buildargs: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        platform: str | None = None,
+        nocache: bool = False,
+        log: Path,
+        out: TextIO = sys.stdout,
+    ) -> str:
+        """Build context/dockerfile into tag; stream every line to out and to log; return the id.
+
+        Intermediate containers are removed even when a step fails (forcerm), so a failed
+        build leaves no container behind.
+        """
+        log.parent.mkdir(parents=True, exist_ok=True)
+        image_id = ""
+        start = time.monotonic()
+        tls_line: str | None = None  # the first line saying a certificate could not be verified
+        step = ""  # the step running: "Step 7/15 : RUN ...", as the builder prints it
+        with log.open("w") as logf:
+            try:
+                stream = self.client.api.build(
+                    path=str(context),
+                    dockerfile=dockerfile,
+                    tag=tag,
+                    buildargs=dict(buildargs or {}),
+                    labels=dict(labels or {}),
+                    platform=platform,
+                    nocache=nocache,
+                    rm=True,
+                    forcerm=True,
+                    pull=False,
+                    decode=True,
+                )
+                for chunk in _chunks(stream):
+                    if "stream" in chunk:
+                        text = chunk["stream"]
+                        logf.write(text)
+                        logf.flush()
+                        for line in text.splitlines():
+                            if line.strip():
+                                print(f"  {line}", file=out, flush=True)
+                            if tls_line is None and certificate_failure(line):
+                                tls_line = line.strip()
+                            if _STEP.match(line):
+                                step = line.strip()
+                    if "aux" in chunk and "ID" in chunk["aux"]:
+                        image_id = chunk["aux"]["ID"]
+                    if "error" in chunk:
+                        logf.write(f"ERROR: {chunk['error']}\n")
+                        detail = f"failed after {time.monotonic() - start:.0f} s: {step_failed(step, chunk['error'])}"
+                        raise build_failure(tag, detail, log, tls_line)
+            except docker.errors.APIError as exc:
+                raise build_failure(tag, f"failed: {_short(exc)}", log, tls_line) from exc
+        if not image_id:
+            attrs = self.image_attrs(tag)
+            image_id = attrs["Id"] if attrs else ""
+        return image_id
+
+    def save(self, ref: str, dest: Path) -> int:
+        """`docker save ref > dest` (a docker-archive), streamed to disk; returns its size."""
+        size = 0
+        with dest.open("wb") as f:
+            for chunk in self.client.api.get_image(ref):
+                f.write(chunk)
+                size += len(chunk)
+        return size
+
+    def run(
+        self,
+        image: str,
+        command: list[str],
+        *,
+        mounts: Mapping[str, str],
+        user: str,
+        environment: Mapping[str, str],
+        workdir: str,
+        read_only: Mapping[str, str] | None = None,
+        out: TextIO = sys.stdout,
+        platform: str | None = None,
+        memory_limit: str | None = None,
+        cap_add: list[str] | None = None,
+        devices: list[str] | None = None,
+        security_opt: list[str] | None = None,
+    ) -> int:
+        """Run command in a fresh container named torchbuild-<uuid>; stream its output; return its exit code.
+
+        mounts maps host paths to container paths (read-write bind mounts, nothing else),
+        read_only the same for read-only ones (a host MPI library directory). The
+        container is removed on every way out of this function: success, failure, Ctrl-C.
+        cap_add, devices and security_opt are for the apptainer-builder only (never --privileged).
+        """
+        name = f"torchbuild-{uuid.uuid4().hex[:12]}"
+        api = self.client.api
+        cid = None
+        try:
+            host_config = api.create_host_config(
+                binds={
+                    **{host: {"bind": inside, "mode": "rw"} for host, inside in mounts.items()},
+                    **{host: {"bind": inside, "mode": "ro"} for host, inside in (read_only or {}).items()},
+                },
+                mem_limit=memory_limit,
+                memswap_limit=memory_limit,
+                cap_add=cap_add,
+                devices=devices,
+                security_opt=[o for o in security_opt or [] if o != UNMASK] or None,
+            )
+            if UNMASK in (security_opt or []):
+                # the CLI's --security-opt systempaths=unconfined; docker-py has no parameter for it
+                host_config["MaskedPaths"], host_config["ReadonlyPaths"] = [], []
+            created = api.create_container(
+                image,
+                command,
+                name=name,
+                user=user,
+                environment=dict(environment),
+                working_dir=workdir,
+                labels={"org.torchbuild.run": "1"},
+                host_config=host_config,
+                platform=platform,
+            )
+            cid = created["Id"]
+            container = self.client.containers.get(cid)
+            container.start()
+            for chunk in container.logs(stream=True, follow=True):
+                out.write(chunk.decode(errors="replace"))
+                out.flush()
+            result = container.wait()
+            return int(result.get("StatusCode", 1))
+        finally:
+            if cid is not None:
+                with contextlib.suppress(docker.errors.NotFound):
+                    api.remove_container(cid, force=True)
+
+
+UNMASK = "systempaths=unconfined"
+
+_PULL_HINT = (
+    "check registry access; without one, make a local base with `invoke base-image` "
+    "and use it with --set base_image=torchbuild/base:<suite>-<arch>"
+)
+
+
+_STEP = re.compile(r"Step (\d+/\d+) : (\S+)\s*(.*)")
+_EXIT = re.compile(r"returned a non-zero code: (\d+)")
+
+
+def step_failed(step: str, error: str) -> str:
+    """One line for a failed build step: its number, its instruction and the start of its
+    command (the whole multi-line RUN block is in the log, not in the message), and the exit
+    code; the error's first line, shortened, when the builder named no step."""
+    code = _EXIT.search(error)
+    m = _STEP.match(step)
+    if m and code:
+        command = " ".join(m[3].split())
+        shown = command if len(command) <= 60 else command[:57] + "..."
+        return f"step {m[1]} ({m[2]} {shown}) exited with code {code[1]}"
+    first = next((ln.strip() for ln in error.splitlines() if ln.strip()), "no message")
+    return first if len(first) <= 200 else first[:197] + "..."
+
+
+def build_failure(
+    tag: str, detail: str, log: Path, tls_line: str | None, ca_dirs: Sequence[Path] = HOST_CA_DIRS
+) -> ImageBuildFailed:
+    """The error for a failed image build; when the log showed a certificate that could not be
+    verified, the message quotes that line and the hint names ca_certificates."""
+    message = f"building {tag} {detail} (full log: {log})"
+    if tls_line is None:
+        return ImageBuildFailed(message)
+    return ImageBuildFailed(
+        f"{message}; a TLS certificate could not be verified: {_excerpt(tls_line)}",
+        hint=certificate_hint(host_ca_files(ca_dirs), ca_dirs),
+    )
+
+
+def pull_failure(ref: str, detail: str) -> ImageBuildFailed:
+    """The error for a failed pull; an unverifiable registry certificate is the engine's trust
+    store to fix (ca_certificates reaches only the builds inside the image)."""
+    if certificate_failure(detail):  # the engine's own trust store, not the image's
+        return ImageBuildFailed(
+            f"cannot pull {ref}: {detail}",
+            hint="the Docker engine does not trust the registry's certificate (a TLS-inspecting proxy?): add the "
+            "CA to the engine host's trust store or /etc/docker/certs.d/<registry>/ca.crt and restart dockerd",
+        )
+    return ImageBuildFailed(f"cannot pull {ref}: {detail}", hint=_PULL_HINT)
+
+
+def _split_ref(ref: str) -> tuple[str, str | None]:
+    """'ubuntu:24.04' -> ('ubuntu', '24.04'); a registry port is not a tag; digests stay whole."""
+    if "@" in ref:
+        return ref, None
+    name = ref.split("/")[-1]
+    if ":" in name:
+        repo, _, tag = ref.rpartition(":")
+        return repo, tag
+    return ref, "latest"
+
+
+def _chunks(stream: Iterator[Any]) -> Iterator[dict[str, Any]]:
+    for chunk in stream:
+        if isinstance(chunk, dict):
+            yield chunk
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -1,0 +1,238 @@
+"""The environment a PyTorch build sees, computed once from the BuildSpec, for each backend.
+
+`build_env` is the whole of it: the variables the backend sets when it starts the step
+(`launch_env`: HOME in the cache and git's safe.directory in a container) and the build's own
+(compilers, CUDA, BLAS, distributed, flags, ccache and pip caches, the profile's switches and
+env). The build, the SIF's %environment and `invoke config` all call it, so what is printed is
+what the build gets. The image sets no build variable of its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torchbuild.inputs.config import BuildSpec
+
+# PyTorch's BLAS variable (cmake/Dependencies.cmake) for each blas choice
+BLAS_NAMES = {
+    "mkl": "MKL",
+    "openblas": "OpenBLAS",
+    "nvpl": "NVPL",
+    "blis": "BLIS",
+    "eigen": "Eigen",
+    "generic": "Generic",
+}
+
+CCACHE_SLOPPINESS = "pch_defines,time_macros,include_file_mtime,include_file_ctime"
+
+
+def compilers(spec: BuildSpec) -> tuple[str, str]:
+    """(CC, CXX) executable names for the profile's compiler."""
+    suffix = f"-{spec.compiler_version}" if spec.compiler_version else ""
+    if spec.compiler == "clang":
+        return f"clang{suffix}", f"clang++{suffix}"
+    return f"gcc{suffix}", f"g++{suffix}"
+
+
+def _flag(on: bool) -> str:
+    return "1" if on else "0"
+
+
+BACKENDS = ("native", "docker", "apptainer")
+
+
+def launch_env(backend: str, cache_root: str) -> dict[str, str]:
+    """What a backend sets when it starts a step: unbuffered output everywhere; in a container
+    HOME inside the cache (the image has no home for the caller's uid) and git's safe.directory
+    (the tree belongs to the caller, not to the container's user table)."""
+    env = {"PYTHONUNBUFFERED": "1"}
+    if backend != "native":
+        env.update(
+            {
+                "HOME": f"{cache_root}/home",
+                "GIT_CONFIG_COUNT": "1",
+                "GIT_CONFIG_KEY_0": "safe.directory",
+                "GIT_CONFIG_VALUE_0": "*",
+            }
+        )
+    return env
+
+
+def allocation_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The batch allocation's variables (cores, memory, job id) a container is started with:
+    the planner inside sees the node, and must keep to the job's share of it."""
+    from torchbuild.inputs.jobs import ALLOCATION_ENV
+
+    env = os.environ if environ is None else environ
+    return {k: env[k] for k in ALLOCATION_ENV if env.get(k)}
+
+
+def build_env(
+    spec: BuildSpec, *, cache_root: str, jobs: int, nvcc_threads: int | None = None, backend: str = "native"
+) -> dict[str, str]:
+    """Every variable the build sees beyond the runtime's own, in the order they are printed.
+
+    ``cache_root`` is where the cache directory is seen by the build (``/cache`` in the image or
+    the SIF, the host cache_dir natively); ``jobs`` and ``nvcc_threads`` come from the jobs
+    planner (None: the profile's nvcc_threads).
+    """
+    return {**launch_env(backend, cache_root), **_compile_env(spec, cache_root, jobs, nvcc_threads)}
+
+
+def _compile_env(spec: BuildSpec, cache_root: str, jobs: int, nvcc_threads: int | None) -> dict[str, str]:
+    cc, cxx = compilers(spec)
+    env: dict[str, str] = {
+        "PYTORCH_BUILD_VERSION": spec.build_version,
+        "PYTORCH_BUILD_NUMBER": "1",
+        "MAX_JOBS": str(jobs),
+        "CC": cc,
+        "CXX": cxx,
+        "CMAKE_C_COMPILER_LAUNCHER": "ccache",
+        "CMAKE_CXX_COMPILER_LAUNCHER": "ccache",
+        "USE_CUDA": _flag(spec.cuda),
+    }
+    if spec.cuda:
+        nvcc_flags = list(spec.cuda_flags)
+        threads = spec.nvcc_threads if nvcc_threads is None else nvcc_threads
+        if threads:
+            nvcc_flags += ["--threads", str(threads)]
+        env.update(
+            {
+                "CUDA_HOME": spec.cuda_home,
+                "CUDACXX": f"{spec.cuda_home}/bin/nvcc",
+                "TORCH_CUDA_ARCH_LIST": ";".join(spec.cuda_arch_list),
+                "CMAKE_CUDA_COMPILER_LAUNCHER": "ccache",
+            }
+        )
+        if nvcc_flags:
+            env["TORCH_NVCC_FLAGS"] = shlex.join(nvcc_flags)
+    env["BLAS"] = BLAS_NAMES[spec.blas]
+    if spec.mkl_threading:
+        env["MKL_THREADING"] = spec.mkl_threading
+    env["USE_DISTRIBUTED"] = _flag(bool(spec.distributed))
+    for backend in ("gloo", "nccl", "mpi", "ucc"):
+        env[f"USE_{backend.upper()}"] = _flag(backend in spec.distributed)
+    if "nccl" in spec.distributed:
+        env["USE_SYSTEM_NCCL"] = _flag(spec.nccl != "bundled")
+    for var, flags in (("CFLAGS", spec.cflags), ("CXXFLAGS", spec.cxxflags), ("LDFLAGS", spec.ldflags)):
+        if flags:
+            env[var] = shlex.join(flags)
+    env.update(
+        {
+            "CCACHE_DIR": f"{cache_root}/ccache",
+            "CCACHE_MAXSIZE": spec.ccache_size,
+            "CCACHE_COMPRESS": "1",
+            "CCACHE_SLOPPINESS": CCACHE_SLOPPINESS,
+            "PIP_CACHE_DIR": f"{cache_root}/pip",
+        }
+    )
+    env.update(spec.switches)  # explicit switches win over derived values
+    env.update(spec.env)
+    return env
+
+
+def format_env(env: dict[str, str]) -> str:
+    """``KEY=value`` lines, shell-quoted where needed, so they can be pasted into a shell."""
+    return "\n".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+
+
+# Variables a shell will not take from `export NAME=value` in bin/activate or a modulefile's
+# shell code ("readonly variable", which stops a `set -e` job): bash's read-only variables,
+# asked of bash itself where it is installed (`readonly_shell_variables`), and these as well
+# (bash's where there is no bash, and zsh's read-only specials).
+READONLY_FALLBACK = frozenset(
+    {
+        "BASHOPTS",
+        "BASH_VERSINFO",
+        "EUID",
+        "PPID",
+        "SHELLOPTS",
+        "UID",
+        "ARGC",
+        "HISTCMD",
+        "TTYIDLE",
+        "ZSH_ARGZERO",
+        "ZSH_EVAL_CONTEXT",
+        "ZSH_SUBSHELL",
+    }
+)
+_DECLARED_READONLY = re.compile(r"^declare -[A-Za-z]*r[A-Za-z]* ([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)
+
+
+@functools.lru_cache(maxsize=1)
+def readonly_shell_variables() -> frozenset[str]:
+    """The names runtime_env cannot set: bash's `readonly -p` in a clean shell, and
+    READONLY_FALLBACK."""
+    names = set(READONLY_FALLBACK)
+    bash = shutil.which("bash")
+    if bash:
+        try:
+            proc = subprocess.run(
+                [bash, "--norc", "--noprofile", "-c", "readonly -p"],
+                capture_output=True,
+                text=True,
+                env={"PATH": os.defpath},
+                timeout=10,
+                check=False,
+            )
+            names.update(_DECLARED_READONLY.findall(proc.stdout))
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return frozenset(names)
+
+
+def runtime_env(spec: BuildSpec) -> dict[str, str]:
+    """The profile's runtime_env: what jobs that run torch need (NCCL_*, FI_*, MPICH_*...), set
+    by the install's activate script and modulefiles and by the SIF's %environment. It is kept
+    apart from the build's: a variable the build also sets must have the same value in both,
+    or the SIF would build with the runtime's (ProfileError); a read-only shell variable (UID,
+    SHELLOPTS...) is a ProfileError too."""
+    from torchbuild.core.errors import ProfileError
+
+    readonly = sorted(set(spec.runtime_env) & readonly_shell_variables())
+    if readonly:
+        raise ProfileError(
+            f"{spec.origins.get('runtime_env', 'runtime_env')}: key 'runtime_env': {', '.join(readonly)} "
+            "is a read-only shell variable: sourcing bin/activate (or loading the module) would fail",
+            hint=f"leave {readonly[0]} out of runtime_env (the shell sets it itself)",
+        )
+    build = _compile_env(spec, "/cache", 1, None)
+    clash = sorted(k for k, v in spec.runtime_env.items() if k in build and build[k] != v)
+    if clash:
+        k = clash[0]
+        raise ProfileError(
+            f"{spec.origins.get('runtime_env', 'runtime_env')}: key 'runtime_env': {k}={spec.runtime_env[k]!r} "
+            f"differs from the build's {k}={build[k]!r}",
+            hint="a SIF sets both; give the build's value in env (or switches), or leave it out of runtime_env",
+        )
+    return dict(spec.runtime_env)
+
+
+def prepend_path_lines(var: str, dirs: Sequence[str], *, only_if_present: bool = False) -> list[str]:
+    """POSIX sh lines that put dirs first on the colon list var (each quoted; with
+    only_if_present, only the directories that exist where the lines run)."""
+    lines = []
+    for d in reversed(dirs):
+        q = shlex.quote(d)
+        line = f'{var}={q}"${{{var}:+:${var}}}"; export {var}'
+        lines.append(f"if [ -d {q} ]; then {line}; fi" if only_if_present else line)
+    return lines
+
+
+def comms_runtime_env(prefix: str, manifest: Mapping[str, Any]) -> dict[str, str]:
+    """What a job needs to load the NCCL `invoke comms` built at prefix and to find its plugin
+    the way the plugin's release needs: prefix/lib first on LD_LIBRARY_PATH (NCCL dlopens
+    libnccl-net.so by default, which aws-ofi-nccl 1.6 installs), and NCCL_NET_PLUGIN naming
+    the file when the release installs libnccl-net-ofi.so (1.17; NCCL 2.21+ takes a path)."""
+    env = {"LD_LIBRARY_PATH": f"{prefix}/lib"}
+    plugin = manifest.get("plugin") or {}
+    if str(plugin.get("library", "")).endswith("libnccl-net-ofi.so"):
+        env["NCCL_NET_PLUGIN"] = f"{prefix}/lib/libnccl-net-ofi.so"
+    return env

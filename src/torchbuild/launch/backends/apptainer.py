@@ -1,0 +1,110 @@
+"""The apptainer backend: the step runs by the SIF's runscript (the torchbuild CLI) with
+--cleanenv (host modules must not leak into the build), the declared binds at /src, /cache and
+/out, and --nv on GPU nodes. Apptainer is this host's, or the apptainer-builder container's
+(sif.locate)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from torchbuild import __version__
+from torchbuild.core.errors import ImageNotFound
+from torchbuild.core.safeio import user_path
+from torchbuild.delivery.manifest import ImageRecord
+from torchbuild.inputs.config import BuildSpec
+from torchbuild.inputs.environment import allocation_env, launch_env
+from torchbuild.inputs.image import LABEL_PREFIX
+from torchbuild.inputs.sif import SIF_LABEL, Apptainer, check_sif_header, default_sif, locate
+from torchbuild.launch.backends import CONTAINER_VIEW, Backend, Binds, container_view
+
+
+def check_sif(spec: BuildSpec, apptainer: Apptainer, sif: Path) -> dict[str, str]:
+    """The SIF's labels, once it is known to hold the profile for this torchbuild version."""
+    hint = f"make it with `invoke sif --profile {spec.profile} --arch {spec.arch}`"
+    if not sif.is_file():
+        raise ImageNotFound(f"SIF {sif} does not exist", hint=hint)
+    check_sif_header(sif, "--sif", hint)
+    labels = apptainer.labels(sif)
+    for key, want in (("profile", spec.profile), ("arch", spec.arch.value), ("version", __version__)):
+        got = labels.get(f"{LABEL_PREFIX}.{key}")
+        if got != want:
+            raise ImageNotFound(f"{sif} has {key} {got!r}, this build needs {want!r}", hint=hint)
+    return labels
+
+
+def sif_record(labels: Mapping[str, str], sif: str) -> dict[str, Any]:
+    """What the manifest records of a SIF: its path, the image it came from and that image's inputs."""
+    record = ImageRecord.from_labels(
+        labels, tag=labels.get(f"{SIF_LABEL}.image"), image_id=labels.get(f"{SIF_LABEL}.image-id"), sif=sif
+    )
+    return dataclasses.asdict(record)
+
+
+def run_args(
+    sif: Path,
+    binds: Mapping[Path, str],
+    command: Sequence[str],
+    *,
+    flags: Sequence[str] = (),
+    nv: bool = False,
+    host_mpi: Sequence[str] = (),
+    read_only: Sequence[str] = (),
+) -> list[str]:
+    """`apptainer run` arguments: a clean environment, the binds, --nv for GPU nodes, the
+    host MPI directories bound read-only at their own paths and first on LD_LIBRARY_PATH
+    (Apptainer appends its /.singularity.d/libs after them), and read_only directories bound
+    read-only at their own paths."""
+    args = ["run", *flags, "--cleanenv"]
+    if nv:
+        args.append("--nv")
+    specs = [f"{host}:{inside}" for host, inside in binds.items()]
+    specs += [f"{d}:{d}:ro" for d in dict.fromkeys([*host_mpi, *read_only])]
+    args += ["--bind", ",".join(specs)]
+    env = {**launch_env("apptainer", str(CONTAINER_VIEW.cache)), **allocation_env()}
+    if host_mpi:
+        env["LD_LIBRARY_PATH"] = ":".join(host_mpi)
+    for key, value in env.items():
+        args += ["--env", f"{key}={value}"]
+    args += ["--", str(sif), *command]
+    return args
+
+
+class ApptainerBackend(Backend):
+    name = "apptainer"
+    stopped = "apptainer was stopped"
+    runner: Apptainer
+    sif: Path
+
+    def check(self) -> dict[str, Any] | None:
+        self.runner = locate(self.spec, self.options.apptainer, out=self.out)
+        self.sif = user_path(self.options.sif or default_sif(self.spec), "--sif").resolve()
+        labels = check_sif(self.spec, self.runner, self.sif)
+        return sif_record(labels, str(self.sif))
+
+    def view(self, binds: Binds) -> Binds:
+        return container_view(binds)
+
+    @property
+    def where(self) -> str:
+        return self.sif.name
+
+    def launch(self, step: str, request: Mapping[str, Any], binds: Binds, request_file: str) -> int:
+        mounts = binds.mounts(self.view(binds))
+        host_mpi = self.options.host_mpi
+        return self.runner.call(
+            run_args(
+                self.sif,
+                mounts,
+                ["inside.step", step, request_file],
+                flags=self.runner.run_flags,
+                nv=self.options.nv,
+                host_mpi=host_mpi,
+                read_only=[str(d) for d in binds.read_only],
+            ),
+            paths=[*mounts, self.sif.parent, *(Path(d) for d in host_mpi), *binds.read_only],
+            out=self.out,
+            memory_limit=self.options.memory or None,
+        )

@@ -1,0 +1,240 @@
+"""`invoke doctor`: what this host can do, and a verdict per task."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from torchbuild.core.arch import Arch, binfmt_ready
+from torchbuild.core.console import table
+from torchbuild.core.errors import EngineUnavailable, TorchbuildError
+from torchbuild.core.safeio import user_path
+from torchbuild.inputs.config import DEFAULT_PROFILE, resolve
+from torchbuild.inputs.engine import HOST_CA_DIRS, Engine, engine_address, host_ca_files
+from torchbuild.inputs.jobs import GiB, HostResources
+from torchbuild.inputs.recipe import Bootstrap, RecipeError, fakeroot_flags
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    task: str
+    ok: bool
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Host:
+    """The facts the verdicts are drawn from."""
+
+    arch: Arch
+    foreign: Arch
+    engine_ok: bool
+    emulation: bool
+    debootstrap: str | None
+    root: bool
+    apptainer: str | None
+    fuse: bool
+    native_missing: tuple[str, ...]
+
+
+def _version_of(cmd: list[str]) -> str | None:
+    exe = shutil.which(cmd[0])
+    if exe is None:
+        return None
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (proc.stdout or proc.stderr).strip().splitlines()
+    return text[0] if proc.returncode == 0 and text else None
+
+
+def _gpus() -> str | None:
+    listing = None
+    if shutil.which("nvidia-smi"):
+        try:
+            proc = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
+            if proc.returncode == 0 and proc.stdout.strip():
+                listing = "; ".join(proc.stdout.strip().splitlines())
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    if listing is None and Path("/dev/nvidia0").exists():
+        listing = "/dev/nvidia0 present (no nvidia-smi)"
+    return listing
+
+
+def _engine_checks() -> tuple[list[Check], bool]:
+    """The Docker engine and BuildKit; whether the engine is reachable."""
+    try:
+        v = Engine.connect(timeout=10).version()
+    except EngineUnavailable as exc:
+        engine = Check("docker engine", False, f"{exc.message}; {exc.hint}")
+        return [engine, Check("buildkit (docker buildx)", False, "not found (classic builder only)")], False
+    engine = Check("docker engine", True, f"{v.get('Version')} (API {v.get('ApiVersion')}) at {engine_address()}")
+    buildkit = _version_of(["docker", "buildx", "version"])
+    return [
+        engine,
+        Check("buildkit (docker buildx)", buildkit is not None, buildkit or "not found (classic builder only)"),
+    ], True
+
+
+def _tool_checks(h: _Host) -> list[Check]:
+    """Apptainer, qemu emulation, debootstrap and root."""
+    emulation = (
+        f"qemu binfmt {h.foreign.qemu_binfmt} enabled"
+        if h.emulation
+        else "missing: apt-get install qemu-user-static binfmt-support && update-binfmts --enable"
+    )
+    apptainer = "not found (sif and --engine apptainer use the apptainer-builder container)"
+    return [
+        Check("apptainer/singularity", h.apptainer is not None, h.apptainer or apptainer),
+        Check(f"{h.foreign} emulation", h.emulation, emulation),
+        Check("debootstrap", h.debootstrap is not None, h.debootstrap or "not found: apt-get install debootstrap"),
+        Check("root", h.root, "yes" if h.root else "no (base-image needs root)"),
+    ]
+
+
+def _resource_checks(cache_dir: Path, compiler: str | None) -> list[Check]:
+    """Cores, memory, free disk under cache_dir, GPUs and the host compiler."""
+    res = HostResources.detect()
+    probe = next(p for p in [cache_dir, *cache_dir.parents] if p.exists())
+    free = shutil.disk_usage(probe).free
+    gpu = _gpus()
+    return [
+        Check("cores", True, str(res.cores)),
+        Check("memory", res.memory_bytes >= 8 * GiB, f"{res.memory_bytes / GiB:.1f} GiB ({res.memory_source})"),
+        Check("free disk", free >= 40 * GiB, f"{free / GiB:.0f} GiB at {probe} (a CUDA build needs ~40 GiB)"),
+        Check("gpu", gpu is not None, gpu or "none visible (builds work; GPU verification is skipped)"),
+        Check("host compiler", compiler is not None, compiler or "none (only needed for native builds)"),
+    ]
+
+
+def ca_check(ca_dirs: Sequence[Path], profile: str, listed: Iterable[str]) -> Check:
+    """The CAs added to this host's trust store (a TLS-inspecting proxy's, often), and whether
+    profile's ca_certificates (listed) carries them into the images it builds."""
+    found = host_ca_files(ca_dirs)
+    if not found:
+        return Check("host CA certificates", True, f"none added under {', '.join(str(d) for d in ca_dirs)}")
+    carried = {user_path(p).resolve() for p in listed}
+    missing = [str(p) for p in found if p.resolve() not in carried]
+    if not missing:
+        names = ", ".join(str(p) for p in found)
+        return Check("host CA certificates", True, f"{names}: profile {profile} carries them (ca_certificates)")
+    return Check(
+        "host CA certificates",
+        False,
+        f"profile {profile} does not carry {', '.join(missing)} into images; behind a TLS-inspecting proxy "
+        f"build with --set ca_certificates={','.join(str(p) for p in found)}",
+    )
+
+
+def _profile_ca_check(ca_dirs: Sequence[Path], profile: str) -> Check:
+    try:
+        listed = resolve(profile).ca_certificates
+    except TorchbuildError as exc:
+        return Check("host CA certificates", False, f"profile {profile}: {exc.message}")
+    return ca_check(ca_dirs, profile, listed)
+
+
+def _verdicts(h: _Host) -> list[Verdict]:
+    engine_why = "engine reachable" if h.engine_ok else "needs a Docker engine"
+    foreign_ok = h.engine_ok and h.emulation
+    base_ok = h.engine_ok and h.debootstrap is not None and h.root
+    if h.apptainer:
+        sif_why = f"this host's {h.apptainer}"
+    elif h.engine_ok and h.fuse:
+        sif_why = "the apptainer-builder container (engine + /dev/fuse)"
+    else:
+        sif_why = "needs apptainer, or a Docker engine and /dev/fuse"
+    return [
+        Verdict("config", True, "always available"),
+        Verdict(f"image --arch {h.arch}", h.engine_ok, engine_why),
+        Verdict(
+            f"image --arch {h.foreign}",
+            foreign_ok,
+            "engine + qemu binfmt" if foreign_ok else "needs a Docker engine and qemu-user binfmt",
+        ),
+        Verdict(
+            "base-image", base_ok, "engine, debootstrap, root" if base_ok else "needs engine, debootstrap and root"
+        ),
+        Verdict(
+            "build --in-container",
+            h.engine_ok,
+            "engine reachable (the profile's image must be built)" if h.engine_ok else "needs a Docker engine",
+        ),
+        Verdict("sif, build --engine apptainer", h.apptainer is not None or (h.engine_ok and h.fuse), sif_why),
+        _recipe_verdict(h),
+        Verdict(
+            "build (native)",
+            not h.native_missing,
+            "compiler, cmake, ninja, ccache on PATH"
+            if not h.native_missing
+            else f"missing: {', '.join(h.native_missing)}",
+        ),
+    ]
+
+
+def _recipe_verdict(h: _Host, etc: Path = Path("/etc"), uid: int | None = None, user: str | None = None) -> Verdict:
+    """`invoke sif --from-recipe`: which bootstraps Apptainer can build here unprivileged."""
+    name = "sif --from-recipe"
+    if h.apptainer is None:
+        ok = h.engine_ok and h.fuse
+        return Verdict(
+            name, ok, "in the apptainer-builder container" if ok else "needs apptainer (module load apptainer)"
+        )
+    if h.root:
+        return Verdict(name, True, f"this host's {h.apptainer}, as root: debootstrap or docker bootstrap")
+    try:
+        fakeroot_flags(
+            Bootstrap("debootstrap", "", ""), uid=uid if uid is not None else os.getuid(), user=user, etc=etc
+        )
+    except RecipeError as exc:
+        return Verdict(name, True, f"docker bootstrap only: {exc.message.split(', and ', 1)[-1]} ({exc.hint})")
+    return Verdict(name, True, "--fakeroot with subordinate ids: debootstrap or docker bootstrap")
+
+
+def run_checks(
+    cache_dir: Path, *, ca_dirs: Sequence[Path] = HOST_CA_DIRS, profile: str = DEFAULT_PROFILE
+) -> tuple[list[Check], list[Verdict]]:
+    """Every check of this host, and a verdict per task; ca_dirs are where added CAs are looked
+    for, profile the one whose ca_certificates is compared with them."""
+    host = Arch.host()
+    foreign = Arch.AARCH64 if host is Arch.X86_64 else Arch.X86_64
+    engine_checks, engine_ok = _engine_checks()
+    compiler = _version_of(["g++", "--version"]) or _version_of(["clang++", "--version"])
+    native_missing = [t for t in ("cmake", "ninja", "ccache") if shutil.which(t) is None]
+    h = _Host(
+        arch=host,
+        foreign=foreign,
+        engine_ok=engine_ok,
+        emulation=binfmt_ready(foreign),
+        debootstrap=shutil.which("debootstrap"),
+        root=os.geteuid() == 0,
+        apptainer=_version_of(["apptainer", "--version"]) or _version_of(["singularity", "--version"]),
+        fuse=Path("/dev/fuse").exists(),
+        native_missing=tuple(native_missing if compiler else ["g++ or clang++", *native_missing]),
+    )
+    checks = [
+        *engine_checks,
+        *_tool_checks(h),
+        *_resource_checks(cache_dir, compiler),
+        _profile_ca_check(ca_dirs, profile),
+    ]
+    return checks, _verdicts(h)
+
+
+def render(checks: list[Check], verdicts: list[Verdict]) -> str:
+    host = table(["", "host", "detail"], [("ok" if c.ok else "--", c.name, c.detail) for c in checks])
+    tasks = table(["", "task", "why"], [("ready" if v.ok else "NOT READY", v.task, v.why) for v in verdicts])
+    return f"{host}\n\n{tasks}"

@@ -1,0 +1,582 @@
+"""The build itself. The same code runs inside the toolchain container (`torchbuild build-inside`)
+and natively on a login node (`invoke build` without --in-container).
+
+A BuildRequest is plain data (JSON) so the host can hand it to the container; everything the
+build does is decided by it and the host facts read here (cores, memory limit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO, TypeVar
+
+from torchbuild import __version__
+from torchbuild.core.atomic import atomic_write_text
+from torchbuild.core.console import table
+from torchbuild.core.errors import BuildFailed, TorchbuildError, named_os_errors
+from torchbuild.core.oom import JobsUsed, run_compile, run_watched
+from torchbuild.core.process import Finished
+from torchbuild.delivery import manifest
+from torchbuild.inputs.config import BuildSpec, spec_from_dict
+from torchbuild.inputs.environment import build_env, format_env
+from torchbuild.inputs.jobs import HostResources, JobPlan, peaks_file, plan_for, record_measured
+from torchbuild.inputs.source import sha256_file
+from torchbuild.launch.backends import PARTIAL_PREFIX
+from torchbuild.steps import cmakecache
+from torchbuild.steps.compile_job import (
+    Tee,
+    ccache_stats,
+    check_wheel_tools,
+    hit_rate,
+    interpreter,
+    now_utc,
+    path_independent,
+    pip_wheel,
+    toolchain_versions,
+)
+from torchbuild.steps.report import LogMark, mark, write_report
+from torchbuild.steps.repro import normalize_wheel
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildRequest:
+    spec: BuildSpec
+    source: str  # the tree as the build sees it (/src in the container)
+    out_dir: str  # where the wheel, manifest and logs go (/out in the container)
+    cache_root: str  # ccache, pip cache, HOME (/cache in the container)
+    preflight: bool = False
+    clean: bool = False  # remove the build tree first
+    jobs: int = 0  # 0: plan from the profile and this machine
+    targets: tuple[str, ...] = ()  # preflight targets; empty: the profile's
+    canaries: tuple[str, ...] = ()  # preflight canaries; empty: the profile's
+    provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # source, patches, image
+    progress: str = "auto"  # bar, lines, raw; auto: bar on a terminal, else lines
+    oom_retry: bool = True  # resume with fewer jobs after an out-of-memory kill
+    backend: str = "native"  # which backend runs it (the environment differs; recorded as the engine)
+    # variables added to the build's environment (NCCL_ROOT and friends of the NCCL `invoke comms` built)
+    extra_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    python: str = ""  # X.Y of the interpreter to build with; "": the one running this step
+    source_date_epoch: int = 0  # the source's time (repro.source_date_epoch); 0: none known
+    epoch_origin: str = ""  # where that time came from
+    run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["spec"] = self.spec.to_dict()
+        d["provenance"] = dict(self.provenance)
+        d["extra_env"] = dict(self.extra_env)
+        d["targets"], d["canaries"] = list(self.targets), list(self.canaries)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BuildRequest:
+        d = dict(data)
+        d["spec"] = spec_from_dict(d["spec"], "build request")
+        d["targets"] = tuple(d["targets"])
+        d["canaries"] = tuple(d["canaries"])
+        return cls(**d)
+
+
+def run_logged(
+    cmd: Sequence[str],
+    *,
+    cwd: str,
+    env: Mapping[str, str],
+    tee: Tee,
+    what: str,
+    watch: Callable[[str], None] | None = None,
+) -> Finished:
+    """Run cmd streaming its output into tee; BuildFailed on a non-zero exit."""
+    done, _ = run_watched(cmd, cwd=cwd, env=env, sink=tee, watch=watch)
+    if done.returncode != 0:
+        raise BuildFailed(f"{what} failed (exit {done.returncode}) after {done.seconds:.0f} s; log: {tee.path}")
+    return done
+
+
+def build_dir(source: str) -> Path:
+    return Path(source) / "build"
+
+
+def configure(
+    source: str,
+    env: Mapping[str, str],
+    tee: Tee,
+    watch: Callable[[str], None] | None = None,
+    python: str = sys.executable,
+) -> float:
+    """CMake configure the way the wheel build would: setup.py --cmake-only, else plain CMake."""
+    if (Path(source) / "setup.py").is_file():
+        cmd = [python, "setup.py", "build", "--cmake-only"]
+    else:
+        cmd = ["cmake", "-S", source, "-B", str(build_dir(source)), "-G", "Ninja"]
+    return run_logged(cmd, cwd=source, env=env, tee=tee, what="configure", watch=watch).seconds
+
+
+# --------------------------------------------------------------------------- configure stamp
+# setup.py reuses an existing CMakeCache.txt: a build with other flags on a configured tree
+# would silently compile with the old ones. The stamp records what the last configure was
+# given; a difference (or a configure that never finished) clears CMake's state first.
+
+CONFIGURE_STAMP = "torchbuild-configure.json"
+CONFIGURE_DONE = "-- Build files have been written to: "  # CMake's last line of a good configure
+_NOT_CONFIGURE_INPUTS = ("MAX_JOBS", "HOME", "PYTHONUNBUFFERED", "TMPDIR", "PIP_CACHE_DIR")
+
+
+def configure_inputs(env_vars: Mapping[str, str]) -> dict[str, str]:
+    """The part of the build environment that decides what CMake generates."""
+    return {
+        k: v
+        for k, v in sorted(env_vars.items())
+        if k not in _NOT_CONFIGURE_INPUTS and not k.startswith(("CCACHE_", "GIT_CONFIG_"))
+    }
+
+
+def _stamp(source: str) -> Path:
+    return build_dir(source) / CONFIGURE_STAMP
+
+
+def write_stamp(source: str, inputs: Mapping[str, str], complete: bool) -> None:
+    path = _stamp(source)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(path, json.dumps({"complete": complete, "inputs": dict(inputs)}, indent=2) + "\n")
+
+
+def stale_configure(source: str, inputs: Mapping[str, str]) -> str | None:
+    """Why the tree's CMake state cannot be reused with inputs, or None when it can (or there
+    is none)."""
+    if not (build_dir(source) / "CMakeCache.txt").exists():
+        return None
+    try:
+        old = json.loads(_stamp(source).read_text())
+    except (OSError, ValueError):
+        return "it was configured without a torchbuild record of its inputs"
+    before: dict[str, str] = old.get("inputs") or {}
+    changed = sorted(k for k in {*before, *inputs} if before.get(k) != inputs.get(k))
+    if changed:
+        return f"{', '.join(changed)} changed since it was configured"
+    return None if old.get("complete") else "its last configure did not finish"
+
+
+def prepare_configure(source: str, inputs: Mapping[str, str], tee: Tee) -> None:
+    """Clear CMake's state when it is stale (saying why), then stamp the inputs as pending."""
+    reason = stale_configure(source, inputs)
+    b = build_dir(source)
+    if reason is not None:
+        tee.line(f"torchbuild: reconfiguring {b}: {reason}")
+        clear_cmake_state(b)
+        write_stamp(source, inputs, complete=False)
+    elif (b / "CMakeCache.txt").exists():  # configured with these inputs, and it finished
+        tee.line(f"torchbuild: skipping configure: {b} was configured with these inputs and finished")
+    else:
+        write_stamp(source, inputs, complete=False)
+
+
+def clear_cmake_state(b: Path) -> None:
+    """Remove what makes setup.py (or CMake) reuse a configure: its cache, build.ninja, CMakeFiles."""
+    for name in ("CMakeCache.txt", "build.ninja"):
+        (b / name).unlink(missing_ok=True)
+    shutil.rmtree(b / "CMakeFiles", ignore_errors=True)
+
+
+def configure_finished(source: str) -> bool:
+    try:
+        return bool(json.loads(_stamp(source).read_text()).get("complete"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+class ConfigureWatch:
+    """Marks the stamp complete when CMake says it wrote the build files."""
+
+    def __init__(self, source: str, inputs: Mapping[str, str]) -> None:
+        self.source, self.inputs = source, inputs
+
+    def __call__(self, line: str) -> None:
+        if CONFIGURE_DONE in line:  # pip -v indents the build's output
+            write_stamp(self.source, self.inputs, complete=True)
+
+
+_T = TypeVar("_T")
+
+
+def with_checks(run: Run, watch: ConfigureWatch, step: Callable[[Callable[[str], None]], _T]) -> _T:
+    """Run step (what configures: setup.py --cmake-only, or pip wheel) with the watch it gets on
+    its output, after seeding a fresh tree with the probe results an earlier configure in this
+    image saved (cmakecache.py). A seeded configure that fails drops them and step runs once more
+    from a clean tree; a configure that finished saves its probe results for the next fresh tree."""
+    req, tee, b = run.req, run.tee, build_dir(run.req.source)
+    checks = cmakecache.for_build(req.cache_root, req.provenance.get("image"), run.versions, watch.inputs)
+    if checks is None:
+        tee.line("torchbuild: CMake checks: not reused outside a toolchain image (a host's libraries change unseen)")
+        return step(watch)
+    try:
+        seeded, why = checks.seed(b, Path(req.source))
+    except OSError as exc:
+        seeded, why = 0, f"could not seed them: {exc}"
+    if seeded:
+        tee.line(f"torchbuild: CMake checks: seeding {b}/CMakeCache.txt with {seeded} results: {checks.path}")
+    probes = cmakecache.ProbeCounter(watch)
+    try:
+        result = step(probes)
+    except BuildFailed:
+        if not seeded or configure_finished(req.source):
+            raise
+        tee.line(f"torchbuild: configure failed with seeded CMake checks: dropped {checks.path}, retrying")
+        checks.drop()
+        clear_cmake_state(b)
+        write_stamp(req.source, watch.inputs, complete=False)
+        seeded, why, probes = 0, "the seeded configure failed", cmakecache.ProbeCounter(watch)
+        result = step(probes)
+    if why != cmakecache.OWN_CACHE:
+        done = f"{seeded} seeded" if seeded else f"none seeded ({why})"
+        tee.line(f"torchbuild: CMake checks: {done}, {probes.count} probes ran")
+    if configure_finished(req.source):
+        try:
+            saved, wrote = checks.save(b, Path(req.source), run.versions)
+        except OSError as exc:
+            tee.line(f"torchbuild: CMake checks: not saved: {exc}")
+        else:
+            if wrote:
+                tee.line(f"torchbuild: CMake checks: saved {saved} for the next fresh tree: {checks.path}")
+    return result
+
+
+def object_target(source: str, file: str, env: Mapping[str, str]) -> str:
+    """The ninja target that compiles one source file: .../Foo.cpp.o, or for ATen's per-CPU-
+    capability kernels (native/cpu/*.cpp) the DEFAULT variant .../Foo.cpp.DEFAULT.cpp.o."""
+    proc = subprocess.run(
+        ["ninja", "-C", str(build_dir(source)), "-t", "targets", "all"],
+        capture_output=True,
+        text=True,
+        env=dict(env),
+        check=False,
+    )
+    targets = [line.split(":", 1)[0] for line in proc.stdout.splitlines()]
+    rel = Path(file).as_posix()
+    for suffix in (".o", ".DEFAULT.cpp.o"):
+        matches = [t for t in targets if t.endswith("/" + Path(rel).name + suffix)]
+        # prefer the target whose path carries the file's directory (two files may share a name)
+        best = [t for t in matches if Path(rel).parent.as_posix() in t] or matches
+        if best:
+            return best[0]
+    raise BuildFailed(
+        f"canary {file}: no object target for it in {build_dir(source)}/build.ninja",
+        hint="give the path relative to the source tree, of a file this configuration compiles",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """Where a build's results are; everything else about it is in the manifest."""
+
+    wheel: Path | None  # None for a preflight
+    manifest: Path
+    log: Path
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    atomic_write_text(path, text)
+
+
+@dataclasses.dataclass
+class Run:
+    """One build as it goes: what it was asked, where it logs, what it planned and measured."""
+
+    req: BuildRequest
+    tee: Tee
+    log: Path
+    plan: JobPlan
+    env_vars: dict[str, str]  # what torchbuild sets (printed, recorded)
+    env: dict[str, str]  # the whole environment of the build's processes
+    versions: dict[str, str]
+    jobs: JobsUsed
+    started: str
+    t0: float
+    tmp: Path  # TMPDIR of this run (pip's temporary trees), removed at the end
+    canaries: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    ninja_mark: LogMark | None = None  # where .ninja_log stood before this build
+    python: str = sys.executable  # the interpreter that configures and builds the wheel
+    normalized: bool = False  # the wheel's zip was rewritten into canonical form
+    epoch_origin: str = ""  # where SOURCE_DATE_EPOCH came from
+
+    def env_for(self, n: int) -> dict[str, str]:
+        return {**self.env, "MAX_JOBS": str(n)}
+
+
+def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
+    """Build a wheel (or run a preflight) as the request says; write manifest and log to out_dir."""
+    out_dir = Path(req.out_dir)
+    kind = "preflight" if req.preflight else "build"
+    log = out_dir / "logs" / f"{kind}-{req.spec.profile}-{time.strftime('%Y%m%d-%H%M%S')}-{req.run_id}.log"
+    with named_os_errors(log.parent, "writing the build log"):
+        tee = Tee(log, out, req.progress)
+    run: Run | None = None
+    try:
+        run = _start(req, tee, log)
+        if req.clean and build_dir(req.source).exists():
+            tee.line(f"removing {build_dir(req.source)} (--clean)")
+            shutil.rmtree(build_dir(req.source))
+        run.ninja_mark = mark(build_dir(req.source) / ".ninja_log")
+        # another interpreter is another configure (Python's paths are in CMake's cache); ninja
+        # and ccache still reuse every object whose command line is the same
+        inputs = {**configure_inputs(run.env_vars), "torchbuild:python": run.python}
+        prepare_configure(req.source, inputs, tee)
+        watch = ConfigureWatch(req.source, inputs)
+        subprocess.run(["ccache", "--zero-stats"], env=run.env, capture_output=True, check=False)
+        if req.preflight:
+            _preflight(run, watch)
+            return _finish(run, None)
+        return _finish(run, _build_wheel(run, watch))
+    finally:
+        tee.close()
+        if run is not None:
+            shutil.rmtree(run.tmp, ignore_errors=True)
+
+
+def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
+    """Plan the jobs, compute the environment, print both, read the tool versions."""
+    spec = req.spec
+    started, t0 = now_utc(), time.monotonic()
+    plan = plan_for(spec, HostResources.detect(), req.cache_root, req.jobs)
+    env_vars = build_env(
+        spec,
+        cache_root=req.cache_root,
+        jobs=plan.jobs,
+        nvcc_threads=plan.nvcc_threads or None,
+        backend=req.backend,
+    )
+    env_vars.update(req.extra_env)
+    env_vars.update(path_independent(env_vars, req.source))
+    if req.source_date_epoch and "SOURCE_DATE_EPOCH" not in spec.env:
+        env_vars["SOURCE_DATE_EPOCH"] = str(req.source_date_epoch)
+    python = interpreter(req.python)
+    tmp = Path(req.cache_root) / "tmp" / req.run_id
+    for d in (env_vars["CCACHE_DIR"], env_vars["PIP_CACHE_DIR"], tmp):
+        with named_os_errors(d, "creating the build's cache directories"):
+            Path(d).mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **env_vars, "TMPDIR": str(tmp)}
+    tee.line(f"torchbuild {__version__}: {'preflight' if req.preflight else 'wheel build'} of {req.source}")
+    tee.line(f"profile {spec.profile} (sha256 {spec.hash[:16]}), version {spec.build_version}, on {req.backend}")
+    tee.line(f"jobs: {plan.jobs} ({plan.reason})")
+    if req.python:
+        tee.line(f"python: {python} (Python {req.python})")
+    tee.line("environment:")
+    for line in format_env(env_vars).splitlines():
+        tee.line(f"  {line}")
+    versions = toolchain_versions(spec, env)
+    run = Run(req, tee, log, plan, env_vars, env, versions, JobsUsed(plan.jobs, plan.jobs), started, t0, tmp)
+    run.python, run.epoch_origin = python, req.epoch_origin
+    return run
+
+
+def _preflight(run: Run, watch: ConfigureWatch) -> None:
+    """Configure, the preflight targets, then each canary alone (its peak memory recorded)."""
+    req, tee = run.req, run.tee
+    seconds = with_checks(run, watch, lambda w: configure(req.source, run.env, tee, w, python=run.python))
+    run.phases["configure_s"] = round(seconds, 1)
+    # CMake's try_compile checks run in randomly named directories and can never hit the
+    # cache: count hits from here on, over the compiles that can
+    subprocess.run(["ccache", "--zero-stats"], env=run.env, capture_output=True, check=False)
+    targets = list(req.targets or req.spec.preflight_targets)
+    if targets:
+        build = str(build_dir(req.source))
+        seconds = run_compile(
+            lambda n: ["cmake", "--build", build, "--target", *targets, "--", f"-j{n}"],
+            cwd=req.source,
+            env_for=run.env_for,
+            sink=tee,
+            what=f"building {' '.join(targets)}",
+            jobs=run.jobs,
+            retry=req.oom_retry,
+        )
+        run.phases["targets_s"] = round(seconds, 1)
+    for canary in req.canaries or req.spec.canaries:
+        target = object_target(req.source, canary, run.env)
+        done = run_logged(
+            ["ninja", "-C", str(build_dir(req.source)), target],
+            cwd=req.source,
+            env=run.env,
+            tee=tee,
+            what=f"canary {canary}",
+        )
+        run.canaries.append({"file": canary, "seconds": round(done.seconds, 2), "peak_rss_bytes": done.peak_rss})
+    if run.canaries:
+        measured = record_measured(peaks_file(req.cache_root, req.spec.hash), run.canaries)
+        tee.line(f"canary peaks recorded for the next plans: {_fmt_peaks(measured)}")
+
+
+def _fmt_peaks(measured: Mapping[str, int]) -> str:
+    return ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in measured.items()) or "none"
+
+
+def _build_wheel(run: Run, watch: ConfigureWatch) -> Path:
+    """pip wheel --no-build-isolation into a partial directory, then rename into out_dir; an
+    out-of-memory kill resumes it with fewer jobs (MAX_JOBS) in the same build tree."""
+    req = run.req
+    check_wheel_tools(req.source, run.python)
+    out_dir = Path(req.out_dir)
+    with named_os_errors(out_dir, "creating the wheel's partial directory"):
+        partial = Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{req.run_id}-", dir=out_dir))
+    try:
+        with_checks(
+            run,
+            watch,
+            lambda w: run_compile(
+                lambda n: pip_wheel(partial, req.source, run.python),
+                cwd=req.source,
+                env_for=run.env_for,
+                sink=run.tee,
+                what="pip wheel",
+                jobs=run.jobs,
+                retry=req.oom_retry,
+                watch=w,
+            ),
+        )
+        wheels = sorted(partial.glob("*.whl"))
+        if len(wheels) != 1:
+            raise BuildFailed(f"pip wheel produced {len(wheels)} wheels in {partial}; expected one")
+        epoch = int(run.env_vars.get("SOURCE_DATE_EPOCH") or 0)
+        if epoch:
+            run.normalized = normalize_wheel(wheels[0], epoch)
+            if run.normalized:
+                run.tee.line(f"torchbuild: rewrote {wheels[0].name} in canonical zip form (SOURCE_DATE_EPOCH {epoch})")
+        final = out_dir / wheels[0].name
+        with named_os_errors(final, "moving the wheel into place"):
+            os.replace(wheels[0], final)
+        return final
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def _finish(run: Run, wheel: Path | None) -> Outcome:
+    """ccache's figures, the report, the manifest and the summary table."""
+    stats = hit_rate(ccache_stats(run.env))
+    report = _report(run)
+    seconds = time.monotonic() - run.t0
+    with named_os_errors(run.req.out_dir, "writing the manifest"):
+        manifest = _write_manifest(run, seconds, wheel, stats, report)
+    _summary(run, wheel, manifest, seconds, stats, report)
+    return Outcome(wheel, manifest, run.log)
+
+
+def _report(run: Run) -> dict[str, str] | None:
+    """The build report next to the log, from what this build added to the tree's .ninja_log
+    (text, Chrome trace, picture). A report that cannot be written is a note, not a failure."""
+    req, tee = run.req, run.tee
+    ninja_log = build_dir(req.source) / ".ninja_log"
+    if not ninja_log.is_file():
+        return None
+    try:
+        rep = write_report(ninja_log, run.log.parent, f"report-{req.spec.profile}-{req.run_id}", since=run.ninja_mark)
+    except TorchbuildError as err:
+        tee.line(f"torchbuild: no build report: {err.message}")
+        return None
+    if rep.summary.slowest:
+        slowest = rep.summary.slowest[0]
+        tee.line(f"slowest translation unit: {slowest.output} ({slowest.seconds:.1f} s)")
+    if rep.notice:
+        tee.line(rep.notice)
+    return {"text": rep.text.name, "trace": rep.trace.name, **({"png": rep.png.name} if rep.png else {})}
+
+
+def _write_manifest(
+    run: Run, seconds: float, wheel: Path | None, ccache: tuple[int, int, float], report: Mapping[str, str] | None
+) -> Path:
+    req, spec, jobs = run.req, run.req.spec, run.jobs
+    m = manifest.for_build(
+        spec,
+        run_id=req.run_id,
+        # the image's installed list, copied beside the log, and its sha256 (none natively)
+        provenance={
+            "engine": req.backend,
+            **req.provenance,
+            **manifest.installed_packages(run.log.parent, f"installed-{spec.profile}-{req.run_id}.txt"),
+        },
+        toolchain=run.versions,
+        environment=run.env_vars,
+        jobs={
+            "max_jobs": jobs.start,
+            "final_jobs": jobs.current,
+            "reason": run.plan.reason,
+            "nvcc_threads": run.plan.nvcc_threads,
+            "retries": jobs.retries,
+        },
+        started=run.started,
+        finished=now_utc(),
+        seconds=seconds,
+        ccache=ccache,
+        log=run.log.name,
+        report=report,
+        wheel=wheel,
+        preflight=None
+        if wheel is not None
+        else {"targets": list(req.targets or spec.preflight_targets), "canaries": run.canaries, **run.phases},
+        reproducibility=_repro_record(run),
+    )
+    path = manifest.manifest_path(Path(req.out_dir), wheel.name if wheel else None, spec.profile, req.run_id)
+    return manifest.write(m, path)
+
+
+def _repro_record(run: Run) -> dict[str, Any]:
+    epoch = run.env_vars.get("SOURCE_DATE_EPOCH", "")
+    given = run.req.spec.env.get("SOURCE_DATE_EPOCH")
+    return {
+        "source_date_epoch": int(epoch) if epoch.isdigit() else 0,
+        "origin": "profile env" if given else (run.epoch_origin or ("" if epoch else "none")),
+        "ccache_basedir": run.env_vars.get("CCACHE_BASEDIR", ""),
+        "python": run.req.python or "{}.{}".format(*sys.version_info[:2]),
+        "normalized": run.normalized,
+    }
+
+
+def _summary(
+    run: Run,
+    wheel: Path | None,
+    manifest: Path,
+    seconds: float,
+    ccache: tuple[int, int, float],
+    report: Mapping[str, str] | None,
+) -> None:
+    """The artifacts (name, size, sha256) and the build's figures, as two tables."""
+    files = [f for f in (wheel, manifest) if f is not None]
+    run.tee.line("")
+    run.tee.line(
+        table(
+            ["artifact", "size", "sha256"],
+            [(f.name, f"{f.stat().st_size / 1e6:.1f} MB", sha256_file(f)[:16]) for f in files],
+            justify=["left", "right", "left"],
+        )
+    )
+    hits, misses, rate = ccache
+    jobs = run.jobs
+    used = str(jobs.start) if jobs.current == jobs.start else f"{jobs.start} -> {jobs.current}"
+    facts = [
+        ("duration", f"{seconds:.1f} s"),
+        ("jobs used", used),
+        ("OOM retries", str(len(jobs.retries))),
+        ("ccache hit rate", f"{rate:.0%} ({hits} hits, {misses} misses)"),
+        *[
+            (f"canary {c['file']}", f"{c['seconds']:.1f} s, peak {c['peak_rss_bytes'] / 2**20:.0f} MiB")
+            for c in run.canaries
+        ],
+        ("log", str(run.log)),
+        *([("report", ", ".join(str(run.log.parent / name) for name in report.values()))] if report else []),
+    ]
+    run.tee.line(table(["", ""], facts, header=False))
+
+
+def run_build_step(payload: Mapping[str, Any]) -> int:
+    """The `build` step: a BuildRequest as plain data (what a backend hands over)."""
+    run_build(BuildRequest.from_dict(payload))
+    return 0

@@ -1,0 +1,748 @@
+"""The communication stack a Slingshot (or EFA) site needs under torch: NCCL built from source
+for the profile's GPUs only, and the aws-ofi-nccl network plugin built against the site's
+libfabric (`invoke comms`; `invoke build` runs it first when the profile has nccl: source).
+
+On the host: everything that can be checked here (libfabric_prefix, which is bound at its own
+path; natively also nvcc, make and autotools) is checked, every problem named at once; then the
+sources are fetched (a download is checked against its sha256 before it is
+unpacked) and unpacked into the cache. The prefix they are built into,
+<cache>/comms/<key>, is named by a hash of everything that decides the result (versions, source
+digests, arch list, libfabric, compilers, the image), so a rerun is a no-op.
+
+The step, where the backend runs it (image, SIF or natively): checks libfabric and the tools
+before anything compiles (all failures in one error), builds NCCL with `make src.lib` and
+NVCC_GENCODE from cuda_arch_list, builds the plugin with autotools (`make install DESTDIR=`, an rpath to libfabric)
+(each `make -j` planned where the step runs, as torch's build is, and resumed with fewer jobs
+after an out-of-memory kill: oom.run_compile), checks what
+it built (the plugin's ncclNetPlugin_v* symbols, `ldd`, ncclGetVersion) and writes
+torchbuild-comms.json. All of it happens in <prefix>.partial-<run>, renamed to the prefix at the
+end: a failure or an interrupt leaves no prefix.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+from torchbuild import __version__
+from torchbuild.core import console
+from torchbuild.core.atomic import atomic_writer
+from torchbuild.core.errors import (
+    CommsFailed,
+    ProfileError,
+    SourceError,
+    ToolMissing,
+    UsageError,
+    named_os_errors,
+    writable_dir,
+)
+from torchbuild.core.oom import JobsUsed, run_compile
+from torchbuild.core.problems import Problems
+from torchbuild.core.process import Finished
+from torchbuild.core.safeio import MANIFEST_LIMIT, MiB, read_bytes, read_json, user_path
+from torchbuild.delivery.manifest import write_json
+from torchbuild.inputs.config import BuildSpec, cache_dir, spec_from_dict
+from torchbuild.inputs.environment import build_env
+from torchbuild.inputs.image import tree_digest
+from torchbuild.inputs.jobs import HostResources, JobPlan, plan_make
+from torchbuild.inputs.nccl_arch import gencode, nccl_release
+from torchbuild.inputs.source import describe_dir, fetch_git, looks_like_url, sha256_file, unpack_archive
+from torchbuild.launch.backends import Backend, Binds
+
+COMMS_MANIFEST = "torchbuild-comms.json"
+NCCL_ARCHIVE = "https://github.com/NVIDIA/nccl/archive/refs/tags/v{version}.tar.gz"
+OFI_ARCHIVE = "https://github.com/aws/aws-ofi-nccl/archive/refs/tags/v{version}.tar.gz"
+# sha256 of the release tags' archives as GitHub serves them (checked against the tarballs)
+OFI_PINS = {
+    "1.6.0": "276f800583aa132f7f8a4d4a17795a1da228529d6e04eee6bd312b90b91487ad",
+    "1.17.1": "4f6e0d0eb81d9c255a4f2f67f4934fcdffb15c854b932a6b806be6b1cecb7f80",
+}
+# plugin releases that do not compile against a newer libfabric major: 1.6.0 uses
+# container_of, which libfabric 1.x defined in rdma/fabric.h and 2.0 no longer does
+OFI_LIBFABRIC_MAX = {"1.6.0": 1}
+HEADER_LIMIT = 4 * MiB  # rdma/fabric.h is some 30 KiB
+# the symbols NCCL looks up in a net plugin (one per interface version it speaks)
+NET_VERSIONS = range(2, 12)
+
+
+# --------------------------------------------------------------------------- host side
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A source tree ready to build, and what identifies its content."""
+
+    tree: Path
+    origin: str  # the URL or path it came from
+    digest: str  # sha256 of the archive, or of the tree's files
+
+
+def wanted(spec: BuildSpec) -> bool:
+    return spec.nccl == "source" or bool(spec.aws_ofi_nccl_version)
+
+
+def fetch(
+    what: str,
+    source: str,
+    default_url: str,
+    sha256: str,
+    cache: Path,
+    out: TextIO = sys.stdout,
+    ref: str = "",
+    *,
+    key: str = "",
+    area: str = "comms-src",
+    sha_key: str = "",
+) -> Source:
+    """The source of `what` (nccl, aws-ofi-nccl, a companion library) unpacked in <cache>/<area>:
+    source is an archive URL, a git URL (cloned at ref), a tarball, a .dsc or a directory
+    ('' = default_url); sha256, when given, is checked before anything is unpacked. key is the
+    profile key named in errors (default <what>_source)."""
+    key, sha_key = key or f"{what}_source", sha_key or f"{what}_sha256"
+    origin = source or default_url
+    local = user_path(origin).absolute()
+    if is_git_url(origin) and not local.is_dir():
+        if sha256:
+            raise ProfileError(
+                f"{key}: {origin} is a git repository; a sha256 checks an archive", hint=f"drop {sha_key}"
+            )
+        return _clone(origin, ref, cache, out)
+    if looks_like_url(origin) and not local.is_dir():
+        archive = download(origin, cache / "downloads", sha256, key, out)
+    else:
+        path = local
+        if path.is_dir():
+            if sha256:
+                raise ProfileError(f"{key}: {path} is a directory; a sha256 checks an archive", hint=f"drop {sha_key}")
+            return Source(tree=path, origin=str(path), digest=tree_digest(path))
+        if not path.is_file():
+            raise ProfileError(f"{key}: {path} does not exist", hint="give a tarball, a .dsc, a directory or a URL")
+        archive = path
+        _check_sha(archive, sha256, key)
+    info = unpack_archive(archive, cache / area, out)
+    return Source(tree=info.path, origin=origin, digest=info.sha256 or sha256_file(archive))
+
+
+def is_git_url(text: str) -> bool:
+    """A repository to clone (git@, git://, ssh:// or a URL ending in .git), not an archive."""
+    return text.startswith(("git@", "git://", "ssh://")) or (looks_like_url(text) and text.rstrip("/").endswith(".git"))
+
+
+def _clone(url: str, ref: str, cache: Path, out: TextIO) -> Source:
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", url.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git"))
+    dest = cache / "comms-src" / f"{name}-{hashlib.sha256(url.encode()).hexdigest()[:8]}-{ref or 'HEAD'}"
+    info = describe_dir(dest) if dest.is_dir() else fetch_git(url, ref, dest, cache, out)
+    return Source(tree=dest, origin=f"{url}@{ref}", digest=info.commit or tree_digest(dest))
+
+
+def _check_sha(archive: Path, sha256: str, key: str, label: str = "") -> None:
+    if sha256:
+        with named_os_errors(archive, key):
+            got = sha256_file(archive)
+        _check_digest(got, sha256, key, label or archive.name)
+
+
+def _check_digest(got: str, sha256: str, key: str, label: str) -> None:
+    if sha256 and got != sha256:
+        raise SourceError(
+            f"{key}: {label} has sha256 {got}, not the {sha256} expected",
+            hint="download it again from the release page; if the release was re-tagged, check and update the sha256",
+        )
+
+
+def download(url: str, dest_dir: Path, sha256: str, key: str, out: TextIO = sys.stdout) -> Path:
+    """url saved as dest_dir/<its name> (kept for the next run), whole or not at all."""
+    # the URL's own hash first: two URLs ending in the same name (master.tar.gz) stay apart
+    base = re.sub(r"[^A-Za-z0-9._+-]", "_", url.rstrip("/").rsplit("/", 1)[-1]) or "download"
+    name = f"{hashlib.sha256(url.encode()).hexdigest()[:12]}-{base}"
+    dest = writable_dir(dest_dir, "cache_dir") / name
+    if dest.is_file() and (not sha256 or sha256_file(dest) == sha256):
+        return dest
+    print(f"downloading {url}", file=out, flush=True)
+    try:
+        # 0600, as the cache's downloads always were (mkstemp's mode)
+        with atomic_writer(dest, mode=0o600) as f, urllib.request.urlopen(url, timeout=60) as resp:
+            hasher = hashlib.sha256()
+            while chunk := resp.read(1 << 20):
+                hasher.update(chunk)
+                f.write(chunk)
+            _check_digest(hasher.hexdigest(), sha256, key, url)
+    except (urllib.error.URLError, TimeoutError) as exc:
+        raise SourceError(
+            f"{key}: could not download {url}: {getattr(exc, 'reason', exc)}",
+            hint=f"download it where you can and set {key} to the file (with its sha256)",
+        ) from None
+    return dest
+
+
+def comms_key(spec: BuildSpec, nccl: Source | None, plugin: Source | None, image: str) -> str:
+    """A hash of what decides the built libraries: a change of any gives another prefix."""
+    env = build_env(spec, cache_root="/cache", jobs=1)
+    data = {
+        "nccl": {"version": spec.nccl_version, "source": nccl.digest, "gencode": gencode(spec.cuda_arch_list)}
+        if nccl
+        else None,
+        "plugin": {"version": spec.aws_ofi_nccl_version, "source": plugin.digest, "libfabric": spec.libfabric_prefix}
+        if plugin
+        else None,
+        "cuda_home": spec.cuda_home,
+        "cuda_version": spec.cuda_version,
+        # what configure and make see of the toolchain
+        "toolchain": {k: env.get(k, "") for k in ("CC", "CXX", "CFLAGS", "CXXFLAGS", "LDFLAGS")},
+        "env": dict(spec.env),
+        "image": image,
+    }
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def comms_dir(spec: BuildSpec, key: str) -> str:
+    """The prefix's directory name: readable versions, then the key."""
+    parts = []
+    if spec.nccl == "source":
+        parts.append(f"nccl-{spec.nccl_version}")
+    if spec.aws_ofi_nccl_version:
+        parts.append(f"ofi-{spec.aws_ofi_nccl_version}")
+    return "-".join(parts) + f"-{key[:12]}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Comms:
+    """What `comms` made (or found made): the prefix on the host and as the step sees it."""
+
+    prefix: Path
+    view: Path
+    manifest: dict[str, Any]
+    built_now: bool
+
+
+def comms(
+    spec: BuildSpec,
+    backend: Backend,
+    *,
+    out_dir: Path,
+    out: TextIO = sys.stdout,
+    jobs: int = 0,
+    oom_retry: bool = True,
+) -> Comms:
+    """Build NCCL and the plugin the profile asks for with backend, unless a prefix of the same
+    key is there already. jobs: --jobs (0: planned where the step runs, from its cores and
+    memory); oom_retry: resume a make with fewer jobs after an out-of-memory kill."""
+    if not wanted(spec):
+        raise UsageError(
+            f"profile {spec.profile} builds neither NCCL nor a plugin (nccl: {spec.nccl}, no aws_ofi_nccl_version)",
+            hint="set nccl: source and/or aws_ofi_nccl_version (e.g. --set nccl=source)",
+        )
+    # everything that can be checked here, all of it named at once, before any download
+    problems = Problems()
+    native = backend.name == "native"
+    if spec.aws_ofi_nccl_version and (spec.libfabric_prefix or native):
+        # libfabric_prefix is bound at its own path (a container engine would create a missing
+        # bind source as root); natively the step's libfabric is this host's
+        problems.check(lambda: check_libfabric(spec))
+    elif spec.libfabric_prefix and not native and not Path(spec.libfabric_prefix).is_dir():
+        problems.add(_no_libfabric(f"libfabric_prefix: no libfabric at {spec.libfabric_prefix} (not a directory)"))
+    if native:  # the step runs here: its compilers and tools are this host's
+        path = {**os.environ, **build_env(spec, cache_root=str(cache_dir(spec)), jobs=1)}.get("PATH")
+        for problem in tool_problems(spec, bool(spec.nccl == "source"), plugin_needs_autotools(spec), path):
+            problems.add(problem)
+    image = problems.check(backend.check)
+    out_dir = problems.check(lambda: writable_dir(out_dir, "--out")) or out_dir
+    cache = problems.check(lambda: writable_dir(cache_dir(spec), "cache_dir")) or cache_dir(spec)
+    problems.raise_any()
+    nccl = plugin = None
+    if spec.nccl == "source":
+        default = NCCL_ARCHIVE.format(version=spec.nccl_version)
+        nccl = fetch("nccl", spec.nccl_source, default, spec.nccl_sha256, cache, out, ref=f"v{spec.nccl_version}")
+    if spec.aws_ofi_nccl_version:
+        default = OFI_ARCHIVE.format(version=spec.aws_ofi_nccl_version)
+        sha = spec.aws_ofi_nccl_sha256 or (
+            "" if spec.aws_ofi_nccl_source else OFI_PINS.get(spec.aws_ofi_nccl_version, "")
+        )
+        ref = f"v{spec.aws_ofi_nccl_version}"
+        plugin = fetch("aws_ofi_nccl", spec.aws_ofi_nccl_source, default, sha, cache, out, ref=ref)
+    # the image's id, the same for the image and the SIF made from it (natively: this host's tools)
+    key = comms_key(spec, nccl, plugin, str((image or {}).get("id") or backend.name))
+    prefix = cache / "comms" / comms_dir(spec, key)
+    read_only = (Path(spec.libfabric_prefix),) if spec.libfabric_prefix and backend.name != "native" else ()
+    binds = Binds(cache=cache, out=out_dir, extra=tuple(s.tree for s in (nccl, plugin) if s), read_only=read_only)
+    view = backend.view(binds)
+    view_prefix = view.cache / prefix.relative_to(cache)
+    done = prefix / COMMS_MANIFEST
+    if done.is_file():
+        manifest = read_manifest(done)
+        print(f"comms: {prefix} is up to date (built {manifest.get('finished', '?')}); nothing to do", file=out)
+        return Comms(prefix, view_prefix, manifest, built_now=False)
+    request = {
+        "run_id": uuid.uuid4().hex[:12],
+        "spec": spec.to_dict(),
+        "key": key,
+        "prefix": str(view_prefix),
+        "nccl": {"tree": str(nccl.tree), "origin": nccl.origin, "sha256": nccl.digest} if nccl else None,
+        "plugin": {"tree": str(plugin.tree), "origin": plugin.origin, "sha256": plugin.digest} if plugin else None,
+        "image": image,
+        "engine": backend.engine,
+        "jobs": jobs,
+        "oom_retry": oom_retry,
+    }
+    with named_os_errors(prefix.parent, "cache_dir"):
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        backend.run("comms", request, binds)
+    finally:  # a container stopped mid-build cannot clean up after itself
+        shutil.rmtree(prefix.with_name(f"{prefix.name}.partial-{request['run_id']}"), ignore_errors=True)
+    manifest = read_manifest(done)
+    _summary(manifest, prefix)
+    return Comms(prefix, view_prefix, manifest, built_now=True)
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        data = read_json(path, MANIFEST_LIMIT, "the comms manifest", CommsFailed)
+    except CommsFailed as exc:
+        raise CommsFailed(exc.message, hint=f"remove {path.parent} and run `invoke comms` again") from None
+    if not isinstance(data, dict):
+        raise CommsFailed(f"{path} is not a comms manifest", hint=f"remove {path.parent} and run `invoke comms` again")
+    return data
+
+
+def _summary(m: Mapping[str, Any], prefix: Path) -> None:
+    rows = [("prefix", str(prefix))]
+    if m.get("nccl"):
+        n = m["nccl"]
+        rows.append(
+            ("nccl", f"{n['version']} ({n['gencode']}), {n['seconds']:.0f} s, {n['size_bytes'] / 2**20:.1f} MiB")
+        )
+    if m.get("plugin"):
+        p = m["plugin"]
+        rows.append(
+            (
+                "aws-ofi-nccl",
+                f"{p['version']} against libfabric {p['libfabric_version']}, {p['seconds']:.0f} s, "
+                f"{p['size_bytes'] / 2**20:.1f} MiB, {', '.join(p['symbols'])}",
+            )
+        )
+    print(console.table(["comms", ""], rows, header=False), flush=True)
+
+
+def link_env(prefix: str, manifest: Mapping[str, Any]) -> dict[str, str]:
+    """What PyTorch's CMake needs to link the built NCCL (FindNCCL reads these)."""
+    if not manifest.get("nccl"):
+        return {}
+    return {
+        "USE_SYSTEM_NCCL": "1",
+        "NCCL_ROOT": prefix,
+        "NCCL_INCLUDE_DIR": f"{prefix}/include",
+        "NCCL_LIB_DIR": f"{prefix}/lib",
+    }
+
+
+# --------------------------------------------------------------------------- the step
+
+
+def run_comms_step(payload: Mapping[str, Any]) -> int:
+    for key in ("spec", "key", "prefix", "run_id"):
+        if key not in payload:
+            raise UsageError(f"the comms request has no {key!r}", hint="`invoke comms` writes these requests")
+    spec = spec_from_dict(payload["spec"], "comms request")
+    prefix = Path(payload["prefix"])
+    partial = prefix.with_name(f"{prefix.name}.partial-{payload['run_id']}")
+    try:
+        _Step(spec, prefix, partial, payload).run()
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return 0
+
+
+def libfabric_root(spec: BuildSpec) -> Path:
+    return Path(spec.libfabric_prefix or "/usr")
+
+
+def _no_libfabric(message: str) -> ProfileError:
+    return ProfileError(
+        message,
+        hint="set libfabric_prefix to the directory holding include/rdma/fabric.h and lib/libfabric.so "
+        "(`module show libfabric`), or add libfabric-dev to the image",
+    )
+
+
+def check_libfabric(spec: BuildSpec) -> tuple[Path, tuple[int, int]]:
+    """The libfabric the plugin is built against (libfabric_prefix, else /usr where the step
+    runs) and its version; ProfileError when it is not there, or too new for the plugin."""
+    root = libfabric_root(spec)
+    where = "libfabric_prefix" + ("" if spec.libfabric_prefix else " (empty: the image's own, /usr)")
+    if not root.is_dir():
+        raise _no_libfabric(f"{where}: no libfabric at {root} (not a directory)")
+    header = root / "include" / "rdma" / "fabric.h"
+    library = find_library(root, "libfabric.so") or find_library(root, "libfabric.so.1")
+    if not header.is_file() or library is None:
+        lacking = "include/rdma/fabric.h" if not header.is_file() else "lib/libfabric.so"
+        raise _no_libfabric(f"{where}: no libfabric at {root} (no {lacking})")
+    version = libfabric_version(header)
+    newest = OFI_LIBFABRIC_MAX.get(spec.aws_ofi_nccl_version)
+    if newest is not None and version[0] > newest:
+        raise ProfileError(
+            f"aws_ofi_nccl_version: {spec.aws_ofi_nccl_version} does not compile against libfabric "
+            f"{version[0]}.{version[1]} at {root} (it needs libfabric {newest}.x: it uses container_of, "
+            f"which libfabric 2.0 removed from rdma/fabric.h)",
+            hint="use aws_ofi_nccl_version 1.17.1 (libfabric >= 1.18), or a libfabric 1.x libfabric_prefix",
+        )
+    return root, version
+
+
+def plugin_needs_autotools(spec: BuildSpec) -> bool | None:
+    """Whether the plugin's source has no configure script (autogen.sh then needs autotools):
+    True for a release's tag archive (the default source), a local tree's own answer, None
+    (not known before it is fetched) for any other source; False without a plugin."""
+    if not spec.aws_ofi_nccl_version:
+        return False
+    if not spec.aws_ofi_nccl_source:
+        return True
+    tree = user_path(spec.aws_ofi_nccl_source)
+    return not (tree / "configure").exists() if tree.is_dir() else None
+
+
+def tool_problems(spec: BuildSpec, nccl: bool, autotools: bool | None, path: str | None) -> list[ToolMissing]:
+    """What the step lacks to compile: nvcc (for NCCL), make, and autoreconf and libtoolize
+    when the plugin's tree has no configure script."""
+    problems = []
+    nvcc = Path(spec.cuda_home) / "bin" / "nvcc"
+    if nccl and not nvcc.exists():
+        problems.append(
+            ToolMissing(f"nvcc is not at {nvcc} (cuda_home): NCCL's device code needs it", hint="set cuda_home")
+        )
+    tools = ["make", *(["autoreconf", "libtoolize"] if autotools else [])]
+    missing = [t for t in tools if shutil.which(t, path=path) is None]
+    if missing:
+        problems.append(
+            ToolMissing(
+                f"{', '.join(missing)} not found where comms runs",
+                hint="install them, or rebuild the image (`invoke image`: a profile with a plugin adds autoconf, "
+                "automake, libtool)",
+            )
+        )
+    return problems
+
+
+def libfabric_version(header: Path) -> tuple[int, int]:
+    """FI_MAJOR_VERSION and FI_MINOR_VERSION from rdma/fabric.h."""
+    text = read_bytes(header, HEADER_LIMIT, "libfabric_prefix: rdma/fabric.h", ProfileError).decode(errors="replace")
+    found = [re.search(rf"#define\s+FI_{part}_VERSION\s+(\d+)", text) for part in ("MAJOR", "MINOR")]
+    if not all(found):
+        raise ProfileError(f"libfabric_prefix: {header} does not define FI_MAJOR_VERSION", hint="point it at libfabric")
+    return int(found[0][1]), int(found[1][1])  # type: ignore[index]
+
+
+def find_library(root: Path, name: str) -> Path | None:
+    """root/lib, lib64 or the Debian multiarch directory holding name."""
+    for sub in ("lib", "lib64", f"lib/{_multiarch()}"):
+        candidate = root / sub / name
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def _multiarch() -> str:
+    return {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}.get(os.uname().machine, "")
+
+
+def plugin_symbols(library: Path) -> list[str]:
+    """The ncclNetPlugin_v* symbols library exports (dlopen + dlsym, as NCCL does)."""
+    lib = ctypes.CDLL(str(library), mode=os.RTLD_LAZY | os.RTLD_LOCAL)
+    found = []
+    for v in NET_VERSIONS:
+        try:
+            getattr(lib, f"ncclNetPlugin_v{v}")
+        except AttributeError:
+            continue
+        found.append(f"ncclNetPlugin_v{v}")
+    return found
+
+
+def unresolved(library: Path, env: Mapping[str, str] | None = None) -> list[str]:
+    """The libraries `ldd` cannot find for library (empty: every dependency resolves)."""
+    proc = subprocess.run(["ldd", str(library)], capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        return [proc.stderr.strip() or f"ldd {library} failed"]
+    return [ln.split("=>")[0].strip() for ln in proc.stdout.splitlines() if "not found" in ln]
+
+
+def nccl_version_of(library: Path) -> int:
+    """ncclGetVersion() of a libnccl.so (2.22.3 -> 22203); needs no GPU."""
+    lib = ctypes.CDLL(str(library))
+    code = ctypes.c_int(0)
+    if lib.ncclGetVersion(ctypes.byref(code)) != 0:
+        raise CommsFailed(f"ncclGetVersion failed in {library}")
+    return code.value
+
+
+def version_code(version: str) -> int:
+    major, minor, patch = nccl_release(version)
+    return major * 1000 + minor * 100 + patch if (major, minor) <= (2, 8) else major * 10000 + minor * 100 + patch
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+class _Stdout:
+    """oom.run_compile's sink for the step: its output streams to stdout, as the step's does."""
+
+    path = Path("the output above")
+
+    def write(self, text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    def line(self, text: str = "") -> None:
+        print(text, flush=True)
+
+
+class _Step:
+    def __init__(self, spec: BuildSpec, prefix: Path, partial: Path, req: Mapping[str, Any]) -> None:
+        self.spec, self.prefix, self.partial, self.req = spec, prefix, partial, req
+        # NCCL's make compiles device code with nvcc (the CUDA per-job peak), the plugin's is C++;
+        # both planned where the step runs (its cores and memory: an allocation's, a container's)
+        # unless --jobs fixed them
+        cache_root = prefix.parent.parent
+        host, jobs = HostResources.detect(), int(req.get("jobs") or 0)
+        self.plans = {
+            part: plan_make(spec, host, cache_root, jobs, kind=kind)
+            for part, kind in (("nccl", "cuda"), ("plugin", "cxx"))
+            if req.get(part)
+        }
+        self.retry = bool(req.get("oom_retry", True))
+        self.jobs = min((p.jobs for p in self.plans.values()), default=1)  # MAX_JOBS of the step's env
+        self.env = {**os.environ, **build_env(spec, cache_root=str(cache_root), jobs=self.jobs)}
+
+    def run(self) -> None:
+        started, t0 = datetime.now(timezone.utc), time.monotonic()
+        lf = self._check_before_compiling()
+        with named_os_errors(self.partial, "the comms prefix"):
+            shutil.rmtree(self.partial, ignore_errors=True)
+            self.partial.mkdir(parents=True)
+        nccl = self._nccl() if self.req.get("nccl") else None
+        plugin = self._plugin(lf) if self.req.get("plugin") else None
+        shutil.rmtree(self.partial / "work", ignore_errors=True)
+        manifest = {
+            "schema_version": 1,
+            "torchbuild_version": __version__,
+            "profile": self.spec.profile,
+            "key": self.req["key"],
+            "prefix": str(self.prefix),
+            "engine": self.req.get("engine", "native"),
+            "image": self.req.get("image"),
+            "cuda_version": self._nvcc_version(),
+            "compiler": self.env.get("CXX", ""),
+            "nccl": nccl,
+            "plugin": plugin,
+            "started": started.isoformat(timespec="seconds"),
+            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "duration_s": round(time.monotonic() - t0, 1),
+        }
+        write_json(self.partial / COMMS_MANIFEST, manifest, "writing the comms manifest")
+        with named_os_errors(self.partial, "writing the comms manifest"):
+            if self.prefix.exists():  # another run finished the same key meanwhile
+                shutil.rmtree(self.partial)
+            else:
+                os.replace(self.partial, self.prefix)
+
+    # -- checks before anything compiles
+
+    def _check_before_compiling(self) -> tuple[Path, tuple[int, int]] | None:
+        """Every tool and libfabric check, all failures named at once, before anything compiles."""
+        problems = Problems()
+        plugin = self.req.get("plugin")
+        # a release archive of a git tag has no configure: autogen.sh needs autotools
+        autotools = plugin is not None and not (Path(plugin["tree"]) / "configure").exists()
+        for problem in tool_problems(self.spec, bool(self.req.get("nccl")), autotools, self.env.get("PATH")):
+            problems.add(problem)
+        lf = problems.check(lambda: check_libfabric(self.spec)) if plugin else None
+        problems.raise_any()
+        return lf
+
+    # -- NCCL
+
+    def _nccl(self) -> dict[str, Any]:
+        src = self.req["nccl"]
+        t0 = time.monotonic()
+        work = self.partial / "work" / "nccl"
+        shutil.copytree(src["tree"], work, symlinks=True)
+        build = self.partial / "work" / "nccl-build"
+        cuda_lib = find_library(Path(self.spec.cuda_home), "libcudart_static.a")
+        flags = gencode(self.spec.cuda_arch_list)
+        args = [
+            "src.lib",
+            f"BUILDDIR={build}",
+            f"CUDA_HOME={self.spec.cuda_home}",
+            f"NVCC_GENCODE={flags}",
+            f"CXX={self.env.get('CXX', 'g++')}",
+        ]
+        if cuda_lib is not None:
+            args.append(f"CUDA_LIB={cuda_lib.parent}")
+        print(f"building NCCL {self.spec.nccl_version} for {', '.join(self.spec.cuda_arch_list)} ({flags})", flush=True)
+        used = self._compile(
+            lambda n: ["make", "-C", str(work), f"-j{n}", *args], "building NCCL", self.plans["nccl"], work, self.env
+        )
+        for sub in ("include", "lib"):
+            shutil.copytree(build / sub, self.partial / sub, symlinks=True, dirs_exist_ok=True)
+        library = self.partial / "lib" / "libnccl.so.2"
+        code = nccl_version_of(library)
+        if code != version_code(self.spec.nccl_version):
+            raise CommsFailed(
+                f"the NCCL built from {src['origin']} reports version code {code}, not "
+                f"{version_code(self.spec.nccl_version)} (nccl_version {self.spec.nccl_version})",
+                hint="set nccl_version to the release of nccl_source",
+            )
+        return {
+            "version": self.spec.nccl_version,
+            "version_code": code,
+            "source": src["origin"],
+            "sha256": src["sha256"],
+            "gencode": flags,
+            "arch_list": list(self.spec.cuda_arch_list),
+            "library": "lib/" + library.resolve().name,
+            "jobs": used,
+            "seconds": round(time.monotonic() - t0, 1),
+            "size_bytes": _size(self.partial / "lib") + _size(self.partial / "include"),
+        }
+
+    # -- the plugin
+
+    def _plugin(self, lf: tuple[Path, tuple[int, int]] | None) -> dict[str, Any]:
+        assert lf is not None
+        root, version = lf
+        src = self.req["plugin"]
+        t0 = time.monotonic()
+        work = self.partial / "work" / "aws-ofi-nccl"
+        shutil.copytree(src["tree"], work, symlinks=True)
+        if not (work / "configure").exists():
+            # autogen.sh has no #! line in the release archives: run it with sh
+            self._call(["sh", "./autogen.sh"], "aws-ofi-nccl autogen.sh", cwd=work)
+        args = [f"--prefix={self.prefix}", "--disable-tests", "--disable-platform-aws"]
+        # their configure adds -isystem <path>/include: never /usr, which breaks g++'s <cstdlib>
+        if str(root) != "/usr":
+            args.append(f"--with-libfabric={root}")
+        args.append(f"--with-cuda={self._cuda_for_configure()}")
+        env = dict(self.env)
+        lib_dir = find_library(root, "libfabric.so") or find_library(root, "libfabric.so.1")
+        if lib_dir is not None and str(root) != "/usr":
+            env["LDFLAGS"] = f"{env.get('LDFLAGS', '')} -Wl,-rpath,{lib_dir.parent}".strip()
+        self._call(["./configure", *args], "aws-ofi-nccl configure", cwd=work, env=env)
+        used = self._compile(lambda n: ["make", f"-j{n}"], "building aws-ofi-nccl", self.plans["plugin"], work, env)
+        stage = self.partial / "work" / "stage"
+        self._call(["make", "install", f"DESTDIR={stage}"], "installing aws-ofi-nccl", cwd=work, env=env)
+        shutil.copytree(stage / str(self.prefix).lstrip("/"), self.partial, symlinks=True, dirs_exist_ok=True)
+        for la in self.partial.glob("lib/*.la"):
+            la.unlink()
+        library = next(
+            (
+                self.partial / "lib" / n
+                for n in ("libnccl-net-ofi.so", "libnccl-net.so")
+                if (self.partial / "lib" / n).exists()
+            ),
+            None,
+        )
+        if library is None:
+            raise CommsFailed(f"aws-ofi-nccl {self.spec.aws_ofi_nccl_version} installed no libnccl-net*.so")
+        missing = unresolved(library, self._ld_env())
+        if missing:
+            raise CommsFailed(f"{library.name} cannot load: ldd finds no {', '.join(missing)}")
+        symbols = plugin_symbols(library)
+        if not symbols:
+            raise CommsFailed(f"{library.name} exports no ncclNetPlugin_v* symbol: NCCL would not use it")
+        return {
+            "version": self.spec.aws_ofi_nccl_version,
+            "source": src["origin"],
+            "sha256": src["sha256"],
+            "libfabric_prefix": str(root),
+            "libfabric_version": f"{version[0]}.{version[1]}",
+            "configure": args,
+            "library": f"lib/{library.name}",
+            "symbols": symbols,
+            "jobs": used,
+            "seconds": round(time.monotonic() - t0, 1),
+            "size_bytes": sum(
+                p.stat().st_size for p in (self.partial / "lib").glob("libnccl-*") if p.is_file() and not p.is_symlink()
+            ),
+        }
+
+    def _cuda_for_configure(self) -> str:
+        """--with-cuda: cuda_home, but Debian's /usr layout as /usr/lib/cuda (configure would add
+        -isystem /usr/include and look for libraries in /usr/lib64)."""
+        home = Path(self.spec.cuda_home)
+        if str(home) == "/usr" and Path("/usr/lib/cuda").is_dir():
+            return "/usr/lib/cuda"
+        return str(home)
+
+    def _ld_env(self) -> dict[str, str]:
+        env = dict(self.env)
+        env["LD_LIBRARY_PATH"] = ":".join(p for p in (str(self.partial / "lib"), env.get("LD_LIBRARY_PATH", "")) if p)
+        return env
+
+    def _nvcc_version(self) -> str:
+        nvcc = Path(self.spec.cuda_home) / "bin" / "nvcc"
+        if not nvcc.exists():
+            return ""
+        proc = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, check=False)
+        found = re.search(r"release (\d+\.\d+)", proc.stdout)
+        return found[1] if found else ""
+
+    def _compile(
+        self, cmd_for: Callable[[int], Sequence[str]], what: str, plan: JobPlan, cwd: Path, env: Mapping[str, str]
+    ) -> dict[str, Any]:
+        """A make -j of plan.jobs in cwd, resumed with fewer jobs after an out-of-memory kill (make
+        keeps what it built) unless --no-retry; what it used, as a build manifest's jobs record."""
+        print(f"comms: {what} with {plan.jobs} jobs ({plan.reason})", flush=True)
+        used = JobsUsed(plan.jobs, plan.jobs)
+
+        def failed(done: Finished) -> CommsFailed:
+            return CommsFailed(f"{what} failed (exit {done.returncode}): {' '.join(cmd_for(used.current)[:4])}")
+
+        with named_os_errors(cwd, what):
+            run_compile(
+                cmd_for,
+                cwd=str(cwd),
+                env_for=lambda n: {**env, "MAX_JOBS": str(n)},
+                sink=_Stdout(),
+                what=what,
+                jobs=used,
+                retry=self.retry,
+                failure=failed,
+            )
+        return {
+            "max_jobs": used.start,
+            "final_jobs": used.current,
+            "reason": plan.reason,
+            "nvcc_threads": 0,
+            "retries": used.retries,
+        }
+
+    def _call(
+        self, cmd: Sequence[str], what: str, cwd: Path | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
+        from torchbuild.core.process import run_streamed
+
+        def line(text: str) -> None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+        with named_os_errors(cwd or cmd[0], what):
+            done = run_streamed(list(cmd), on_line=line, env=dict(env or self.env), cwd=str(cwd) if cwd else None)
+        if done.returncode != 0:
+            raise CommsFailed(f"{what} failed (exit {done.returncode}): {' '.join(cmd[:4])}")
