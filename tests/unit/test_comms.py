@@ -36,6 +36,7 @@ from torchbuild.core.errors import (
 )
 from torchbuild.core.safeio import MANIFEST_LIMIT
 from torchbuild.delivery import manifest as mf
+from torchbuild.delivery.libraries import nccl_version_of, plugin_symbols, unresolved
 from torchbuild.delivery.verify import comms_checks
 from torchbuild.inputs.config import resolve
 from torchbuild.inputs.environment import comms_runtime_env
@@ -46,6 +47,7 @@ from torchbuild.inputs.source import sha256_file
 from torchbuild.launch.backends import Binds, Options, choose, container_view
 from torchbuild.launch.backends.apptainer import run_args, sif_record
 from torchbuild.launch.backends.native import NativeBackend
+from torchbuild.launch.comms import comms
 from torchbuild.launch.runner import _comms as runner_comms
 from torchbuild.launch.runner import comms_for_verify
 from torchbuild.steps.comms import (
@@ -53,17 +55,13 @@ from torchbuild.steps.comms import (
     HEADER_LIMIT,
     Source,
     _Step,
-    comms,
     comms_dir,
     comms_key,
     download,
     fetch,
     link_env,
-    nccl_version_of,
-    plugin_symbols,
     read_manifest,
     run_comms_step,
-    unresolved,
     version_code,
 )
 

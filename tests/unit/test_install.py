@@ -21,15 +21,7 @@ from helpers import TORCH_TAG, make_wheel
 from packaging.utils import canonicalize_name
 
 from torchbuild.core.errors import PathError, ProfileError, UsageError
-from torchbuild.delivery.install import (
-    check_prefix,
-    choose_wheels,
-    module_identity,
-    mpi4py_requirement,
-    other_packages,
-    wants_mpi4py,
-    wheel_python,
-)
+from torchbuild.delivery.install import mpi4py_requirement, other_packages, wants_mpi4py
 from torchbuild.delivery.manifest import INSTALL_MANIFEST, InstallManifest, read_install, write_install
 from torchbuild.delivery.mpiinfo import MPI_LIBRARY
 from torchbuild.delivery.wheelhouse import WheelFile
@@ -38,6 +30,7 @@ from torchbuild.inputs.environment import readonly_shell_variables, runtime_env
 from torchbuild.inputs.sif import runtime_hash
 from torchbuild.launch.backends import Options, choose
 from torchbuild.launch.backends.apptainer import run_args
+from torchbuild.launch.install import check_prefix, choose_wheels, module_identity, wheel_python
 
 REPO = Path(__file__).resolve().parents[2]
 TORCHBUILD = Path(sys.executable).with_name("torchbuild")

@@ -13,6 +13,7 @@ from torchbuild.core.errors import PathError, ProfileError
 from torchbuild.core.problems import Problems
 from torchbuild.inputs.config import resolve
 from torchbuild.launch.backends import Options, choose
+from torchbuild.launch.comms import comms as launch_comms
 from torchbuild.steps import comms as commsmod
 from torchbuild.steps import companions
 from torchbuild.steps.comms import _Step
@@ -133,7 +134,7 @@ def test_comms_names_libfabric_nvcc_and_autotools_at_once_before_downloading(tmp
         ],
     )
     with pytest.raises(ProfileError) as exc:
-        commsmod.comms(spec, choose(spec, "native", Options()), out_dir=tmp_path / "out", out=io.StringIO())
+        launch_comms(spec, choose(spec, "native", Options()), out_dir=tmp_path / "out", out=io.StringIO())
     message = exc.value.message
     assert message.startswith("3 problems") and str(tmp_path / "nope") in message
     assert "nvcc" in message and "autoreconf, libtoolize not found" in message
@@ -188,7 +189,7 @@ def test_develop_names_a_venv_that_is_no_venv_with_the_other_problems(tmp_path, 
 
 
 def test_a_venv_a_new_path_or_an_empty_directory_is_taken(tmp_path):
-    from torchbuild.steps.develop import check_venv_path
+    from torchbuild.launch.develop import check_venv_path
 
     (tmp_path / "empty").mkdir()
     (tmp_path / "venv").mkdir()

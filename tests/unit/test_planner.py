@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.core import oom
 from torchbuild.core.errors import BuildFailed, InsufficientSpace, OutOfMemory
-from torchbuild.core.oom import JobsUsed, fewer_jobs, oom_evidence, run_compile
+from torchbuild.core.progress import Tee
 from torchbuild.inputs.jobs import GiB, HostResources, Peaks, load_measured, plan_jobs, record_measured
-from torchbuild.steps.compile_job import Tee
+from torchbuild.steps import oom
+from torchbuild.steps.oom import JobsUsed, fewer_jobs, oom_evidence, run_compile
 
 
 def host(cores: int, mem_gib: float) -> HostResources:

@@ -82,3 +82,9 @@ def atomic_write_bytes(
 def atomic_write_text(path: StrPath, text: str, *, mode: int | None = None, what: str | None = None) -> None:
     """path holds text (UTF-8) or what it held before, never a part."""
     atomic_write_bytes(path, text.encode("utf-8"), mode=mode, what=what)
+
+
+# the name prefix of what a run makes before it is complete (a wheel's directory, a staged
+# wheelhouse, a comms prefix): removed on every way out, renamed into place on success
+PARTIAL_PREFIX = ".partial-"
+EXCHANGE = ".torchbuild"  # directory in the output bind that carries request files

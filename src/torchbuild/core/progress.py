@@ -4,9 +4,11 @@ compile step leaves in its output."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TextIO
 
 from rich.console import Console
@@ -23,6 +25,8 @@ from rich.progress import (
 )
 from rich.progress import Progress as RichProgress
 from rich.text import Text
+
+from torchbuild.core.errors import os_fault
 
 NINJA_RE = re.compile(r"^\[(\d+)/(\d+)\]\s")
 MODES = ("auto", "bar", "lines", "raw")
@@ -158,3 +162,36 @@ class Progress:
         if self.bar is not None:
             self.bar.finish()
         self.out.flush()
+
+
+class Tee:
+    """Write to the terminal (or container log stream) and the log file at once."""
+
+    def __init__(self, log: Path, out: TextIO, progress: str = "raw") -> None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.file = log.open("a", buffering=1)
+        self.out = out
+        self.progress = Progress(out, progress)
+
+    def write(self, text: str) -> None:
+        try:
+            self.file.write(text)
+        except OSError as exc:  # a full disk shows first here, while the build writes its log
+            raise os_fault(exc, self.file.name, "writing the build log") from exc
+        self.progress.write(text)
+        self.out.flush()
+
+    def line(self, text: str = "") -> None:
+        self.write(text + "\n")
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    @property
+    def path(self) -> Path:
+        return Path(self.file.name)
+
+    def close(self) -> None:
+        self.progress.finish()
+        with contextlib.suppress(OSError):  # a full disk was already reported by write()
+            self.file.close()

@@ -21,7 +21,9 @@ make any other torch there unusable.
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -29,7 +31,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from torchbuild.core.errors import TorchbuildError, named_os_errors
+from torchbuild.core.errors import ToolMissing, TorchbuildError, named_os_errors
 from torchbuild.core.safeio import MiB, read_text
 
 CONSTRAINTS_LIMIT = 1 * MiB  # a site's constraint file: a few hundred lines at most
@@ -113,3 +115,21 @@ def keep_built(path: Path, pins: Mapping[str, str], python: str, env: Mapping[st
     with named_os_errors(path, "writing pip's constraints for the built torch"):
         path.write_text(constraints_text(pins, site))
     return {"PIP_CONSTRAINT": str(path)}
+
+
+def interpreter(version: str) -> str:
+    """The interpreter for Python X.Y as this step sees it: this one when it is X.Y (or no
+    version is asked), else the image's /opt/venv-X.Y (profile key python_versions), else
+    pythonX.Y on PATH. ToolMissing naming the fix otherwise."""
+    if not version or version == "{}.{}".format(*sys.version_info[:2]):
+        return sys.executable
+    venv = Path(f"/opt/venv-{version}/bin/python")
+    if venv.is_file():
+        return str(venv)
+    found = shutil.which(f"python{version}")
+    if found:
+        return found
+    raise ToolMissing(
+        f"no Python {version} here: neither /opt/venv-{version} (the image's) nor python{version} on PATH",
+        hint=f"add {version!r} to the profile's python_versions and run `invoke image`, or install python{version}",
+    )

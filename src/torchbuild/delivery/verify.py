@@ -35,8 +35,8 @@ from torchbuild.core import console
 from torchbuild.core.errors import TorchbuildError, UsageError, WheelError, named_os_errors
 from torchbuild.delivery import pipenv, probe
 from torchbuild.delivery.manifest import write_json
+from torchbuild.delivery.pipenv import interpreter
 from torchbuild.inputs.config import BuildSpec
-from torchbuild.steps.compile_job import interpreter
 
 PROBE = Path(probe.__file__)  # run by path in the interpreter under test, which lacks torchbuild
 WHEEL_METADATA = re.compile(r"[^/]+\.dist-info/WHEEL")
@@ -209,7 +209,7 @@ def comms_checks(torch_lib: Path | None, comms: Mapping[str, Any]) -> list[Check
     """Without a GPU: the plugin `invoke comms` built loads and exports the ncclNetPlugin_v*
     symbols NCCL looks up, `ldd` resolves its libfabric and CUDA dependencies, and torch's
     libtorch_cuda loads the NCCL built there (its path, and ncclGetVersion of that library)."""
-    from torchbuild.steps.comms import nccl_version_of, plugin_symbols, unresolved
+    from torchbuild.delivery.libraries import nccl_version_of, plugin_symbols, unresolved
 
     if comms.get("error"):
         return [Check("NCCL and plugin of `invoke comms`", "fail", comms["error"])]

@@ -967,3 +967,7 @@ def profile_text(spec: BuildSpec) -> str:
 def cache_dir(spec: BuildSpec) -> Path:
     """The profile's cache directory on this host (ccache, pip cache, sources, logs)."""
     return home_path(spec.cache_dir, "cache_dir")
+
+
+def wanted(spec: BuildSpec) -> bool:
+    return spec.nccl == "source" or bool(spec.aws_ofi_nccl_version)

@@ -60,6 +60,7 @@ from torchbuild.core.errors import (
 from torchbuild.core.process import interrupts_unwind
 from torchbuild.core.safeio import RECIPE_LIMIT, loads_json, read_text
 from torchbuild.inputs.config import BuildSpec, cache_dir, profile_text
+from torchbuild.inputs.config import wanted as comms_wanted
 from torchbuild.inputs.image import build_args, image_context, labels, tree_digest
 from torchbuild.inputs.sif import (
     DEFAULT_COMPRESSION,
@@ -82,7 +83,6 @@ from torchbuild.inputs.sif import (
     space_needed,
 )
 from torchbuild.inputs.sif import build_args as apptainer_build_args
-from torchbuild.steps.comms import wanted as comms_wanted
 
 RECIPE = "Dockerfile"  # containers/toolchain.Dockerfile, as image_context lays it out
 # the root file system a cpu toolchain recipe installs (measured 1.7 GiB as a Docker image): the

@@ -66,12 +66,12 @@ from torchbuild import __version__
 from torchbuild.core.arch import Arch
 from torchbuild.core.errors import BuildInterrupted, ImageNotFound, InsufficientSpace, SifError, ToolMissing, UsageError
 from torchbuild.core.process import interrupts_unwind, run_streamed
+from torchbuild.core.progress import Tee
 from torchbuild.core.safeio import read_head
 from torchbuild.inputs.config import DEFAULT_PROFILE, BuildSpec, cache_dir, profile_text
 from torchbuild.inputs.engine import Engine
 from torchbuild.inputs.environment import build_env, comms_runtime_env, prepend_path_lines, runtime_env
 from torchbuild.inputs.image import LABEL_PREFIX, inputs_hash, make_context, require_image
-from torchbuild.steps.compile_job import Tee
 
 DEFAULT_SIF = "torch-build.sif"
 BUILDER_REPO = "torchbuild/apptainer-builder"

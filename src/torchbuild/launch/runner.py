@@ -23,13 +23,13 @@ from torchbuild.core.errors import SourceError, TorchbuildError, UsageError, nam
 from torchbuild.core.safeio import user_path
 from torchbuild.delivery import manifest
 from torchbuild.inputs.config import BuildSpec, cache_dir
+from torchbuild.inputs.config import wanted as comms_wanted
 from torchbuild.inputs.patches import ApplyResult, Series, apply_series, load_series
 from torchbuild.inputs.source import SourceInfo, get_source, looks_like_url, sha256_file
 from torchbuild.launch.backends import Backend, Binds
+from torchbuild.launch.comms import comms as build_comms
 from torchbuild.steps.build import BuildRequest, Outcome
 from torchbuild.steps.comms import COMMS_MANIFEST, link_env, read_manifest
-from torchbuild.steps.comms import comms as build_comms
-from torchbuild.steps.comms import wanted as comms_wanted
 from torchbuild.steps.companions import Fetched, Job
 from torchbuild.steps.companions import Request as CompanionsRequest
 from torchbuild.steps.companions import fetch as fetch_companions

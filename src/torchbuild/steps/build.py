@@ -21,29 +21,28 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from torchbuild import __version__
-from torchbuild.core.atomic import atomic_write_text
+from torchbuild.core.atomic import PARTIAL_PREFIX, atomic_write_text
 from torchbuild.core.console import table
 from torchbuild.core.errors import BuildFailed, TorchbuildError, named_os_errors
-from torchbuild.core.oom import JobsUsed, run_compile, run_watched
 from torchbuild.core.process import Finished
+from torchbuild.core.progress import Tee
 from torchbuild.delivery import manifest
+from torchbuild.delivery.pipenv import interpreter
 from torchbuild.inputs.config import BuildSpec, spec_from_dict
 from torchbuild.inputs.environment import build_env, format_env
 from torchbuild.inputs.jobs import HostResources, JobPlan, peaks_file, plan_for, record_measured
 from torchbuild.inputs.source import sha256_file
-from torchbuild.launch.backends import PARTIAL_PREFIX
 from torchbuild.steps import cmakecache
 from torchbuild.steps.compile_job import (
-    Tee,
     ccache_stats,
     check_wheel_tools,
     hit_rate,
-    interpreter,
     now_utc,
     path_independent,
     pip_wheel,
     toolchain_versions,
 )
+from torchbuild.steps.oom import JobsUsed, run_compile, run_watched
 from torchbuild.steps.report import LogMark, mark, write_report
 from torchbuild.steps.repro import normalize_wheel
 

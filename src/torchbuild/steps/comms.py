@@ -21,7 +21,6 @@ end: a failure or an interrupt leaves no prefix.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import hashlib
 import json
@@ -33,14 +32,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
 from torchbuild import __version__
-from torchbuild.core import console
 from torchbuild.core.atomic import atomic_writer
 from torchbuild.core.errors import (
     CommsFailed,
@@ -51,18 +48,18 @@ from torchbuild.core.errors import (
     named_os_errors,
     writable_dir,
 )
-from torchbuild.core.oom import JobsUsed, run_compile
 from torchbuild.core.problems import Problems
 from torchbuild.core.process import Finished
 from torchbuild.core.safeio import MANIFEST_LIMIT, MiB, read_bytes, read_json, user_path
+from torchbuild.delivery.libraries import nccl_version_of, plugin_symbols, unresolved
 from torchbuild.delivery.manifest import write_json
-from torchbuild.inputs.config import BuildSpec, cache_dir, spec_from_dict
+from torchbuild.inputs.config import BuildSpec, spec_from_dict
 from torchbuild.inputs.environment import build_env
 from torchbuild.inputs.image import tree_digest
 from torchbuild.inputs.jobs import HostResources, JobPlan, plan_make
 from torchbuild.inputs.nccl_arch import gencode, nccl_release
 from torchbuild.inputs.source import describe_dir, fetch_git, looks_like_url, sha256_file, unpack_archive
-from torchbuild.launch.backends import Backend, Binds
+from torchbuild.steps.oom import JobsUsed, run_compile
 
 COMMS_MANIFEST = "torchbuild-comms.json"
 NCCL_ARCHIVE = "https://github.com/NVIDIA/nccl/archive/refs/tags/v{version}.tar.gz"
@@ -76,8 +73,6 @@ OFI_PINS = {
 # container_of, which libfabric 1.x defined in rdma/fabric.h and 2.0 no longer does
 OFI_LIBFABRIC_MAX = {"1.6.0": 1}
 HEADER_LIMIT = 4 * MiB  # rdma/fabric.h is some 30 KiB
-# the symbols NCCL looks up in a net plugin (one per interface version it speaks)
-NET_VERSIONS = range(2, 12)
 
 
 # --------------------------------------------------------------------------- host side
@@ -90,10 +85,6 @@ class Source:
     tree: Path
     origin: str  # the URL or path it came from
     digest: str  # sha256 of the archive, or of the tree's files
-
-
-def wanted(spec: BuildSpec) -> bool:
-    return spec.nccl == "source" or bool(spec.aws_ofi_nccl_version)
 
 
 def fetch(
@@ -220,96 +211,6 @@ def comms_dir(spec: BuildSpec, key: str) -> str:
     return "-".join(parts) + f"-{key[:12]}"
 
 
-@dataclasses.dataclass(frozen=True)
-class Comms:
-    """What `comms` made (or found made): the prefix on the host and as the step sees it."""
-
-    prefix: Path
-    view: Path
-    manifest: dict[str, Any]
-    built_now: bool
-
-
-def comms(
-    spec: BuildSpec,
-    backend: Backend,
-    *,
-    out_dir: Path,
-    out: TextIO = sys.stdout,
-    jobs: int = 0,
-    oom_retry: bool = True,
-) -> Comms:
-    """Build NCCL and the plugin the profile asks for with backend, unless a prefix of the same
-    key is there already. jobs: --jobs (0: planned where the step runs, from its cores and
-    memory); oom_retry: resume a make with fewer jobs after an out-of-memory kill."""
-    if not wanted(spec):
-        raise UsageError(
-            f"profile {spec.profile} builds neither NCCL nor a plugin (nccl: {spec.nccl}, no aws_ofi_nccl_version)",
-            hint="set nccl: source and/or aws_ofi_nccl_version (e.g. --set nccl=source)",
-        )
-    # everything that can be checked here, all of it named at once, before any download
-    problems = Problems()
-    native = backend.name == "native"
-    if spec.aws_ofi_nccl_version and (spec.libfabric_prefix or native):
-        # libfabric_prefix is bound at its own path (a container engine would create a missing
-        # bind source as root); natively the step's libfabric is this host's
-        problems.check(lambda: check_libfabric(spec))
-    elif spec.libfabric_prefix and not native and not Path(spec.libfabric_prefix).is_dir():
-        problems.add(_no_libfabric(f"libfabric_prefix: no libfabric at {spec.libfabric_prefix} (not a directory)"))
-    if native:  # the step runs here: its compilers and tools are this host's
-        path = {**os.environ, **build_env(spec, cache_root=str(cache_dir(spec)), jobs=1)}.get("PATH")
-        for problem in tool_problems(spec, bool(spec.nccl == "source"), plugin_needs_autotools(spec), path):
-            problems.add(problem)
-    image = problems.check(backend.check)
-    out_dir = problems.check(lambda: writable_dir(out_dir, "--out")) or out_dir
-    cache = problems.check(lambda: writable_dir(cache_dir(spec), "cache_dir")) or cache_dir(spec)
-    problems.raise_any()
-    nccl = plugin = None
-    if spec.nccl == "source":
-        default = NCCL_ARCHIVE.format(version=spec.nccl_version)
-        nccl = fetch("nccl", spec.nccl_source, default, spec.nccl_sha256, cache, out, ref=f"v{spec.nccl_version}")
-    if spec.aws_ofi_nccl_version:
-        default = OFI_ARCHIVE.format(version=spec.aws_ofi_nccl_version)
-        sha = spec.aws_ofi_nccl_sha256 or (
-            "" if spec.aws_ofi_nccl_source else OFI_PINS.get(spec.aws_ofi_nccl_version, "")
-        )
-        ref = f"v{spec.aws_ofi_nccl_version}"
-        plugin = fetch("aws_ofi_nccl", spec.aws_ofi_nccl_source, default, sha, cache, out, ref=ref)
-    # the image's id, the same for the image and the SIF made from it (natively: this host's tools)
-    key = comms_key(spec, nccl, plugin, str((image or {}).get("id") or backend.name))
-    prefix = cache / "comms" / comms_dir(spec, key)
-    read_only = (Path(spec.libfabric_prefix),) if spec.libfabric_prefix and backend.name != "native" else ()
-    binds = Binds(cache=cache, out=out_dir, extra=tuple(s.tree for s in (nccl, plugin) if s), read_only=read_only)
-    view = backend.view(binds)
-    view_prefix = view.cache / prefix.relative_to(cache)
-    done = prefix / COMMS_MANIFEST
-    if done.is_file():
-        manifest = read_manifest(done)
-        print(f"comms: {prefix} is up to date (built {manifest.get('finished', '?')}); nothing to do", file=out)
-        return Comms(prefix, view_prefix, manifest, built_now=False)
-    request = {
-        "run_id": uuid.uuid4().hex[:12],
-        "spec": spec.to_dict(),
-        "key": key,
-        "prefix": str(view_prefix),
-        "nccl": {"tree": str(nccl.tree), "origin": nccl.origin, "sha256": nccl.digest} if nccl else None,
-        "plugin": {"tree": str(plugin.tree), "origin": plugin.origin, "sha256": plugin.digest} if plugin else None,
-        "image": image,
-        "engine": backend.engine,
-        "jobs": jobs,
-        "oom_retry": oom_retry,
-    }
-    with named_os_errors(prefix.parent, "cache_dir"):
-        prefix.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        backend.run("comms", request, binds)
-    finally:  # a container stopped mid-build cannot clean up after itself
-        shutil.rmtree(prefix.with_name(f"{prefix.name}.partial-{request['run_id']}"), ignore_errors=True)
-    manifest = read_manifest(done)
-    _summary(manifest, prefix)
-    return Comms(prefix, view_prefix, manifest, built_now=True)
-
-
 def read_manifest(path: Path) -> dict[str, Any]:
     try:
         data = read_json(path, MANIFEST_LIMIT, "the comms manifest", CommsFailed)
@@ -318,25 +219,6 @@ def read_manifest(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise CommsFailed(f"{path} is not a comms manifest", hint=f"remove {path.parent} and run `invoke comms` again")
     return data
-
-
-def _summary(m: Mapping[str, Any], prefix: Path) -> None:
-    rows = [("prefix", str(prefix))]
-    if m.get("nccl"):
-        n = m["nccl"]
-        rows.append(
-            ("nccl", f"{n['version']} ({n['gencode']}), {n['seconds']:.0f} s, {n['size_bytes'] / 2**20:.1f} MiB")
-        )
-    if m.get("plugin"):
-        p = m["plugin"]
-        rows.append(
-            (
-                "aws-ofi-nccl",
-                f"{p['version']} against libfabric {p['libfabric_version']}, {p['seconds']:.0f} s, "
-                f"{p['size_bytes'] / 2**20:.1f} MiB, {', '.join(p['symbols'])}",
-            )
-        )
-    print(console.table(["comms", ""], rows, header=False), flush=True)
 
 
 def link_env(prefix: str, manifest: Mapping[str, Any]) -> dict[str, str]:
@@ -373,7 +255,7 @@ def libfabric_root(spec: BuildSpec) -> Path:
     return Path(spec.libfabric_prefix or "/usr")
 
 
-def _no_libfabric(message: str) -> ProfileError:
+def no_libfabric(message: str) -> ProfileError:
     return ProfileError(
         message,
         hint="set libfabric_prefix to the directory holding include/rdma/fabric.h and lib/libfabric.so "
@@ -387,12 +269,12 @@ def check_libfabric(spec: BuildSpec) -> tuple[Path, tuple[int, int]]:
     root = libfabric_root(spec)
     where = "libfabric_prefix" + ("" if spec.libfabric_prefix else " (empty: the image's own, /usr)")
     if not root.is_dir():
-        raise _no_libfabric(f"{where}: no libfabric at {root} (not a directory)")
+        raise no_libfabric(f"{where}: no libfabric at {root} (not a directory)")
     header = root / "include" / "rdma" / "fabric.h"
     library = find_library(root, "libfabric.so") or find_library(root, "libfabric.so.1")
     if not header.is_file() or library is None:
         lacking = "include/rdma/fabric.h" if not header.is_file() else "lib/libfabric.so"
-        raise _no_libfabric(f"{where}: no libfabric at {root} (no {lacking})")
+        raise no_libfabric(f"{where}: no libfabric at {root} (no {lacking})")
     version = libfabric_version(header)
     newest = OFI_LIBFABRIC_MAX.get(spec.aws_ofi_nccl_version)
     if newest is not None and version[0] > newest:
@@ -459,36 +341,6 @@ def find_library(root: Path, name: str) -> Path | None:
 
 def _multiarch() -> str:
     return {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}.get(os.uname().machine, "")
-
-
-def plugin_symbols(library: Path) -> list[str]:
-    """The ncclNetPlugin_v* symbols library exports (dlopen + dlsym, as NCCL does)."""
-    lib = ctypes.CDLL(str(library), mode=os.RTLD_LAZY | os.RTLD_LOCAL)
-    found = []
-    for v in NET_VERSIONS:
-        try:
-            getattr(lib, f"ncclNetPlugin_v{v}")
-        except AttributeError:
-            continue
-        found.append(f"ncclNetPlugin_v{v}")
-    return found
-
-
-def unresolved(library: Path, env: Mapping[str, str] | None = None) -> list[str]:
-    """The libraries `ldd` cannot find for library (empty: every dependency resolves)."""
-    proc = subprocess.run(["ldd", str(library)], capture_output=True, text=True, env=env, check=False)
-    if proc.returncode != 0:
-        return [proc.stderr.strip() or f"ldd {library} failed"]
-    return [ln.split("=>")[0].strip() for ln in proc.stdout.splitlines() if "not found" in ln]
-
-
-def nccl_version_of(library: Path) -> int:
-    """ncclGetVersion() of a libnccl.so (2.22.3 -> 22203); needs no GPU."""
-    lib = ctypes.CDLL(str(library))
-    code = ctypes.c_int(0)
-    if lib.ncclGetVersion(ctypes.byref(code)) != 0:
-        raise CommsFailed(f"ncclGetVersion failed in {library}")
-    return code.value
 
 
 def version_code(version: str) -> int:

@@ -32,8 +32,9 @@ from typing import Any, TextIO
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from torchbuild.core.atomic import PARTIAL_PREFIX
 from torchbuild.core.errors import CompanionError, SourceError, WheelError, named_os_errors
-from torchbuild.core.oom import JobsUsed, run_compile
+from torchbuild.core.progress import Tee
 from torchbuild.core.safeio import KiB, read_text, user_path
 from torchbuild.delivery import manifest, pipenv
 from torchbuild.inputs.companion_table import REPOS, default_ref, version_problem
@@ -41,9 +42,7 @@ from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import build_env, compilers
 from torchbuild.inputs.jobs import HostResources, plan_for
 from torchbuild.inputs.source import SourceInfo, describe_dir, fetch_git, update_tree
-from torchbuild.launch.backends import PARTIAL_PREFIX
 from torchbuild.steps.compile_job import (
-    Tee,
     ccache_stats,
     check_wheel_tools,
     hit_rate,
@@ -52,6 +51,7 @@ from torchbuild.steps.compile_job import (
     pip_wheel,
     toolchain_versions,
 )
+from torchbuild.steps.oom import JobsUsed, run_compile
 from torchbuild.steps.repro import normalize_wheel, source_date_epoch
 
 # what torchbuild sets for each library unless companion_env says otherwise: both switches

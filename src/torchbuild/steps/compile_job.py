@@ -5,7 +5,6 @@ the tree's path, the toolchain's versions, ccache's counters, the pip wheel comm
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import os
 import shutil
@@ -13,45 +12,10 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TextIO
 
-from torchbuild.core.errors import ToolMissing, os_fault
-from torchbuild.core.progress import Progress
+from torchbuild.core.errors import ToolMissing
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import compilers
-
-
-class Tee:
-    """Write to the terminal (or container log stream) and the log file at once."""
-
-    def __init__(self, log: Path, out: TextIO, progress: str = "raw") -> None:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        self.file = log.open("a", buffering=1)
-        self.out = out
-        self.progress = Progress(out, progress)
-
-    def write(self, text: str) -> None:
-        try:
-            self.file.write(text)
-        except OSError as exc:  # a full disk shows first here, while the build writes its log
-            raise os_fault(exc, self.file.name, "writing the build log") from exc
-        self.progress.write(text)
-        self.out.flush()
-
-    def line(self, text: str = "") -> None:
-        self.write(text + "\n")
-
-    def flush(self) -> None:
-        self.out.flush()
-
-    @property
-    def path(self) -> Path:
-        return Path(self.file.name)
-
-    def close(self) -> None:
-        self.progress.finish()
-        with contextlib.suppress(OSError):  # a full disk was already reported by write()
-            self.file.close()
 
 
 def now_utc() -> str:
@@ -135,24 +99,6 @@ def check_wheel_tools(source: str, python: str = sys.executable) -> None:
             f"{python} lacks {', '.join(missing)}, which a setup.py build needs",
             hint=f"{python} -m pip install {' '.join(missing)} (with the rest of PyTorch's requirements.txt)",
         )
-
-
-def interpreter(version: str) -> str:
-    """The interpreter for Python X.Y as this step sees it: this one when it is X.Y (or no
-    version is asked), else the image's /opt/venv-X.Y (profile key python_versions), else
-    pythonX.Y on PATH. ToolMissing naming the fix otherwise."""
-    if not version or version == "{}.{}".format(*sys.version_info[:2]):
-        return sys.executable
-    venv = Path(f"/opt/venv-{version}/bin/python")
-    if venv.is_file():
-        return str(venv)
-    found = shutil.which(f"python{version}")
-    if found:
-        return found
-    raise ToolMissing(
-        f"no Python {version} here: neither /opt/venv-{version} (the image's) nor python{version} on PATH",
-        hint=f"add {version!r} to the profile's python_versions and run `invoke image`, or install python{version}",
-    )
 
 
 def path_independent(env_vars: Mapping[str, str], source: str) -> dict[str, str]:

@@ -26,9 +26,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from torchbuild.core.atomic import atomic_write_text
+from torchbuild.core.atomic import EXCHANGE, atomic_write_text
 from torchbuild.core.errors import named_os_errors
-from torchbuild.launch.backends import EXCHANGE
 
 STEPS = ("source", "wheel", "verify")
 

@@ -6,6 +6,7 @@ from invoke.collection import Collection
 
 from torchbuild.tasks.bench import bench
 from torchbuild.tasks.build import build, companions_, patches, source
+from torchbuild.tasks.common import COLLECTION
 from torchbuild.tasks.comms import comms
 from torchbuild.tasks.config import config
 from torchbuild.tasks.develop import develop
@@ -41,3 +42,4 @@ ns = Collection(
     manifest,
     inside,
 )
+COLLECTION["ns"] = ns  # what a task's --help prints from

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from invoke.collection import Collection
 from invoke.exceptions import Exit
 from invoke.parser.argument import Argument
 from invoke.tasks import Task
@@ -176,6 +177,9 @@ RESERVED_SHORT = frozenset({"h", "-"})
 OPTION_VALUES = frozenset({"directive", "apt_option", "args"})
 # the program name the help printed for a task says (cli.program() sets "torchbuild")
 PROGRAM = {"binary": "inv[oke]"}
+# the collection of every task; tasks/__init__.py puts it here once it is built (this module
+# must not import the package, which imports every task module, which imports this one)
+COLLECTION: dict[str, Collection] = {}
 
 
 class _Owner:
@@ -194,8 +198,7 @@ def print_task_help(task: Task) -> None:  # type: ignore[type-arg]
     from invoke.parser import Parser
     from invoke.program import Program
 
-    from torchbuild.tasks import ns
-
+    ns = COLLECTION["ns"]
     # by body: invoke loading tasks.py copies the sub-collections (and their tasks)
     name = next((n for n in ns.task_names if ns[n].body is task.body), task.name or task.body.__name__)
     program = Program(namespace=ns, binary=PROGRAM["binary"])

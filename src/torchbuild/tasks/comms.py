@@ -7,7 +7,7 @@ from invoke.context import Context
 from torchbuild.core.problems import Problems
 from torchbuild.core.safeio import user_path
 from torchbuild.inputs.config import parse_jobs_option
-from torchbuild.steps.comms import comms as build_comms
+from torchbuild.launch.comms import comms as build_comms
 from torchbuild.tasks.common import Launch, launch_task
 
 

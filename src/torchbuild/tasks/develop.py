@@ -9,7 +9,7 @@ from torchbuild.core.errors import UsageError, writable_dir
 from torchbuild.core.problems import Problems
 from torchbuild.core.safeio import user_path
 from torchbuild.inputs.config import cache_dir, parse_jobs_option
-from torchbuild.steps.develop import develop_with
+from torchbuild.launch.develop import develop_with
 from torchbuild.tasks.common import Launch, launch_task
 
 

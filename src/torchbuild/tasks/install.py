@@ -8,9 +8,9 @@ from invoke.context import Context
 
 from torchbuild.core.errors import UsageError
 from torchbuild.core.safeio import user_path
-from torchbuild.delivery.install import install as install_env
-from torchbuild.delivery.install import mpi_check as check_mpi
 from torchbuild.delivery.wheelhouse import add_wheels, wheels_in
+from torchbuild.launch.install import install as install_env
+from torchbuild.launch.install import mpi_check as check_mpi
 from torchbuild.tasks.common import Launch, handles_errors, launch_task, task
 
 OUT_HELP = "the directory of built wheels (default ./out); staging files go there too"

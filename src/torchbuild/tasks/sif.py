@@ -9,12 +9,12 @@ from invoke.context import Context
 from torchbuild.core.errors import EngineUnavailable, ToolMissing, UsageError
 from torchbuild.core.safeio import user_path
 from torchbuild.inputs.config import DEFAULT_PROFILE, BuildSpec, cache_dir
+from torchbuild.inputs.config import wanted as comms_wanted
 from torchbuild.inputs.engine import Engine
 from torchbuild.inputs.recipe import bootstrap_for, build_from_recipe, write_definition
 from torchbuild.inputs.sif import SifResult, build_sif, host_apptainer, locate, sif_filename
 from torchbuild.launch.backends import Options, choose
-from torchbuild.steps.comms import comms as build_comms
-from torchbuild.steps.comms import wanted as comms_wanted
+from torchbuild.launch.comms import comms as build_comms
 from torchbuild.tasks.common import HELP, handles_errors, spec_from, task
 
 

@@ -20,14 +20,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
 
+from torchbuild.core.atomic import EXCHANGE, PARTIAL_PREFIX
 from torchbuild.core.errors import BuildInterrupted, TorchbuildError, UsageError, error_for_exit, named_os_errors
-from torchbuild.core.oom import OOM_EXITS, step_failure
 from torchbuild.core.process import interrupts_unwind
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import BACKENDS
-
-PARTIAL_PREFIX = ".partial-"
-EXCHANGE = ".torchbuild"  # directory in the output bind that carries request files
+from torchbuild.steps.oom import OOM_EXITS, step_failure
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,11 +10,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from torchbuild.core.atomic import EXCHANGE
 from torchbuild.delivery.manifest import ImageRecord
 from torchbuild.inputs.engine import Engine
 from torchbuild.inputs.environment import allocation_env, launch_env
 from torchbuild.inputs.image import require_image
-from torchbuild.launch.backends import EXCHANGE, Backend, Binds, container_view
+from torchbuild.launch.backends import Backend, Binds, container_view
 
 
 def caller_user() -> str:

@@ -92,7 +92,7 @@ def oom_evidence(line: str) -> str | None:
 
 
 class Sink(Protocol):
-    """Where a step's output goes (compile_job.Tee): the terminal and the log."""
+    """Where a step's output goes (core.progress.Tee): the terminal and the log."""
 
     def write(self, text: str) -> None: ...
 

@@ -1,0 +1,146 @@
+"""`invoke comms` on the host: everything that can be checked here is checked (libfabric_prefix,
+which is bound at its own path; natively also nvcc, make and autotools), every problem named at
+once; the sources are fetched and unpacked into the cache; the comms step runs through the
+backend into <cache>/comms/<key> unless that prefix is there already (steps/comms.py has the
+step and the key)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+from torchbuild.core import console
+from torchbuild.core.errors import UsageError, named_os_errors, writable_dir
+from torchbuild.core.problems import Problems
+from torchbuild.inputs.config import BuildSpec, cache_dir, wanted
+from torchbuild.inputs.environment import build_env
+from torchbuild.launch.backends import Backend, Binds
+from torchbuild.steps.comms import (
+    COMMS_MANIFEST,
+    NCCL_ARCHIVE,
+    OFI_ARCHIVE,
+    OFI_PINS,
+    check_libfabric,
+    comms_dir,
+    comms_key,
+    fetch,
+    no_libfabric,
+    plugin_needs_autotools,
+    read_manifest,
+    tool_problems,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Comms:
+    """What `comms` made (or found made): the prefix on the host and as the step sees it."""
+
+    prefix: Path
+    view: Path
+    manifest: dict[str, Any]
+    built_now: bool
+
+
+def comms(
+    spec: BuildSpec,
+    backend: Backend,
+    *,
+    out_dir: Path,
+    out: TextIO = sys.stdout,
+    jobs: int = 0,
+    oom_retry: bool = True,
+) -> Comms:
+    """Build NCCL and the plugin the profile asks for with backend, unless a prefix of the same
+    key is there already. jobs: --jobs (0: planned where the step runs, from its cores and
+    memory); oom_retry: resume a make with fewer jobs after an out-of-memory kill."""
+    if not wanted(spec):
+        raise UsageError(
+            f"profile {spec.profile} builds neither NCCL nor a plugin (nccl: {spec.nccl}, no aws_ofi_nccl_version)",
+            hint="set nccl: source and/or aws_ofi_nccl_version (e.g. --set nccl=source)",
+        )
+    # everything that can be checked here, all of it named at once, before any download
+    problems = Problems()
+    native = backend.name == "native"
+    if spec.aws_ofi_nccl_version and (spec.libfabric_prefix or native):
+        # libfabric_prefix is bound at its own path (a container engine would create a missing
+        # bind source as root); natively the step's libfabric is this host's
+        problems.check(lambda: check_libfabric(spec))
+    elif spec.libfabric_prefix and not native and not Path(spec.libfabric_prefix).is_dir():
+        problems.add(no_libfabric(f"libfabric_prefix: no libfabric at {spec.libfabric_prefix} (not a directory)"))
+    if native:  # the step runs here: its compilers and tools are this host's
+        path = {**os.environ, **build_env(spec, cache_root=str(cache_dir(spec)), jobs=1)}.get("PATH")
+        for problem in tool_problems(spec, bool(spec.nccl == "source"), plugin_needs_autotools(spec), path):
+            problems.add(problem)
+    image = problems.check(backend.check)
+    out_dir = problems.check(lambda: writable_dir(out_dir, "--out")) or out_dir
+    cache = problems.check(lambda: writable_dir(cache_dir(spec), "cache_dir")) or cache_dir(spec)
+    problems.raise_any()
+    nccl = plugin = None
+    if spec.nccl == "source":
+        default = NCCL_ARCHIVE.format(version=spec.nccl_version)
+        nccl = fetch("nccl", spec.nccl_source, default, spec.nccl_sha256, cache, out, ref=f"v{spec.nccl_version}")
+    if spec.aws_ofi_nccl_version:
+        default = OFI_ARCHIVE.format(version=spec.aws_ofi_nccl_version)
+        sha = spec.aws_ofi_nccl_sha256 or (
+            "" if spec.aws_ofi_nccl_source else OFI_PINS.get(spec.aws_ofi_nccl_version, "")
+        )
+        ref = f"v{spec.aws_ofi_nccl_version}"
+        plugin = fetch("aws_ofi_nccl", spec.aws_ofi_nccl_source, default, sha, cache, out, ref=ref)
+    # the image's id, the same for the image and the SIF made from it (natively: this host's tools)
+    key = comms_key(spec, nccl, plugin, str((image or {}).get("id") or backend.name))
+    prefix = cache / "comms" / comms_dir(spec, key)
+    read_only = (Path(spec.libfabric_prefix),) if spec.libfabric_prefix and backend.name != "native" else ()
+    binds = Binds(cache=cache, out=out_dir, extra=tuple(s.tree for s in (nccl, plugin) if s), read_only=read_only)
+    view = backend.view(binds)
+    view_prefix = view.cache / prefix.relative_to(cache)
+    done = prefix / COMMS_MANIFEST
+    if done.is_file():
+        manifest = read_manifest(done)
+        print(f"comms: {prefix} is up to date (built {manifest.get('finished', '?')}); nothing to do", file=out)
+        return Comms(prefix, view_prefix, manifest, built_now=False)
+    request = {
+        "run_id": uuid.uuid4().hex[:12],
+        "spec": spec.to_dict(),
+        "key": key,
+        "prefix": str(view_prefix),
+        "nccl": {"tree": str(nccl.tree), "origin": nccl.origin, "sha256": nccl.digest} if nccl else None,
+        "plugin": {"tree": str(plugin.tree), "origin": plugin.origin, "sha256": plugin.digest} if plugin else None,
+        "image": image,
+        "engine": backend.engine,
+        "jobs": jobs,
+        "oom_retry": oom_retry,
+    }
+    with named_os_errors(prefix.parent, "cache_dir"):
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        backend.run("comms", request, binds)
+    finally:  # a container stopped mid-build cannot clean up after itself
+        shutil.rmtree(prefix.with_name(f"{prefix.name}.partial-{request['run_id']}"), ignore_errors=True)
+    manifest = read_manifest(done)
+    _summary(manifest, prefix)
+    return Comms(prefix, view_prefix, manifest, built_now=True)
+
+
+def _summary(m: Mapping[str, Any], prefix: Path) -> None:
+    rows = [("prefix", str(prefix))]
+    if m.get("nccl"):
+        n = m["nccl"]
+        rows.append(
+            ("nccl", f"{n['version']} ({n['gencode']}), {n['seconds']:.0f} s, {n['size_bytes'] / 2**20:.1f} MiB")
+        )
+    if m.get("plugin"):
+        p = m["plugin"]
+        rows.append(
+            (
+                "aws-ofi-nccl",
+                f"{p['version']} against libfabric {p['libfabric_version']}, {p['seconds']:.0f} s, "
+                f"{p['size_bytes'] / 2**20:.1f} MiB, {', '.join(p['symbols'])}",
+            )
+        )
+    print(console.table(["comms", ""], rows, header=False), flush=True)
