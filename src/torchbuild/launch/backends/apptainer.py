@@ -18,7 +18,7 @@ from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import allocation_env, launch_env
 from torchbuild.inputs.image import LABEL_PREFIX
 from torchbuild.inputs.sif import SIF_LABEL, Apptainer, check_sif_header, default_sif, locate
-from torchbuild.launch.backends import CONTAINER_VIEW, Backend, Binds, container_view
+from torchbuild.launch.backends.base import CONTAINER_VIEW, Backend, Binds, container_view
 
 
 def check_sif(spec: BuildSpec, apptainer: Apptainer, sif: Path) -> dict[str, str]:

@@ -15,7 +15,7 @@ from torchbuild.delivery.manifest import ImageRecord
 from torchbuild.inputs.engine import Engine
 from torchbuild.inputs.environment import allocation_env, launch_env
 from torchbuild.inputs.image import require_image
-from torchbuild.launch.backends import Backend, Binds, container_view
+from torchbuild.launch.backends.base import Backend, Binds, container_view
 
 
 def caller_user() -> str:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from torchbuild.launch.backends import Backend, Binds
+from torchbuild.launch.backends.base import Backend, Binds
 
 
 class NativeBackend(Backend):
