@@ -19,9 +19,10 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Union
+from typing import Any, NoReturn, Union
 
 import yaml
+from jsonschema import Draft202012Validator, ValidationError, validators
 from packaging.version import InvalidVersion, Version
 
 from torchbuild.core.arch import Arch
@@ -76,11 +77,12 @@ class KeySpec:
 
 
 SCOPES = ("build", "job", "runtime")
+_TYPES = ("str", "int", "bool", "number", "list", "requirements", "map", "jobs", "cuda_arch_list")
 
 
 @functools.cache
-def schema() -> Mapping[str, KeySpec]:
-    """Every allowed key, read once from configs/defaults.yaml."""
+def _declared() -> Mapping[str, KeySpec]:
+    """Every key as configs/defaults.yaml declares it (its defaults not yet checked)."""
     path = defaults_file()
     raw = yaml.safe_load(path.read_text())
     keys: dict[str, KeySpec] = {}
@@ -102,10 +104,139 @@ def schema() -> Mapping[str, KeySpec]:
             path=bool(entry.get("path", False)),
             scope=entry.get("scope", "build"),
         )
-    # the defaults must themselves be valid, or every profile would inherit an error
-    for key in keys.values():
-        _coerce(key, key.default, f"{path}")
     return MappingProxyType(keys)
+
+
+@functools.cache
+def schema() -> Mapping[str, KeySpec]:
+    """Every allowed key, read once from configs/defaults.yaml."""
+    keys = _declared()
+    # the defaults must themselves be valid, or every profile would inherit an error
+    label = str(defaults_file())
+    _checked({k: s.default for k, s in keys.items()}, lambda _: label)
+    return keys
+
+
+# The profile's JSON Schema (draft 2020-12), generated from defaults.yaml: resolve checks each
+# value's type, choices and range through it (jsonschema), and editors complete and check
+# profiles with its copy in configs/profile.schema.json. It describes the YAML a profile may
+# hold: a str key also takes a number YAML read as one (compiler_version: 13), checked as its
+# text. What JSON Schema cannot say stays in Python: host paths, pip requirements, NaN, and the
+# rules between keys (_cross_check).
+SCHEMA_FILE = "profile.schema.json"
+SCHEMA_COMMAND = f"python -m torchbuild.inputs.config > configs/{SCHEMA_FILE}"
+_JOBS_TEXT = r"\s*[0-9]{1,18}\s*"  # max_jobs as text (--set max_jobs=8, max_jobs: "8")
+
+
+def _anchored(pattern: str) -> str:
+    """A defaults.yaml pattern (matched in full) as JSON Schema's (searched): ^(?:...)$."""
+    return f"^(?:{pattern})$"
+
+
+def _text_schema(spec: KeySpec) -> dict[str, Any]:
+    """A str key's value, or a list's item."""
+    out: dict[str, Any] = {"type": "string"} if spec.choices else {"type": ["string", "integer"]}
+    if spec.choices:
+        out["enum"] = list(spec.choices)
+    if spec.pattern is not None:
+        out["pattern"] = _anchored(spec.pattern)
+    return out
+
+
+def _range_schema(spec: KeySpec, low: float | None) -> dict[str, Any]:
+    """minimum (or, for a number without min, exclusiveMinimum 0) and maximum."""
+    out: dict[str, Any] = {}
+    if spec.minimum is not None or low is not None:
+        out["minimum"] = spec.minimum if spec.minimum is not None else low
+    else:
+        out["exclusiveMinimum"] = 0
+    if spec.maximum is not None:
+        out["maximum"] = spec.maximum
+    return out
+
+
+def _value_schema(spec: KeySpec) -> dict[str, Any]:
+    """The JSON Schema of one key's value, by its defaults.yaml type."""
+    arch = _CUDA_ARCH_RE.pattern
+    kinds: dict[str, dict[str, Any]] = {
+        "str": _text_schema(spec),
+        "list": {"type": "array", "items": _text_schema(spec)},
+        "requirements": {"type": "array", "items": _text_schema(spec)},
+        "bool": {"type": "boolean"},
+        "int": {"type": "integer", **_range_schema(spec, 0)},
+        "number": {"type": "number", **_range_schema(spec, None)},
+        "jobs": {
+            "anyOf": [
+                {"const": "auto"},
+                {"type": "integer", **_range_schema(spec, 1)},
+                {"type": "string", "pattern": _anchored(_JOBS_TEXT)},
+            ]
+        },
+        "cuda_arch_list": {
+            "anyOf": [
+                {"type": "array", "items": {"type": ["string", "number"], "pattern": _anchored(arch)}},
+                {"type": "string", "pattern": _anchored(f"[;, ]*({arch}([;, ]+{arch})*)?[;, ]*")},
+            ]
+        },
+        "map": {
+            "type": "object",
+            "propertyNames": {
+                "type": "string",
+                **({"pattern": _anchored(spec.key_pattern)} if spec.key_pattern else {}),
+            },
+            "additionalProperties": {"type": ["string", "number", "boolean"]},
+        },
+    }
+    return {"description": spec.doc, **kinds[spec.type], "default": spec.default}
+
+
+def json_schema() -> dict[str, Any]:
+    """The profile's JSON Schema (draft 2020-12), generated from configs/defaults.yaml."""
+    properties: dict[str, Any] = {
+        "extends": {"description": "Another profile this one starts from: a name or a path.", "type": "string"}
+    }
+    properties.update({name: _value_schema(spec) for name, spec in _declared().items()})
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "torchbuild profile",
+        "description": f"A torchbuild profile; generated from configs/defaults.yaml by `{SCHEMA_COMMAND}`.",
+        "type": "object",
+        "properties": properties,
+        "additionalProperties": False,
+    }
+
+
+def json_schema_text() -> str:
+    """json_schema() as configs/profile.schema.json holds it."""
+    return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
+
+
+def _is_integer(checker: Any, instance: object) -> bool:
+    """YAML's 16, not 16.0 (JSON Schema's integer takes both)."""
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+def _fullmatch(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    """pattern as Python's re matches the whole text: "2.6.0\\n" does not match ^...$."""
+    if isinstance(instance, str) and not re.fullmatch(pattern, instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+_extend: Callable[..., Any] = validators.extend  # untyped in types-jsonschema
+_ProfileValidator = _extend(
+    Draft202012Validator,
+    validators={"pattern": _fullmatch},
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
+)
+
+
+@functools.cache
+def _validator() -> Any:
+    return _ProfileValidator(json_schema())
+
+
+if __name__ == "__main__":  # regenerate configs/profile.schema.json: SCHEMA_COMMAND
+    print(json_schema_text(), end="")
 
 
 # --------------------------------------------------------------------------- BuildSpec
@@ -526,7 +657,7 @@ def _cli_yaml(spec: KeySpec, raw: str) -> Any:
 
 
 def _suggest(key: str) -> str:
-    close = difflib.get_close_matches(key, list(schema()), n=1, cutoff=0.6)
+    close = difflib.get_close_matches(key, list(_declared()), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
@@ -535,34 +666,6 @@ def _suggest(key: str) -> str:
 
 def _bad(spec: KeySpec, where: str, problem: str, hint: str | None = None) -> ProfileError:
     return ProfileError(f"{where}: key {spec.name!r}: {problem}", hint=hint)
-
-
-def _coerce_text(spec: KeySpec, v: Any, where: str, what: str = "value") -> str:
-    """A str key's value (or a list's item): text, one of the choices, matching the pattern."""
-    if isinstance(v, bool) or v is None:
-        raise _bad(spec, where, f"{what} must be text, got {v!r}")
-    if isinstance(v, float):
-        raise _bad(spec, where, f"{what} {v!r} was read as a number", hint=f"quote it in YAML: '{v}'")
-    if isinstance(v, int):
-        v = str(v)
-    if not isinstance(v, str):
-        raise _bad(spec, where, f"{what} must be text, got {type(v).__name__}")
-    if spec.choices and v not in spec.choices:
-        close = difflib.get_close_matches(v, spec.choices, n=1)
-        sugg = f"; did you mean {close[0]!r}?" if close else ""
-        shown = ", ".join(repr(c) for c in spec.choices)
-        raise _bad(spec, where, f"{v!r} is not allowed{sugg}", hint=f"valid values: {shown}")
-    if spec.pattern is not None and not re.fullmatch(spec.pattern, v):
-        raise _bad(spec, where, f"{_shown(v, 80)} is malformed (expected to match {spec.pattern})")
-    if spec.path:
-        home_path(v, f"{where}: key {spec.name!r}:")
-    return v
-
-
-def _coerce_bool(spec: KeySpec, value: Any, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise _bad(spec, where, f"expected true or false, got {value!r}")
-    return value
 
 
 def _shown(value: Any, width: int = 24) -> str:
@@ -580,35 +683,11 @@ def _bounds(spec: KeySpec) -> str:
     return f"from {low:g} to {high}"
 
 
-def _check_range(spec: KeySpec, value: float, where: str, expected: str) -> None:
-    low = spec.minimum if spec.minimum is not None else -math.inf
-    high = spec.maximum if spec.maximum is not None else math.inf
-    if not low <= value <= high:
-        bounds = _bounds(spec)
-        raise _bad(
-            spec, where, f"{_shown(value)} is out of range: expected {expected} {bounds}", hint=f"give a value {bounds}"
-        )
-
-
-def _coerce_int(spec: KeySpec, value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _bad(spec, where, f"expected a whole number >= 0, got {_shown(value)}")
-    _check_range(spec, value, where, "a whole number")
-    return value
-
-
-def _coerce_number(spec: KeySpec, value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise _bad(spec, where, f"expected a number > 0, got {_shown(value)}")
-    if not math.isfinite(value):
-        raise _bad(
-            spec,
-            where,
-            f"expected a finite number, got {value!r}",
-            hint=f"give {spec.name} a number, e.g. {spec.default}",
-        )
-    _check_range(spec, value, where, "a number")
-    return float(value)
+def _out_of_range(spec: KeySpec, value: float, where: str, expected: str) -> ProfileError:
+    bounds = _bounds(spec)
+    return _bad(
+        spec, where, f"{_shown(value)} is out of range: expected {expected} {bounds}", hint=f"give a value {bounds}"
+    )
 
 
 _DIGITS = re.compile(r"[0-9]{1,18}")  # ASCII digits only: "²".isdigit() is True, int("²") fails
@@ -623,27 +702,171 @@ def _count_of_jobs(value: object) -> int | None:
     return value
 
 
-def _coerce_jobs(spec: KeySpec, value: Any, where: str) -> Union[str, int]:
-    if value == "auto":
-        return "auto"
-    jobs = _count_of_jobs(value)
-    if jobs is None:
-        raise _bad(spec, where, f"expected auto or a whole number {_bounds(spec)}, got {_shown(value)}")
-    _check_range(spec, jobs, where, "auto or a whole number")
-    return jobs
+def _int_text(value: Any) -> Any:
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
-def _coerce_list(spec: KeySpec, value: Any, where: str) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        raise _bad(spec, where, f"expected a list, got {value!r}", hint="write a YAML list: [a, b]")
-    return tuple(_coerce_text(spec, v, where, "item") for v in value)
+def _yaml_scalars(spec: KeySpec, value: Any) -> Any:
+    """value as the schema checks it: a number YAML read where the key takes text put back as
+    text (compiler_version: 13, cuda_arch_list: [8.0]), a cuda_arch_list given as one text split
+    ("8.0;9.0"), max_jobs given as text ("8") as its number; anything else as it came."""
+    if spec.type == "str":
+        return _int_text(value)
+    if spec.type in ("list", "requirements") and isinstance(value, list):
+        return [_int_text(v) for v in value]
+    if spec.type == "cuda_arch_list":
+        if isinstance(value, str):
+            value = [v for v in re.split(r"[;, ]", value) if v]
+        if isinstance(value, list):
+            return [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in value]
+    if spec.type == "jobs" and isinstance(value, str) and _DIGITS.fullmatch(value.strip()):
+        return int(value.strip())
+    return value
 
 
-def _coerce_requirements(spec: KeySpec, value: Any, where: str) -> tuple[str, ...]:
-    """A list of pip requirements (PEP 508: name, extras, version specifiers, markers)."""
+def _checked(values: Mapping[str, Any], where: Callable[[str], str]) -> dict[str, Any]:
+    """values (one layer: a profile file, --set, a request) checked against the profile's JSON
+    Schema and then by _canonical, in BuildSpec's form. The first error in the layer's order (an
+    unknown key before any value) is a ProfileError naming where its key was set."""
+    keys = _declared()
+    data = {k: _yaml_scalars(keys[k], v) if k in keys else v for k, v in values.items()}
+    errors = list(_validator().iter_errors(data))
+    if errors:
+        first = min(errors, key=lambda e: _position(e, data))
+        if not first.path:  # additionalProperties: a key the schema does not declare
+            unknown = next(k for k in data if k not in keys)
+            raise _unknown_key(unknown, where(unknown))
+        name = str(first.path[0])
+        raise _explain(keys[name], first, data[name], where(name))
+    return {k: _canonical(keys[k], v, where(k)) for k, v in data.items()}
+
+
+def _position(error: ValidationError, data: Mapping[str, Any]) -> tuple[int, int]:
+    """Where an error is in the layer: its key's place, then its item's or entry's."""
+    if not error.path:
+        return (-1, 0)
+    name = error.path[0]
+    value = data.get(str(name))
+    entry: Any = error.path[1] if len(error.path) > 1 else None
+    if "propertyNames" in error.absolute_schema_path:
+        entry = error.instance  # a map's entry name (its path stops at the map)
+    if isinstance(value, dict) and entry in value:
+        entry = list(value).index(entry)
+    return (list(data).index(str(name)), entry if isinstance(entry, int) else 0)
+
+
+# keys that were replaced, and what to write instead
+RENAMED = {"system_nccl": "nccl: system (was system_nccl: true) or nccl: bundled (was false)"}
+
+
+def _unknown_key(key: Any, where: str) -> ProfileError:
+    if key in RENAMED:
+        return ProfileError(f"{where}: key {key!r} was replaced", hint=f"write {RENAMED[key]}")
+    return ProfileError(
+        f"{where}: unknown key {key!r}{_suggest(str(key))}",
+        hint="every key is listed with its doc in configs/defaults.yaml (`invoke config --keys`)",
+    )
+
+
+def _explain(spec: KeySpec, error: ValidationError, value: Any, where: str) -> ProfileError:
+    """The schema's error on one key's value as the message a user can act on."""
+    if spec.type in ("int", "number", "jobs"):
+        return _explain_amount(spec, value, where)
+    if spec.type == "bool":
+        return _bad(spec, where, f"expected true or false, got {value!r}")
+    if spec.type == "map":
+        return _explain_map(spec, error, value, where)
+    if spec.type == "cuda_arch_list":
+        if not isinstance(value, list):
+            return _bad(spec, where, f"expected a list of GPU architectures, got {value!r}")
+        bad = next(v for v in value if not isinstance(v, str) or not _CUDA_ARCH_RE.fullmatch(v))
+        hint = "write major.minor with an optional a or +PTX suffix: 8.0, 9.0a, 9.0+PTX"
+        return _bad(spec, where, f"{bad!r} is not a CUDA architecture", hint=hint)
+    if spec.type != "str" and not isinstance(value, list):
+        return _bad(spec, where, f"expected a list, got {value!r}", hint="write a YAML list: [a, b]")
+    return _explain_text(spec, error.instance, where, "value" if spec.type == "str" else "item")
+
+
+def _explain_text(spec: KeySpec, v: Any, where: str, what: str) -> ProfileError:
+    """A str key's value (or a list's item) that is not text, not a choice, or malformed."""
+    if isinstance(v, bool) or v is None:
+        return _bad(spec, where, f"{what} must be text, got {v!r}")
+    if isinstance(v, float):
+        return _bad(spec, where, f"{what} {v!r} was read as a number", hint=f"quote it in YAML: '{v}'")
+    if not isinstance(v, str):
+        return _bad(spec, where, f"{what} must be text, got {type(v).__name__}")
+    if spec.choices and v not in spec.choices:
+        close = difflib.get_close_matches(v, spec.choices, n=1)
+        sugg = f"; did you mean {close[0]!r}?" if close else ""
+        shown = ", ".join(repr(c) for c in spec.choices)
+        return _bad(spec, where, f"{v!r} is not allowed{sugg}", hint=f"valid values: {shown}")
+    return _bad(spec, where, f"{_shown(v, 80)} is malformed (expected to match {spec.pattern})")
+
+
+def _explain_amount(spec: KeySpec, value: Any, where: str) -> ProfileError:
+    """An int, number or jobs value of the wrong type, or out of its range."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if spec.type == "jobs":
+        if _count_of_jobs(value) is None:
+            return _bad(spec, where, f"expected auto or a whole number {_bounds(spec)}, got {_shown(value)}")
+        return _out_of_range(spec, value, where, "auto or a whole number")
+    if spec.type == "int":
+        if not number or isinstance(value, float) or value < 0:
+            return _bad(spec, where, f"expected a whole number >= 0, got {_shown(value)}")
+        return _out_of_range(spec, value, where, "a whole number")
+    if not number or not value > 0:
+        return _bad(spec, where, f"expected a number > 0, got {_shown(value)}")
+    if isinstance(value, float) and math.isinf(value):
+        return _bad(
+            spec,
+            where,
+            f"expected a finite number, got {value!r}",
+            hint=f"give {spec.name} a number, e.g. {spec.default}",
+        )
+    return _out_of_range(spec, value, where, "a number")
+
+
+def _explain_map(spec: KeySpec, error: ValidationError, value: Any, where: str) -> ProfileError:
+    if not isinstance(value, dict):
+        return _bad(spec, where, f"expected a mapping, got {value!r}")
+    if "propertyNames" in error.absolute_schema_path:
+        return _bad(spec, where, f"entry name {error.instance!r} is not allowed (must match {spec.key_pattern})")
+    k = error.path[1]
+    return _bad(spec, where, f"entry {k!r} must be text or a number, got {value[k]!r}")
+
+
+def _canonical(spec: KeySpec, value: Any, where: str) -> Any:
+    """A value the schema accepted in BuildSpec's form (tuples, read-only maps of text, floats),
+    after the checks JSON Schema cannot make: ~user in host paths, pip requirements, NaN."""
+    if spec.type == "map":
+        return _canonical_map(spec, value, where)
+    if spec.type == "number":
+        if value != value:  # NaN passes every comparison JSON Schema makes
+            raise _bad(spec, where, f"expected a number > 0, got {value!r}")
+        return float(value)
+    items = tuple(value) if spec.type in ("list", "requirements", "cuda_arch_list") else (value,)
+    if spec.path:
+        for item in items:
+            home_path(item, f"{where}: key {spec.name!r}:")
+    if spec.type == "requirements":
+        _check_requirements(spec, items, where)
+    return items if spec.type in ("list", "requirements", "cuda_arch_list") else value
+
+
+def _canonical_map(spec: KeySpec, value: Mapping[str, Any], where: str) -> StrMap:
+    result: dict[str, str] = {}
+    for k, v in value.items():
+        text = ("1" if v else "0") if isinstance(v, bool) else str(v)
+        if spec.path:
+            home_path(text, f"{where}: key {spec.name}.{k}:")
+        result[k] = text
+    return MappingProxyType(result)
+
+
+def _check_requirements(spec: KeySpec, items: Iterable[str], where: str) -> None:
+    """Each item a pip requirement (PEP 508: name, extras, version specifiers, markers)."""
     from packaging.requirements import InvalidRequirement, Requirement
 
-    items = _coerce_list(spec, value, where)
     for item in items:
         try:
             Requirement(item)
@@ -654,70 +877,23 @@ def _coerce_requirements(spec: KeySpec, value: Any, where: str) -> tuple[str, ..
                 f"{item!r} is not a pip requirement ({str(exc).splitlines()[0]})",
                 hint="write name[extras]<specifiers>: mpi4py>=4",
             ) from None
-    return items
 
 
-def _coerce_cuda_arch_list(spec: KeySpec, value: Any, where: str) -> tuple[str, ...]:
-    if isinstance(value, str):
-        value = [v for v in re.split(r"[;, ]", value) if v]
-    if not isinstance(value, list):
-        raise _bad(spec, where, f"expected a list of GPU architectures, got {value!r}")
-    out = []
-    for v in value:
-        text = str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
-        if not isinstance(text, str) or not _CUDA_ARCH_RE.fullmatch(text):
-            raise _bad(
-                spec,
-                where,
-                f"{v!r} is not a CUDA architecture",
-                hint="write major.minor with an optional a or +PTX suffix: 8.0, 9.0a, 9.0+PTX",
-            )
-        out.append(text)
-    return tuple(out)
-
-
-def _coerce_map(spec: KeySpec, value: Any, where: str) -> StrMap:
-    if not isinstance(value, dict):
-        raise _bad(spec, where, f"expected a mapping, got {value!r}")
-    result: dict[str, str] = {}
-    for k, v in value.items():
-        if not isinstance(k, str) or (spec.key_pattern and not re.fullmatch(spec.key_pattern, k)):
-            raise _bad(spec, where, f"entry name {k!r} is not allowed (must match {spec.key_pattern})")
-        if isinstance(v, bool):
-            v = "1" if v else "0"
-        elif isinstance(v, (int, float)):
-            v = str(v)
-        elif not isinstance(v, str):
-            raise _bad(spec, where, f"entry {k!r} must be text or a number, got {v!r}")
-        if spec.path:
-            home_path(v, f"{where}: key {spec.name}.{k}:")
-        result[k] = v
-    return MappingProxyType(result)
-
-
-_COERCE: Mapping[str, Callable[[KeySpec, Any, str], Any]] = {
-    "str": _coerce_text,
-    "int": _coerce_int,
-    "bool": _coerce_bool,
-    "number": _coerce_number,
-    "list": _coerce_list,
-    "requirements": _coerce_requirements,
-    "map": _coerce_map,
-    "jobs": _coerce_jobs,
-    "cuda_arch_list": _coerce_cuda_arch_list,
-}
-_TYPES = tuple(_COERCE)
+def _plain(value: Any) -> Any:
+    """A BuildSpec value as the YAML or JSON it came from (lists, dicts, text)."""
+    if isinstance(value, Arch):
+        return value.value
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
 
 
 def check_value(name: str, value: Any, where: str) -> None:
     """ProfileError unless value is one the key `name` takes (type, choices, range): for a spec
     made otherwise than by resolve (dataclasses.replace), checked again where it is used."""
-    _coerce(schema()[name], value, where)
-
-
-def _coerce(spec: KeySpec, value: Any, where: str) -> Any:
-    """Check one value against its KeySpec and return it in canonical form."""
-    return _COERCE[spec.type](spec, value, where)
+    _checked({name: _plain(value)}, lambda _: where)
 
 
 def parse_jobs_option(value: object, option: str = "--jobs") -> int:
@@ -737,22 +913,6 @@ def parse_jobs_option(value: object, option: str = "--jobs") -> int:
     return jobs
 
 
-# keys that were replaced, and what to write instead
-RENAMED = {"system_nccl": "nccl: system (was system_nccl: true) or nccl: bundled (was false)"}
-
-
-def _check_keys(layer: _Layer) -> None:
-    for key in layer.values:
-        if key in RENAMED:
-            raise ProfileError(f"{layer.where(key)}: key {key!r} was replaced", hint=f"write {RENAMED[key]}")
-        if key not in schema():
-            where = layer.where(key)
-            raise ProfileError(
-                f"{where}: unknown key {key!r}{_suggest(key)}",
-                hint="every key is listed with its doc in configs/defaults.yaml (`invoke config --keys`)",
-            )
-
-
 # variables the install environment's activate script and modulefiles set themselves
 # (and, in the SIF, HOME and TORCHBUILD_PROFILE, which the runtime and %environment set)
 RUNTIME_MANAGED = frozenset(
@@ -760,52 +920,65 @@ RUNTIME_MANAGED = frozenset(
 )
 
 
+def _fail(where: Mapping[str, str], key: str, problem: str, hint: str | None) -> NoReturn:
+    raise ProfileError(f"{where[key]}: key {key!r}: {problem}", hint=hint)
+
+
 def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], host: Arch) -> None:
     """Rules that involve more than one key; the message names where the later key was set."""
+    _check_cuda_and_nccl(values, where)
+    _check_companions(values, where)
+    _check_not_options(values, where)
+    _check_libraries(values, where, host)
 
-    def fail(key: str, problem: str, hint: str) -> None:
-        raise ProfileError(f"{where[key]}: key {key!r}: {problem}", hint=hint)
 
+def _check_cuda_and_nccl(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
     cuda = bool(values["cuda_version"])
-    arch = host if values["arch"] == "host" else Arch(values["arch"])
     if values["cuda_arch_list"] and not cuda:
-        fail("cuda_arch_list", "set, but cuda_version is empty", "set cuda_version (e.g. 12.6) or clear cuda_arch_list")
+        _fail(
+            where,
+            "cuda_arch_list",
+            "set, but cuda_version is empty",
+            "set cuda_version (e.g. 12.6) or clear cuda_arch_list",
+        )
     if cuda and not values["cuda_arch_list"]:
-        fail("cuda_version", "CUDA build without cuda_arch_list", 'set cuda_arch_list, e.g. ["8.0", "9.0"]')
+        _fail(where, "cuda_version", "CUDA build without cuda_arch_list", 'set cuda_arch_list, e.g. ["8.0", "9.0"]')
     if "nccl" in values["distributed"] and not cuda:
-        fail("distributed", "nccl needs a CUDA build", "drop nccl from distributed or set cuda_version")
+        _fail(where, "distributed", "nccl needs a CUDA build", "drop nccl from distributed or set cuda_version")
     if values["nccl"] != "bundled" and "nccl" not in values["distributed"]:
-        fail("nccl", f"{values['nccl']}, but nccl is not in distributed", "add nccl to distributed")
+        _fail(where, "nccl", f"{values['nccl']}, but nccl is not in distributed", "add nccl to distributed")
     for key in ("nccl_source", "nccl_sha256"):
         if values[key] and values["nccl"] != "source":
-            fail(key, f"only applies with nccl: source (nccl is {values['nccl']})", f"set nccl: source or remove {key}")
+            problem = f"only applies with nccl: source (nccl is {values['nccl']})"
+            _fail(where, key, problem, f"set nccl: source or remove {key}")
     plugin = values["aws_ofi_nccl_version"]
     for key in ("aws_ofi_nccl_source", "aws_ofi_nccl_sha256", "libfabric_prefix"):
         if values[key] and not plugin:
-            fail(
-                key,
-                "set, but aws_ofi_nccl_version is empty (no plugin is built)",
-                "set aws_ofi_nccl_version, e.g. 1.17.1",
-            )
+            problem = "set, but aws_ofi_nccl_version is empty (no plugin is built)"
+            _fail(where, key, problem, "set aws_ofi_nccl_version, e.g. 1.17.1")
     if plugin and "nccl" not in values["distributed"]:
-        fail("aws_ofi_nccl_version", "the NCCL plugin needs nccl in distributed", "add nccl to distributed")
+        _fail(where, "aws_ofi_nccl_version", "the NCCL plugin needs nccl in distributed", "add nccl to distributed")
     if values["nccl"] == "source":
         bad = nccl_cannot_target(values["nccl_version"], values["cuda_arch_list"])
         if bad:
-            fail("nccl_version", bad, "choose a newer nccl_version, or drop that arch from cuda_arch_list")
+            _fail(where, "nccl_version", bad, "choose a newer nccl_version, or drop that arch from cuda_arch_list")
+
+
+def _check_companions(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
     for key in ("companion_repos", "companion_refs", "companion_sha256"):
         extra = sorted(set(values[key]) - set(values["companions"]))
         if extra:
-            fail(
-                key,
-                f"names {', '.join(extra)}, which companions does not list",
-                f"add it to companions or drop it from {key}",
-            )
+            problem = f"names {', '.join(extra)}, which companions does not list"
+            _fail(where, key, problem, f"add it to companions or drop it from {key}")
     for name in values["companions"]:
         problem = pairing_problem(name, values["torch_version"], values["torch_ref"])
         if problem:
-            fail("companions", problem, "drop it from companions, or choose a torch_version the table pairs it with")
-    # refs and sources reach git, tar and pip argvs: one starting with '-' would be read as an option
+            hint = "drop it from companions, or choose a torch_version the table pairs it with"
+            _fail(where, "companions", problem, hint)
+
+
+def _check_not_options(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
+    """Refs and sources reach git, tar and pip argvs: one starting with '-' would be read as an option."""
     for key in ("torch_ref", "torch_repo", "nccl_source", "aws_ofi_nccl_source", "companion_refs", "companion_repos"):
         given = values[key] if isinstance(values[key], Mapping) else {"": values[key]}
         for name, value in given.items():
@@ -813,27 +986,32 @@ def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], host: Arch
             try:
                 not_an_option(value, label, ProfileError)
             except ProfileError as exc:
-                fail(key, exc.message, exc.hint)
+                _fail(where, key, exc.message, exc.hint)
+
+
+def _check_libraries(values: Mapping[str, Any], where: Mapping[str, str], host: Arch) -> None:
+    arch = host if values["arch"] == "host" else Arch(values["arch"])
     twice = sorted({v for v in values["python_versions"] if values["python_versions"].count(v) > 1})
     if twice:
-        fail("python_versions", f"lists {', '.join(twice)} twice", "list each Python once")
+        _fail(where, "python_versions", f"lists {', '.join(twice)} twice", "list each Python once")
     if "mpi" in values["distributed"] and values["mpi"] == "none":
-        fail("distributed", "mpi backend requested but mpi is none", "set mpi: openmpi, mpich or system")
+        _fail(where, "distributed", "mpi backend requested but mpi is none", "set mpi: openmpi, mpich or system")
     if values["mkl_threading"] and values["blas"] != "mkl":
-        fail("mkl_threading", f"only applies with blas: mkl (blas is {values['blas']})", "remove mkl_threading")
+        _fail(where, "mkl_threading", f"only applies with blas: mkl (blas is {values['blas']})", "remove mkl_threading")
     if values["blas"] == "mkl" and arch is Arch.AARCH64:
-        fail("blas", "MKL exists only for x86_64", "use openblas or nvpl on aarch64")
+        _fail(where, "blas", "MKL exists only for x86_64", "use openblas or nvpl on aarch64")
     if values["blas"] == "nvpl" and arch is Arch.X86_64:
-        fail("blas", "NVPL exists only for aarch64", "use mkl or openblas on x86_64")
+        _fail(where, "blas", "NVPL exists only for aarch64", "use mkl or openblas on x86_64")
     managed = sorted(set(values["runtime_env"]) & RUNTIME_MANAGED)
     if managed:
-        fail(
+        _fail(
+            where,
             "runtime_env",
             f"{', '.join(managed)} is set by the install environment itself (its bin/ first on PATH)",
             "leave it out; host library directories go in host_mpi",
         )
     if not _PROFILE_NAME_RE.fullmatch(values["profile"]):
-        fail("profile", "profile names may use letters, digits, '.', '_' and '-'", "rename the file")
+        _fail(where, "profile", "profile names may use letters, digits, '.', '_' and '-'", "rename the file")
 
 
 # the longest platform tag a wheel of ours may carry, and the longest file written beside it
@@ -890,16 +1068,14 @@ def resolve(
         cli.values["arch"] = Arch.parse(arch).value if arch != "host" else "host"
     layers.append(cli)
 
-    merged: dict[str, Any] = {k: _coerce(s, s.default, "defaults.yaml") for k, s in keys.items()}
+    merged: dict[str, Any] = _checked({k: s.default for k, s in keys.items()}, lambda _: "defaults.yaml")
     origins: dict[str, str] = {k: "defaults.yaml" for k in keys}
     for layer in layers:
-        _check_keys(layer)
-        for key, value in layer.values.items():
-            where = layer.where(key)
-            if keys[key].type == "map" and isinstance(value, dict) and isinstance(merged[key], Mapping):
-                value = {**merged[key], **value}  # maps merge entry by entry
-            merged[key] = _coerce(keys[key], value, where)
-            origins[key] = where
+        for key, value in _checked(layer.values, layer.where).items():
+            if keys[key].type == "map":
+                value = MappingProxyType({**merged[key], **value})  # maps merge entry by entry
+            merged[key] = value
+            origins[key] = layer.where(key)
     merged["profile"] = path.stem
     origins["profile"] = str(path)
     _cross_check(merged, origins, host)
@@ -917,7 +1093,7 @@ def spec_from_dict(data: Mapping[str, Any], label: str = "spec") -> BuildSpec:
     unknown = set(data) - set(keys) - {"profile"}
     if missing or unknown:
         raise ProfileError(f"{label}: keys missing {sorted(missing)} / unknown {sorted(unknown)}")
-    values: dict[str, Any] = {k: _coerce(keys[k], data[k], label) for k in keys}
+    values = _checked({k: _plain(data[k]) for k in keys}, lambda _: label)
     values["arch"] = Arch(values["arch"])
     return BuildSpec(profile=str(data["profile"]), **values, origins=MappingProxyType({"profile": label}))
 
