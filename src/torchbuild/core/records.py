@@ -108,7 +108,7 @@ def from_dict(
 def _reasons(exc: BaseException, path: str = "") -> list[str]:
     """One short reason per leaf of cattrs' exception group ('spec.jobs: expected int')."""
     if isinstance(exc, ForbiddenExtraKeysError):
-        return [f"{path or 'the record'} has unknown keys {', '.join(sorted(exc.extra_fields))}"]
+        return [f"{path + ': ' if path else ''}unknown keys {', '.join(sorted(exc.extra_fields))}"]
     if isinstance(exc, cattrs.BaseValidationError):
         out: list[str] = []
         for sub in exc.exceptions:
