@@ -150,7 +150,7 @@ def test_verify_refuses_a_non_wheel_before_any_check(tmp_path, name, make, says)
     with pytest.raises(WheelError) as info:
         run_request(req)
     assert info.value.exit_code == 18 and str(path) in info.value.message
-    assert not Path(req["json"]).exists()
+    assert not Path(req.report).exists()
 
 
 @pytest.mark.parametrize(
@@ -217,8 +217,14 @@ def test_render_is_a_table_closed_by_the_counts_alone_on_a_line():
         pytest.param("", UsageError, "is not JSON", id="empty"),
         pytest.param("{spec: 1", UsageError, "is not JSON", id="not-json"),
         pytest.param("[1, 2]", UsageError, "is not a JSON object", id="a-list"),
-        pytest.param('{"wheel": "x.whl"}', UsageError, "has no spec", id="no-spec"),
-        pytest.param('{"spec": {}}', UsageError, "neither a wheel nor a package", id="nothing-to-verify"),
+        pytest.param('{"wheel": "x.whl"}', UsageError, "spec: missing", id="no-spec"),
+        pytest.param('{"spec": {}}', UsageError, "keys missing", id="an-empty-spec"),
+        pytest.param(
+            json.dumps({"spec": resolve("cpu").to_dict()}),
+            UsageError,
+            "neither a wheel nor a package",
+            id="nothing-to-verify",
+        ),
     ],
 )
 def test_verify_inside_refuses_a_bad_request_file_by_name(tmp_path, content, error, says):

@@ -17,6 +17,7 @@ A failure at any point removes the prefix: there is no half-made environment.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -26,19 +27,13 @@ import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from torchbuild import __version__
 from torchbuild.core import console
-from torchbuild.core.errors import (
-    InstallFailed,
-    ToolMissing,
-    UsageError,
-    named_os_errors,
-)
+from torchbuild.core.errors import InstallFailed, ToolMissing, named_os_errors
 from torchbuild.delivery.manifest import (
     INSTALL_MANIFEST,
     InstallManifest,
@@ -48,7 +43,7 @@ from torchbuild.delivery.manifest import (
 )
 from torchbuild.delivery.modulefiles import ModuleInfo, add_activate_hook, write_modulefiles
 from torchbuild.delivery.pipenv import keep_built
-from torchbuild.inputs.config import BuildSpec, spec_from_dict
+from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import runtime_env
 
 MPI4PY = "mpi4py"
@@ -74,22 +69,62 @@ def other_packages(spec: BuildSpec) -> list[str]:
     return [p for p in spec.runtime_packages if canonicalize_name(Requirement(p).name) != MPI4PY]
 
 
-# --------------------------------------------------------------------------- the host side
+# --------------------------------------------------------------------------- the requests
+
+
+@dataclasses.dataclass(frozen=True)
+class WheelPin:
+    """A wheel in the staged wheelhouse: its file name, and the project and version it installs."""
+
+    file: str
+    project: str
+    version: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleName:
+    """The modulefile's name and version (torch/2.6.0-gh200)."""
+
+    name: str
+    version: str
+
+
+@dataclasses.dataclass(frozen=True)
+class InstallRequest:
+    """The install step's request (launch/install.py writes it; paths as the step sees them)."""
+
+    spec: BuildSpec
+    prefix: str
+    wheelhouse: str
+    wheels: tuple[WheelPin, ...]
+    cache: str
+    module: ModuleName
+    run_id: str = ""
+    tmp: str = ""  # the TMPDIR of the step's processes; the host removes it on every way out
+    find_links: tuple[str, ...] = ()
+    no_index: bool = False
+    python: str = ""  # --python; "" for python<python_version> (or the profile's)
+    python_version: str = ""  # the wheels' Python (their cpXY tag), not the profile's
+    engine: str = "native"
+
+
+@dataclasses.dataclass(frozen=True)
+class MpiRequest:
+    """The mpi step's request (launch/install.py mpi_check writes it)."""
+
+    spec: BuildSpec
+    python: str = ""  # the interpreter to ask; "" for the step's own
+    host_mpi: tuple[str, ...] = ()  # host MPI directories bound in: the library must come from one
 
 
 # --------------------------------------------------------------------------- the step
 
 
-def run_install_step(payload: Mapping[str, Any]) -> int:
+def run_install_step(req: InstallRequest) -> int:
     """The install step where the backend runs it (see the module's docstring)."""
-    for key in ("spec", "prefix", "wheelhouse", "wheels", "cache", "module"):
-        if key not in payload:
-            raise UsageError(f"the install request has no {key!r}", hint="`invoke install` writes these requests")
-    spec = spec_from_dict(payload["spec"], "install request")
-    prefix = Path(payload["prefix"])
-    step = _Step(spec, prefix, payload)
+    prefix = Path(req.prefix)
     try:
-        step.run()
+        _Step(req).run()
     except BaseException:
         empty_dir(prefix)
         raise
@@ -112,20 +147,20 @@ def _on_path(name: str, problem: str, hint: str) -> str:
 
 
 class _Step:
-    def __init__(self, spec: BuildSpec, prefix: Path, req: Mapping[str, Any]) -> None:
-        self.spec, self.prefix, self.req = spec, prefix, req
-        self.py = prefix / "bin" / "python"
+    def __init__(self, req: InstallRequest) -> None:
+        self.req, self.spec, self.prefix = req, req.spec, Path(req.prefix)
+        self.py = self.prefix / "bin" / "python"
         self.env = {
             **os.environ,
-            "PIP_CACHE_DIR": f"{req['cache']}/pip",
+            "PIP_CACHE_DIR": f"{req.cache}/pip",
             "PIP_DISABLE_PIP_VERSION_CHECK": "1",
             "PIP_NO_INPUT": "1",
         }
         self.env.pop("PYTHONHOME", None)
-        if req.get("tmp"):  # the host removes it on every way out
-            self.env["TMPDIR"] = str(req["tmp"])
-        self.index = [a for p in req.get("find_links", []) for a in ("--find-links", p)]
-        if req.get("no_index"):
+        if req.tmp:  # the host removes it on every way out
+            self.env["TMPDIR"] = req.tmp
+        self.index = [a for p in req.find_links for a in ("--find-links", p)]
+        if req.no_index:
             self.index.insert(0, "--no-index")
 
     def run(self) -> None:
@@ -133,27 +168,57 @@ class _Step:
         mpicc = self._mpicc() if wants_mpi4py(self.spec) else ""
         base = self._python()
         self._call([base, "-m", "venv", "--", str(self.prefix)], "creating the venv")
-        pins = [f"{w['project']}=={w['version']}" for w in self.req["wheels"]]
-        house = self.req["wheelhouse"]
-        built = {str(w["project"]): str(w["version"]) for w in self.req["wheels"]}
+        pins = [f"{w.project}=={w.version}" for w in self.req.wheels]
+        house = self.req.wheelhouse
+        built = {w.project: w.version for w in self.req.wheels}
         self.env.update(keep_built(Path(house, "torchbuild-constraints.txt"), built, str(self.py), self.env))
         say(f"installing {', '.join(pins)} from the local wheelhouse")
         self._pip(["install", "--no-index", "--find-links", house, "--no-deps", "--", *pins], "installing the wheels")
         extra = other_packages(self.spec)
         say("installing their dependencies" + (f" and {', '.join(extra)}" if extra else ""))
         self._pip(["install", "--find-links", house, *self.index, "--", *pins, *extra], "installing dependencies")
-        mpi = None
-        if mpicc:
-            mpi = self._mpi4py(mpicc)
+        mpi = self._mpi4py(mpicc) if mpicc else None
         self._pip(["check"], "pip check")
         self._import_check()
         frozen = self._capture([str(self.py), "-m", "pip", "freeze", "--all"], "pip freeze").splitlines()
         env = runtime_env(self.spec)
         self._hook_activate(env)
-        name, version = self.req["module"]["name"], self.req["module"]["version"]
+        modulefiles = self._modulefiles(env)
+        # the interpreter the venv runs on: `python3.13` on PATH may be a pyenv or conda shim
+        python_version, base_python = self._capture(
+            [str(self.py), "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3]); print(sys._base_executable)"],
+            "python",
+        ).splitlines()[:2]
+        manifest = InstallManifest(
+            schema_version=1,
+            torchbuild_version=__version__,
+            run_id=self.req.run_id,
+            profile=self.spec.profile,
+            profile_hash=self.spec.hash,
+            engine=self.req.engine,
+            prefix=str(self.prefix),
+            python=base_python,
+            python_version=python_version,
+            started=started.isoformat(timespec="seconds"),
+            finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            duration_s=round(time.monotonic() - t0, 1),
+            wheels=tuple(WheelRecord.of(Path(house, w.file)) for w in self.req.wheels),
+            runtime_env=dict(env),
+            runtime_packages=tuple(self.spec.runtime_packages),
+            runtime_modules=tuple(self.spec.runtime_modules),
+            mpi=mpi,
+            module=f"{self.req.module.name}/{self.req.module.version}",
+            modulefiles=modulefiles,
+            frozen=tuple(frozen),
+            size_bytes=_size(self.prefix),
+        )
+        write_install(manifest, self.prefix / INSTALL_MANIFEST)
+
+    def _modulefiles(self, env: Mapping[str, str]) -> tuple[str, str]:
+        """The Lmod and Tcl modulefiles in PREFIX/modulefiles; their paths under the prefix."""
         info = ModuleInfo(
-            name=name,
-            version=version,
+            name=self.req.module.name,
+            version=self.req.module.version,
             prefix=str(self.prefix),
             env=env,
             modules=self.spec.runtime_modules,
@@ -161,36 +226,7 @@ class _Step:
         )
         with named_os_errors(self.prefix / "modulefiles", "writing the modulefiles"):
             lua, tcl = write_modulefiles(self.prefix / "modulefiles", info)
-        # the interpreter the venv runs on: `python3.13` on PATH may be a pyenv or conda shim
-        python_version, base_python = self._capture(
-            [str(self.py), "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3]); print(sys._base_executable)"],
-            "python",
-        ).splitlines()[:2]
-        house_dir = Path(house)
-        manifest = InstallManifest(
-            schema_version=1,
-            torchbuild_version=__version__,
-            run_id=str(self.req.get("run_id", "")),
-            profile=self.spec.profile,
-            profile_hash=self.spec.hash,
-            engine=str(self.req.get("engine", "native")),
-            prefix=str(self.prefix),
-            python=base_python,
-            python_version=python_version,
-            started=started.isoformat(timespec="seconds"),
-            finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            duration_s=round(time.monotonic() - t0, 1),
-            wheels=tuple(WheelRecord.of(house_dir / w["file"]) for w in self.req["wheels"]),
-            runtime_env=dict(env),
-            runtime_packages=tuple(self.spec.runtime_packages),
-            runtime_modules=tuple(self.spec.runtime_modules),
-            mpi=mpi,
-            module=f"{name}/{version}",
-            modulefiles=(str(lua.relative_to(self.prefix)), str(tcl.relative_to(self.prefix))),
-            frozen=tuple(frozen),
-            size_bytes=_size(self.prefix),
-        )
-        write_install(manifest, self.prefix / INSTALL_MANIFEST)
+        return str(lua.relative_to(self.prefix)), str(tcl.relative_to(self.prefix))
 
     # -- pieces
 
@@ -198,15 +234,15 @@ class _Step:
         """--python, else the Python the wheels were built for (their cpXY tag; for pure-Python
         wheels the profile's python_version): pythonX.Y on PATH, else this interpreter or the
         image's /opt/venv-X.Y when it is X.Y. ToolMissing naming X.Y and the fix otherwise."""
-        given = self.req.get("python")
+        given = self.req.python
         if given:
             return _on_path(
                 given,
                 f"--python {given} is not a program here",
                 "give the path of a python3.X interpreter where the install runs",
             )
-        version = str(self.req.get("python_version") or self.spec.python_version)
-        why = "the wheels were built for it" if self.req.get("python_version") else "the profile's python_version"
+        version = self.req.python_version or self.spec.python_version
+        why = "the wheels were built for it" if self.req.python_version else "the profile's python_version"
         found = shutil.which(f"python{version}")
         if found:
             return found
@@ -245,13 +281,13 @@ class _Step:
 
     def _import_check(self) -> None:
         env = {**self.env, **runtime_env(self.spec)}
-        for w in self.req["wheels"]:
-            module = str(w["project"]).replace("-", "_")
+        for w in self.req.wheels:
+            module = w.project.replace("-", "_")
             code = f"import {module} as m; print(getattr(m, '__version__', ''))"
             got = self._capture([str(self.py), "-c", code], f"importing {module}", env=env).strip().splitlines()
             have = got[-1] if got else ""
-            if have and have != w["version"]:
-                raise InstallFailed(f"{module} imports as {have} in {self.prefix}, the wheel is {w['version']}")
+            if have and have != w.version:
+                raise InstallFailed(f"{module} imports as {have} in {self.prefix}, the wheel is {w.version}")
             say(f"import {module}: {have or 'ok'}")
 
     def _hook_activate(self, env: Mapping[str, str]) -> None:
@@ -290,13 +326,12 @@ class _Step:
 # --------------------------------------------------------------------------- which MPI runs
 
 
-def run_mpi_step(payload: Mapping[str, Any]) -> int:
+def run_mpi_step(req: MpiRequest) -> int:
     from torchbuild.core.errors import VerifyFailed
     from torchbuild.delivery import mpiinfo
 
-    spec = spec_from_dict(payload["spec"], "mpi request")
-    python = payload.get("python") or sys.executable
-    env = {**os.environ, **runtime_env(spec)}
+    python = req.python or sys.executable
+    env = {**os.environ, **runtime_env(req.spec)}
     with named_os_errors(python, "--python"):
         proc = subprocess.run(
             [python, mpiinfo.__file__, "mpi4py.MPI", "torch"], capture_output=True, text=True, env=env, check=False
@@ -318,7 +353,7 @@ def run_mpi_step(payload: Mapping[str, Any]) -> int:
         ("version", info["version"].splitlines()[0] if info["version"] else "-"),
         ("LD_LIBRARY_PATH", info.get("ld_library_path") or "-"),
     ]
-    host = [str(d) for d in payload.get("host_mpi") or []]
+    host = list(req.host_mpi)
     if host:
         used = next((d for d in host if _under(info["library"], d) or _under(info.get("mapped", ""), d)), None)
         rows.append(

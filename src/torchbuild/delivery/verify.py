@@ -25,7 +25,7 @@ import tempfile
 import zipfile
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from packaging.tags import Tag, compatible_tags, cpython_tags, sys_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
@@ -315,50 +315,67 @@ def report(checks: list[Check], subject: str) -> dict[str, Any]:
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """The verify step's request: a wheel (its path as the step sees it) or an installed
+    package, the profile it was built from, and where the JSON report goes ("" for none)."""
+
+    spec: BuildSpec
+    expect_version: str = ""
+    installed: str = ""  # a package already installed for the step's interpreter
+    wheel: str = ""
+    report: str = ""
+    python: str = ""  # the interpreter the fresh venv is made of ("" for the step's own)
+    comms: Optional[dict[str, Any]] = None  # runner.comms_for_verify: the NCCL the wheel was built with
+
+
 def request(
-    spec: BuildSpec, *, wheel: Path | None, installed: str, expect_version: str, report: Path | None
-) -> dict[str, Any]:
-    """A verify request: plain data, so the image or the SIF can be handed it as JSON."""
-    req: dict[str, Any] = {
-        "spec": spec.to_dict(),
-        "expect_version": expect_version or spec.build_version,
-        "installed": installed,
-    }
-    if wheel is not None:
-        req["wheel"] = str(wheel)
-        req["json"] = str(report or Path(f"{wheel}.verify.json"))
-    elif report is not None:
-        req["json"] = str(report)
-    return req
+    spec: BuildSpec,
+    *,
+    wheel: Path | None,
+    installed: str,
+    expect_version: str,
+    report: Path | None,
+    python: str = "",
+    comms: Mapping[str, Any] | None = None,
+) -> Request:
+    """A verify request; the report is <wheel>.verify.json unless given."""
+    if report is None and wheel is not None:
+        report = Path(f"{wheel}.verify.json")
+    return Request(
+        spec=spec,
+        expect_version=expect_version or spec.build_version,
+        installed=installed,
+        wheel=str(wheel) if wheel is not None else "",
+        report=str(report) if report is not None else "",
+        python=python,
+        comms=dict(comms) if comms is not None else None,
+    )
 
 
-def run_request(req: dict[str, Any]) -> int:
+def run_request(req: Request) -> int:
     """Run a verify request here: checks, table, JSON report; VerifyFailed on any failure."""
     from torchbuild.core.errors import VerifyFailed
-    from torchbuild.inputs.config import spec_from_dict
 
-    if "spec" not in req or not (req.get("wheel") or req.get("installed")):
+    if not (req.wheel or req.installed):
         raise UsageError(
-            "the verify request has no spec, or neither a wheel nor a package",
+            "the verify request names neither a wheel nor a package",
             hint="write requests with verify.request(); `invoke verify` does",
         )
-    spec = spec_from_dict(req["spec"], "verify request")
-    if req.get("installed"):
-        subject = f"installed {req['installed']}"
-        checks = verify_installed(req["installed"], spec, req.get("expect_version", ""))
+    if req.installed:
+        subject = f"installed {req.installed}"
+        checks = verify_installed(req.installed, req.spec, req.expect_version)
     else:
-        subject = Path(req["wheel"]).name
-        checks = verify_wheel(
-            Path(req["wheel"]), spec, req.get("expect_version", ""), req.get("comms"), req.get("python", "")
-        )
+        subject = Path(req.wheel).name
+        checks = verify_wheel(Path(req.wheel), req.spec, req.expect_version, req.comms, req.python)
     data = report(checks, subject)
-    if req.get("python"):
-        data["python"] = req["python"]
+    if req.python:
+        data["python"] = req.python
     print(f"verify {subject} ({data['machine']}, Python {data['python']}):")
     print(render(checks))
-    if req.get("json"):
-        write_json(Path(req["json"]), data, "verify report")
-        print(f"report: {req['json']}")
+    if req.report:
+        write_json(Path(req.report), data, "verify report")
+        print(f"report: {req.report}")
     if not data["ok"]:
         failed = ", ".join(c.name for c in checks if c.status == "fail")
         raise VerifyFailed(f"{subject}: {failed}")

@@ -25,6 +25,7 @@ import yaml
 from jsonschema import Draft202012Validator, ValidationError, validators
 from packaging.version import InvalidVersion, Version
 
+from torchbuild.core import records
 from torchbuild.core.arch import Arch
 from torchbuild.core.errors import ProfileError, UsageError
 from torchbuild.core.safeio import PROFILE_LIMIT, not_an_option, read_text, user_path
@@ -1147,3 +1148,7 @@ def cache_dir(spec: BuildSpec) -> Path:
 
 def wanted(spec: BuildSpec) -> bool:
     return spec.nccl == "source" or bool(spec.aws_ofi_nccl_version)
+
+
+records.converter.register_structure_hook(BuildSpec, lambda data, _: spec_from_dict(data, "request"))
+records.converter.register_unstructure_hook(BuildSpec, BuildSpec.to_dict)

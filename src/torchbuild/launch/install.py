@@ -14,14 +14,13 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from torchbuild.core import console
+from torchbuild.core import console, records
 from torchbuild.core.atomic import PARTIAL_PREFIX
 from torchbuild.core.errors import BuildInterrupted, PathError, UsageError, named_os_errors, writable_dir
 from torchbuild.core.process import interrupts_unwind
 from torchbuild.core.safeio import user_path
-from torchbuild.delivery.install import empty_dir, say
+from torchbuild.delivery.install import InstallRequest, ModuleName, MpiRequest, WheelPin, empty_dir, say
 from torchbuild.delivery.manifest import INSTALL_MANIFEST, InstallManifest, read_install
 from torchbuild.delivery.wheelhouse import WheelFile, add_wheels, check_mix, wheels_in
 from torchbuild.inputs.config import BuildSpec, cache_dir
@@ -176,21 +175,21 @@ def install(
     name, version = module_identity(chosen, module_name)
     binds = Binds(cache=cache, out=out_dir, extra=(prefix, *links))
     view = backend.view(binds)
-    request = {
-        "run_id": run_id,
-        "spec": spec.to_dict(),
-        "prefix": str(prefix),
-        "wheelhouse": str(view.out / stage.name),
-        "tmp": str(view.out / tmp.name),
-        "wheels": [{"file": w.path.name, "project": str(w.project), "version": str(w.version)} for w in chosen],
-        "find_links": [str(p) for p in links],
-        "no_index": no_index,
-        "python": python,
-        "python_version": built_for,  # the wheels' Python (their cpXY tag), not the profile's
-        "cache": str(view.cache),
-        "engine": backend.engine,
-        "module": {"name": name, "version": version},
-    }
+    request = InstallRequest(
+        spec=spec,
+        prefix=str(prefix),
+        wheelhouse=str(view.out / stage.name),
+        wheels=tuple(WheelPin(w.path.name, str(w.project), str(w.version)) for w in chosen),
+        cache=str(view.cache),
+        module=ModuleName(name, version),
+        run_id=run_id,
+        tmp=str(view.out / tmp.name),
+        find_links=tuple(str(p) for p in links),
+        no_index=no_index,
+        python=python,
+        python_version=built_for,  # the wheels' Python (their cpXY tag), not the profile's
+        engine=backend.engine,
+    )
     started = time.monotonic()
     _run_staged(backend, request, binds, Staging(prefix, replace, stage, tmp, [w.path for w in chosen]))
     manifest = read_install(prefix / INSTALL_MANIFEST)
@@ -210,7 +209,7 @@ class Staging:
     wheels: list[Path]
 
 
-def _run_staged(backend: Backend, request: dict[str, Any], binds: Binds, st: Staging) -> None:
+def _run_staged(backend: Backend, request: InstallRequest, binds: Binds, st: Staging) -> None:
     """Stage the wheels, make the prefix and run the install step; on any failure or interrupt
     the prefix is removed (emptied, where it is a directory the user made), and the staged
     wheelhouse and TMPDIR go on every way out."""
@@ -227,7 +226,7 @@ def _run_staged(backend: Backend, request: dict[str, Any], binds: Binds, st: Sta
                     shutil.rmtree(prefix)
             with named_os_errors(prefix, "--prefix"):
                 prefix.mkdir(exist_ok=True)
-            backend.run("install", request, binds)
+            backend.run("install", records.to_dict(request), binds)
     except (KeyboardInterrupt, BuildInterrupted):
         _undo(prefix, theirs)
         earlier = " (the earlier environment there had been removed, --force)" if replace else ""
@@ -289,9 +288,7 @@ def mpi_check(spec: BuildSpec, backend: Backend, *, out_dir: Path, python: str =
         python, extra = str(exe), (exe.parent.parent,)
     backend.check()
     binds = Binds(cache=writable_dir(cache_dir(spec), "cache_dir"), out=writable_dir(out_dir, "--out"), extra=extra)
-    request = {
-        "spec": spec.to_dict(),
-        "python": python,
-        "host_mpi": list(getattr(backend.options, "host_mpi", ())),
-    }
-    backend.run("mpi", request, binds)
+    request = MpiRequest(
+        spec=spec, python=python, host_mpi=tuple(str(d) for d in getattr(backend.options, "host_mpi", ()))
+    )
+    backend.run("mpi", records.to_dict(request), binds)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from torchbuild.core import records
 from torchbuild.core.errors import SourceError, TorchbuildError, UsageError, named_os_errors, writable_dir
 from torchbuild.core.safeio import user_path
 from torchbuild.delivery import manifest
@@ -406,9 +407,7 @@ def verify_with(
         installed=installed,
         expect_version=expect_version,
         report=view.out / report.name if report else None,
+        python=python,
+        comms=comms_for_verify(wheel, binds.cache, view.cache) if wheel is not None and comms_wanted(spec) else None,
     )
-    if wheel is not None and comms_wanted(spec):
-        req["comms"] = comms_for_verify(wheel, binds.cache, view.cache)
-    if python:
-        req["python"] = python
-    backend.run("verify", req, binds)
+    backend.run("verify", records.to_dict(req), binds)

@@ -1,7 +1,9 @@
-"""The steps a backend runs: each takes its request as plain data (JSON) and returns an exit
-code, raising named errors. Natively they are called in this process; in the image or the SIF
-through `torchbuild inside.step NAME REQUEST.json`. Later steps (install, companions) are added
-here, and every backend runs them without change.
+"""The steps a backend runs: each gets its request as plain data (JSON), parsed here into the
+step's typed Request (records.from_dict: a missing key, an unknown key or a value of the wrong
+type is one UsageError naming the request file and the key), and returns an exit code, raising
+named errors. Natively they are called in this process; in the image or the SIF through
+`torchbuild inside.step NAME REQUEST.json`. A step added to STEPS runs on every backend without
+change.
 
 The package holds what runs in the container: the compile steps (torch's build, the
 companions, editable trees, NCCL and its plugin, the benchmark) and the compile job they share.
@@ -10,65 +12,77 @@ launching side."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
-from torchbuild.core.errors import UsageError, named_os_errors
+from torchbuild.core import records
+from torchbuild.core.errors import UsageError
+from torchbuild.core.safeio import MANIFEST_LIMIT, loads_json, read_text
 
-Step = Callable[[Mapping[str, Any]], int]
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """A step: the type its request is parsed into (records.from_dict), and the function that
+    runs it with the parsed request. request None: the step takes the payload as it came (a
+    plain mapping) and parses it itself."""
+
+    request: Optional[type[Any]]
+    run: Callable[[Any], int]
 
 
-def _build(payload: Mapping[str, Any]) -> int:
+# Each loader imports its step only when it is run (a step module pulls in much of the package).
+
+
+def _build() -> Step:
     from torchbuild.steps.build import run_build_step
 
-    return run_build_step(payload)
+    return Step(None, run_build_step)
 
 
-def _verify(payload: Mapping[str, Any]) -> int:
-    from torchbuild.delivery.verify import run_request
+def _verify() -> Step:
+    from torchbuild.delivery.verify import Request, run_request
 
-    return run_request(dict(payload))
-
-
-def _install(payload: Mapping[str, Any]) -> int:
-    from torchbuild.delivery.install import run_install_step
-
-    return run_install_step(payload)
+    return Step(Request, run_request)
 
 
-def _mpi(payload: Mapping[str, Any]) -> int:
-    from torchbuild.delivery.install import run_mpi_step
+def _install() -> Step:
+    from torchbuild.delivery.install import InstallRequest, run_install_step
 
-    return run_mpi_step(payload)
+    return Step(InstallRequest, run_install_step)
 
 
-def _comms(payload: Mapping[str, Any]) -> int:
+def _mpi() -> Step:
+    from torchbuild.delivery.install import MpiRequest, run_mpi_step
+
+    return Step(MpiRequest, run_mpi_step)
+
+
+def _comms() -> Step:
     from torchbuild.steps.comms import run_comms_step
 
-    return run_comms_step(payload)
+    return Step(None, run_comms_step)
 
 
-def _companions(payload: Mapping[str, Any]) -> int:
+def _companions() -> Step:
     from torchbuild.steps.companions import run_companions_step
 
-    return run_companions_step(payload)
+    return Step(None, run_companions_step)
 
 
-def _develop(payload: Mapping[str, Any]) -> int:
+def _develop() -> Step:
     from torchbuild.steps.develop import run_develop_step
 
-    return run_develop_step(payload)
+    return Step(None, run_develop_step)
 
 
-def _bench(payload: Mapping[str, Any]) -> int:
-    from torchbuild.steps.bench import run_bench_step
+def _bench() -> Step:
+    from torchbuild.steps.bench import Request, run_bench_step
 
-    return run_bench_step(payload)
+    return Step(Request, run_bench_step)
 
 
-STEPS: dict[str, Step] = {
+STEPS: dict[str, Callable[[], Step]] = {
     "build": _build,
     "verify": _verify,
     "install": _install,
@@ -80,19 +94,38 @@ STEPS: dict[str, Step] = {
 }
 
 
-def run_step(name: str, payload: Mapping[str, Any]) -> int:
-    step = STEPS.get(name)
-    if step is None:
+def _load(name: str) -> Step:
+    load = STEPS.get(name)
+    if load is None:
         raise UsageError(f"unknown step {name!r}", hint=f"steps: {', '.join(STEPS)}")
-    return step(payload)
+    return load()
+
+
+def _parse(name: str, step: Step, payload: Mapping[str, Any]) -> Any:
+    if step.request is None:
+        return payload
+    return records.from_dict(step.request, payload, f"the {name} request", hint=REQUEST_HINT)
+
+
+def parse_request(name: str, payload: Mapping[str, Any]) -> Any:
+    """The payload as step name's request: its typed Request (a missing key, an unknown key or
+    a value of the wrong type is a UsageError naming it), or the payload itself where the step
+    parses its own."""
+    return _parse(name, _load(name), payload)
+
+
+def run_step(name: str, payload: Mapping[str, Any]) -> int:
+    """Run step name with its request as plain data (what a backend hands it)."""
+    step = _load(name)
+    return step.run(_parse(name, step, payload))
 
 
 def run_step_file(name: str, request_file: str) -> int:
     """What `torchbuild inside.step NAME FILE` does in the image or the SIF."""
-    with named_os_errors(request_file, f"reading the {name} request"):
-        text = Path(request_file).read_text()
+    # a request holds a profile and, for verify, a comms manifest: far below a manifest's bound
+    text = read_text(request_file, MANIFEST_LIMIT, f"the {name} request")
     try:
-        payload = json.loads(text)
+        payload = loads_json(text)
     except ValueError as exc:
         raise UsageError(f"{name} request {request_file} is not JSON ({exc})", hint=REQUEST_HINT) from None
     if not isinstance(payload, dict):

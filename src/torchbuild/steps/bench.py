@@ -81,6 +81,8 @@ def check_venv(venv: Path) -> Path:
 
 @dataclasses.dataclass(frozen=True)
 class Request:
+    """The bench step's request (tasks/bench.py writes it; records.from_dict reads it)."""
+
     venv: str
     benchmark: str  # the torchbench tree as the step sees it
     install: bool = True
@@ -88,17 +90,6 @@ class Request:
     script: str = "run.py"
     args: tuple[str, ...] = ()  # to the script; empty: no run
     log: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["install_args"], d["args"] = list(self.install_args), list(self.args)
-        return d
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Request:
-        d = dict(data)
-        d["install_args"], d["args"] = tuple(d["install_args"]), tuple(d["args"])
-        return cls(**d)
 
 
 def _run(cmd: Sequence[str], cwd: Path, env: Mapping[str, str], log: TextIO, out: TextIO) -> int:
@@ -164,6 +155,6 @@ def bench(req: Request, out: TextIO = sys.stdout) -> dict[str, Any]:
     return result
 
 
-def run_bench_step(payload: Mapping[str, Any]) -> int:
-    bench(Request.from_dict(payload))
+def run_bench_step(req: Request) -> int:
+    bench(req)
     return 0

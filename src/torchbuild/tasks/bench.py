@@ -6,6 +6,7 @@ import shlex
 
 from invoke.context import Context
 
+from torchbuild.core import records
 from torchbuild.core.errors import SourceError, UsageError, writable_dir
 from torchbuild.core.problems import Problems
 from torchbuild.core.safeio import user_path
@@ -77,7 +78,7 @@ def bench(
         script=script,
         args=words,
     )
-    backend.run("bench", req.to_dict(), binds)
+    backend.run("bench", records.to_dict(req), binds)
 
 
 def _words(args: str) -> tuple[str, ...]:
