@@ -550,6 +550,53 @@ def build_from_recipe(
     alone. Up to date (a label check) when the recipe, its context, the bootstrap and the
     runtime keys are the same; written under a temporary name and renamed, like a conversion."""
     start = time.monotonic()
+    _check_recipe_route(spec)
+    bootstrap = bootstrap_for(spec)
+    requested = Compression.parse(compression) if compression else None
+    out_dir = out_dir.resolve()
+    final = out_dir / sif_filename(spec)
+    root = (cache_dir(spec) / "apptainer").resolve()
+    run_id = uuid.uuid4().hex[:12]
+    run = _RecipeRun(root, root / "work" / run_id, final, out_dir / f".{final.name}.partial-{run_id}")
+    try:
+        with interrupts_unwind():
+            context, digest = _context(spec, run.work, bootstrap)
+            if final.exists() and not rebuild:
+                chosen = choose_compression(requested, apptainer.build_flags())
+                if _recipe_sif_is_current(spec, apptainer.labels(final), digest, chosen):
+                    size = final.stat().st_size
+                    return SifResult(
+                        final,
+                        True,
+                        time.monotonic() - start,
+                        size,
+                        0,
+                        link=link_default(spec, final),
+                        compression=str(chosen),
+                    )
+            plan = _plan_recipe_build(spec, apptainer, bootstrap, run, context, digest, requested)
+            build_seconds = _run_recipe_build(apptainer, bootstrap, run, plan, out)
+    except KeyboardInterrupt:
+        raise BuildInterrupted(f"build from the recipe interrupted; no {final.name} was written") from None
+    finally:
+        run.partial.unlink(missing_ok=True)
+        remove_tree(run.work)
+    return SifResult(
+        final,
+        False,
+        time.monotonic() - start,
+        final.stat().st_size,
+        0,
+        build_seconds=build_seconds,
+        log=plan.log,
+        link=link_default(spec, final),
+        compression=str(plan.chosen),
+    )
+
+
+def _check_recipe_route(spec: BuildSpec) -> None:
+    """UsageError unless the recipe route can build spec's SIF: this host's arch, and no
+    `invoke comms` builds (those are made in the Docker toolchain image)."""
     if spec.arch != Arch.host():
         raise UsageError(
             f"--from-recipe builds for this host's arch ({Arch.host()}), not {spec.arch}",
@@ -563,82 +610,89 @@ def build_from_recipe(
             hint="convert the image instead (`invoke image` then `invoke sif`), or set nccl_version and "
             "aws_ofi_nccl_version empty",
         )
-    bootstrap = bootstrap_for(spec)
-    requested = Compression.parse(compression) if compression else None
-    out_dir = out_dir.resolve()
-    final = out_dir / sif_filename(spec)
-    root = (cache_dir(spec) / "apptainer").resolve()
-    run_id = uuid.uuid4().hex[:12]
-    work = root / "work" / run_id
-    partial = out_dir / f".{final.name}.partial-{run_id}"
-    try:
-        with interrupts_unwind():
-            context, digest = _context(spec, work, bootstrap)
-            if final.exists() and not rebuild:
-                chosen = choose_compression(requested, apptainer.build_flags())
-                have = apptainer.labels(final)
-                if (
-                    have.get(f"{SIF_LABEL}.recipe-hash") == digest
-                    and have.get(f"{SIF_LABEL}.runtime-hash") == runtime_hash(spec)
-                    and have.get(f"{SIF_LABEL}.compression") == str(chosen)
-                ):
-                    size = final.stat().st_size
-                    return SifResult(
-                        final,
-                        True,
-                        time.monotonic() - start,
-                        size,
-                        0,
-                        link=link_default(spec, final),
-                        compression=str(chosen),
-                    )
-            check_space(space_needed(RECIPE_SIZE_ESTIMATE, root, out_dir))
-            flags = apptainer.build_flags()
-            chosen = choose_compression(requested, flags)
-            # In the apptainer-builder, --fakeroot even as root: the container lacks the capabilities
-            # a root build's %post asks for ("Requesting capability set ..."); its entrypoint gives
-            # the caller subordinate ids.
-            privilege = ["--fakeroot"] if isinstance(apptainer, DockerApptainer) else fakeroot_flags(bootstrap)
-            deffile, text = _definition_in(spec, work, context, bootstrap, str(chosen), digest)
-            out_dir.mkdir(parents=True, exist_ok=True)
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            log = cache_dir(spec) / "logs" / f"sif-recipe-{spec.profile}-{spec.arch.value}-{stamp}.log"
-            log.parent.mkdir(parents=True, exist_ok=True)
-            log.with_suffix(".def").write_text(text)  # what was built, kept beside its log
-            tmp = work / "apptainer-tmp"
-            tmp.mkdir()
-            env = {}
-            for var, d in (("CACHEDIR", work / "apptainer-cache"), ("TMPDIR", tmp)):
-                env[f"APPTAINER_{var}"] = env[f"SINGULARITY_{var}"] = str(d)
-            print(f"building {final.name} from toolchain.Dockerfile with {apptainer.description}", file=out, flush=True)
-            print(
-                f"  bootstrap: {bootstrap}; {' '.join(privilege) or 'as root'}; squashfs {chosen}", file=out, flush=True
-            )
-            t0 = time.monotonic()
-            build = apptainer_build_args(partial, deffile, chosen, flags)
-            rc = apptainer.call([build[0], *privilege, *build[1:]], env=env, paths=[root, out_dir], out=out, log=log)
-            if rc != 0 or not partial.is_file():
-                raise SifError(
-                    f"apptainer build from the recipe exited with {rc} (log: {log}, definition: {log.with_suffix('.def')})"
-                )
-            os.replace(partial, final)
-            build_seconds = time.monotonic() - t0
-    except KeyboardInterrupt:
-        raise BuildInterrupted(f"build from the recipe interrupted; no {final.name} was written") from None
-    finally:
-        partial.unlink(missing_ok=True)
-        remove_tree(work)
-    return SifResult(
-        final,
-        False,
-        time.monotonic() - start,
-        final.stat().st_size,
-        0,
-        build_seconds=build_seconds,
-        log=log,
-        link=link_default(spec, final),
-        compression=str(chosen),
+
+
+def _recipe_sif_is_current(spec: BuildSpec, labels: Mapping[str, str], digest: str, chosen: Compression) -> bool:
+    """Whether a SIF with these labels was built from the same recipe, runtime keys and compression."""
+    return (
+        labels.get(f"{SIF_LABEL}.recipe-hash") == digest
+        and labels.get(f"{SIF_LABEL}.runtime-hash") == runtime_hash(spec)
+        and labels.get(f"{SIF_LABEL}.compression") == str(chosen)
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class _RecipeRun:
+    """Where one build from the recipe works and writes."""
+
+    root: Path  # the cache's apptainer directory
+    work: Path  # this build's own directory under root, removed at the end
+    final: Path
+    partial: Path  # the SIF being written, next to final
+
+
+@dataclasses.dataclass(frozen=True)
+class _RecipePlan:
+    """How one build from the recipe runs."""
+
+    flags: frozenset[str]  # this Apptainer's build flags
+    chosen: Compression
+    privilege: list[str]  # --fakeroot, or nothing
+    deffile: Path
+    log: Path
+
+
+def _plan_recipe_build(
+    spec: BuildSpec,
+    apptainer: Apptainer,
+    bootstrap: Bootstrap,
+    run: _RecipeRun,
+    context: Path,
+    digest: str,
+    requested: Compression | None,
+) -> _RecipePlan:
+    """Check the free space, choose the compression and the privilege flags, and write the
+    definition (into the work directory, and beside the build's log)."""
+    check_space(space_needed(RECIPE_SIZE_ESTIMATE, run.root, run.final.parent))
+    flags = apptainer.build_flags()
+    chosen = choose_compression(requested, flags)
+    # In the apptainer-builder, --fakeroot even as root: the container lacks the capabilities
+    # a root build's %post asks for ("Requesting capability set ..."); its entrypoint gives
+    # the caller subordinate ids.
+    privilege = ["--fakeroot"] if isinstance(apptainer, DockerApptainer) else fakeroot_flags(bootstrap)
+    deffile, text = _definition_in(spec, run.work, context, bootstrap, str(chosen), digest)
+    run.final.parent.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    log = cache_dir(spec) / "logs" / f"sif-recipe-{spec.profile}-{spec.arch.value}-{stamp}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.with_suffix(".def").write_text(text)  # what was built, kept beside its log
+    return _RecipePlan(frozenset(flags), chosen, privilege, deffile, log)
+
+
+def _run_recipe_build(
+    apptainer: Apptainer, bootstrap: Bootstrap, run: _RecipeRun, plan: _RecipePlan, out: TextIO
+) -> float:
+    """Run `apptainer build` of the definition into the partial SIF and rename it into place;
+    SifError unless it made one. Returns its seconds."""
+    tmp = run.work / "apptainer-tmp"
+    tmp.mkdir()
+    env = {}
+    for var, d in (("CACHEDIR", run.work / "apptainer-cache"), ("TMPDIR", tmp)):
+        env[f"APPTAINER_{var}"] = env[f"SINGULARITY_{var}"] = str(d)
+    chosen, log = plan.chosen, plan.log
+    print(f"building {run.final.name} from toolchain.Dockerfile with {apptainer.description}", file=out, flush=True)
+    print(f"  bootstrap: {bootstrap}; {' '.join(plan.privilege) or 'as root'}; squashfs {chosen}", file=out, flush=True)
+    t0 = time.monotonic()
+    build = apptainer_build_args(run.partial, plan.deffile, chosen, plan.flags)
+    rc = apptainer.call(
+        [build[0], *plan.privilege, *build[1:]], env=env, paths=[run.root, run.final.parent], out=out, log=log
+    )
+    if rc != 0 or not run.partial.is_file():
+        raise SifError(
+            f"apptainer build from the recipe exited with {rc} (log: {log}, definition: {log.with_suffix('.def')})"
+        )
+    os.replace(run.partial, run.final)
+    return time.monotonic() - t0
 
 
 def _context(spec: BuildSpec, work: Path, bootstrap: Bootstrap) -> tuple[Path, str]:

@@ -57,7 +57,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, TextIO, cast
+from typing import IO, Any, ClassVar, TextIO, cast
 
 from spython.main.parse.recipe import Recipe
 from spython.main.parse.writers.singularity import SingularityWriter
@@ -196,6 +196,10 @@ class OciLayout:
     size: int  # bytes of blobs written
 
 
+# what one archive holds: archive path -> (sha256, size, first bytes) of each regular file
+_Blobs = dict[str, tuple[str, int, bytes]]
+
+
 def write_oci_layout(chunks: Iterable[bytes], dest: Path) -> OciLayout:
     """Write a `docker save` stream (legacy docker-archive, or the OCI-style archive of Docker
     25+) as an OCI image layout in dest: one image, the layers as they come (uncompressed from
@@ -206,7 +210,20 @@ def write_oci_layout(chunks: Iterable[bytes], dest: Path) -> OciLayout:
     layers, in order. Blobs it does not name are removed."""
     blobs = dest / "blobs" / "sha256"
     blobs.mkdir(parents=True, exist_ok=True)
-    files: dict[str, tuple[str, int, bytes]] = {}  # archive path -> (sha256, size, first bytes)
+    files, links, manifest = _save_archive(chunks, blobs)
+    if not isinstance(manifest, list) or len(manifest) != 1:
+        raise SifError("docker save wrote no manifest.json for exactly one image")
+    image, used = _image_manifest(manifest[0], files, links)
+    for digest, _, _ in files.values():
+        if digest not in used:
+            (blobs / digest).unlink(missing_ok=True)
+    return _write_index(dest, blobs, image, sum(used.values()))
+
+
+def _save_archive(chunks: Iterable[bytes], blobs: Path) -> tuple[_Blobs, dict[str, str], Any]:
+    """Stream the archive: each regular file becomes a blob (_save_blob), each link is noted
+    (archive path -> the path it names), manifest.json is read (None when there is none)."""
+    files: _Blobs = {}
     links: dict[str, str] = {}
     manifest: Any = None
     with tarfile.open(fileobj=io.BufferedReader(_ChunkReader(chunks), 1 << 20), mode="r|") as tar:
@@ -222,44 +239,60 @@ def write_oci_layout(chunks: Iterable[bytes], dest: Path) -> OciLayout:
             if name == "manifest.json":
                 manifest = json.loads(src.read())
                 continue
-            hasher, head = hashlib.sha256(), b""
-            tmp = blobs / f".partial-{uuid.uuid4().hex[:12]}"
-            with tmp.open("wb") as f:
-                while chunk := src.read(1 << 20):
-                    head = head or chunk[:4]
-                    hasher.update(chunk)
-                    f.write(chunk)
-            os.replace(tmp, blobs / hasher.hexdigest())
-            files[name] = (hasher.hexdigest(), member.size, head)
+            digest, head = _save_blob(src, blobs)
+            files[name] = (digest, member.size, head)
+    return files, links, manifest
 
-    def blob(path: str) -> tuple[str, int, bytes]:
-        for _ in range(32):  # symlinks to symlinks, never a loop
-            if path not in links:
-                break
-            path = links[path]
-        if path not in files:
-            raise SifError(f"docker save wrote no {path!r}, which its manifest.json names")
-        return files[path]
 
-    if not isinstance(manifest, list) or len(manifest) != 1:
-        raise SifError("docker save wrote no manifest.json for exactly one image")
-    config = blob(posixpath.normpath(str(manifest[0]["Config"])))
+def _save_blob(src: IO[bytes], blobs: Path) -> tuple[str, bytes]:
+    """Copy src into blobs/ under its sha256 (through a partial name); returns the sha256 and
+    the first bytes."""
+    hasher, head = hashlib.sha256(), b""
+    tmp = blobs / f".partial-{uuid.uuid4().hex[:12]}"
+    with tmp.open("wb") as f:
+        while chunk := src.read(1 << 20):
+            head = head or chunk[:4]
+            hasher.update(chunk)
+            f.write(chunk)
+    os.replace(tmp, blobs / hasher.hexdigest())
+    return hasher.hexdigest(), head
+
+
+def _archive_blob(files: _Blobs, links: Mapping[str, str], path: str) -> tuple[str, int, bytes]:
+    """The blob an archive path names, through its links."""
+    for _ in range(32):  # symlinks to symlinks, never a loop
+        if path not in links:
+            break
+        path = links[path]
+    if path not in files:
+        raise SifError(f"docker save wrote no {path!r}, which its manifest.json names")
+    return files[path]
+
+
+def _image_manifest(
+    entry: Mapping[str, Any], files: _Blobs, links: Mapping[str, str]
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """The OCI image manifest of the archive's one manifest.json entry, and the blobs it uses
+    (sha256 -> size)."""
+    config = _archive_blob(files, links, posixpath.normpath(str(entry["Config"])))
     layers: list[dict[str, Any]] = []
     used = {config[0]: config[1]}
-    for path in manifest[0]["Layers"]:
-        digest, size, head = blob(posixpath.normpath(str(path)))
+    for path in entry["Layers"]:
+        digest, size, head = _archive_blob(files, links, posixpath.normpath(str(path)))
         media = next((m for magic, m in LAYER_MAGIC.items() if head.startswith(magic)), LAYER_TAR)
         layers.append({"mediaType": media, "digest": f"sha256:{digest}", "size": size})
         used[digest] = size
-    for digest, _, _ in files.values():
-        if digest not in used:
-            (blobs / digest).unlink(missing_ok=True)
     image = {
         "schemaVersion": 2,
         "mediaType": OCI_MANIFEST,
         "config": {"mediaType": OCI_CONFIG, "digest": f"sha256:{config[0]}", "size": config[1]},
         "layers": layers,
     }
+    return image, used
+
+
+def _write_index(dest: Path, blobs: Path, image: Mapping[str, Any], blob_bytes: int) -> OciLayout:
+    """Write the image manifest as a blob, then oci-layout and index.json naming it."""
     data = json.dumps(image, indent=1).encode()
     manifest_digest = hashlib.sha256(data).hexdigest()
     (blobs / manifest_digest).write_bytes(data)
@@ -270,7 +303,7 @@ def write_oci_layout(chunks: Iterable[bytes], dest: Path) -> OciLayout:
         "manifests": [{"mediaType": OCI_MANIFEST, "digest": f"sha256:{manifest_digest}", "size": len(data)}],
     }
     (dest / "index.json").write_text(json.dumps(index, indent=1))
-    return OciLayout(dest, f"sha256:{manifest_digest}", len(data) + sum(used.values()))
+    return OciLayout(dest, f"sha256:{manifest_digest}", len(data) + blob_bytes)
 
 
 def sif_filename(spec: BuildSpec) -> str:
@@ -788,18 +821,88 @@ def build_sif(
     final = out_dir / sif_filename(spec)
     if final.exists() and not rebuild:
         chosen = choose_compression(requested, apptainer.build_flags())
-        labels = apptainer.labels(final)
-        if (
-            labels.get(f"{SIF_LABEL}.image-id") == image_id
-            and labels.get(f"{LABEL_PREFIX}.version") == __version__
-            and labels.get(f"{SIF_LABEL}.runtime-hash") == runtime_hash(spec, comms[1] if comms else None)
-            and labels.get(f"{SIF_LABEL}.compression") == str(chosen)
-        ):
+        if _sif_is_current(spec, apptainer.labels(final), image_id, chosen, comms):
             link = link_default(spec, final)
             size = final.stat().st_size
             return SifResult(
                 final, True, time.monotonic() - start, size, image_size, link=link, compression=str(chosen)
             )
+    job = _plan_conversion(spec, apptainer, image_size, final, requested)
+    save_seconds, build_seconds = _convert(spec, engine, apptainer, job, image_id, image_size, comms, out)
+    link = link_default(spec, final)
+    return SifResult(
+        final,
+        False,
+        time.monotonic() - start,
+        final.stat().st_size,
+        image_size,
+        save_seconds,
+        build_seconds,
+        job.log,
+        link,
+        str(job.chosen),
+    )
+
+
+def _sif_is_current(
+    spec: BuildSpec,
+    labels: Mapping[str, str],
+    image_id: str,
+    chosen: Compression,
+    comms: tuple[Path, Mapping[str, Any]] | None,
+) -> bool:
+    """Whether a SIF with these labels comes from the current image, with this torchbuild, the
+    same runtime keys and compression."""
+    return (
+        labels.get(f"{SIF_LABEL}.image-id") == image_id
+        and labels.get(f"{LABEL_PREFIX}.version") == __version__
+        and labels.get(f"{SIF_LABEL}.runtime-hash") == runtime_hash(spec, comms[1] if comms else None)
+        and labels.get(f"{SIF_LABEL}.compression") == str(chosen)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Conversion:
+    """Where one conversion works and writes, and how it compresses."""
+
+    root: Path  # the cache's apptainer directory
+    final: Path
+    work: Path  # this conversion's own directory under root, removed at the end
+    partial: Path  # the SIF being written, next to final
+    log: Path
+    flags: frozenset[str]  # this Apptainer's build flags
+    requested: Compression | None
+    chosen: Compression
+
+    # A private Apptainer cache per conversion whose blob cache (an OCI layout at
+    # <cachedir>/cache/blob) is the image's layout: Apptainer finds every blob there and copies
+    # none (a shared cache kept a gzipped copy of every image). Its temp dir (the extracted root
+    # file system) is private too: a conversion stopped with the container leaves nothing behind.
+    @property
+    def apptainer_cache(self) -> Path:
+        return self.work / "apptainer-cache"
+
+    @property
+    def apptainer_tmp(self) -> Path:
+        return self.work / "apptainer-tmp"
+
+    @property
+    def layout_dir(self) -> Path:
+        return self.apptainer_cache / "cache" / "blob"
+
+    def env(self) -> dict[str, str]:
+        env = {}
+        for var, d in (("CACHEDIR", self.apptainer_cache), ("TMPDIR", self.apptainer_tmp)):
+            env[f"APPTAINER_{var}"] = env[f"SINGULARITY_{var}"] = str(d)
+        return env
+
+
+def _plan_conversion(
+    spec: BuildSpec, apptainer: Apptainer, image_size: int, final: Path, requested: Compression | None
+) -> _Conversion:
+    """Check the free space, choose the compression and name this conversion's places (making
+    the output and log directories)."""
+    out_dir = final.parent
     root = (cache_dir(spec) / "apptainer").resolve()
     check_space(space_needed(image_size, root, out_dir))
     flags = apptainer.build_flags()  # after the check: the builder container writes its home
@@ -810,78 +913,97 @@ def build_sif(
     partial = out_dir / f".{final.name}.partial-{run_id}"
     log = cache_dir(spec) / "logs" / f"sif-{spec.profile}-{spec.arch.value}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    # A private Apptainer cache per conversion whose blob cache (an OCI layout at
-    # <cachedir>/cache/blob) is the image's layout: Apptainer finds every blob there and copies
-    # none (a shared cache kept a gzipped copy of every image). Its temp dir (the extracted root
-    # file system) is private too: a conversion stopped with the container leaves nothing behind.
-    apptainer_cache, apptainer_tmp = work / "apptainer-cache", work / "apptainer-tmp"
-    layout_dir = apptainer_cache / "cache" / "blob"
-    env = {}
-    for var, d in (("CACHEDIR", apptainer_cache), ("TMPDIR", apptainer_tmp)):
-        env[f"APPTAINER_{var}"] = env[f"SINGULARITY_{var}"] = str(d)
+    return _Conversion(root, final, work, partial, log, frozenset(flags), requested, chosen)
+
+
+def _convert(
+    spec: BuildSpec,
+    engine: Engine,
+    apptainer: Apptainer,
+    job: _Conversion,
+    image_id: str,
+    image_size: int,
+    comms: tuple[Path, Mapping[str, Any]] | None,
+    out: TextIO,
+) -> tuple[float, float]:
+    """Save the image as an OCI layout, write the definition, build the SIF and rename it into
+    place; returns the seconds saving and building took. Whatever happens, the partial SIF and
+    the work directory are removed; an interrupt is BuildInterrupted."""
     try:
         with interrupts_unwind():
-            work.mkdir(parents=True)
-            apptainer_tmp.mkdir()
+            job.work.mkdir(parents=True)
+            job.apptainer_tmp.mkdir()
             t0 = time.monotonic()
             print(
-                f"saving {spec.image_tag} ({image_size / 2**30:.2f} GiB) as an OCI layout in {work}",
+                f"saving {spec.image_tag} ({image_size / 2**30:.2f} GiB) as an OCI layout in {job.work}",
                 file=out,
                 flush=True,
             )
-            layout = write_oci_layout(engine.client.api.get_image(spec.image_tag), layout_dir)
+            layout = write_oci_layout(engine.client.api.get_image(spec.image_tag), job.layout_dir)
             save_seconds = time.monotonic() - t0
-            profile_file = work / f"{spec.profile}.yaml"
-            profile_file.write_text(profile_text(spec))
-            deffile = work / "torch-build.def"
-            deffile.write_text(
-                definition(
-                    spec,
-                    archive=layout.path,
-                    profile_file=profile_file,
-                    image_id=image_id,
-                    compression=chosen,
-                    comms=comms,
-                )
-            )
-            if requested is None and chosen == APPTAINER_DEFAULT_COMPRESSION:
-                print(
-                    "this Apptainer has no --mksquashfs-args (1.4+): its default gzip level 9 compresses the SIF"
-                    f" (slower than {DEFAULT_COMPRESSION}:{Compression.parse(DEFAULT_COMPRESSION).level})",
-                    file=out,
-                    flush=True,
-                )
-            print(f"converting with {apptainer.description} (squashfs {chosen})", file=out, flush=True)
-            t1 = time.monotonic()
-            rc = apptainer.call(
-                build_args(partial, deffile, chosen, flags),
-                env=env,
-                paths=[root, out_dir, *([comms[0]] if comms else [])],
-                out=out,
-                log=log,
-            )
-            build_seconds = time.monotonic() - t1
-            if rc != 0 or not partial.is_file():
-                raise SifError(f"apptainer build exited with {rc} (log: {log})")
-            os.replace(partial, final)
+            deffile = _write_definition(spec, job, layout, image_id, comms)
+            build_seconds = _apptainer_build(apptainer, job, deffile, comms, out)
+            os.replace(job.partial, job.final)
     except KeyboardInterrupt:
-        raise BuildInterrupted(f"conversion interrupted; no {final.name} was written") from None
+        raise BuildInterrupted(f"conversion interrupted; no {job.final.name} was written") from None
     finally:
-        partial.unlink(missing_ok=True)
-        remove_tree(work)
-    link = link_default(spec, final)
-    return SifResult(
-        final,
-        False,
-        time.monotonic() - start,
-        final.stat().st_size,
-        image_size,
-        save_seconds,
-        build_seconds,
-        log,
-        link,
-        str(chosen),
+        job.partial.unlink(missing_ok=True)
+        remove_tree(job.work)
+    return save_seconds, build_seconds
+
+
+def _write_definition(
+    spec: BuildSpec,
+    job: _Conversion,
+    layout: OciLayout,
+    image_id: str,
+    comms: tuple[Path, Mapping[str, Any]] | None,
+) -> Path:
+    """Write the profile and the definition file into the work directory; returns the definition."""
+    profile_file = job.work / f"{spec.profile}.yaml"
+    profile_file.write_text(profile_text(spec))
+    deffile = job.work / "torch-build.def"
+    deffile.write_text(
+        definition(
+            spec,
+            archive=layout.path,
+            profile_file=profile_file,
+            image_id=image_id,
+            compression=job.chosen,
+            comms=comms,
+        )
     )
+    return deffile
+
+
+def _apptainer_build(
+    apptainer: Apptainer,
+    job: _Conversion,
+    deffile: Path,
+    comms: tuple[Path, Mapping[str, Any]] | None,
+    out: TextIO,
+) -> float:
+    """Run `apptainer build` into the partial SIF; SifError unless it made one. Returns its seconds."""
+    if job.requested is None and job.chosen == APPTAINER_DEFAULT_COMPRESSION:
+        print(
+            "this Apptainer has no --mksquashfs-args (1.4+): its default gzip level 9 compresses the SIF"
+            f" (slower than {DEFAULT_COMPRESSION}:{Compression.parse(DEFAULT_COMPRESSION).level})",
+            file=out,
+            flush=True,
+        )
+    print(f"converting with {apptainer.description} (squashfs {job.chosen})", file=out, flush=True)
+    t1 = time.monotonic()
+    rc = apptainer.call(
+        build_args(job.partial, deffile, job.chosen, job.flags),
+        env=job.env(),
+        paths=[job.root, job.final.parent, *([comms[0]] if comms else [])],
+        out=out,
+        log=job.log,
+    )
+    build_seconds = time.monotonic() - t1
+    if rc != 0 or not job.partial.is_file():
+        raise SifError(f"apptainer build exited with {rc} (log: {job.log})")
+    return build_seconds
 
 
 def remove_tree(path: Path) -> None:

@@ -930,88 +930,120 @@ def apply(
     rootp = Path(root)
     state_path = Path(state_file) if state_file is not None else default_state_file(rootp)
     existing = load_state(state_path)
-    if existing is not None and existing.get("root") not in (None, str(rootp.resolve())):
-        raise HostSetupFailed(
-            f"{state_path} holds the state of root {existing.get('root')}, not {rootp.resolve()}",
-            hint="pass the same --root, or another --state",
-        )
+    _check_state_root(state_path, existing, rootp, "pass the same --root, or another --state")
     files, gpus, notes = _plan(rootp, runner, existing)
     if not files and not gpus:
         return [*notes, "nothing to change: every runtime setting is already set"]
     previous_bytes = _state_bytes(state_path) if existing is not None else None
     _save_state(state_path, _merge(existing, rootp, files, gpus))
+    undo = _Undo(state_path, previous_bytes)
+    done = _apply_files(rootp, files, undo)
+    done += _apply_gpus(_resolve_runner(rootp, runner), gpus, undo)
+    return [*done, *notes, f"saved the previous values to {state_path} (`invoke host-check --restore` puts them back)"]
 
-    undo: list[tuple[str, Callable[[], str | None]]] = []  # (what, put it back -> error or None)
-    done: list[str] = []
-    written: list[tuple[str, str, str, str]] = []
 
-    def fail(what: str, reason: str, hint: str) -> HostSetupFailed:
+def _check_state_root(state_path: Path, state: dict[str, Any] | None, root: Path, hint: str) -> None:
+    """HostSetupFailed when the state file was saved for another root."""
+    if state is not None and state.get("root") not in (None, str(root.resolve())):
+        raise HostSetupFailed(
+            f"{state_path} holds the state of root {state.get('root')}, not {root.resolve()}", hint=hint
+        )
+
+
+@dataclasses.dataclass
+class _Undo:
+    """The changes --apply made so far, each with how to put it back; on a failure (fail) they
+    are put back in the reverse order and the state file is as it was before."""
+
+    state_path: Path
+    previous_bytes: bytes | None  # the state file before this --apply (None: there was none)
+    made: list[tuple[str, Callable[[], str | None]]] = dataclasses.field(default_factory=list)
+
+    def add(self, what: str, put_back: Callable[[], str | None]) -> None:
+        """put_back: puts it back, returning an error or None."""
+        self.made.append((what, put_back))
+
+    def fail(self, what: str, reason: str, hint: str) -> HostSetupFailed:
         failed_undo = []
-        for name, put_back in reversed(undo):
+        for name, put_back in reversed(self.made):
             err = put_back()
             if err is not None:
                 failed_undo.append(f"{name} ({err})")
         if failed_undo:
             return HostSetupFailed(
                 f"could not change {what}: {reason}; could not put back {', '.join(failed_undo)}",
-                hint=f"the previous values are in {state_path}: `sudo invoke host-check --restore` tries again",
+                hint=f"the previous values are in {self.state_path}: `sudo invoke host-check --restore` tries again",
             )
         try:
-            if previous_bytes is None:
-                state_path.unlink(missing_ok=True)
+            if self.previous_bytes is None:
+                self.state_path.unlink(missing_ok=True)
             else:
-                _write_atomically(state_path, previous_bytes)
+                _write_atomically(self.state_path, self.previous_bytes)
         except OSError:
             pass
-        n = len(undo)
+        n = len(self.made)
         after = f"put back the {n} change{'s' if n != 1 else ''} made before it" if n else "nothing was changed"
         return HostSetupFailed(f"could not change {what}: {reason}; {after}", hint=hint)
 
+
+def _apply_files(root: Path, files: Sequence[_FileChange], undo: _Undo) -> list[str]:
+    """Write each file's applied value (undo.fail on the first that fails); the summary lines."""
+    written: list[tuple[str, str, str, str]] = []
     for ch in files:
-        target = _under(rootp, ch.path)
+        target = _under(root, ch.path)
         try:
-            _write_sysfs(rootp, ch.path, ch.applied)
+            _write_sysfs(root, ch.path, ch.applied)
         except OSError as exc:
-            raise fail(str(target), exc.strerror or str(exc), _hint(exc)) from None
+            raise undo.fail(str(target), exc.strerror or str(exc), _hint(exc)) from None
 
         def put_file_back(path: str = ch.path, previous: str = ch.previous) -> str | None:
             try:
-                _write_sysfs(rootp, path, previous)
+                _write_sysfs(root, path, previous)
             except OSError as exc:
                 return exc.strerror or str(exc)
             return None
 
-        undo.append((str(target), put_file_back))
+        undo.add(str(target), put_file_back)
         written.append((ch.setting, ch.path, ch.previous, ch.applied))
+    return _summary(written)
 
-    done.extend(_summary(written))
-    run = _resolve_runner(rootp, runner)
+
+def _gpu_steps(g: _GpuChange) -> list[tuple[list[str], list[str], str]]:
+    """The nvidia-smi commands of one GPU's change: (command, its undo, the line saying it)."""
+    steps: list[tuple[list[str], list[str], str]] = []
+    if g.persistence is not None:
+        steps.append((_smi(g.index, "-pm", "1"), _smi(g.index, "-pm", "0"), f"gpu {g.index} persistence: on"))
+    if g.lock_mhz is not None:
+        clocks = f"{g.lock_mhz},{g.lock_mhz}"
+        steps.append(
+            (
+                _smi(g.index, "-lgc", clocks),
+                _smi(g.index, "-rgc"),
+                f"gpu {g.index} clocks: locked at {g.lock_mhz} MHz",
+            )
+        )
+    return steps
+
+
+def _apply_gpus(run: Runner | None, gpus: Sequence[_GpuChange], undo: _Undo) -> list[str]:
+    """Run each GPU's nvidia-smi commands (undo.fail on the first that fails); a line for each."""
+    done: list[str] = []
     for g in gpus:
         assert run is not None  # GPU changes are planned only with a runner
         gpu_run: Runner = run
-        steps: list[tuple[list[str], list[str], str]] = []
-        if g.persistence is not None:
-            steps.append((_smi(g.index, "-pm", "1"), _smi(g.index, "-pm", "0"), f"gpu {g.index} persistence: on"))
-        if g.lock_mhz is not None:
-            clocks = f"{g.lock_mhz},{g.lock_mhz}"
-            steps.append(
-                (
-                    _smi(g.index, "-lgc", clocks),
-                    _smi(g.index, "-rgc"),
-                    f"gpu {g.index} clocks: locked at {g.lock_mhz} MHz",
-                )
-            )
-        for argv, back, line in steps:
+        for argv, back, line in _gpu_steps(g):
             err = _run_gpu(gpu_run, argv)
             if err is not None:
-                raise fail(f"`{' '.join(argv)}`", err, "the GPU or driver refused it: see `nvidia-smi -q`") from None
+                raise undo.fail(
+                    f"`{' '.join(argv)}`", err, "the GPU or driver refused it: see `nvidia-smi -q`"
+                ) from None
 
             def put_gpu_back(back: list[str] = back, gpu_run: Runner = gpu_run) -> str | None:
                 return _run_gpu(gpu_run, back)
 
-            undo.append((f"`{' '.join(back)}`", put_gpu_back))
+            undo.add(f"`{' '.join(back)}`", put_gpu_back)
             done.append(line)
-    return [*done, *notes, f"saved the previous values to {state_path} (`invoke host-check --restore` puts them back)"]
+    return done
 
 
 def _not_run(root: Path) -> Runner:
@@ -1043,53 +1075,75 @@ def restore(
     state = load_state(state_path)
     if state is None:
         return [f"nothing to restore: no state file at {state_path}"]
-    if state.get("root") not in (None, str(rootp.resolve())):
-        raise HostSetupFailed(
-            f"{state_path} holds the state of root {state.get('root')}, not {rootp.resolve()}",
-            hint="pass the same --root as --apply had",
-        )
+    _check_state_root(state_path, state, rootp, "pass the same --root as --apply had")
+    put_back = _PutBack()
     run = _resolve_runner(rootp, runner) or _not_run(rootp)
-    done: list[str] = []
-    written: list[tuple[str, str, str, str]] = []
-    failures: list[str] = []
-    left_gpus: list[dict[str, Any]] = []
     for gpu in reversed(state["gpus"]):
+        put_back.gpu(run, gpu)
+    for entry in reversed(state["files"]):
+        put_back.file(rootp, entry)
+    if put_back.failures:
+        raise put_back.failed(state_path, state)
+    _remove_state(state_path)
+    return [*put_back.done, *_summary(put_back.written), f"removed {state_path}"]
+
+
+@dataclasses.dataclass
+class _PutBack:
+    """What --restore put back so far, and what it could not (kept in the state file)."""
+
+    done: list[str] = dataclasses.field(default_factory=list)  # the GPUs' lines
+    written: list[tuple[str, str, str, str]] = dataclasses.field(default_factory=list)  # the files' (for _summary)
+    failures: list[str] = dataclasses.field(default_factory=list)
+    left_gpus: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    left_files: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def gpu(self, run: Runner, gpu: dict[str, Any]) -> None:
+        """Unlock one GPU's clocks and turn its persistence back off, as --apply saved them."""
         left: dict[str, Any] = {"index": gpu["index"], "persistence_mode": None, "locked_mhz": None}
         if gpu.get("locked_mhz") is not None:
             err = _run_gpu(run, _smi(gpu["index"], "-rgc"))
             if err is None:
-                done.append(f"gpu {gpu['index']} clocks: unlocked")
+                self.done.append(f"gpu {gpu['index']} clocks: unlocked")
             else:
-                failures.append(f"`nvidia-smi -i {gpu['index']} -rgc` ({err})")
+                self.failures.append(f"`nvidia-smi -i {gpu['index']} -rgc` ({err})")
                 left["locked_mhz"] = gpu["locked_mhz"]
         if gpu.get("persistence_mode") == "Disabled":
             err = _run_gpu(run, _smi(gpu["index"], "-pm", "0"))
             if err is None:
-                done.append(f"gpu {gpu['index']} persistence: off")
+                self.done.append(f"gpu {gpu['index']} persistence: off")
             else:
-                failures.append(f"`nvidia-smi -i {gpu['index']} -pm 0` ({err})")
+                self.failures.append(f"`nvidia-smi -i {gpu['index']} -pm 0` ({err})")
                 left["persistence_mode"] = "Disabled"
         if left["locked_mhz"] is not None or left["persistence_mode"] is not None:
-            left_gpus.insert(0, left)
-    left_files: list[dict[str, Any]] = []
-    for entry in reversed(state["files"]):
-        target = _under(rootp, entry["path"])
+            self.left_gpus.insert(0, left)
+
+    def file(self, root: Path, entry: dict[str, Any]) -> None:
+        """Write one file's previous value back."""
+        target = _under(root, entry["path"])
         try:
-            _write_sysfs(rootp, entry["path"], entry["previous"])
+            _write_sysfs(root, entry["path"], entry["previous"])
         except OSError as exc:
-            failures.append(f"{target} ({exc.strerror or exc})")
-            left_files.insert(0, entry)
-            continue
-        written.append(
+            self.failures.append(f"{target} ({exc.strerror or exc})")
+            self.left_files.insert(0, entry)
+            return
+        self.written.append(
             (str(entry.get("setting", "setting")), entry["path"], entry.get("applied", "?"), entry["previous"])
         )
-    if failures:
+
+    def failed(self, state_path: Path, state: dict[str, Any]) -> HostSetupFailed:
+        """Keep what is left in the state file; the error naming the first failure."""
         with contextlib.suppress(HostSetupFailed):
-            _save_state(state_path, {**state, "files": left_files, "gpus": left_gpus})
-        raise HostSetupFailed(
-            f"could not put back {failures[0]}" + (f" and {len(failures) - 1} more" if len(failures) > 1 else ""),
+            _save_state(state_path, {**state, "files": self.left_files, "gpus": self.left_gpus})
+        more = f" and {len(self.failures) - 1} more" if len(self.failures) > 1 else ""
+        return HostSetupFailed(
+            f"could not put back {self.failures[0]}{more}",
             hint=f"{state_path} keeps what is left: fix the cause and run `sudo invoke host-check --restore` again",
         )
+
+
+def _remove_state(state_path: Path) -> None:
+    """Remove the state file once everything is back (gone already is fine)."""
     try:
         state_path.unlink()
     except FileNotFoundError:
@@ -1098,4 +1152,3 @@ def restore(
         raise HostSetupFailed(
             f"put every value back, but cannot remove {state_path}: {exc.strerror}", hint="remove it by hand"
         ) from exc
-    return [*done, *_summary(written), f"removed {state_path}"]

@@ -726,19 +726,9 @@ def submit_build(
 ) -> Submitted | None:
     """`invoke submit`: check everything, get a git source here (compute nodes are often
     offline), then write and submit the job (or print it, --dry-run), and follow it (--wait)."""
-    from torchbuild.inputs.source import default_tree, get_source, looks_like_url
-    from torchbuild.launch.runner import Places, describe_patches, key_of, patch_tree
+    from torchbuild.inputs.source import looks_like_url
 
-    scheduler = scheduler_for(spec.scheduler)
-    check_job_keys(spec)
-    if options.jobs > MAX_JOBS:
-        raise UsageError(
-            f"--jobs {options.jobs} is more compile jobs than any node has cores (at most {MAX_JOBS})",
-            hint="leave --jobs out: the job plans them from its cores and memory",
-        )
-    account = job_account(spec)
-    if dependency and not _JOB_ID.fullmatch(dependency):
-        raise UsageError(f"--dependency {dependency!r} is no job id", hint="pass the id sbatch or qsub printed")
+    scheduler, account = _check_job_request(spec, options, dependency)
     engine_args = runtime.args(spec)
     outp = user_path(out_dir or "out").absolute()
     _directive_path(outp / "logs", scheduler.name)  # before anything is fetched
@@ -752,22 +742,9 @@ def submit_build(
     if not dry_run:
         outp = writable_dir(outp, "--out")
     if git:
-        tree = default_tree(spec, ref or spec.git_ref)
-        if not dry_run:
-            info = get_source(spec, source, ref, out=out)
-            tree = info.path
-            series, result = patch_tree(spec, tree)
-            print(describe_patches(series, result), file=out)
-        job_source = str(tree)
-    key = key_of(spec, Places(job_source, outp, Path()), "", options, runtime.engine, ",".join(pythons))
-    name = f"torchbuild-{spec.profile}-{key[:8]}"
-    profile_file = outp / ".torchbuild" / "jobs" / key / f"{spec.profile}.yaml"
-    command = [sys.executable, "-m", "torchbuild", "build", "--resume", "--progress", "lines"]
-    command += ["--profile", str(profile_file), "--source", job_source, "--out", str(outp), *engine_args]
-    command += build_option_args(options, verify)
-    if pythons:
-        command += ["--python", ",".join(pythons)]
-    job = Job(name, tuple(command), Path.cwd(), outp, spec, account, dependency)
+        job_source = _git_job_source(spec, source, ref, fetch=not dry_run, out=out)
+    request = _JobRequest(spec, runtime, options, verify, tuple(pythons), job_source, outp, tuple(engine_args))
+    job, profile_file = _make_job(request, account, dependency)
     if str(user_path(spec.cache_dir)).startswith("/tmp/"):
         print(
             f"warning: cache_dir {spec.cache_dir} is node-local on most clusters: ccache will not be shared", file=out
@@ -783,6 +760,69 @@ def submit_build(
     if wait:
         follow(scheduler, submitted, out)
     return submitted
+
+
+def _check_job_request(spec: BuildSpec, options: BuildOptions, dependency: str) -> tuple[Scheduler, str]:
+    """The profile's scheduler and the job's account, once the job keys, --jobs and
+    --dependency are checked."""
+    scheduler = scheduler_for(spec.scheduler)
+    check_job_keys(spec)
+    if options.jobs > MAX_JOBS:
+        raise UsageError(
+            f"--jobs {options.jobs} is more compile jobs than any node has cores (at most {MAX_JOBS})",
+            hint="leave --jobs out: the job plans them from its cores and memory",
+        )
+    account = job_account(spec)
+    if dependency and not _JOB_ID.fullmatch(dependency):
+        raise UsageError(f"--dependency {dependency!r} is no job id", hint="pass the id sbatch or qsub printed")
+    return scheduler, account
+
+
+def _git_job_source(spec: BuildSpec, source: str, ref: str, *, fetch: bool, out: TextIO) -> str:
+    """The tree a git source is checked out to; with fetch (not --dry-run), fetched and patched
+    here, as compute nodes are often offline."""
+    from torchbuild.inputs.source import default_tree, get_source
+    from torchbuild.launch.runner import describe_patches, patch_tree
+
+    tree = default_tree(spec, ref or spec.git_ref)
+    if fetch:
+        info = get_source(spec, source, ref, out=out)
+        tree = info.path
+        series, result = patch_tree(spec, tree)
+        print(describe_patches(series, result), file=out)
+    return str(tree)
+
+
+@dataclasses.dataclass(frozen=True)
+class _JobRequest:
+    """What the job builds, and how."""
+
+    spec: BuildSpec
+    runtime: Runtime
+    options: BuildOptions
+    verify: bool
+    pythons: tuple[str, ...]
+    source: str  # as the job names it
+    out: Path
+    engine_args: tuple[str, ...]
+
+
+def _make_job(request: _JobRequest, account: str, dependency: str) -> tuple[Job, Path]:
+    """The job (its name from the build's key, its `torchbuild build --resume` command) and the
+    profile file it reads."""
+    from torchbuild.launch.runner import Places, key_of
+
+    spec, outp, pythons = request.spec, request.out, request.pythons
+    places = Places(request.source, outp, Path())
+    key = key_of(spec, places, "", request.options, request.runtime.engine, ",".join(pythons))
+    name = f"torchbuild-{spec.profile}-{key[:8]}"
+    profile_file = outp / ".torchbuild" / "jobs" / key / f"{spec.profile}.yaml"
+    command = [sys.executable, "-m", "torchbuild", "build", "--resume", "--progress", "lines"]
+    command += ["--profile", str(profile_file), "--source", request.source, "--out", str(outp), *request.engine_args]
+    command += build_option_args(request.options, request.verify)
+    if pythons:
+        command += ["--python", ",".join(pythons)]
+    return Job(name, tuple(command), Path.cwd(), outp, spec, account, dependency), profile_file
 
 
 def build_option_args(options: BuildOptions, verify: bool) -> list[str]:

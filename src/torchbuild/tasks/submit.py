@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from invoke.context import Context
 
+from torchbuild.inputs.config import BuildSpec
 from torchbuild.launch.backends import ENGINE_HELP
 from torchbuild.launch.runner import pythons_option
 from torchbuild.launch.scheduler import Runtime, submit_build
@@ -93,15 +95,8 @@ def submit(
 ) -> None:
     """Run the build on a compute node: render a Slurm or PBS batch script and submit it."""
     given = locals()
-    sets = list(set_ or [])
-    sets += [f"{key}={given[key]}" for key in JOB_OPTIONS if given[key]]
-    if module:
-        sets.append(f"modules={json.dumps(module)}")
-    if module_purge:
-        sets.append("module_purge=true")
-    spec = spec_from(profile, sets, arch)
-    if directive:  # added to the profile's, and validated as the key's items are
-        spec = spec_from(profile, [*sets, f"directives={json.dumps([*spec.directives, *directive])}"], arch)
+    job_options = {key: given[key] for key in JOB_OPTIONS}
+    spec = _job_spec(profile, arch, set_, job_options, module=module, module_purge=module_purge, directive=directive)
     options = build_options(preflight, clean, jobs, target, canary, "lines", no_retry)
     submit_build(
         spec,
@@ -116,3 +111,27 @@ def submit(
         wait=wait,
         pythons=pythons_option(spec, python),
     )
+
+
+def _job_spec(
+    profile: str,
+    arch: str,
+    set_: list[str] | None,
+    job_options: Mapping[str, str],
+    *,
+    module: list[str] | None,
+    module_purge: bool,
+    directive: list[str] | None,
+) -> BuildSpec:
+    """The profile with --set, then each job option given (JOB_OPTIONS) as a --set of its key;
+    --module replaces the profile's modules, --directive adds to its directives."""
+    sets = list(set_ or [])
+    sets += [f"{key}={value}" for key, value in job_options.items() if value]
+    if module:
+        sets.append(f"modules={json.dumps(module)}")
+    if module_purge:
+        sets.append("module_purge=true")
+    spec = spec_from(profile, sets, arch)
+    if directive:  # added to the profile's, and validated as the key's items are
+        spec = spec_from(profile, [*sets, f"directives={json.dumps([*spec.directives, *directive])}"], arch)
+    return spec
