@@ -24,6 +24,7 @@ from typing import Any, Union
 import yaml
 from packaging.version import InvalidVersion, Version
 
+from torchbuild.core import records
 from torchbuild.core.arch import Arch
 from torchbuild.core.errors import ProfileError, UsageError
 from torchbuild.core.safeio import PROFILE_LIMIT, not_an_option, read_text, user_path
@@ -766,8 +767,14 @@ def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], host: Arch
     def fail(key: str, problem: str, hint: str) -> None:
         raise ProfileError(f"{where[key]}: key {key!r}: {problem}", hint=hint)
 
+    _check_gpu_keys(values, fail)
+    _check_sources(values, fail)
+    _check_the_rest(values, fail, host if values["arch"] == "host" else Arch(values["arch"]))
+
+
+def _check_gpu_keys(values: Mapping[str, Any], fail: Callable[[str, str, str], None]) -> None:
+    """CUDA, NCCL and the network plugin's keys against each other."""
     cuda = bool(values["cuda_version"])
-    arch = host if values["arch"] == "host" else Arch(values["arch"])
     if values["cuda_arch_list"] and not cuda:
         fail("cuda_arch_list", "set, but cuda_version is empty", "set cuda_version (e.g. 12.6) or clear cuda_arch_list")
     if cuda and not values["cuda_arch_list"]:
@@ -793,6 +800,10 @@ def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], host: Arch
         bad = nccl_cannot_target(values["nccl_version"], values["cuda_arch_list"])
         if bad:
             fail("nccl_version", bad, "choose a newer nccl_version, or drop that arch from cuda_arch_list")
+
+
+def _check_sources(values: Mapping[str, Any], fail: Callable[[str, str, str], None]) -> None:
+    """The companions' keys against companions and torch, and every ref or source an argv gets."""
     for key in ("companion_repos", "companion_refs", "companion_sha256"):
         extra = sorted(set(values[key]) - set(values["companions"]))
         if extra:
@@ -814,6 +825,10 @@ def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], host: Arch
                 not_an_option(value, label, ProfileError)
             except ProfileError as exc:
                 fail(key, exc.message, exc.hint)
+
+
+def _check_the_rest(values: Mapping[str, Any], fail: Callable[[str, str, str], None], arch: Arch) -> None:
+    """Pythons, MPI, BLAS for the arch, runtime_env and the profile's name."""
     twice = sorted({v for v in values["python_versions"] if values["python_versions"].count(v) > 1})
     if twice:
         fail("python_versions", f"lists {', '.join(twice)} twice", "list each Python once")
@@ -920,6 +935,17 @@ def spec_from_dict(data: Mapping[str, Any], label: str = "spec") -> BuildSpec:
     values: dict[str, Any] = {k: _coerce(keys[k], data[k], label) for k in keys}
     values["arch"] = Arch(values["arch"])
     return BuildSpec(profile=str(data["profile"]), **values, origins=MappingProxyType({"profile": label}))
+
+
+def _structure_spec(data: Any, _: type) -> BuildSpec:
+    if not isinstance(data, Mapping):
+        raise TypeError("the spec is not a JSON object")
+    return spec_from_dict(data, "the request's spec")
+
+
+# a typed request (records.from_dict) carries its spec as BuildSpec.to_dict()'s plain data
+records.converter.register_structure_hook(BuildSpec, _structure_spec)
+records.converter.register_unstructure_hook(BuildSpec, BuildSpec.to_dict)
 
 
 def describe_keys() -> str:
