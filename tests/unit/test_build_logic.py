@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 
+from torchbuild.core import records
 from torchbuild.core.errors import BuildFailed
 from torchbuild.inputs.config import resolve
 from torchbuild.steps.build import BuildRequest, object_target
@@ -50,6 +51,6 @@ def test_build_request_round_trips_through_json():
         canaries=("a.cpp",),
         provenance={"source": {"kind": "dir"}},
     )
-    back = BuildRequest.from_dict(json.loads(json.dumps(req.to_dict())))
+    back = records.from_dict(BuildRequest, json.loads(json.dumps(records.to_dict(req))), "the build request")
     assert back.spec.hash == req.spec.hash and back.targets == ("c10",) and back.run_id == req.run_id
     assert back.provenance == {"source": {"kind": "dir"}}

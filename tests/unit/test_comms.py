@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from helpers import make_wheel
 
+from torchbuild.core import records
 from torchbuild.core.errors import (
     CommsFailed,
     OutOfMemory,
@@ -53,6 +54,7 @@ from torchbuild.launch.runner import comms_for_verify
 from torchbuild.steps.comms import (
     COMMS_MANIFEST,
     HEADER_LIMIT,
+    Part,
     Source,
     _Step,
     comms_dir,
@@ -64,6 +66,7 @@ from torchbuild.steps.comms import (
     run_comms_step,
     version_code,
 )
+from torchbuild.steps.comms import Request as CommsRequest
 
 CUDA = ["cuda_version=12.4", 'cuda_arch_list=["9.0"]', "distributed=[gloo, nccl]"]
 LINKED = "torch links the NCCL comms built"
@@ -482,12 +485,13 @@ def _step(spec, tmp_path: Path, *, nccl: bool = False, plugin: bool = True) -> _
     tree.mkdir(exist_ok=True)
     (tree / "configure").write_text("#!/bin/sh\n")  # a tree with configure needs no autotools
     prefix = tmp_path / "cache" / "comms" / "x"
-    req = {
-        "spec": spec.to_dict(), "key": "k" * 64, "prefix": str(prefix), "run_id": "r1",
-        "nccl": {"tree": str(tmp_path / "nccl-tree"), "origin": "o", "sha256": "s"} if nccl else None,
-        "plugin": {"tree": str(tree), "origin": "o", "sha256": "s"} if plugin else None,
-    }  # fmt: skip
-    step = _Step(spec, prefix, prefix.with_name("x.partial-r1"), req)
+    req = CommsRequest(
+        spec=spec, key="k" * 64, prefix=str(prefix), run_id="r1",
+        nccl=Part(tree=str(tmp_path / "nccl-tree"), origin="o", sha256="s") if nccl else None,
+        plugin=Part(tree=str(tree), origin="o", sha256="s") if plugin else None,
+    )  # fmt: skip
+    step = _Step(req)
+    assert step.partial == prefix.with_name("x.partial-r1")
     step.env["PATH"] = str(tools)
     return step
 
@@ -552,13 +556,14 @@ def test_a_refused_step_leaves_no_partial_and_no_prefix(tmp_path):
     fabric = _libfabric(tmp_path / "libfabric", 2, 1)
     step = _step(_plugin_spec(tmp_path, fabric, "1.6.0"), tmp_path)
     with pytest.raises(ProfileError):
-        run_comms_step(step.req)
+        run_comms_step(records.to_dict(step.req))
     assert not (tmp_path / "cache" / "comms").exists()
 
 
 def test_a_comms_request_without_its_keys_is_a_usage_error():
-    with pytest.raises(UsageError, match="'prefix'"):
-        run_comms_step({"spec": {}, "key": "k", "run_id": "r"})
+    with pytest.raises(UsageError, match=r"the comms request: .*prefix: missing") as exc:
+        run_comms_step({"spec": resolve("cpu").to_dict(), "key": "k", "run_id": "r"})
+    assert "`invoke comms` writes these requests" in (exc.value.hint or "")
 
 
 # --------------------------------------------------------------------------- the step, end to end with stand-ins

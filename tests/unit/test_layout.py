@@ -24,10 +24,6 @@ ALLOWED = {
     "inputs/engine.py:Engine.build",  # being split with inputs/engine.py
     "inputs/engine.py:Engine.run",  # being split with inputs/engine.py
     "inputs/image.py:build_image",  # being split with inputs/image.py
-    "launch/comms.py:comms",  # being split with launch/comms.py
-    "launch/runner.py:build",  # being split with launch/runner.py
-    "steps/companions.py:_build_one",  # being split with steps/*
-    "steps/develop.py:develop",  # being split with steps/*
 }
 
 

@@ -16,7 +16,8 @@ from torchbuild.launch.backends import Options, choose
 from torchbuild.launch.comms import comms as launch_comms
 from torchbuild.steps import comms as commsmod
 from torchbuild.steps import companions
-from torchbuild.steps.comms import _Step
+from torchbuild.steps.comms import Part, _Step
+from torchbuild.steps.comms import Request as CommsRequest
 
 bench_task = importlib.import_module("torchbuild.tasks.bench")  # the module, not the task it exports
 CUDA = ["cuda_version=12.4", 'cuda_arch_list=["9.0"]', "distributed=[gloo, nccl]"]
@@ -150,12 +151,12 @@ def test_the_comms_step_names_every_missing_piece_at_once(tmp_path):
     tree = tmp_path / "plugin-tree"  # a release archive: no configure
     tree.mkdir()
     prefix = tmp_path / "cache" / "comms" / "x"
-    req = {
-        "spec": spec.to_dict(), "key": "k" * 64, "prefix": str(prefix), "run_id": "r1",
-        "nccl": {"tree": str(tmp_path / "nccl-tree"), "origin": "o", "sha256": "s"},
-        "plugin": {"tree": str(tree), "origin": "o", "sha256": "s"},
-    }  # fmt: skip
-    step = _Step(spec, prefix, prefix.with_name("x.partial-r1"), req)
+    req = CommsRequest(
+        spec=spec, key="k" * 64, prefix=str(prefix), run_id="r1",
+        nccl=Part(tree=str(tmp_path / "nccl-tree"), origin="o", sha256="s"),
+        plugin=Part(tree=str(tree), origin="o", sha256="s"),
+    )  # fmt: skip
+    step = _Step(req)
     step.env["PATH"] = str(tmp_path / "empty-bin")
     with pytest.raises(Exception) as exc:
         step._check_before_compiling()

@@ -1099,6 +1099,17 @@ def spec_from_dict(data: Mapping[str, Any], label: str = "spec") -> BuildSpec:
     return BuildSpec(profile=str(data["profile"]), **values, origins=MappingProxyType({"profile": label}))
 
 
+def _structure_spec(data: Any, _: type) -> BuildSpec:
+    if not isinstance(data, Mapping):
+        raise TypeError("the spec is not a JSON object")
+    return spec_from_dict(data, "the request's spec")
+
+
+# a typed request (records.from_dict) carries its spec as BuildSpec.to_dict()'s plain data
+records.converter.register_structure_hook(BuildSpec, _structure_spec)
+records.converter.register_unstructure_hook(BuildSpec, BuildSpec.to_dict)
+
+
 def describe_keys() -> str:
     """The key reference as Markdown rows (used by `invoke config --keys` and the README)."""
     rows = ["| key | type | default | description |", "|---|---|---|---|"]
@@ -1148,7 +1159,3 @@ def cache_dir(spec: BuildSpec) -> Path:
 
 def wanted(spec: BuildSpec) -> bool:
     return spec.nccl == "source" or bool(spec.aws_ofi_nccl_version)
-
-
-records.converter.register_structure_hook(BuildSpec, lambda data, _: spec_from_dict(data, "request"))
-records.converter.register_unstructure_hook(BuildSpec, BuildSpec.to_dict)

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torchbuild.inputs.config import BuildSpec
+from torchbuild.inputs.jobs import JobPlan
 
 # PyTorch's BLAS variable (cmake/Dependencies.cmake) for each blas choice
 BLAS_NAMES = {
@@ -84,6 +85,31 @@ def build_env(
     planner (None: the profile's nvcc_threads).
     """
     return {**launch_env(backend, cache_root), **_compile_env(spec, cache_root, jobs, nvcc_threads)}
+
+
+def jobs_env(jobs: int) -> dict[str, str]:
+    """How many compile jobs a step may run, said the same way to every build system: MAX_JOBS
+    (PyTorch's setup.py, the companions' and editable trees' extensions) and
+    CMAKE_BUILD_PARALLEL_LEVEL (`cmake --build`, the CMake-built extensions). Set from the
+    plan, and again with fewer on each out-of-memory resume."""
+    return {"MAX_JOBS": str(jobs), "CMAKE_BUILD_PARALLEL_LEVEL": str(jobs)}
+
+
+def compile_env(
+    spec: BuildSpec,
+    plan: JobPlan,
+    cache_root: str,
+    extra: Mapping[str, str] | None = None,
+    *,
+    backend: str = "native",
+) -> dict[str, str]:
+    """What a compile step sets (torch's build, a companion, an editable tree, NCCL): the
+    build's environment for the planned jobs (build_env), jobs_env of the plan, then extra
+    (the step's own: NCCL_ROOT, a companion's BUILD_VERSION...), which wins."""
+    env = build_env(
+        spec, cache_root=cache_root, jobs=plan.jobs, nvcc_threads=plan.nvcc_threads or None, backend=backend
+    )
+    return {**env, **jobs_env(plan.jobs), **(extra or {})}
 
 
 def _compile_env(spec: BuildSpec, cache_root: str, jobs: int, nvcc_threads: int | None) -> dict[str, str]:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from torchbuild.core import console
+from torchbuild.core import console, records
 from torchbuild.core.errors import UsageError, named_os_errors, writable_dir
 from torchbuild.core.problems import Problems
 from torchbuild.inputs.config import BuildSpec, cache_dir, wanted
@@ -26,6 +26,9 @@ from torchbuild.steps.comms import (
     NCCL_ARCHIVE,
     OFI_ARCHIVE,
     OFI_PINS,
+    Part,
+    Request,
+    Source,
     check_libfabric,
     comms_dir,
     comms_key,
@@ -64,7 +67,46 @@ def comms(
             f"profile {spec.profile} builds neither NCCL nor a plugin (nccl: {spec.nccl}, no aws_ofi_nccl_version)",
             hint="set nccl: source and/or aws_ofi_nccl_version (e.g. --set nccl=source)",
         )
-    # everything that can be checked here, all of it named at once, before any download
+    image, out_dir, cache = _check(spec, backend, out_dir)
+    nccl, plugin = _fetch(spec, cache, out)
+    # the image's id, the same for the image and the SIF made from it (natively: this host's tools)
+    key = comms_key(spec, nccl, plugin, str((image or {}).get("id") or backend.name))
+    prefix = cache / "comms" / comms_dir(spec, key)
+    read_only = (Path(spec.libfabric_prefix),) if spec.libfabric_prefix and backend.name != "native" else ()
+    binds = Binds(cache=cache, out=out_dir, extra=tuple(s.tree for s in (nccl, plugin) if s), read_only=read_only)
+    view = backend.view(binds)
+    view_prefix = view.cache / prefix.relative_to(cache)
+    done = prefix / COMMS_MANIFEST
+    if done.is_file():
+        manifest = read_manifest(done)
+        print(f"comms: {prefix} is up to date (built {manifest.get('finished', '?')}); nothing to do", file=out)
+        return Comms(prefix, view_prefix, manifest, built_now=False)
+    request = Request(
+        spec=spec,
+        key=key,
+        prefix=str(view_prefix),
+        run_id=uuid.uuid4().hex[:12],
+        nccl=Part.of(nccl, nccl.tree) if nccl else None,
+        plugin=Part.of(plugin, plugin.tree) if plugin else None,
+        image=image,
+        engine=backend.engine,
+        jobs=jobs,
+        oom_retry=oom_retry,
+    )
+    with named_os_errors(prefix.parent, "cache_dir"):
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        backend.run("comms", records.to_dict(request), binds)
+    finally:  # a container stopped mid-build cannot clean up after itself
+        shutil.rmtree(prefix.with_name(f"{prefix.name}.partial-{request.run_id}"), ignore_errors=True)
+    manifest = read_manifest(done)
+    _summary(manifest, prefix)
+    return Comms(prefix, view_prefix, manifest, built_now=True)
+
+
+def _check(spec: BuildSpec, backend: Backend, out_dir: Path) -> tuple[dict[str, Any] | None, Path, Path]:
+    """Everything that can be checked here, all of it named at once, before any download: the
+    image (or SIF) record, the output and the cache directories."""
     problems = Problems()
     native = backend.name == "native"
     if spec.aws_ofi_nccl_version and (spec.libfabric_prefix or native):
@@ -81,6 +123,11 @@ def comms(
     out_dir = problems.check(lambda: writable_dir(out_dir, "--out")) or out_dir
     cache = problems.check(lambda: writable_dir(cache_dir(spec), "cache_dir")) or cache_dir(spec)
     problems.raise_any()
+    return image, out_dir, cache
+
+
+def _fetch(spec: BuildSpec, cache: Path, out: TextIO) -> tuple[Source | None, Source | None]:
+    """NCCL's and the plugin's sources, as the profile asks for them (None: not built)."""
     nccl = plugin = None
     if spec.nccl == "source":
         default = NCCL_ARCHIVE.format(version=spec.nccl_version)
@@ -92,39 +139,7 @@ def comms(
         )
         ref = f"v{spec.aws_ofi_nccl_version}"
         plugin = fetch("aws_ofi_nccl", spec.aws_ofi_nccl_source, default, sha, cache, out, ref=ref)
-    # the image's id, the same for the image and the SIF made from it (natively: this host's tools)
-    key = comms_key(spec, nccl, plugin, str((image or {}).get("id") or backend.name))
-    prefix = cache / "comms" / comms_dir(spec, key)
-    read_only = (Path(spec.libfabric_prefix),) if spec.libfabric_prefix and backend.name != "native" else ()
-    binds = Binds(cache=cache, out=out_dir, extra=tuple(s.tree for s in (nccl, plugin) if s), read_only=read_only)
-    view = backend.view(binds)
-    view_prefix = view.cache / prefix.relative_to(cache)
-    done = prefix / COMMS_MANIFEST
-    if done.is_file():
-        manifest = read_manifest(done)
-        print(f"comms: {prefix} is up to date (built {manifest.get('finished', '?')}); nothing to do", file=out)
-        return Comms(prefix, view_prefix, manifest, built_now=False)
-    request = {
-        "run_id": uuid.uuid4().hex[:12],
-        "spec": spec.to_dict(),
-        "key": key,
-        "prefix": str(view_prefix),
-        "nccl": {"tree": str(nccl.tree), "origin": nccl.origin, "sha256": nccl.digest} if nccl else None,
-        "plugin": {"tree": str(plugin.tree), "origin": plugin.origin, "sha256": plugin.digest} if plugin else None,
-        "image": image,
-        "engine": backend.engine,
-        "jobs": jobs,
-        "oom_retry": oom_retry,
-    }
-    with named_os_errors(prefix.parent, "cache_dir"):
-        prefix.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        backend.run("comms", request, binds)
-    finally:  # a container stopped mid-build cannot clean up after itself
-        shutil.rmtree(prefix.with_name(f"{prefix.name}.partial-{request['run_id']}"), ignore_errors=True)
-    manifest = read_manifest(done)
-    _summary(manifest, prefix)
-    return Comms(prefix, view_prefix, manifest, built_now=True)
+    return nccl, plugin
 
 
 def _summary(m: Mapping[str, Any], prefix: Path) -> None:

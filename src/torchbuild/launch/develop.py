@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from torchbuild.core import records
 from torchbuild.core.errors import PathError, SourceError, named_os_errors, writable_dir
 from torchbuild.core.problems import Problems
 from torchbuild.inputs.config import BuildSpec
@@ -82,6 +83,6 @@ def develop_with(
         jobs=jobs,
         oom_retry=oom_retry,
     )
-    backend.run("develop", req.to_dict(), binds)
+    backend.run("develop", records.to_dict(req), binds)
     print(venv, file=out)
     return venv

@@ -145,32 +145,8 @@ def build(
     wanted = spec.companions and not options.preflight and primary
     fetched = fetch_companions(spec, cache, out=out) if wanted else []
     if outcome is None:
-        extra_env, linked = _comms(spec, backend, out_dir, out, options)
-        info, series, result = _source(spec, where, ref, done, out)
-        epoch = source_date_epoch(info, {**os.environ, **spec.env})
-        binds = Binds(cache=cache, out=out_dir, src=info.path)
-        view = backend.view(binds)
-        req = BuildRequest(
-            spec=spec,
-            source=str(view.src),
-            out_dir=str(view.out),
-            cache_root=str(view.cache),
-            provenance={
-                **provenance(info, series, result),
-                "engine": backend.engine,
-                **({"image": image} if image else {}),
-                **({"comms": linked} if linked else {}),
-            },
-            backend=backend.name,
-            extra_env=extra_env,
-            python=python,
-            source_date_epoch=epoch.seconds,
-            epoch_origin=epoch.origin,
-            **dataclasses.asdict(options),
-        )
-        backend.run("build", req.to_dict(), binds)
-        outcome = outcome_of(out_dir, req.run_id)
-        done.done("wheel", run_id=req.run_id)
+        dirs = Places(where.source, out_dir, cache)
+        outcome = _build_step(spec, backend, dirs, ref, options, done, image, python, out)
     print(f"{outcome.wheel or 'preflight passed'}\nmanifest: {outcome.manifest}\nlog: {outcome.log}", file=out)
     if outcome.wheel and fetched:
         companions_with(spec, backend, fetched, outcome.wheel, cache=cache, options=options, image=image, out=out)
@@ -184,6 +160,49 @@ def build(
         else:
             verify_with(spec, backend, wheel=outcome.wheel, cache=cache, checked=True, python=python)
             done.done("verify", wheel_sha256=digest)
+    return outcome
+
+
+def _build_step(
+    spec: BuildSpec,
+    backend: Backend,
+    where: Places,
+    ref: str,
+    options: BuildOptions,
+    done: Record,
+    image: dict[str, Any] | None,
+    python: str,
+    out: TextIO,
+) -> Outcome:
+    """NCCL first where the profile builds it, the patched tree, then the build step's typed
+    request handed to the backend; what the step wrote (where: the checked directories)."""
+    out_dir, cache = where.out, where.cache
+    extra_env, linked = _comms(spec, backend, out_dir, out, options)
+    info, series, result = _source(spec, where, ref, done, out)
+    epoch = source_date_epoch(info, {**os.environ, **spec.env})
+    binds = Binds(cache=cache, out=out_dir, src=info.path)
+    view = backend.view(binds)
+    req = BuildRequest(
+        spec=spec,
+        source=str(view.src),
+        out_dir=str(view.out),
+        cache_root=str(view.cache),
+        provenance={
+            **provenance(info, series, result),
+            "engine": backend.engine,
+            **({"image": image} if image else {}),
+            **({"comms": linked} if linked else {}),
+        },
+        backend=backend.name,
+        extra_env=extra_env,
+        python=python,
+        source_date_epoch=epoch.seconds,
+        epoch_origin=epoch.origin,
+        **dataclasses.asdict(options),
+    )
+    backend.run("build", records.to_dict(req), binds)
+    outcome = outcome_of(out_dir, req.run_id)
+    done.done("wheel", run_id=req.run_id)
     return outcome
 
 
@@ -265,6 +284,7 @@ def companions_with(
         for f in fetched
     )
     req = CompanionsRequest(
+        spec=spec,
         torch_wheel=str(view.out / torch_wheel.name),
         jobs=jobs,
         out_dir=str(view.out),
@@ -276,7 +296,7 @@ def companions_with(
         provenance={"image": image} if image else {},
     )
     # run_id at the top: on a failure or Ctrl-C the backend removes the step's .partial-<run_id>* too
-    backend.run("companions", {"spec": spec.to_dict(), "request": req.to_dict(), "run_id": req.run_id}, binds)
+    backend.run("companions", records.to_dict(req), binds)
     made = []
     with named_os_errors(out_dir, "looking for the companions' manifests"):
         for path in sorted(out_dir.glob(f"*{manifest.SUFFIX}")):

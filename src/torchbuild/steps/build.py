@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -21,28 +20,29 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from torchbuild import __version__
-from torchbuild.core.atomic import PARTIAL_PREFIX, atomic_write_text
+from torchbuild.core.atomic import atomic_write_text
 from torchbuild.core.console import table
 from torchbuild.core.errors import BuildFailed, TorchbuildError, named_os_errors
 from torchbuild.core.process import Finished
 from torchbuild.core.progress import Tee
 from torchbuild.delivery import manifest
 from torchbuild.delivery.pipenv import interpreter
-from torchbuild.inputs.config import BuildSpec, spec_from_dict
-from torchbuild.inputs.environment import build_env, format_env
-from torchbuild.inputs.jobs import HostResources, JobPlan, peaks_file, plan_for, record_measured
+from torchbuild.inputs.config import BuildSpec
+from torchbuild.inputs.environment import compile_env, format_env
+from torchbuild.inputs.jobs import peaks_file, record_measured
 from torchbuild.inputs.source import sha256_file
-from torchbuild.steps import cmakecache
+from torchbuild.steps import cmakecache, compile_job
 from torchbuild.steps.compile_job import (
-    ccache_stats,
+    CompileJob,
     check_wheel_tools,
-    hit_rate,
+    into_place,
     now_utc,
+    open_log,
+    partial_dir,
     path_independent,
     pip_wheel,
-    toolchain_versions,
 )
-from torchbuild.steps.oom import JobsUsed, run_compile, run_watched
+from torchbuild.steps.oom import run_watched
 from torchbuild.steps.report import LogMark, mark, write_report
 from torchbuild.steps.repro import normalize_wheel
 
@@ -69,21 +69,8 @@ class BuildRequest:
     epoch_origin: str = ""  # where that time came from
     run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 
-    def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        d["spec"] = self.spec.to_dict()
-        d["provenance"] = dict(self.provenance)
-        d["extra_env"] = dict(self.extra_env)
-        d["targets"], d["canaries"] = list(self.targets), list(self.canaries)
-        return d
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> BuildRequest:
-        d = dict(data)
-        d["spec"] = spec_from_dict(d["spec"], "build request")
-        d["targets"] = tuple(d["targets"])
-        d["canaries"] = tuple(d["canaries"])
-        return cls(**d)
+Request = BuildRequest  # the step's typed request, as every compile step names it
 
 
 def run_logged(
@@ -128,7 +115,14 @@ def configure(
 
 CONFIGURE_STAMP = "torchbuild-configure.json"
 CONFIGURE_DONE = "-- Build files have been written to: "  # CMake's last line of a good configure
-_NOT_CONFIGURE_INPUTS = ("MAX_JOBS", "HOME", "PYTHONUNBUFFERED", "TMPDIR", "PIP_CACHE_DIR")
+_NOT_CONFIGURE_INPUTS = (
+    "MAX_JOBS",
+    "CMAKE_BUILD_PARALLEL_LEVEL",
+    "HOME",
+    "PYTHONUNBUFFERED",
+    "TMPDIR",
+    "PIP_CACHE_DIR",
+)
 
 
 def configure_inputs(env_vars: Mapping[str, str]) -> dict[str, str]:
@@ -289,18 +283,13 @@ def _atomic_write(path: Path, text: str) -> None:
 
 @dataclasses.dataclass
 class Run:
-    """One build as it goes: what it was asked, where it logs, what it planned and measured."""
+    """One build as it goes: what it was asked, where it logs, its compile job (plan,
+    environment, jobs used, times), what it measured."""
 
     req: BuildRequest
     tee: Tee
     log: Path
-    plan: JobPlan
-    env_vars: dict[str, str]  # what torchbuild sets (printed, recorded)
-    env: dict[str, str]  # the whole environment of the build's processes
-    versions: dict[str, str]
-    jobs: JobsUsed
-    started: str
-    t0: float
+    job: CompileJob
     tmp: Path  # TMPDIR of this run (pip's temporary trees), removed at the end
     canaries: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -309,8 +298,17 @@ class Run:
     normalized: bool = False  # the wheel's zip was rewritten into canonical form
     epoch_origin: str = ""  # where SOURCE_DATE_EPOCH came from
 
-    def env_for(self, n: int) -> dict[str, str]:
-        return {**self.env, "MAX_JOBS": str(n)}
+    @property
+    def env_vars(self) -> dict[str, str]:
+        return self.job.env_vars
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.job.env
+
+    @property
+    def versions(self) -> dict[str, str]:
+        return self.job.toolchain()
 
 
 def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
@@ -318,8 +316,7 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
     out_dir = Path(req.out_dir)
     kind = "preflight" if req.preflight else "build"
     log = out_dir / "logs" / f"{kind}-{req.spec.profile}-{time.strftime('%Y%m%d-%H%M%S')}-{req.run_id}.log"
-    with named_os_errors(log.parent, "writing the build log"):
-        tee = Tee(log, out, req.progress)
+    tee = open_log(log, out, req.progress)
     run: Run | None = None
     try:
         run = _start(req, tee, log)
@@ -332,7 +329,7 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
         inputs = {**configure_inputs(run.env_vars), "torchbuild:python": run.python}
         prepare_configure(req.source, inputs, tee)
         watch = ConfigureWatch(req.source, inputs)
-        subprocess.run(["ccache", "--zero-stats"], env=run.env, capture_output=True, check=False)
+        run.job.zero_ccache()
         if req.preflight:
             _preflight(run, watch)
             return _finish(run, None)
@@ -347,15 +344,8 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     """Plan the jobs, compute the environment, print both, read the tool versions."""
     spec = req.spec
     started, t0 = now_utc(), time.monotonic()
-    plan = plan_for(spec, HostResources.detect(), req.cache_root, req.jobs)
-    env_vars = build_env(
-        spec,
-        cache_root=req.cache_root,
-        jobs=plan.jobs,
-        nvcc_threads=plan.nvcc_threads or None,
-        backend=req.backend,
-    )
-    env_vars.update(req.extra_env)
+    plan = compile_job.plan(spec, req.cache_root, req.jobs)
+    env_vars = compile_env(spec, plan, req.cache_root, req.extra_env, backend=req.backend)
     env_vars.update(path_independent(env_vars, req.source))
     if req.source_date_epoch and "SOURCE_DATE_EPOCH" not in spec.env:
         env_vars["SOURCE_DATE_EPOCH"] = str(req.source_date_epoch)
@@ -373,8 +363,9 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     tee.line("environment:")
     for line in format_env(env_vars).splitlines():
         tee.line(f"  {line}")
-    versions = toolchain_versions(spec, env)
-    run = Run(req, tee, log, plan, env_vars, env, versions, JobsUsed(plan.jobs, plan.jobs), started, t0, tmp)
+    job = CompileJob(spec, plan, env_vars, env, tee, req.oom_retry, started, t0)
+    job.toolchain()
+    run = Run(req, tee, log, job, tmp)
     run.python, run.epoch_origin = python, req.epoch_origin
     return run
 
@@ -386,18 +377,14 @@ def _preflight(run: Run, watch: ConfigureWatch) -> None:
     run.phases["configure_s"] = round(seconds, 1)
     # CMake's try_compile checks run in randomly named directories and can never hit the
     # cache: count hits from here on, over the compiles that can
-    subprocess.run(["ccache", "--zero-stats"], env=run.env, capture_output=True, check=False)
+    run.job.zero_ccache()
     targets = list(req.targets or req.spec.preflight_targets)
     if targets:
         build = str(build_dir(req.source))
-        seconds = run_compile(
+        seconds = run.job.compile(
             lambda n: ["cmake", "--build", build, "--target", *targets, "--", f"-j{n}"],
             cwd=req.source,
-            env_for=run.env_for,
-            sink=tee,
             what=f"building {' '.join(targets)}",
-            jobs=run.jobs,
-            retry=req.oom_retry,
         )
         run.phases["targets_s"] = round(seconds, 1)
     for canary in req.canaries or req.spec.canaries:
@@ -425,21 +412,13 @@ def _build_wheel(run: Run, watch: ConfigureWatch) -> Path:
     req = run.req
     check_wheel_tools(req.source, run.python)
     out_dir = Path(req.out_dir)
-    with named_os_errors(out_dir, "creating the wheel's partial directory"):
-        partial = Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{req.run_id}-", dir=out_dir))
+    partial = partial_dir(out_dir, req.run_id, "the wheel")
     try:
         with_checks(
             run,
             watch,
-            lambda w: run_compile(
-                lambda n: pip_wheel(partial, req.source, run.python),
-                cwd=req.source,
-                env_for=run.env_for,
-                sink=run.tee,
-                what="pip wheel",
-                jobs=run.jobs,
-                retry=req.oom_retry,
-                watch=w,
+            lambda w: run.job.compile(
+                lambda n: pip_wheel(partial, req.source, run.python), cwd=req.source, what="pip wheel", watch=w
             ),
         )
         wheels = sorted(partial.glob("*.whl"))
@@ -450,22 +429,19 @@ def _build_wheel(run: Run, watch: ConfigureWatch) -> Path:
             run.normalized = normalize_wheel(wheels[0], epoch)
             if run.normalized:
                 run.tee.line(f"torchbuild: rewrote {wheels[0].name} in canonical zip form (SOURCE_DATE_EPOCH {epoch})")
-        final = out_dir / wheels[0].name
-        with named_os_errors(final, "moving the wheel into place"):
-            os.replace(wheels[0], final)
-        return final
+        return into_place(wheels[0], out_dir / wheels[0].name, "the wheel")
     finally:
         shutil.rmtree(partial, ignore_errors=True)
 
 
 def _finish(run: Run, wheel: Path | None) -> Outcome:
-    """ccache's figures, the report, the manifest and the summary table."""
-    stats = hit_rate(ccache_stats(run.env))
+    """The report, the manifest (with the compile job's record: times, jobs, ccache's figures)
+    and the summary table."""
     report = _report(run)
-    seconds = time.monotonic() - run.t0
+    fields = run.job.manifest_fields()
     with named_os_errors(run.req.out_dir, "writing the manifest"):
-        manifest = _write_manifest(run, seconds, wheel, stats, report)
-    _summary(run, wheel, manifest, seconds, stats, report)
+        manifest = _write_manifest(run, fields, wheel, report)
+    _summary(run, wheel, manifest, fields["seconds"], fields["ccache"], report)
     return Outcome(wheel, manifest, run.log)
 
 
@@ -489,10 +465,8 @@ def _report(run: Run) -> dict[str, str] | None:
     return {"text": rep.text.name, "trace": rep.trace.name, **({"png": rep.png.name} if rep.png else {})}
 
 
-def _write_manifest(
-    run: Run, seconds: float, wheel: Path | None, ccache: tuple[int, int, float], report: Mapping[str, str] | None
-) -> Path:
-    req, spec, jobs = run.req, run.req.spec, run.jobs
+def _write_manifest(run: Run, fields: Mapping[str, Any], wheel: Path | None, report: Mapping[str, str] | None) -> Path:
+    req, spec = run.req, run.req.spec
     m = manifest.for_build(
         spec,
         run_id=req.run_id,
@@ -502,19 +476,7 @@ def _write_manifest(
             **req.provenance,
             **manifest.installed_packages(run.log.parent, f"installed-{spec.profile}-{req.run_id}.txt"),
         },
-        toolchain=run.versions,
-        environment=run.env_vars,
-        jobs={
-            "max_jobs": jobs.start,
-            "final_jobs": jobs.current,
-            "reason": run.plan.reason,
-            "nvcc_threads": run.plan.nvcc_threads,
-            "retries": jobs.retries,
-        },
-        started=run.started,
-        finished=now_utc(),
-        seconds=seconds,
-        ccache=ccache,
+        **fields,
         log=run.log.name,
         report=report,
         wheel=wheel,
@@ -558,7 +520,7 @@ def _summary(
         )
     )
     hits, misses, rate = ccache
-    jobs = run.jobs
+    jobs = run.job.jobs
     used = str(jobs.start) if jobs.current == jobs.start else f"{jobs.start} -> {jobs.current}"
     facts = [
         ("duration", f"{seconds:.1f} s"),
@@ -577,5 +539,5 @@ def _summary(
 
 def run_build_step(payload: Mapping[str, Any]) -> int:
     """The `build` step: a BuildRequest as plain data (what a backend hands over)."""
-    run_build(BuildRequest.from_dict(payload))
+    run_build(compile_job.parse_request(BuildRequest, payload, "build", "build"))
     return 0

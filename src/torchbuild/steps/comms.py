@@ -33,18 +33,15 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from torchbuild import __version__
 from torchbuild.core.atomic import atomic_writer
 from torchbuild.core.errors import (
     CommsFailed,
     ProfileError,
     SourceError,
     ToolMissing,
-    UsageError,
     named_os_errors,
     writable_dir,
 )
@@ -53,13 +50,14 @@ from torchbuild.core.process import Finished
 from torchbuild.core.safeio import MANIFEST_LIMIT, MiB, read_bytes, read_json, user_path
 from torchbuild.delivery.libraries import nccl_version_of, plugin_symbols, unresolved
 from torchbuild.delivery.manifest import write_json
-from torchbuild.inputs.config import BuildSpec, spec_from_dict
-from torchbuild.inputs.environment import build_env
+from torchbuild.inputs.config import BuildSpec
+from torchbuild.inputs.environment import build_env, compile_env
 from torchbuild.inputs.image import tree_digest
-from torchbuild.inputs.jobs import HostResources, JobPlan, plan_make
+from torchbuild.inputs.jobs import JobPlan
 from torchbuild.inputs.nccl_arch import gencode, nccl_release
 from torchbuild.inputs.source import describe_dir, fetch_git, looks_like_url, sha256_file, unpack_archive
-from torchbuild.steps.oom import JobsUsed, run_compile
+from torchbuild.steps import compile_job
+from torchbuild.steps.compile_job import CompileJob, into_place, now_utc
 
 COMMS_MANIFEST = "torchbuild-comms.json"
 NCCL_ARCHIVE = "https://github.com/NVIDIA/nccl/archive/refs/tags/v{version}.tar.gz"
@@ -236,17 +234,46 @@ def link_env(prefix: str, manifest: Mapping[str, Any]) -> dict[str, str]:
 # --------------------------------------------------------------------------- the step
 
 
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """A source tree the step builds (NCCL's, the plugin's) as the step sees it."""
+
+    tree: str
+    origin: str  # the URL or path it came from
+    sha256: str  # its digest (Source.digest)
+
+    @classmethod
+    def of(cls, source: Source, tree: Path) -> Part:
+        return cls(tree=str(tree), origin=source.origin, sha256=source.digest)
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """The comms step's request (plain data, as a backend hands it over)."""
+
+    spec: BuildSpec
+    key: str  # comms_key: names the prefix
+    prefix: str  # where the step installs, as it sees it
+    run_id: str  # its partial is <prefix>.partial-<run_id>
+    nccl: Part | None = None
+    plugin: Part | None = None
+    image: Mapping[str, Any] | None = None
+    engine: str = "native"
+    jobs: int = 0  # --jobs; 0: planned where the step runs
+    oom_retry: bool = True
+
+    @property
+    def partial(self) -> Path:
+        prefix = Path(self.prefix)
+        return prefix.with_name(f"{prefix.name}.partial-{self.run_id}")
+
+
 def run_comms_step(payload: Mapping[str, Any]) -> int:
-    for key in ("spec", "key", "prefix", "run_id"):
-        if key not in payload:
-            raise UsageError(f"the comms request has no {key!r}", hint="`invoke comms` writes these requests")
-    spec = spec_from_dict(payload["spec"], "comms request")
-    prefix = Path(payload["prefix"])
-    partial = prefix.with_name(f"{prefix.name}.partial-{payload['run_id']}")
+    req = compile_job.parse_request(Request, payload, "comms", "comms")
     try:
-        _Step(spec, prefix, partial, payload).run()
+        _Step(req).run()
     except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
+        shutil.rmtree(req.partial, ignore_errors=True)
         raise
     return 0
 
@@ -366,63 +393,63 @@ class _Stdout:
 
 
 class _Step:
-    def __init__(self, spec: BuildSpec, prefix: Path, partial: Path, req: Mapping[str, Any]) -> None:
-        self.spec, self.prefix, self.partial, self.req = spec, prefix, partial, req
+    def __init__(self, req: Request) -> None:
+        self.req, self.spec = req, req.spec
+        self.prefix, self.partial = Path(req.prefix), req.partial
         # NCCL's make compiles device code with nvcc (the CUDA per-job peak), the plugin's is C++;
         # both planned where the step runs (its cores and memory: an allocation's, a container's)
         # unless --jobs fixed them
-        cache_root = prefix.parent.parent
-        host, jobs = HostResources.detect(), int(req.get("jobs") or 0)
+        self.cache_root = str(self.prefix.parent.parent)
         self.plans = {
-            part: plan_make(spec, host, cache_root, jobs, kind=kind)
+            part: compile_job.plan(self.spec, self.cache_root, req.jobs, kind=kind)
             for part, kind in (("nccl", "cuda"), ("plugin", "cxx"))
-            if req.get(part)
+            if getattr(req, part) is not None
         }
-        self.retry = bool(req.get("oom_retry", True))
-        self.jobs = min((p.jobs for p in self.plans.values()), default=1)  # MAX_JOBS of the step's env
-        self.env = {**os.environ, **build_env(spec, cache_root=str(cache_root), jobs=self.jobs)}
+        # the step's environment (configure, checks) has the smallest plan's jobs; each make its own
+        smallest = min(self.plans.values(), key=lambda p: p.jobs, default=JobPlan(1, "no make"))
+        self.env_vars = compile_env(self.spec, smallest, self.cache_root)
+        self.env = {**os.environ, **self.env_vars}
+        self.started, self.t0 = now_utc(), time.monotonic()
 
     def run(self) -> None:
-        started, t0 = datetime.now(timezone.utc), time.monotonic()
         lf = self._check_before_compiling()
         with named_os_errors(self.partial, "the comms prefix"):
             shutil.rmtree(self.partial, ignore_errors=True)
             self.partial.mkdir(parents=True)
-        nccl = self._nccl() if self.req.get("nccl") else None
-        plugin = self._plugin(lf) if self.req.get("plugin") else None
+        nccl = self._nccl() if self.req.nccl else None
+        plugin = self._plugin(lf) if self.req.plugin else None
         shutil.rmtree(self.partial / "work", ignore_errors=True)
+        step = CompileJob(
+            self.spec, JobPlan(0, ""), self.env_vars, self.env, _Stdout(), started=self.started, t0=self.t0
+        )
+        record = step.record()  # times, toolchain, ccache's figures, torchbuild's version
         manifest = {
             "schema_version": 1,
-            "torchbuild_version": __version__,
+            "torchbuild_version": record["torchbuild_version"],
             "profile": self.spec.profile,
-            "key": self.req["key"],
+            "key": self.req.key,
             "prefix": str(self.prefix),
-            "engine": self.req.get("engine", "native"),
-            "image": self.req.get("image"),
+            "engine": self.req.engine,
+            "image": dict(self.req.image) if self.req.image is not None else None,
             "cuda_version": self._nvcc_version(),
             "compiler": self.env.get("CXX", ""),
             "nccl": nccl,
             "plugin": plugin,
-            "started": started.isoformat(timespec="seconds"),
-            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "duration_s": round(time.monotonic() - t0, 1),
+            **{k: record[k] for k in ("started", "finished", "duration_s", "toolchain", "ccache")},
         }
         write_json(self.partial / COMMS_MANIFEST, manifest, "writing the comms manifest")
-        with named_os_errors(self.partial, "writing the comms manifest"):
-            if self.prefix.exists():  # another run finished the same key meanwhile
-                shutil.rmtree(self.partial)
-            else:
-                os.replace(self.partial, self.prefix)
+        # another run that finished the same key meanwhile keeps its prefix
+        into_place(self.partial, self.prefix, "the comms prefix", keep_existing=True)
 
     # -- checks before anything compiles
 
     def _check_before_compiling(self) -> tuple[Path, tuple[int, int]] | None:
         """Every tool and libfabric check, all failures named at once, before anything compiles."""
         problems = Problems()
-        plugin = self.req.get("plugin")
+        plugin = self.req.plugin
         # a release archive of a git tag has no configure: autogen.sh needs autotools
-        autotools = plugin is not None and not (Path(plugin["tree"]) / "configure").exists()
-        for problem in tool_problems(self.spec, bool(self.req.get("nccl")), autotools, self.env.get("PATH")):
+        autotools = plugin is not None and not (Path(plugin.tree) / "configure").exists()
+        for problem in tool_problems(self.spec, self.req.nccl is not None, autotools, self.env.get("PATH")):
             problems.add(problem)
         lf = problems.check(lambda: check_libfabric(self.spec)) if plugin else None
         problems.raise_any()
@@ -431,10 +458,11 @@ class _Step:
     # -- NCCL
 
     def _nccl(self) -> dict[str, Any]:
-        src = self.req["nccl"]
+        src = self.req.nccl
+        assert src is not None
         t0 = time.monotonic()
         work = self.partial / "work" / "nccl"
-        shutil.copytree(src["tree"], work, symlinks=True)
+        shutil.copytree(src.tree, work, symlinks=True)
         build = self.partial / "work" / "nccl-build"
         cuda_lib = find_library(Path(self.spec.cuda_home), "libcudart_static.a")
         flags = gencode(self.spec.cuda_arch_list)
@@ -457,15 +485,15 @@ class _Step:
         code = nccl_version_of(library)
         if code != version_code(self.spec.nccl_version):
             raise CommsFailed(
-                f"the NCCL built from {src['origin']} reports version code {code}, not "
+                f"the NCCL built from {src.origin} reports version code {code}, not "
                 f"{version_code(self.spec.nccl_version)} (nccl_version {self.spec.nccl_version})",
                 hint="set nccl_version to the release of nccl_source",
             )
         return {
             "version": self.spec.nccl_version,
             "version_code": code,
-            "source": src["origin"],
-            "sha256": src["sha256"],
+            "source": src.origin,
+            "sha256": src.sha256,
             "gencode": flags,
             "arch_list": list(self.spec.cuda_arch_list),
             "library": "lib/" + library.resolve().name,
@@ -479,10 +507,11 @@ class _Step:
     def _plugin(self, lf: tuple[Path, tuple[int, int]] | None) -> dict[str, Any]:
         assert lf is not None
         root, version = lf
-        src = self.req["plugin"]
+        src = self.req.plugin
+        assert src is not None
         t0 = time.monotonic()
         work = self.partial / "work" / "aws-ofi-nccl"
-        shutil.copytree(src["tree"], work, symlinks=True)
+        shutil.copytree(src.tree, work, symlinks=True)
         if not (work / "configure").exists():
             # autogen.sh has no #! line in the release archives: run it with sh
             self._call(["sh", "./autogen.sh"], "aws-ofi-nccl autogen.sh", cwd=work)
@@ -520,8 +549,8 @@ class _Step:
             raise CommsFailed(f"{library.name} exports no ncclNetPlugin_v* symbol: NCCL would not use it")
         return {
             "version": self.spec.aws_ofi_nccl_version,
-            "source": src["origin"],
-            "sha256": src["sha256"],
+            "source": src.origin,
+            "sha256": src.sha256,
             "libfabric_prefix": str(root),
             "libfabric_version": f"{version[0]}.{version[1]}",
             "configure": args,
@@ -561,29 +590,14 @@ class _Step:
         """A make -j of plan.jobs in cwd, resumed with fewer jobs after an out-of-memory kill (make
         keeps what it built) unless --no-retry; what it used, as a build manifest's jobs record."""
         print(f"comms: {what} with {plan.jobs} jobs ({plan.reason})", flush=True)
-        used = JobsUsed(plan.jobs, plan.jobs)
+        job = CompileJob(self.spec, plan, self.env_vars, dict(env), _Stdout(), self.req.oom_retry)
 
         def failed(done: Finished) -> CommsFailed:
-            return CommsFailed(f"{what} failed (exit {done.returncode}): {' '.join(cmd_for(used.current)[:4])}")
+            return CommsFailed(f"{what} failed (exit {done.returncode}): {' '.join(cmd_for(job.jobs.current)[:4])}")
 
         with named_os_errors(cwd, what):
-            run_compile(
-                cmd_for,
-                cwd=str(cwd),
-                env_for=lambda n: {**env, "MAX_JOBS": str(n)},
-                sink=_Stdout(),
-                what=what,
-                jobs=used,
-                retry=self.retry,
-                failure=failed,
-            )
-        return {
-            "max_jobs": used.start,
-            "final_jobs": used.current,
-            "reason": plan.reason,
-            "nvcc_threads": 0,
-            "retries": used.retries,
-        }
+            job.compile(cmd_for, cwd=str(cwd), what=what, failure=failed)
+        return job.jobs_record()
 
     def _call(
         self, cmd: Sequence[str], what: str, cwd: Path | None = None, env: Mapping[str, str] | None = None

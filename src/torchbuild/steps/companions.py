@@ -23,7 +23,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,26 +31,23 @@ from typing import Any, TextIO
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from torchbuild.core.atomic import PARTIAL_PREFIX
 from torchbuild.core.errors import CompanionError, SourceError, WheelError, named_os_errors
-from torchbuild.core.progress import Tee
 from torchbuild.core.safeio import KiB, read_text, user_path
 from torchbuild.delivery import manifest, pipenv
 from torchbuild.inputs.companion_table import REPOS, default_ref, version_problem
 from torchbuild.inputs.config import BuildSpec
-from torchbuild.inputs.environment import build_env, compilers
-from torchbuild.inputs.jobs import HostResources, plan_for
+from torchbuild.inputs.environment import compile_env, compilers
 from torchbuild.inputs.source import SourceInfo, describe_dir, fetch_git, update_tree
+from torchbuild.steps import compile_job
 from torchbuild.steps.compile_job import (
-    ccache_stats,
+    CompileJob,
     check_wheel_tools,
-    hit_rate,
-    now_utc,
+    into_place,
+    open_log,
+    partial_dir,
     path_independent,
     pip_wheel,
-    toolchain_versions,
 )
-from torchbuild.steps.oom import JobsUsed, run_compile
 from torchbuild.steps.repro import normalize_wheel, source_date_epoch
 
 # what torchbuild sets for each library unless companion_env says otherwise: both switches
@@ -397,74 +393,69 @@ def _pip(args: Sequence[str], env: Mapping[str, str], what: str) -> None:
 class Request:
     """The companions step's request (plain data, as a backend hands it over)."""
 
+    spec: BuildSpec
     torch_wheel: str
     jobs: tuple[Job, ...]
     out_dir: str
     cache_root: str
-    run_id: str
+    run_id: str  # at the top: on a failure or Ctrl-C the backend removes its .partial-<run_id>*
     backend: str = "native"
     max_jobs: int = 0  # 0: plan
     oom_retry: bool = True
     provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # {"image": ...} in a container
 
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["jobs"] = [dataclasses.asdict(j) for j in self.jobs]
-        d["provenance"] = dict(self.provenance)
-        return d
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Request:
-        d = dict(data)
-        d["jobs"] = tuple(Job(**j) for j in d["jobs"])
-        return cls(**d)
+@dataclasses.dataclass(frozen=True)
+class Against:
+    """The torch the companions are built against: its wheel, version and unpacked tree."""
+
+    wheel: Path
+    version: Version
+    tree: Path
 
 
-def build_all(spec: BuildSpec, req: Request, out: TextIO = sys.stdout) -> list[Path]:
+def build_all(req: Request, out: TextIO = sys.stdout) -> list[Path]:
     """Build, check and record each companion against req.torch_wheel; their wheels (in
     req.out_dir) in order. A failure leaves no wheel of the library that failed."""
-    torch_wheel = Path(req.torch_wheel)
-    torch_version = torch_wheel_version(torch_wheel)
+    spec, torch_wheel = req.spec, Path(req.torch_wheel)
     work = Path(req.cache_root) / "tmp" / f"companions-{req.run_id}"
     wheels: list[Path] = []
     try:
+        torch = Against(torch_wheel, torch_wheel_version(torch_wheel), work / "torch")
         with named_os_errors(work, "preparing the companions' build"):
-            torch_dir = work / "torch"
-            torch_dir.mkdir(parents=True, exist_ok=True)
-        plan = plan_for(spec, HostResources.detect(), req.cache_root, req.max_jobs)
-        base = build_env(
-            spec, cache_root=req.cache_root, jobs=plan.jobs, nvcc_threads=plan.nvcc_threads or None, backend=req.backend
-        )
+            torch.tree.mkdir(parents=True, exist_ok=True)
+        plan = compile_job.plan(spec, req.cache_root, req.max_jobs)
+        base = compile_env(spec, plan, req.cache_root, backend=req.backend)
         print(f"companions: unpacking {torch_wheel.name} to build against it", file=out, flush=True)
-        unpack_torch(torch_wheel, torch_dir, {**os.environ, **base}, work)
+        unpack_torch(torch_wheel, torch.tree, {**os.environ, **base}, work)
         shims = ccache_shims(work / "ccache-bin", spec)
         for job in req.jobs:
-            wheels.append(
-                _build_one(spec, req, job, torch_wheel, torch_version, torch_dir, base, shims, plan.jobs, work, out)
+            env_vars, env, origin = _environment(spec, job, torch, base, shims, work)
+            log = (
+                Path(req.out_dir)
+                / "logs"
+                / f"{job.name}-{spec.profile}-{time.strftime('%Y%m%d-%H%M%S')}-{req.run_id}.log"
             )
+            tee = open_log(log, out, what="writing the companion's build log")
+            try:
+                compiled = CompileJob(spec, plan, env_vars, env, tee, req.oom_retry)
+                wheels.append(_build_one(req, job, torch, compiled, work, log, origin))
+            finally:
+                tee.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return wheels
 
 
-def _build_one(
-    spec: BuildSpec,
-    req: Request,
-    job: Job,
-    torch_wheel: Path,
-    torch_version: Version,
-    torch_dir: Path,
-    base: Mapping[str, str],
-    shims: Path | None,
-    jobs: int,
-    work: Path,
-    out: TextIO,
-) -> Path:
-    version = build_version(job, torch_version, spec.local_version)
+def _environment(
+    spec: BuildSpec, job: Job, torch: Against, base: Mapping[str, str], shims: Path | None, work: Path
+) -> tuple[dict[str, str], dict[str, str], str]:
+    """What one companion's build sets (printed and recorded), its whole environment, and where
+    its SOURCE_DATE_EPOCH came from."""
     env_vars = {
         **companion_env(spec, job.name, base),
-        "BUILD_VERSION": version,
-        "PYTORCH_VERSION": str(torch_version),
+        "BUILD_VERSION": build_version(job, torch.version, spec.local_version),
+        "PYTORCH_VERSION": str(torch.version),
     }
     env_vars.update(path_independent(env_vars, job.tree))
     tree_info = SourceInfo(kind="git" if job.kind == "git" else "dir", path=Path(job.tree))
@@ -478,98 +469,72 @@ def _build_one(
         **os.environ,
         **env_vars,
         "PATH": f"{shims}{os.pathsep}{search_path}" if shims else search_path,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(torch_dir), os.environ.get("PYTHONPATH", "")) if p),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(torch.tree), os.environ.get("PYTHONPATH", "")) if p),
         "TMPDIR": str(work),
     }
-    out_dir = Path(req.out_dir)
-    run_id = f"{req.run_id}.{short(job.name)}"
-    log = out_dir / "logs" / f"{job.name}-{spec.profile}-{time.strftime('%Y%m%d-%H%M%S')}-{req.run_id}.log"
-    with named_os_errors(log.parent, "writing the companion's build log"):
-        tee = Tee(log, out, "lines")
-    started, t0 = now_utc(), time.monotonic()
-    used = JobsUsed(jobs, jobs)
+    return env_vars, env, epoch.origin
+
+
+def _build_one(
+    req: Request, job: Job, torch: Against, compiled: CompileJob, work: Path, log: Path, origin: str
+) -> Path:
+    """One companion: built, checked beside torch, moved into req.out_dir, recorded."""
+    tee, env_vars, version = compiled.sink, compiled.env_vars, compiled.env_vars["BUILD_VERSION"]
+    tee.line(f"{job.name} {version} against {torch.wheel.name} ({job.tree})")
+    for k in sorted(env_vars):
+        tee.line(f"  {k}={env_vars[k]}")
+    check_wheel_tools(job.tree)  # setuptools (and wheel) for --no-build-isolation, named up front
+    compiled.zero_ccache()
+    out_dir, run_id = Path(req.out_dir), f"{req.run_id}.{short(job.name)}"
+    partial = partial_dir(out_dir, run_id, "the companion wheel")
     try:
-        tee.line(f"{job.name} {version} against {torch_wheel.name} ({job.tree})")
-        for k in sorted(env_vars):
-            tee.line(f"  {k}={env_vars[k]}")
-        check_wheel_tools(job.tree)  # setuptools (and wheel) for --no-build-isolation, named up front
-        subprocess.run(["ccache", "--zero-stats"], env=env, capture_output=True, check=False)
-        with named_os_errors(out_dir, "creating the companion wheel's partial directory"):
-            partial = Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{run_id}-", dir=out_dir))
-        try:
-            run_compile(
-                lambda n: pip_wheel(partial, job.tree),
-                cwd=job.tree,
-                env_for=lambda n: {**env, "MAX_JOBS": str(n), "CMAKE_BUILD_PARALLEL_LEVEL": str(n)},
-                sink=tee,
-                what=f"pip wheel {job.name}",
-                jobs=used,
-                retry=req.oom_retry,
-            )
-            built = sorted(partial.glob("*.whl"))
-            if len(built) != 1:
-                raise CompanionError(f"{job.name}: pip wheel produced {len(built)} wheels in {partial}; expected one")
-            name, got, _, _ = parse_wheel_filename(built[0].name)
-            if canonicalize_name(name) != canonicalize_name(job.name) or got != Version(version):
-                raise CompanionError(f"{job.name}: pip built {built[0].name}, not {job.name} {version}")
-            normalized = normalize_wheel(built[0], int(env_vars["SOURCE_DATE_EPOCH"]))
-            checked = check_wheel(job.name, built[0], torch_dir, work, env, str(torch_version))
-            tee.line(f"{job.name}: {checked['op']} (torch from {checked['torch_file']})")
-            final = out_dir / built[0].name
-            with named_os_errors(final, "moving the companion wheel into place"):
-                os.replace(built[0], final)
-        finally:
-            shutil.rmtree(partial, ignore_errors=True)
-        seconds = time.monotonic() - t0
-        m = manifest.for_build(
-            spec,
-            run_id=run_id,
-            provenance={
-                "engine": req.backend,
-                **{k: v for k, v in req.provenance.items() if k in ("image", "engine")},
-                "source": job.source_record(),
-            },
-            toolchain=toolchain_versions(spec, env),
-            environment=env_vars,
-            jobs={
-                "max_jobs": used.start,
-                "final_jobs": used.current,
-                "reason": "the torch build's plan",
-                "retries": used.retries,
-            },
-            started=started,
-            finished=now_utc(),
-            seconds=seconds,
-            ccache=hit_rate(ccache_stats(env)),
-            log=log.name,
-            report=None,
-            wheel=final,
-            companion={
-                "name": job.name,
-                "version": version,
-                "torch_wheel": dataclasses.asdict(manifest.WheelRecord.of(torch_wheel)),
-                "torch_version": str(torch_version),
-                "check": checked["op"],
-            },
-            reproducibility={
-                "source_date_epoch": int(env_vars["SOURCE_DATE_EPOCH"]),
-                "origin": epoch.origin,
-                "ccache_basedir": env_vars["CCACHE_BASEDIR"],
-                "python": "{}.{}".format(*sys.version_info[:2]),
-                "normalized": normalized,
-            },
-        )
-        path = manifest.write(m, manifest.manifest_path(out_dir, final.name, spec.profile, run_id))
-        tee.line(f"{job.name}: {final} ({seconds:.1f} s), manifest {path.name}")
-        return final
+        compiled.compile(lambda n: pip_wheel(partial, job.tree), cwd=job.tree, what=f"pip wheel {job.name}")
+        built = sorted(partial.glob("*.whl"))
+        if len(built) != 1:
+            raise CompanionError(f"{job.name}: pip wheel produced {len(built)} wheels in {partial}; expected one")
+        name, got, _, _ = parse_wheel_filename(built[0].name)
+        if canonicalize_name(name) != canonicalize_name(job.name) or got != Version(version):
+            raise CompanionError(f"{job.name}: pip built {built[0].name}, not {job.name} {version}")
+        normalized = normalize_wheel(built[0], int(env_vars["SOURCE_DATE_EPOCH"]))
+        checked = check_wheel(job.name, built[0], torch.tree, work, compiled.env, str(torch.version))
+        tee.line(f"{job.name}: {checked['op']} (torch from {checked['torch_file']})")
+        final = into_place(built[0], out_dir / built[0].name, "the companion wheel")
     finally:
-        tee.close()
+        shutil.rmtree(partial, ignore_errors=True)
+    fields = compiled.manifest_fields()
+    m = manifest.for_build(
+        compiled.spec,
+        run_id=run_id,
+        provenance={
+            "engine": req.backend,
+            **{k: v for k, v in req.provenance.items() if k in ("image", "engine")},
+            "source": job.source_record(),
+        },
+        **fields,
+        log=log.name,
+        report=None,
+        wheel=final,
+        companion={
+            "name": job.name,
+            "version": version,
+            "torch_wheel": dataclasses.asdict(manifest.WheelRecord.of(torch.wheel)),
+            "torch_version": str(torch.version),
+            "check": checked["op"],
+        },
+        reproducibility={
+            "source_date_epoch": int(env_vars["SOURCE_DATE_EPOCH"]),
+            "origin": origin,
+            "ccache_basedir": env_vars["CCACHE_BASEDIR"],
+            "python": "{}.{}".format(*sys.version_info[:2]),
+            "normalized": normalized,
+        },
+    )
+    path = manifest.write(m, manifest.manifest_path(out_dir, final.name, compiled.spec.profile, run_id))
+    tee.line(f"{job.name}: {final} ({fields['seconds']:.1f} s), manifest {path.name}")
+    return final
 
 
 def run_companions_step(payload: Mapping[str, Any]) -> int:
     """The `companions` step: build against a given torch wheel (`invoke companions`)."""
-    from torchbuild.inputs.config import spec_from_dict
-
-    spec = spec_from_dict(payload["spec"], "companions request")
-    build_all(spec, Request.from_dict(payload["request"]))
+    build_all(compile_job.parse_request(Request, payload, "companions", "companions"))
     return 0

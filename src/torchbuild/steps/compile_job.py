@@ -1,21 +1,45 @@
-"""The pieces one compile job is made of, whichever step runs it (build, companions, develop,
-sif, verify): its log (Tee), its interpreter, the environment that makes objects independent of
-the tree's path, the toolchain's versions, ccache's counters, the pip wheel command (issue 28).
+"""One compile job, whichever step runs it: torch's build, the companions, an editable tree,
+NCCL and its plugin (issue 28).
+
+    typed request (each step's Request, records.from_dict)
+      -> plan        the allocation-aware planner (`plan`: plan_for, or plan_make for a make)
+      -> environment inputs.environment.compile_env; MAX_JOBS and CMAKE_BUILD_PARALLEL_LEVEL
+                     from the plan, set again on each out-of-memory resume (CompileJob.env_for)
+      -> log         `open_log` (core.progress.Tee)
+      -> run         CompileJob.compile: oom.run_compile, resumed with fewer jobs
+      -> place       `partial_dir` then `into_place` (a rename: whole or not at all)
+      -> record      CompileJob.manifest_fields / CompileJob.record: times, jobs planned and
+                     used, toolchain versions, ccache's hit rate, torchbuild's version
+
+Each step keeps only what is its own (torch's configure stamp and preflight, the companions'
+version rules, NCCL's gencode). Also here: the interpreter's wheel tools, the environment that
+makes objects independent of the tree's path, and the pip wheel command.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, TextIO, TypeVar
 
-from torchbuild.core.errors import ToolMissing
+from torchbuild import __version__
+from torchbuild.core import records
+from torchbuild.core.atomic import PARTIAL_PREFIX
+from torchbuild.core.errors import ToolMissing, TorchbuildError, named_os_errors
+from torchbuild.core.process import Finished
+from torchbuild.core.progress import Tee
 from torchbuild.inputs.config import BuildSpec
-from torchbuild.inputs.environment import compilers
+from torchbuild.inputs.environment import compilers, jobs_env
+from torchbuild.inputs.jobs import HostResources, JobPlan, plan_for, plan_make
+from torchbuild.steps.oom import JobsUsed, Sink, run_compile
 
 
 def now_utc() -> str:
@@ -118,3 +142,140 @@ def pip_wheel(partial: Path, source: str, python: str = sys.executable) -> list[
     """The wheel build: with the interpreter's packages (torch's build requirements, or the torch
     a companion is built against), no dependencies, verbose for the log."""
     return [python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w", str(partial), "--", source]
+
+
+# --------------------------------------------------------------------------- the job
+
+R = TypeVar("R")
+
+
+def parse_request(cls: type[R], payload: Mapping[str, Any], step: str, task: str) -> R:
+    """A step's typed request from what the backend handed over; a malformed one is a
+    UsageError naming the request ("the comms request: prefix: missing")."""
+    return records.from_dict(cls, payload, f"the {step} request", hint=f"`invoke {task}` writes these requests")
+
+
+def plan(spec: BuildSpec, cache_root: str | Path, jobs: int = 0, *, kind: str = "") -> JobPlan:
+    """The jobs a compile may run where the step runs (an allocation's cores and memory, a
+    container's limits: HostResources.detect); jobs: --jobs (0: plan). kind "": a build that
+    takes nvcc --threads (torch, a companion, an editable tree); "cxx" or "cuda": a make of
+    that kind of compile job (NCCL's device code, the plugin's C++)."""
+    host = HostResources.detect()
+    if kind:
+        return plan_make(spec, host, cache_root, jobs, kind=kind)
+    return plan_for(spec, host, cache_root, jobs)
+
+
+def open_log(path: Path, out: TextIO, progress: str = "lines", what: str = "writing the build log") -> Tee:
+    """The job's log: its output goes to out and to path."""
+    with named_os_errors(path.parent, what):
+        return Tee(path, out, progress)
+
+
+def partial_dir(out_dir: Path, run_id: str, what: str) -> Path:
+    """A fresh .partial-<run_id>-* directory in out_dir for a result being made (the backend
+    removes those of a failed or interrupted run)."""
+    with named_os_errors(out_dir, f"creating {what}'s partial directory"):
+        return Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{run_id}-", dir=out_dir))
+
+
+def into_place(made: Path, final: Path, what: str, *, keep_existing: bool = False) -> Path:
+    """made renamed to final (a rename: whole or not at all). keep_existing: a final already
+    there (another run finished the same result meanwhile) is kept and made dropped."""
+    with named_os_errors(final, f"moving {what} into place"):
+        if keep_existing and final.exists():
+            shutil.rmtree(made)
+        else:
+            os.replace(made, final)
+    return final
+
+
+@dataclasses.dataclass
+class CompileJob:
+    """One compile as it goes: its plan, its environment, where its output goes, the jobs it
+    used (fewer after an out-of-memory kill) and when it started."""
+
+    spec: BuildSpec
+    plan: JobPlan
+    env_vars: dict[str, str]  # what torchbuild sets (printed and recorded): compile_env's
+    env: dict[str, str]  # the whole environment of the job's processes
+    sink: Sink
+    retry: bool = True  # resume with fewer jobs after an out-of-memory kill
+    started: str = dataclasses.field(default_factory=now_utc)
+    t0: float = dataclasses.field(default_factory=time.monotonic)
+    jobs: JobsUsed = dataclasses.field(init=False)
+    _versions: dict[str, str] | None = dataclasses.field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.jobs = JobsUsed(self.plan.jobs, self.plan.jobs)
+
+    def toolchain(self) -> dict[str, str]:
+        """The toolchain's versions (read once)."""
+        if self._versions is None:
+            self._versions = toolchain_versions(self.spec, self.env)
+        return self._versions
+
+    def env_for(self, n: int) -> dict[str, str]:
+        """The environment of an attempt with n jobs (jobs_env: MAX_JOBS, CMAKE_BUILD_PARALLEL_LEVEL)."""
+        return {**self.env, **jobs_env(n)}
+
+    def zero_ccache(self) -> None:
+        """ccache's counters from zero: the hit rate recorded is this job's."""
+        subprocess.run(["ccache", "--zero-stats"], env=self.env, capture_output=True, check=False)
+
+    def compile(
+        self,
+        cmd_for: Callable[[int], Sequence[str]],
+        *,
+        cwd: str,
+        what: str,
+        watch: Callable[[str], None] | None = None,
+        failure: Callable[[Finished], TorchbuildError] | None = None,
+    ) -> float:
+        """cmd_for(jobs) in cwd, resumed with fewer jobs after an out-of-memory kill; seconds spent."""
+        return run_compile(
+            cmd_for,
+            cwd=cwd,
+            env_for=self.env_for,
+            sink=self.sink,
+            what=what,
+            jobs=self.jobs,
+            retry=self.retry,
+            watch=watch,
+            failure=failure,
+        )
+
+    def jobs_record(self) -> dict[str, Any]:
+        """The jobs planned and used, and every out-of-memory retry (a manifest's jobs record)."""
+        return {
+            "max_jobs": self.jobs.start,
+            "final_jobs": self.jobs.current,
+            "reason": self.plan.reason,
+            "nvcc_threads": self.plan.nvcc_threads,
+            "retries": self.jobs.retries,
+        }
+
+    def manifest_fields(self) -> dict[str, Any]:
+        """What every compile records, as manifest.for_build takes it (which adds torchbuild's
+        version): toolchain, environment, jobs, times and ccache's hit rate."""
+        return {
+            "toolchain": self.toolchain(),
+            "environment": self.env_vars,
+            "jobs": self.jobs_record(),
+            "started": self.started,
+            "finished": now_utc(),
+            "seconds": time.monotonic() - self.t0,
+            "ccache": hit_rate(ccache_stats(self.env)),
+        }
+
+    def record(self) -> dict[str, Any]:
+        """manifest_fields as plain data, with torchbuild's version (the comms manifest's parts)."""
+        fields = self.manifest_fields()
+        hits, misses, rate = fields.pop("ccache")
+        fields.pop("environment")
+        return {
+            "torchbuild_version": __version__,
+            **{k: v for k, v in fields.items() if k != "seconds"},
+            "duration_s": round(fields["seconds"], 1),
+            "ccache": {"hits": hits, "misses": misses, "hit_rate": round(rate, 4)},
+        }

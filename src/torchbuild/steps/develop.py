@@ -29,11 +29,10 @@ from packaging.version import InvalidVersion, Version
 from torchbuild.core.errors import BuildFailed, TorchbuildError, named_os_errors
 from torchbuild.core.progress import Tee
 from torchbuild.core.safeio import KiB, read_text
-from torchbuild.inputs.config import BuildSpec, spec_from_dict
-from torchbuild.inputs.environment import build_env
-from torchbuild.inputs.jobs import HostResources, plan_for
-from torchbuild.steps.compile_job import ccache_stats, hit_rate, path_independent
-from torchbuild.steps.oom import JobsUsed, run_compile
+from torchbuild.inputs.config import BuildSpec
+from torchbuild.inputs.environment import compile_env
+from torchbuild.steps import compile_job
+from torchbuild.steps.compile_job import CompileJob, now_utc, open_log, path_independent
 from torchbuild.steps.report import mark, read_ninja_log
 
 BASE_PTH = "torchbuild-base.pth"
@@ -52,17 +51,6 @@ class Request:
     backend: str = "native"
     jobs: int = 0
     oom_retry: bool = True
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        d["spec"] = self.spec.to_dict()
-        return d
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Request:
-        d = dict(data)
-        d["spec"] = spec_from_dict(d["spec"], "develop request")
-        return cls(**d)
 
 
 def mode_for(tree: Path) -> str:
@@ -109,79 +97,41 @@ def _make_venv(venv: Path, python: Path) -> None:
 def develop(req: Request, out: TextIO = sys.stdout) -> dict[str, Any]:
     """Install req.tree in development mode into req.venv; what was done (also printed)."""
     tree, venv = Path(req.tree), Path(req.venv)
-    t0 = time.monotonic()
-    with named_os_errors(req.log, "writing the develop log"):
-        tee = Tee(Path(req.log), out, "lines")
+    started, t0 = now_utc(), time.monotonic()
+    tee = open_log(Path(req.log), out, what="writing the develop log")
     try:
         python = make_venv(venv, tee.line)
-        plan = plan_for(req.spec, HostResources.detect(), req.cache_root, req.jobs)
-        env_vars = build_env(
-            req.spec,
-            cache_root=req.cache_root,
-            jobs=plan.jobs,
-            nvcc_threads=plan.nvcc_threads or None,
-            backend=req.backend,
-        )
-        env_vars.update(path_independent(env_vars, str(tree)))  # another checkout of it hits the cache
-        for d in (env_vars["CCACHE_DIR"], env_vars["PIP_CACHE_DIR"]):
-            with named_os_errors(d, "creating the build's cache directories"):
-                Path(d).mkdir(parents=True, exist_ok=True)
-        env = {
-            **os.environ,
-            **env_vars,
-            "VIRTUAL_ENV": str(venv),
-            "PATH": f"{venv}/bin{os.pathsep}{os.environ.get('PATH', '')}",
-        }
+        job = _job(req, tee)
+        job.started, job.t0 = started, t0  # the venv is part of it
         mode = mode_for(tree)
         ninja_log = tree / "build" / ".ninja_log"
         before = mark(ninja_log)
-        tee.line(f"torchbuild develop: {tree} into {venv} ({mode}), jobs {plan.jobs} ({plan.reason})")
-        subprocess.run(["ccache", "--zero-stats"], env=env, capture_output=True, check=False)
+        tee.line(f"torchbuild develop: {tree} into {venv} ({mode}), jobs {job.plan.jobs} ({job.plan.reason})")
+        job.zero_ccache()
         if mode == "pip":
             cmd = [str(python), "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-v", "-e", str(tree)]
         else:
             cmd = [str(python), "setup.py", "develop"]
-        used = JobsUsed(plan.jobs, plan.jobs)
-        run_compile(
-            lambda n: cmd,
-            cwd=str(tree),
-            env_for=lambda n: {**env, "MAX_JOBS": str(n)},
-            sink=tee,
-            what=f"the {mode} development install",
-            jobs=used,
-            retry=req.oom_retry,
-        )
+        job.compile(lambda n: cmd, cwd=str(tree), what=f"the {mode} development install")
         compiled = [
             o
             for step in (read_ninja_log(ninja_log, since=before) if ninja_log.is_file() else [])
             for o in step.outputs
             if o.endswith(".o")
         ]
-        listed = subprocess.run(
-            [str(python), "-m", "pip", "list", "--editable", "--format", "json"],
-            env=env,
-            capture_output=True,
-            text=True,
-        )
-        editable = [
-            p for p in (json.loads(listed.stdout or "[]")) if Path(p.get("editable_project_location", "")) == tree
-        ]
-        if not editable:
-            raise BuildFailed(
-                f"{tree} is not installed in development mode in {venv} (pip list --editable does not show it)"
-            )
-        hits, misses, _ = hit_rate(ccache_stats(env))
+        project = _editable_project(python, tree, venv, job.env)
+        record = job.record()
         result = {
             "venv": str(venv),
-            "project": f"{editable[0]['name']}=={editable[0]['version']}",
+            "project": project,
             "mode": mode,
             "compiled": compiled,
-            "ccache": {"hits": hits, "misses": misses},
-            "seconds": round(time.monotonic() - t0, 1),
+            "ccache": {k: record["ccache"][k] for k in ("hits", "misses")},
+            "seconds": record["duration_s"],
         }
         tee.line(
             f"{result['project']} installed in development mode: {len(compiled)} object(s) compiled "
-            f"({hits} ccache hits), {result['seconds']} s"
+            f"({record['ccache']['hits']} ccache hits), {result['seconds']} s"
         )
         tee.line(f"venv: {venv}  (activate: source {venv}/bin/activate)")
         return result
@@ -189,6 +139,40 @@ def develop(req: Request, out: TextIO = sys.stdout) -> dict[str, Any]:
         tee.close()
 
 
+def _job(req: Request, tee: Tee) -> CompileJob:
+    """The compile job of a development install: planned here, the build's environment with
+    the venv first on PATH; ccache's and pip's cache directories made."""
+    plan = compile_job.plan(req.spec, req.cache_root, req.jobs)
+    env_vars = compile_env(req.spec, plan, req.cache_root, backend=req.backend)
+    env_vars.update(path_independent(env_vars, req.tree))  # another checkout of it hits the cache
+    for d in (env_vars["CCACHE_DIR"], env_vars["PIP_CACHE_DIR"]):
+        with named_os_errors(d, "creating the build's cache directories"):
+            Path(d).mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        **env_vars,
+        "VIRTUAL_ENV": req.venv,
+        "PATH": f"{req.venv}/bin{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    return CompileJob(req.spec, plan, env_vars, env, tee, req.oom_retry)
+
+
+def _editable_project(python: Path, tree: Path, venv: Path, env: Mapping[str, str]) -> str:
+    """name==version of the project pip lists as installed in development mode from tree."""
+    listed = subprocess.run(
+        [str(python), "-m", "pip", "list", "--editable", "--format", "json"],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+    )
+    editable = [p for p in (json.loads(listed.stdout or "[]")) if Path(p.get("editable_project_location", "")) == tree]
+    if not editable:
+        raise BuildFailed(
+            f"{tree} is not installed in development mode in {venv} (pip list --editable does not show it)"
+        )
+    return f"{editable[0]['name']}=={editable[0]['version']}"
+
+
 def run_develop_step(payload: Mapping[str, Any]) -> int:
-    develop(Request.from_dict(payload))
+    develop(compile_job.parse_request(Request, payload, "develop", "develop"))
     return 0
