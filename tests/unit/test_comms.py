@@ -51,6 +51,7 @@ from torchbuild.launch.backends.native import NativeBackend
 from torchbuild.launch.comms import comms
 from torchbuild.launch.runner import _comms as runner_comms
 from torchbuild.launch.runner import comms_for_verify
+from torchbuild.steps import run_step
 from torchbuild.steps.comms import (
     COMMS_MANIFEST,
     HEADER_LIMIT,
@@ -63,7 +64,6 @@ from torchbuild.steps.comms import (
     fetch,
     link_env,
     read_manifest,
-    run_comms_step,
     version_code,
 )
 from torchbuild.steps.comms import Request as CommsRequest
@@ -556,13 +556,13 @@ def test_a_refused_step_leaves_no_partial_and_no_prefix(tmp_path):
     fabric = _libfabric(tmp_path / "libfabric", 2, 1)
     step = _step(_plugin_spec(tmp_path, fabric, "1.6.0"), tmp_path)
     with pytest.raises(ProfileError):
-        run_comms_step(records.to_dict(step.req))
+        run_step("comms", records.to_dict(step.req))
     assert not (tmp_path / "cache" / "comms").exists()
 
 
 def test_a_comms_request_without_its_keys_is_a_usage_error():
     with pytest.raises(UsageError, match=r"the comms request: .*prefix: missing") as exc:
-        run_comms_step({"spec": resolve("cpu").to_dict(), "key": "k", "run_id": "r"})
+        run_step("comms", {"spec": resolve("cpu").to_dict(), "key": "k", "run_id": "r"})
     assert "`invoke comms` writes these requests" in (exc.value.hint or "")
 
 

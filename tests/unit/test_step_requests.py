@@ -88,9 +88,13 @@ LAUNCHED = {"verify": launched_verify, "install": launched_install, "mpi": launc
 TYPES = {"verify": VerifyRequest, "install": InstallRequest, "mpi": MpiRequest, "bench": BenchRequest}
 
 
-def test_the_typed_steps_are_those_of_the_registry():
-    assert {name for name, load in STEPS.items() if load().request is not None} == set(TYPES)
-    assert all(STEPS[name]().request is cls for name, cls in TYPES.items())
+def test_every_step_of_the_registry_parses_into_its_own_typed_request():
+    from torchbuild.steps import build, comms, companions, develop
+
+    compile_steps = {"build": build.BuildRequest, "comms": comms.Request, "companions": companions.Request}
+    every = {**TYPES, **compile_steps, "develop": develop.Request}
+    assert set(STEPS) == set(every)
+    assert {name: STEPS[name]().request for name in STEPS} == every
 
 
 @pytest.mark.parametrize("step", sorted(LAUNCHED))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, Optional
+from typing import Any
 
 from torchbuild.core import records
 from torchbuild.core.errors import UsageError
@@ -24,10 +24,9 @@ from torchbuild.core.safeio import MANIFEST_LIMIT, loads_json, read_text
 @dataclasses.dataclass(frozen=True)
 class Step:
     """A step: the type its request is parsed into (records.from_dict), and the function that
-    runs it with the parsed request. request None: the step takes the payload as it came (a
-    plain mapping) and parses it itself."""
+    runs it with the parsed request."""
 
-    request: Optional[type[Any]]
+    request: type[Any]
     run: Callable[[Any], int]
 
 
@@ -35,9 +34,9 @@ class Step:
 
 
 def _build() -> Step:
-    from torchbuild.steps.build import run_build_step
+    from torchbuild.steps.build import BuildRequest, run_build_step
 
-    return Step(None, run_build_step)
+    return Step(BuildRequest, run_build_step)
 
 
 def _verify() -> Step:
@@ -59,21 +58,21 @@ def _mpi() -> Step:
 
 
 def _comms() -> Step:
-    from torchbuild.steps.comms import run_comms_step
+    from torchbuild.steps.comms import Request, run_comms_step
 
-    return Step(None, run_comms_step)
+    return Step(Request, run_comms_step)
 
 
 def _companions() -> Step:
-    from torchbuild.steps.companions import run_companions_step
+    from torchbuild.steps.companions import Request, run_companions_step
 
-    return Step(None, run_companions_step)
+    return Step(Request, run_companions_step)
 
 
 def _develop() -> Step:
-    from torchbuild.steps.develop import run_develop_step
+    from torchbuild.steps.develop import Request, run_develop_step
 
-    return Step(None, run_develop_step)
+    return Step(Request, run_develop_step)
 
 
 def _bench() -> Step:
@@ -101,16 +100,18 @@ def _load(name: str) -> Step:
     return load()
 
 
+# the task whose launching side writes each step's request (named in a refusal's hint)
+TASKS = {"mpi": "mpi-check"}
+
+
 def _parse(name: str, step: Step, payload: Mapping[str, Any]) -> Any:
-    if step.request is None:
-        return payload
-    return records.from_dict(step.request, payload, f"the {name} request", hint=REQUEST_HINT)
+    hint = f"`invoke {TASKS.get(name, name)}` writes these requests"
+    return records.from_dict(step.request, payload, f"the {name} request", hint=hint)
 
 
 def parse_request(name: str, payload: Mapping[str, Any]) -> Any:
-    """The payload as step name's request: its typed Request (a missing key, an unknown key or
-    a value of the wrong type is a UsageError naming it), or the payload itself where the step
-    parses its own."""
+    """The payload as step name's typed Request (a missing key, an unknown key or a value of the
+    wrong type is a UsageError naming it)."""
     return _parse(name, _load(name), payload)
 
 

@@ -537,7 +537,7 @@ def _summary(
     run.tee.line(table(["", ""], facts, header=False))
 
 
-def run_build_step(payload: Mapping[str, Any]) -> int:
-    """The `build` step: a BuildRequest as plain data (what a backend hands over)."""
-    run_build(compile_job.parse_request(BuildRequest, payload, "build", "build"))
+def run_build_step(req: BuildRequest) -> int:
+    """The `build` step (steps.STEPS parses what the backend hands over into req)."""
+    run_build(req)
     return 0

@@ -268,8 +268,9 @@ class Request:
         return prefix.with_name(f"{prefix.name}.partial-{self.run_id}")
 
 
-def run_comms_step(payload: Mapping[str, Any]) -> int:
-    req = compile_job.parse_request(Request, payload, "comms", "comms")
+def run_comms_step(req: Request) -> int:
+    """The `comms` step (steps.STEPS parses what the backend hands over into req); a failure or
+    an interrupt leaves no partial prefix."""
     try:
         _Step(req).run()
     except BaseException:

@@ -534,7 +534,7 @@ def _build_one(
     return final
 
 
-def run_companions_step(payload: Mapping[str, Any]) -> int:
+def run_companions_step(req: Request) -> int:
     """The `companions` step: build against a given torch wheel (`invoke companions`)."""
-    build_all(compile_job.parse_request(Request, payload, "companions", "companions"))
+    build_all(req)
     return 0

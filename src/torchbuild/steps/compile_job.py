@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from torchbuild import __version__
-from torchbuild.core import records
 from torchbuild.core.atomic import PARTIAL_PREFIX
 from torchbuild.core.errors import ToolMissing, TorchbuildError, named_os_errors
 from torchbuild.core.process import Finished
@@ -147,12 +146,6 @@ def pip_wheel(partial: Path, source: str, python: str = sys.executable) -> list[
 # --------------------------------------------------------------------------- the job
 
 R = TypeVar("R")
-
-
-def parse_request(cls: type[R], payload: Mapping[str, Any], step: str, task: str) -> R:
-    """A step's typed request from what the backend handed over; a malformed one is a
-    UsageError naming the request ("the comms request: prefix: missing")."""
-    return records.from_dict(cls, payload, f"the {step} request", hint=f"`invoke {task}` writes these requests")
 
 
 def plan(spec: BuildSpec, cache_root: str | Path, jobs: int = 0, *, kind: str = "") -> JobPlan:

@@ -173,6 +173,6 @@ def _editable_project(python: Path, tree: Path, venv: Path, env: Mapping[str, st
     return f"{editable[0]['name']}=={editable[0]['version']}"
 
 
-def run_develop_step(payload: Mapping[str, Any]) -> int:
-    develop(compile_job.parse_request(Request, payload, "develop", "develop"))
+def run_develop_step(req: Request) -> int:
+    develop(req)
     return 0
