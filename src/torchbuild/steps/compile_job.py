@@ -1,5 +1,5 @@
 """One compile job, whichever step runs it: torch's build, the companions, an editable tree,
-NCCL and its plugin (issue 28).
+NCCL and its plugin.
 
     typed request (each step's Request, records.from_dict)
       -> plan        the allocation-aware planner (`plan`: plan_for, or plan_make for a make)
