@@ -10,11 +10,16 @@ nothing else of torchbuild but errors.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import json
+import typing
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import cattrs
+from cattrs.cols import homogenous_tuple_structure_factory, list_structure_factory, mapping_structure_factory
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
+from cattrs.gen import make_dict_structure_fn
 
 from torchbuild.core.errors import TorchbuildError, UsageError
 
@@ -52,6 +57,18 @@ def from_dict(
         raise error(f"{what}: {exc}", hint=hint) from None
 
 
+def _where(path: str, notes: list[Any]) -> str:
+    """path extended by where cattrs notes a leaf failed: "Structuring class R @ attribute jobs"
+    (path.jobs), "Structuring typing.Tuple[R, ...] @ index 0" (path[0])."""
+    for note in map(str, notes):
+        if "@ attribute " in note:
+            name = note.split("@ attribute ", 1)[1].split()[0]
+            return f"{path}.{name}" if path else name
+        if "@ index " in note:
+            return f"{path}[{note.split('@ index ', 1)[1].split()[0]}]"
+    return path
+
+
 def _reasons(exc: BaseException, path: str = "") -> list[str]:
     """One short reason per leaf of cattrs' exception group ('spec.jobs: expected int')."""
     if isinstance(exc, ForbiddenExtraKeysError):
@@ -59,11 +76,80 @@ def _reasons(exc: BaseException, path: str = "") -> list[str]:
     if isinstance(exc, cattrs.BaseValidationError):
         out: list[str] = []
         for sub in exc.exceptions:
-            # cattrs notes where a leaf failed: "Structuring class R @ attribute jobs"
-            note = next((str(n) for n in getattr(sub, "__notes__", []) if "@ attribute " in str(n)), "")
-            name = note.split("@ attribute ", 1)[1].split()[0] if note else ""
-            out += _reasons(sub, ".".join(p for p in (path, name) if p))
+            out += _reasons(sub, _where(path, getattr(sub, "__notes__", [])))
         return out or [str(exc)]
     if isinstance(exc, KeyError):
         return [f"{path}: missing" if path else f"missing {exc}"]
     return [f"{path}: {exc}" if path else str(exc)]
+
+
+# --------------------------------------------------------------------------- JSON's types, strictly
+# cattrs' default hooks call the type: int(True) is 1, str(5) is "5", tuple("ab") is ("a", "b").
+# Data that crosses as JSON must already have the record's types, so these hooks only check.
+
+_JSON_KINDS: dict[type, str] = {
+    dict: "an object",
+    list: "a list",
+    str: "a string",
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+}
+_EXPECTED: dict[type, str] = {int: "an int", float: "a number", str: "a string", bool: "true or false"}
+
+
+def kind_of(value: Any) -> str:
+    """The JSON kind of a parsed value, for messages ("a string", "null", "an object")."""
+    return "null" if value is None else _JSON_KINDS.get(type(value), type(value).__name__)
+
+
+def _wrong(expected: str, value: Any) -> TypeError:
+    shown = json.dumps(value, default=str)
+    return TypeError(f"expected {expected}, found {kind_of(value)}" + ("" if len(shown) > 60 else f" {shown}"))
+
+
+def _primitive(tp: type) -> Callable[[Any, type], Any]:
+    def hook(value: Any, _: type) -> Any:
+        if tp is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, tp) and not (tp is not bool and isinstance(value, bool)):
+            return value
+        raise _wrong(_EXPECTED[tp], value)
+
+    return hook
+
+
+def _container(tp: Any) -> str:
+    """'list', 'object' or '' (not a container these hooks check) for a type."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is list or (origin is tuple and len(args) == 2 and args[1] is Ellipsis):
+        return "list"
+    if origin is dict or (dataclasses.is_dataclass(tp) and isinstance(tp, type)):
+        return "object"
+    return ""
+
+
+def _checked(tp: Any, conv: cattrs.Converter) -> Callable[[Any, Any], Any]:
+    """cattrs' own hook for a list, tuple, dict or dataclass, behind a check of the JSON kind."""
+    origin = typing.get_origin(tp)
+    if origin is list:
+        inner = list_structure_factory(tp, conv)
+    elif origin is tuple:
+        inner = homogenous_tuple_structure_factory(tp, conv)
+    elif origin is dict:
+        inner = mapping_structure_factory(tp, conv)
+    else:
+        inner = make_dict_structure_fn(tp, conv)
+    want, kinds = ("a list", (list, tuple)) if _container(tp) == "list" else ("an object", (Mapping,))
+
+    def hook(value: Any, cls: Any) -> Any:
+        if not isinstance(value, kinds):
+            raise _wrong(want, value)
+        return inner(value, cls)
+
+    return hook
+
+
+for _tp in (int, float, str, bool):
+    converter.register_structure_hook(_tp, _primitive(_tp))
+converter.register_structure_hook_factory(lambda tp: bool(_container(tp)), lambda tp: _checked(tp, converter))
