@@ -17,7 +17,9 @@ from torchbuild.core.errors import EngineUnavailable, ImageBuildFailed
 
 try:  # docker-py is a host dependency; the code inside the image never connects to an engine
     import docker
+    import docker.auth
     import docker.errors
+    import docker.utils
 except ImportError:  # pragma: no cover - exercised only without docker-py
     docker = None
 
@@ -114,7 +116,7 @@ class Engine:
             raise
 
     def pull(self, ref: str, platform: str | None, out: TextIO = sys.stdout) -> None:
-        repo, tag = _split_ref(ref)
+        repo, tag = split_reference(ref)
         print(f"pulling {ref} ({platform or 'default platform'})", file=out, flush=True)
         try:
             for chunk in self.client.api.pull(repo, tag=tag, platform=platform, stream=True, decode=True):
@@ -314,15 +316,27 @@ def pull_failure(ref: str, detail: str) -> ImageBuildFailed:
     return ImageBuildFailed(f"cannot pull {ref}: {detail}", hint=_PULL_HINT)
 
 
-def _split_ref(ref: str) -> tuple[str, str | None]:
-    """'ubuntu:24.04' -> ('ubuntu', '24.04'); a registry port is not a tag; digests stay whole."""
-    if "@" in ref:
-        return ref, None
-    name = ref.split("/")[-1]
-    if ":" in name:
-        repo, _, tag = ref.rpartition(":")
-        return repo, tag
-    return ref, "latest"
+def split_reference(ref: str) -> tuple[str, str]:
+    """An image reference as the repository and the tag (or digest) to pull or push, by
+    docker-py's parse_repository_tag, the split its own pull makes: 'ubuntu:24.04' ->
+    ('ubuntu', '24.04'); a registry port is not a tag ('localhost:5000/x' -> latest); a digest
+    is the tag the engine is asked for ('x@sha256:...' -> ('x', 'sha256:...'), and with a tag
+    as well the digest wins: 'x:1@sha256:...' -> ('x:1', 'sha256:...')); no tag is latest, as
+    for `docker pull`. Nothing is lowercased: the engine refuses 'Ubuntu' by name."""
+    repo, tag = docker.utils.parse_repository_tag(ref)
+    return str(repo), str(tag or "latest")
+
+
+def registry_of(name: str) -> str:
+    """The registry (host[:port]) an image name lives in, '' for Docker Hub: docker-py's
+    resolve_repository_name, the CLI's rule (the first component is a registry when it has a
+    dot or a colon or is localhost). A name docker-py refuses (a scheme, a host beginning or
+    ending with '-') is no registry it could talk to: ''."""
+    try:
+        index, _ = docker.auth.resolve_repository_name(name)
+    except docker.errors.InvalidRepository:
+        return ""
+    return "" if index == docker.auth.INDEX_NAME else str(index)
 
 
 def _chunks(stream: Iterator[Any]) -> Iterator[dict[str, Any]]:

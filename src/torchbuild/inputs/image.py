@@ -36,7 +36,7 @@ from torchbuild.core.errors import (
 from torchbuild.core.safeio import MiB, read_bytes, user_path
 from torchbuild.inputs import lock as lockfile
 from torchbuild.inputs.config import BuildSpec, data_dir
-from torchbuild.inputs.engine import Engine
+from torchbuild.inputs.engine import Engine, registry_of, split_reference
 from torchbuild.inputs.environment import compilers
 from torchbuild.inputs.lock import Lock, LockError
 
@@ -812,8 +812,8 @@ def registry_is_insecure(engine: Engine, image_name: str) -> bool:
     """True when the engine talks plain HTTP to the image's registry (127.0.0.0/8 by default)."""
     import ipaddress
 
-    host = image_name.split("/", 1)[0] if "/" in image_name else ""
-    if not host or ("." not in host and ":" not in host and host != "localhost"):
+    host = registry_of(image_name)
+    if not host:
         return False  # Docker Hub
     config = engine.client.info().get("RegistryConfig") or {}
     index = (config.get("IndexConfigs") or {}).get(host)
@@ -835,7 +835,7 @@ def push_images(engine: Engine, specs: list[BuildSpec], out: TextIO = sys.stdout
 
     hint = "set image_name to a registry path (registry.example.org/group/toolchain) and `docker login` to it"
     for s in specs:
-        repo, _, tag = s.image_tag.rpartition(":")
+        repo, tag = split_reference(s.image_tag)
         print(f"pushing {s.image_tag}", file=out, flush=True)
         for chunk in engine.client.api.push(repo, tag=tag, stream=True, decode=True):
             if isinstance(chunk, dict) and "error" in chunk:
