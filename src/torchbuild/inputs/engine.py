@@ -144,10 +144,8 @@ class Engine:
         build leaves no container behind.
         """
         log.parent.mkdir(parents=True, exist_ok=True)
-        image_id = ""
         start = time.monotonic()
-        tls_line: str | None = None  # the first line saying a certificate could not be verified
-        step = ""  # the step running: "Step 7/15 : RUN ...", as the builder prints it
+        seen = _BuildOutput()
         with log.open("w") as logf:
             try:
                 stream = self.client.api.build(
@@ -164,29 +162,16 @@ class Engine:
                     decode=True,
                 )
                 for chunk in _chunks(stream):
-                    if "stream" in chunk:
-                        text = chunk["stream"]
-                        logf.write(text)
-                        logf.flush()
-                        for line in text.splitlines():
-                            if line.strip():
-                                print(f"  {line}", file=out, flush=True)
-                            if tls_line is None and certificate_failure(line):
-                                tls_line = line.strip()
-                            if _STEP.match(line):
-                                step = line.strip()
-                    if "aux" in chunk and "ID" in chunk["aux"]:
-                        image_id = chunk["aux"]["ID"]
-                    if "error" in chunk:
-                        logf.write(f"ERROR: {chunk['error']}\n")
-                        detail = f"failed after {time.monotonic() - start:.0f} s: {step_failed(step, chunk['error'])}"
-                        raise build_failure(tag, detail, log, tls_line)
+                    error = seen.take(chunk, logf, out)
+                    if error is not None:
+                        detail = f"failed after {time.monotonic() - start:.0f} s: {step_failed(seen.step, error)}"
+                        raise build_failure(tag, detail, log, seen.tls_line)
             except docker.errors.APIError as exc:
-                raise build_failure(tag, f"failed: {_short(exc)}", log, tls_line) from exc
-        if not image_id:
+                raise build_failure(tag, f"failed: {_short(exc)}", log, seen.tls_line) from exc
+        if not seen.image_id:
             attrs = self.image_attrs(tag)
-            image_id = attrs["Id"] if attrs else ""
-        return image_id
+            return str(attrs["Id"]) if attrs else ""
+        return seen.image_id
 
     def save(self, ref: str, dest: Path) -> int:
         """`docker save ref > dest` (a docker-archive), streamed to disk; returns its size."""
@@ -225,20 +210,7 @@ class Engine:
         api = self.client.api
         cid = None
         try:
-            host_config = api.create_host_config(
-                binds={
-                    **{host: {"bind": inside, "mode": "rw"} for host, inside in mounts.items()},
-                    **{host: {"bind": inside, "mode": "ro"} for host, inside in (read_only or {}).items()},
-                },
-                mem_limit=memory_limit,
-                memswap_limit=memory_limit,
-                cap_add=cap_add,
-                devices=devices,
-                security_opt=[o for o in security_opt or [] if o != UNMASK] or None,
-            )
-            if UNMASK in (security_opt or []):
-                # the CLI's --security-opt systempaths=unconfined; docker-py has no parameter for it
-                host_config["MaskedPaths"], host_config["ReadonlyPaths"] = [], []
+            host_config = self._host_config(mounts, read_only, memory_limit, cap_add, devices, security_opt)
             created = api.create_container(
                 image,
                 command,
@@ -263,6 +235,33 @@ class Engine:
                 with contextlib.suppress(docker.errors.NotFound):
                     api.remove_container(cid, force=True)
 
+    def _host_config(
+        self,
+        mounts: Mapping[str, str],
+        read_only: Mapping[str, str] | None,
+        memory_limit: str | None,
+        cap_add: list[str] | None,
+        devices: list[str] | None,
+        security_opt: list[str] | None,
+    ) -> dict[str, Any]:
+        """run's host config: the bind mounts (read-write, then read-only), the memory limit
+        (swap included) and the apptainer-builder's capabilities, devices and security options."""
+        host_config: dict[str, Any] = self.client.api.create_host_config(
+            binds={
+                **{host: {"bind": inside, "mode": "rw"} for host, inside in mounts.items()},
+                **{host: {"bind": inside, "mode": "ro"} for host, inside in (read_only or {}).items()},
+            },
+            mem_limit=memory_limit,
+            memswap_limit=memory_limit,
+            cap_add=cap_add,
+            devices=devices,
+            security_opt=[o for o in security_opt or [] if o != UNMASK] or None,
+        )
+        if UNMASK in (security_opt or []):
+            # the CLI's --security-opt systempaths=unconfined; docker-py has no parameter for it
+            host_config["MaskedPaths"], host_config["ReadonlyPaths"] = [], []
+        return host_config
+
 
 UNMASK = "systempaths=unconfined"
 
@@ -273,6 +272,37 @@ _PULL_HINT = (
 
 
 _STEP = re.compile(r"Step (\d+/\d+) : (\S+)\s*(.*)")
+
+
+@dataclasses.dataclass
+class _BuildOutput:
+    """What an image build's output has said so far, taken one chunk at a time."""
+
+    tls_line: str | None = None  # the first line saying a certificate could not be verified
+    step: str = ""  # the step running: "Step 7/15 : RUN ...", as the builder prints it
+    image_id: str = ""
+
+    def take(self, chunk: Mapping[str, Any], logf: TextIO, out: TextIO) -> str | None:
+        """Log and echo chunk's text, note what it says; the builder's error, or None."""
+        if "stream" in chunk:
+            text = chunk["stream"]
+            logf.write(text)
+            logf.flush()
+            for line in text.splitlines():
+                if line.strip():
+                    print(f"  {line}", file=out, flush=True)
+                if self.tls_line is None and certificate_failure(line):
+                    self.tls_line = line.strip()
+                if _STEP.match(line):
+                    self.step = line.strip()
+        if "aux" in chunk and "ID" in chunk["aux"]:
+            self.image_id = chunk["aux"]["ID"]
+        if "error" in chunk:
+            logf.write(f"ERROR: {chunk['error']}\n")
+            return str(chunk["error"])
+        return None
+
+
 _EXIT = re.compile(r"returned a non-zero code: (\d+)")
 
 
