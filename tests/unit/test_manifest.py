@@ -277,7 +277,7 @@ BAD = {
     "number for a string": (
         _replace_in(OLD_WHEEL, "toolchain", {"cc": 13}),
         mf.ManifestError,
-        "toolchain: expected a string, found a number 13",
+        "toolchain.cc: expected a string, found a number 13",
     ),
     "wheel and preflight": (
         {**OLD_WHEEL, "preflight": OLD_PREFLIGHT["preflight"]},

@@ -35,6 +35,7 @@ WRONG = {
     "bad item": ({"jobs": 1, "items": [{"n": 1}, {"n": "x"}]}, r"items\[1\]\.n: expected an int"),
     "unknown nested key": ({"jobs": 1, "items": [{"n": 1, "m": 2}]}, r"items\[0\] has unknown keys m"),
     "missing": ({"name": "x"}, "jobs: missing"),
+    "bad mapping value": ({"jobs": 1, "env": {"A": 1}}, "env.A: expected a string, found a number 1"),
 }
 
 

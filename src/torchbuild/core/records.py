@@ -59,13 +59,16 @@ def from_dict(
 
 def _where(path: str, notes: list[Any]) -> str:
     """path extended by where cattrs notes a leaf failed: "Structuring class R @ attribute jobs"
-    (path.jobs), "Structuring typing.Tuple[R, ...] @ index 0" (path[0])."""
+    (path.jobs), "Structuring typing.Tuple[R, ...] @ index 0" (path[0]), a mapping's key (path.key)."""
     for note in map(str, notes):
         if "@ attribute " in note:
             name = note.split("@ attribute ", 1)[1].split()[0]
             return f"{path}.{name}" if path else name
         if "@ index " in note:
             return f"{path}[{note.split('@ index ', 1)[1].split()[0]}]"
+        if "@ key " in note:  # "Structuring mapping value @ key 'cc'" (path.cc)
+            key = note.split("@ key ", 1)[1].strip("'")
+            return f"{path}.{key}" if path else key
     return path
 
 
