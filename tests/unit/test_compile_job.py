@@ -184,7 +184,7 @@ def _never(*a: Any, **k: Any) -> float:
         (lambda d: d.pop("spec"), "spec: missing"),
         (lambda d: d.update(surprise=1), "surprise"),
         (lambda d: d.update(spec={"profile": "cpu"}), "keys missing"),
-        (lambda d: d.update({"max_jobs" if "max_jobs" in d else "jobs": "many"}), "jobs: expected an integer"),
+        (lambda d: d.update({"max_jobs" if "max_jobs" in d else "jobs": "many"}), "jobs: expected an int"),
     ],
 )
 def test_a_malformed_request_is_a_usage_error_naming_the_request(step, spoil, says, tmp_path, monkeypatch):

@@ -240,6 +240,10 @@ def _drop(data: dict[str, Any], key: str) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k != key}
 
 
+def _drop_in(data: dict[str, Any], record: str, key: str) -> dict[str, Any]:
+    return {**data, record: _drop(data[record], key)}
+
+
 BAD = {
     "missing file": (None, PathError, "does not exist"),
     "a directory": ("DIR", PathError, "is a directory"),
@@ -257,8 +261,24 @@ BAD = {
     "wrong type": (_replace_in(OLD_WHEEL, "jobs.max_jobs", "two"), mf.ManifestError, "jobs.max_jobs: expected an int"),
     "bool for int": (_replace_in(OLD_WHEEL, "wheel.size", True), mf.ManifestError, "wheel.size: expected an int"),
     "list for object": (_replace_in(OLD_WHEEL, "ccache", [1, 2]), mf.ManifestError, "ccache: expected an object"),
-    "unknown field": ({**OLD_WHEEL, "colour": "blue"}, mf.ManifestError, "manifest: unknown field colour"),
-    "missing field": (_drop(OLD_WHEEL, "jobs"), mf.ManifestError, "manifest: missing field jobs"),
+    "unknown field": ({**OLD_WHEEL, "colour": "blue"}, mf.ManifestError, "manifest: .*unknown keys colour"),
+    "unknown nested field": (
+        _replace_in(OLD_WHEEL, "jobs.retries", [{**OLD_WHEEL["jobs"]["retries"][0], "colour": "blue"}]),
+        mf.ManifestError,
+        r"jobs\.retries\[0\] has unknown keys colour",
+    ),
+    "missing field": (_drop(OLD_WHEEL, "jobs"), mf.ManifestError, "manifest: jobs: missing"),
+    "missing nested field": (_drop_in(OLD_WHEEL, "wheel", "sha256"), mf.ManifestError, "wheel.sha256: missing"),
+    "string for a list": (
+        _replace_in(OLD_WHEEL, "patches.applied_now", "01.patch"),
+        mf.ManifestError,
+        "patches.applied_now: expected a list, found a string",
+    ),
+    "number for a string": (
+        _replace_in(OLD_WHEEL, "toolchain", {"cc": 13}),
+        mf.ManifestError,
+        "toolchain.cc: expected a string, found a number 13",
+    ),
     "wheel and preflight": (
         {**OLD_WHEEL, "preflight": OLD_PREFLIGHT["preflight"]},
         mf.ManifestError,

@@ -10,70 +10,22 @@ nothing else of torchbuild but errors.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar, get_args, get_origin
+import dataclasses
+import json
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import cattrs
+from cattrs.cols import homogenous_tuple_structure_factory, list_structure_factory, mapping_structure_factory
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
+from cattrs.gen import make_dict_structure_fn
 
 from torchbuild.core.errors import TorchbuildError, UsageError
 
 T = TypeVar("T")
 
 converter = cattrs.Converter(forbid_extra_keys=True)
-
-# cattrs' own hooks coerce: str(5) is "5", bool("no") is True, a string is a sequence of
-# characters. Requests and manifests are JSON: a value of another JSON type is an error.
-_JSON_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
-
-
-def _scalar(value: Any, cls: type) -> Any:
-    ok = isinstance(value, cls) and not (cls is not bool and isinstance(value, bool))
-    if cls is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not ok:
-        raise TypeError(f"expected {_JSON_NAMES[cls]}, not {json_type(value)}")
-    return value
-
-
-def _is_sequence(cls: Any) -> bool:
-    return get_origin(cls) in (list, tuple, Sequence)
-
-
-def _sequence(value: Any, cls: Any) -> Any:
-    if not isinstance(value, (list, tuple)):
-        raise TypeError(f"expected a list, not {json_type(value)}")
-    args = get_args(cls)
-    if get_origin(cls) is tuple and not (len(args) == 2 and args[1] is Ellipsis):
-        if len(value) != len(args):
-            raise TypeError(f"expected a list of {len(args)} items, not {len(value)}")
-        return tuple(converter.structure(v, t) for v, t in zip(value, args))
-    items = [converter.structure(v, args[0] if args else Any) for v in value]
-    return tuple(items) if get_origin(cls) is tuple else items
-
-
-def _is_mapping(cls: Any) -> bool:
-    return get_origin(cls) in (dict, Mapping)
-
-
-def _mapping(value: Any, cls: Any) -> Any:
-    if not isinstance(value, Mapping):
-        raise TypeError(f"expected an object, not {json_type(value)}")
-    key, item = get_args(cls) or (Any, Any)
-    return {converter.structure(k, key): converter.structure(v, item) for k, v in value.items()}
-
-
-def json_type(value: Any) -> str:
-    """The JSON name of value's type ("a list", "null") for a message."""
-    names = {bool: "a boolean", str: "a string", int: "an integer", float: "a number"}
-    names.update({list: "a list", tuple: "a list", dict: "an object", type(None): "null"})
-    return names.get(type(value), type(value).__name__)
-
-
-for _cls in _JSON_NAMES:
-    converter.register_structure_hook(_cls, _scalar)
-converter.register_structure_hook_func(_is_sequence, _sequence)
-converter.register_structure_hook_func(_is_mapping, _mapping)
 
 
 def to_dict(record: Any) -> dict[str, Any]:
@@ -105,18 +57,102 @@ def from_dict(
         raise error(f"{what}: {exc}", hint=hint) from None
 
 
+def _where(path: str, notes: list[Any]) -> str:
+    """path extended by where cattrs notes a leaf failed: "Structuring class R @ attribute jobs"
+    (path.jobs), "Structuring typing.Tuple[R, ...] @ index 0" (path[0]), a mapping's key (path.key)."""
+    for note in map(str, notes):
+        if "@ attribute " in note:
+            name = note.split("@ attribute ", 1)[1].split()[0]
+            return f"{path}.{name}" if path else name
+        if "@ index " in note:
+            return f"{path}[{note.split('@ index ', 1)[1].split()[0]}]"
+        if "@ key " in note:  # "Structuring mapping value @ key 'cc'" (path.cc)
+            key = note.split("@ key ", 1)[1].strip("'")
+            return f"{path}.{key}" if path else key
+    return path
+
+
 def _reasons(exc: BaseException, path: str = "") -> list[str]:
     """One short reason per leaf of cattrs' exception group ('spec.jobs: expected int')."""
     if isinstance(exc, ForbiddenExtraKeysError):
-        return [f"{path + ': ' if path else ''}unknown keys {', '.join(sorted(exc.extra_fields))}"]
+        return [f"{path or 'the record'} has unknown keys {', '.join(sorted(exc.extra_fields))}"]
     if isinstance(exc, cattrs.BaseValidationError):
         out: list[str] = []
         for sub in exc.exceptions:
-            # cattrs notes where a leaf failed: "Structuring class R @ attribute jobs"
-            note = next((str(n) for n in getattr(sub, "__notes__", []) if "@ attribute " in str(n)), "")
-            name = note.split("@ attribute ", 1)[1].split()[0] if note else ""
-            out += _reasons(sub, ".".join(p for p in (path, name) if p))
+            out += _reasons(sub, _where(path, getattr(sub, "__notes__", [])))
         return out or [str(exc)]
     if isinstance(exc, KeyError):
         return [f"{path}: missing" if path else f"missing {exc}"]
     return [f"{path}: {exc}" if path else str(exc)]
+
+
+# --------------------------------------------------------------------------- JSON's types, strictly
+# cattrs' default hooks call the type: int(True) is 1, str(5) is "5", tuple("ab") is ("a", "b").
+# Data that crosses as JSON must already have the record's types, so these hooks only check.
+
+_JSON_KINDS: dict[type, str] = {
+    dict: "an object",
+    list: "a list",
+    str: "a string",
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+}
+_EXPECTED: dict[type, str] = {int: "an int", float: "a number", str: "a string", bool: "true or false"}
+
+
+def kind_of(value: Any) -> str:
+    """The JSON kind of a parsed value, for messages ("a string", "null", "an object")."""
+    return "null" if value is None else _JSON_KINDS.get(type(value), type(value).__name__)
+
+
+def _wrong(expected: str, value: Any) -> TypeError:
+    shown = json.dumps(value, default=str)
+    return TypeError(f"expected {expected}, found {kind_of(value)}" + ("" if len(shown) > 60 else f" {shown}"))
+
+
+def _primitive(tp: type) -> Callable[[Any, type], Any]:
+    def hook(value: Any, _: type) -> Any:
+        if tp is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, tp) and not (tp is not bool and isinstance(value, bool)):
+            return value
+        raise _wrong(_EXPECTED[tp], value)
+
+    return hook
+
+
+def _container(tp: Any) -> str:
+    """'list', 'object' or '' (not a container these hooks check) for a type."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is list or (origin is tuple and len(args) == 2 and args[1] is Ellipsis):
+        return "list"
+    if origin is dict or (dataclasses.is_dataclass(tp) and isinstance(tp, type)):
+        return "object"
+    return ""
+
+
+def _checked(tp: Any, conv: cattrs.Converter) -> Callable[[Any, Any], Any]:
+    """cattrs' own hook for a list, tuple, dict or dataclass, behind a check of the JSON kind."""
+    origin = typing.get_origin(tp)
+    if origin is list:
+        inner = list_structure_factory(tp, conv)
+    elif origin is tuple:
+        inner = homogenous_tuple_structure_factory(tp, conv)
+    elif origin is dict:
+        inner = mapping_structure_factory(tp, conv)
+    else:
+        inner = make_dict_structure_fn(tp, conv)
+    want, kinds = ("a list", (list, tuple)) if _container(tp) == "list" else ("an object", (Mapping,))
+
+    def hook(value: Any, cls: Any) -> Any:
+        if not isinstance(value, kinds):
+            raise _wrong(want, value)
+        return inner(value, cls)
+
+    return hook
+
+
+for _tp in (int, float, str, bool):
+    converter.register_structure_hook(_tp, _primitive(_tp))
+converter.register_structure_hook_factory(lambda tp: bool(_container(tp)), lambda tp: _checked(tp, converter))

@@ -9,9 +9,12 @@ The JSON keys are those of the untyped dict torchbuild wrote before (so readers 
 SCHEMA_VERSION; a manifest from a newer torchbuild is refused with a named error rather than
 misread, and one written before versioning (no `schema_version`) reads as version 0.
 
-Records are frozen dataclasses checked by a small from_dict (types from the annotations): no
-schema library is needed for a dozen flat records. Annotations use typing.Optional because
-from_dict evaluates them at run time, and the package supports Python 3.9.
+Records are frozen dataclasses, converted to and from JSON data by the package's one cattrs
+converter (core.records): a key a record does not have, a missing key or a value of the wrong
+type is a ManifestError naming the field. The hooks registered at the end of the records
+section keep the JSON as it was: optional records left out when None, and a SIF manifest's
+`image_id` from before schema 1 read as `id`. Annotations use typing.Optional because cattrs
+evaluates them at run time, and the package supports Python 3.9.
 """
 
 from __future__ import annotations
@@ -22,9 +25,12 @@ import re
 import typing
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Optional, TypeVar
+from typing import Any, ClassVar, Optional
+
+from cattrs.gen import make_dict_unstructure_fn, override
 
 from torchbuild import __version__
+from torchbuild.core import records
 from torchbuild.core.atomic import atomic_write_text
 from torchbuild.core.console import printable, table
 from torchbuild.core.errors import BuildFailed, PathError, named_os_errors
@@ -92,7 +98,7 @@ class PatchesRecord:
 class ImageRecord:
     """The toolchain image (Docker) or SIF (Apptainer) the build ran in."""
 
-    aliases: ClassVar[Mapping[str, str]] = {"image_id": "id"}  # SIF manifests before schema 1
+    aliases: ClassVar[Mapping[str, str]] = {"image_id": "id"}  # SIF manifests before schema 1 (_structure_image)
 
     tag: Optional[str] = None
     id: Optional[str] = None
@@ -310,9 +316,7 @@ class Manifest:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data, with today's keys in today's order."""
-        data = _plain(self)
-        assert isinstance(data, dict)
-        return data
+        return records.to_dict(self)
 
 
 INSTALL_MANIFEST = "torchbuild-install.json"
@@ -353,9 +357,7 @@ class InstallManifest:
     kind: str = "install"
 
     def to_dict(self) -> dict[str, Any]:
-        data = _plain(self)
-        assert isinstance(data, dict)
-        return data
+        return records.to_dict(self)
 
 
 def write_install(manifest: InstallManifest, path: Path) -> Path:
@@ -369,7 +371,7 @@ def read_install(path: Path) -> InstallManifest:
         schema_of(data)
         if data.get("kind") != "install":
             raise ManifestError("not an install manifest (kind is not install)")
-        return _record(InstallManifest, data, "")
+        return records.from_dict(InstallManifest, data, "install manifest", ManifestError, hint=READ_HINT)
     except ManifestError as err:
         raise ManifestError(f"{path}: {err.message}", hint=err.hint) from None
 
@@ -377,81 +379,28 @@ def read_install(path: Path) -> InstallManifest:
 # --------------------------------------------------------------------------- plain data <-> records
 
 
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: _plain(getattr(value, f.name))
-            for f in dataclasses.fields(value)
-            if not (f.name in getattr(value, "omit_if_none", ()) and getattr(value, f.name) is None)
-        }
-    if isinstance(value, (tuple, list)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
+def _omitting_none(cls: type[Any]) -> Any:
+    """cattrs' unstructure hook for cls, leaving out its `omit_if_none` fields when None (their
+    default), as the manifest always has: a native build has no `image` key."""
+    omit: dict[str, Any] = {name: override(omit_if_default=True) for name in cls.omit_if_none}
+    return make_dict_unstructure_fn(cls, records.converter, **omit)
 
 
-R = TypeVar("R")
+_structure_image_record = records.converter.get_structure_hook(ImageRecord)
 
 
-_JSON_KINDS: dict[type, str] = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+def _structure_image(data: Any, cls: type[ImageRecord]) -> ImageRecord:
+    """The image record under its keys of today. Hand-written (a migration, not a conversion):
+    a SIF manifest before schema 1 says `image_id` where today's says `id`."""
+    if isinstance(data, Mapping):
+        data = {ImageRecord.aliases.get(k, k): v for k, v in data.items()}
+    record: ImageRecord = _structure_image_record(data, cls)
+    return record
 
 
-def _kind_of(value: Any) -> str:
-    return "null" if value is None else _JSON_KINDS.get(type(value), type(value).__name__)
-
-
-def _convert(tp: Any, value: Any, where: str) -> Any:
-    """value (parsed JSON) as type tp; ManifestError naming `where` when it is not one."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any:
-        return value
-    if origin is typing.Union:
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _convert(inner, value, where)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ManifestError(f"{where}: expected an object, found {_kind_of(value)}")
-        return _record(tp, value, where)  # type: ignore[arg-type]
-    if origin is tuple:
-        if not isinstance(value, list):
-            raise ManifestError(f"{where}: expected a list, found {_kind_of(value)}")
-        return tuple(_convert(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ManifestError(f"{where}: expected an object, found {_kind_of(value)}")
-        return {str(k): _convert(args[1], v, f"{where}.{k}") for k, v in value.items()}
-    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
-        return value
-    expected = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
-    raise ManifestError(f"{where}: expected {expected}, found {_kind_of(value)} {json.dumps(value)[:60]}")
-
-
-def _record(cls: type[R], data: Mapping[str, Any], where: str) -> R:
-    """A record of cls from a JSON object: every key known, every required one present."""
-    aliases: Mapping[str, str] = getattr(cls, "aliases", {})
-    data = {aliases.get(k, k): v for k, v in data.items()}
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(fields))
-    here = where or "manifest"
-    if unknown:
-        raise ManifestError(
-            f"{here}: unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}",
-            hint="it was written by another torchbuild; read it with the torchbuild that wrote it",
-        )
-    missing = [
-        n
-        for n, f in fields.items()
-        if n not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    ]
-    if missing:
-        raise ManifestError(f"{here}: missing field{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
-    hints = typing.get_type_hints(cls)
-    return cls(**{k: _convert(hints[k], v, f"{where}.{k}" if where else k) for k, v in data.items()})
+for _cls in (CommsRecord, Manifest):  # CommsRecord first: Manifest's hook takes the hook of its fields
+    records.converter.register_unstructure_hook(_cls, _omitting_none(_cls))
+records.converter.register_structure_hook(ImageRecord, _structure_image)
 
 
 def schema_of(data: Any) -> int:
@@ -474,7 +423,11 @@ def schema_of(data: Any) -> int:
 def from_dict(data: Any) -> Manifest:
     """A Manifest from parsed JSON (any schema this torchbuild reads); ManifestError otherwise."""
     version = schema_of(data)
-    return _record(Manifest, {**data, "schema_version": version}, "")
+    return _structure({**data, "schema_version": version})
+
+
+def _structure(data: Mapping[str, Any]) -> Manifest:
+    return records.from_dict(Manifest, data, "manifest", ManifestError, hint=READ_HINT)
 
 
 def for_build(
@@ -523,12 +476,12 @@ def for_build(
         "ccache": {"hits": ccache[0], "misses": ccache[1], "hit_rate": round(ccache[2], 4)},
         "log": log,
         "report": dict(report) if report else None,
-        "wheel": _plain(WheelRecord.of(wheel)) if wheel is not None else None,
+        "wheel": records.to_dict(WheelRecord.of(wheel)) if wheel is not None else None,
         "preflight": dict(preflight) if preflight is not None else None,
         **({"companion": dict(companion)} if companion is not None else {}),
         **({"reproducibility": dict(reproducibility)} if reproducibility is not None else {}),
     }
-    return _record(Manifest, data, "")
+    return _structure(data)
 
 
 # --------------------------------------------------------------------------- files
@@ -717,7 +670,7 @@ def _build_rows(m: Manifest) -> list[tuple[str, Any]]:
         ("log", m.log),
     ]
     if m.report is not None:
-        rows += [(f"report {k}", v) for k, v in _plain(m.report).items() if v]
+        rows += [(f"report {k}", v) for k, v in records.to_dict(m.report).items() if v]
     return rows
 
 
@@ -725,7 +678,7 @@ def _source_rows(m: Manifest) -> list[tuple[str, Any]]:
     s = m.source
     if s is None:
         return [("source", "not recorded")]
-    rows: list[tuple[str, Any]] = [(k, v) for k, v in _plain(s).items() if k != "submodules" and v != ""]
+    rows: list[tuple[str, Any]] = [(k, v) for k, v in records.to_dict(s).items() if k != "submodules" and v != ""]
     return rows + [(f"submodule {sm.path}", sm.commit) for sm in s.submodules]
 
 

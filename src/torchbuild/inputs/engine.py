@@ -17,7 +17,9 @@ from torchbuild.core.errors import EngineUnavailable, ImageBuildFailed
 
 try:  # docker-py is a host dependency; the code inside the image never connects to an engine
     import docker
+    import docker.auth
     import docker.errors
+    import docker.utils
 except ImportError:  # pragma: no cover - exercised only without docker-py
     docker = None
 
@@ -114,7 +116,7 @@ class Engine:
             raise
 
     def pull(self, ref: str, platform: str | None, out: TextIO = sys.stdout) -> None:
-        repo, tag = _split_ref(ref)
+        repo, tag = split_reference(ref)
         print(f"pulling {ref} ({platform or 'default platform'})", file=out, flush=True)
         try:
             for chunk in self.client.api.pull(repo, tag=tag, platform=platform, stream=True, decode=True):
@@ -142,10 +144,8 @@ class Engine:
         build leaves no container behind.
         """
         log.parent.mkdir(parents=True, exist_ok=True)
-        image_id = ""
         start = time.monotonic()
-        tls_line: str | None = None  # the first line saying a certificate could not be verified
-        step = ""  # the step running: "Step 7/15 : RUN ...", as the builder prints it
+        seen = _BuildOutput()
         with log.open("w") as logf:
             try:
                 stream = self.client.api.build(
@@ -162,29 +162,16 @@ class Engine:
                     decode=True,
                 )
                 for chunk in _chunks(stream):
-                    if "stream" in chunk:
-                        text = chunk["stream"]
-                        logf.write(text)
-                        logf.flush()
-                        for line in text.splitlines():
-                            if line.strip():
-                                print(f"  {line}", file=out, flush=True)
-                            if tls_line is None and certificate_failure(line):
-                                tls_line = line.strip()
-                            if _STEP.match(line):
-                                step = line.strip()
-                    if "aux" in chunk and "ID" in chunk["aux"]:
-                        image_id = chunk["aux"]["ID"]
-                    if "error" in chunk:
-                        logf.write(f"ERROR: {chunk['error']}\n")
-                        detail = f"failed after {time.monotonic() - start:.0f} s: {step_failed(step, chunk['error'])}"
-                        raise build_failure(tag, detail, log, tls_line)
+                    error = seen.take(chunk, logf, out)
+                    if error is not None:
+                        detail = f"failed after {time.monotonic() - start:.0f} s: {step_failed(seen.step, error)}"
+                        raise build_failure(tag, detail, log, seen.tls_line)
             except docker.errors.APIError as exc:
-                raise build_failure(tag, f"failed: {_short(exc)}", log, tls_line) from exc
-        if not image_id:
+                raise build_failure(tag, f"failed: {_short(exc)}", log, seen.tls_line) from exc
+        if not seen.image_id:
             attrs = self.image_attrs(tag)
-            image_id = attrs["Id"] if attrs else ""
-        return image_id
+            return str(attrs["Id"]) if attrs else ""
+        return seen.image_id
 
     def save(self, ref: str, dest: Path) -> int:
         """`docker save ref > dest` (a docker-archive), streamed to disk; returns its size."""
@@ -223,20 +210,7 @@ class Engine:
         api = self.client.api
         cid = None
         try:
-            host_config = api.create_host_config(
-                binds={
-                    **{host: {"bind": inside, "mode": "rw"} for host, inside in mounts.items()},
-                    **{host: {"bind": inside, "mode": "ro"} for host, inside in (read_only or {}).items()},
-                },
-                mem_limit=memory_limit,
-                memswap_limit=memory_limit,
-                cap_add=cap_add,
-                devices=devices,
-                security_opt=[o for o in security_opt or [] if o != UNMASK] or None,
-            )
-            if UNMASK in (security_opt or []):
-                # the CLI's --security-opt systempaths=unconfined; docker-py has no parameter for it
-                host_config["MaskedPaths"], host_config["ReadonlyPaths"] = [], []
+            host_config = self._host_config(mounts, read_only, memory_limit, cap_add, devices, security_opt)
             created = api.create_container(
                 image,
                 command,
@@ -261,6 +235,33 @@ class Engine:
                 with contextlib.suppress(docker.errors.NotFound):
                     api.remove_container(cid, force=True)
 
+    def _host_config(
+        self,
+        mounts: Mapping[str, str],
+        read_only: Mapping[str, str] | None,
+        memory_limit: str | None,
+        cap_add: list[str] | None,
+        devices: list[str] | None,
+        security_opt: list[str] | None,
+    ) -> dict[str, Any]:
+        """run's host config: the bind mounts (read-write, then read-only), the memory limit
+        (swap included) and the apptainer-builder's capabilities, devices and security options."""
+        host_config: dict[str, Any] = self.client.api.create_host_config(
+            binds={
+                **{host: {"bind": inside, "mode": "rw"} for host, inside in mounts.items()},
+                **{host: {"bind": inside, "mode": "ro"} for host, inside in (read_only or {}).items()},
+            },
+            mem_limit=memory_limit,
+            memswap_limit=memory_limit,
+            cap_add=cap_add,
+            devices=devices,
+            security_opt=[o for o in security_opt or [] if o != UNMASK] or None,
+        )
+        if UNMASK in (security_opt or []):
+            # the CLI's --security-opt systempaths=unconfined; docker-py has no parameter for it
+            host_config["MaskedPaths"], host_config["ReadonlyPaths"] = [], []
+        return host_config
+
 
 UNMASK = "systempaths=unconfined"
 
@@ -271,6 +272,37 @@ _PULL_HINT = (
 
 
 _STEP = re.compile(r"Step (\d+/\d+) : (\S+)\s*(.*)")
+
+
+@dataclasses.dataclass
+class _BuildOutput:
+    """What an image build's output has said so far, taken one chunk at a time."""
+
+    tls_line: str | None = None  # the first line saying a certificate could not be verified
+    step: str = ""  # the step running: "Step 7/15 : RUN ...", as the builder prints it
+    image_id: str = ""
+
+    def take(self, chunk: Mapping[str, Any], logf: TextIO, out: TextIO) -> str | None:
+        """Log and echo chunk's text, note what it says; the builder's error, or None."""
+        if "stream" in chunk:
+            text = chunk["stream"]
+            logf.write(text)
+            logf.flush()
+            for line in text.splitlines():
+                if line.strip():
+                    print(f"  {line}", file=out, flush=True)
+                if self.tls_line is None and certificate_failure(line):
+                    self.tls_line = line.strip()
+                if _STEP.match(line):
+                    self.step = line.strip()
+        if "aux" in chunk and "ID" in chunk["aux"]:
+            self.image_id = chunk["aux"]["ID"]
+        if "error" in chunk:
+            logf.write(f"ERROR: {chunk['error']}\n")
+            return str(chunk["error"])
+        return None
+
+
 _EXIT = re.compile(r"returned a non-zero code: (\d+)")
 
 
@@ -314,15 +346,27 @@ def pull_failure(ref: str, detail: str) -> ImageBuildFailed:
     return ImageBuildFailed(f"cannot pull {ref}: {detail}", hint=_PULL_HINT)
 
 
-def _split_ref(ref: str) -> tuple[str, str | None]:
-    """'ubuntu:24.04' -> ('ubuntu', '24.04'); a registry port is not a tag; digests stay whole."""
-    if "@" in ref:
-        return ref, None
-    name = ref.split("/")[-1]
-    if ":" in name:
-        repo, _, tag = ref.rpartition(":")
-        return repo, tag
-    return ref, "latest"
+def split_reference(ref: str) -> tuple[str, str]:
+    """An image reference as the repository and the tag (or digest) to pull or push, by
+    docker-py's parse_repository_tag, the split its own pull makes: 'ubuntu:24.04' ->
+    ('ubuntu', '24.04'); a registry port is not a tag ('localhost:5000/x' -> latest); a digest
+    is the tag the engine is asked for ('x@sha256:...' -> ('x', 'sha256:...'), and with a tag
+    as well the digest wins: 'x:1@sha256:...' -> ('x:1', 'sha256:...')); no tag is latest, as
+    for `docker pull`. Nothing is lowercased: the engine refuses 'Ubuntu' by name."""
+    repo, tag = docker.utils.parse_repository_tag(ref)
+    return str(repo), str(tag or "latest")
+
+
+def registry_of(name: str) -> str:
+    """The registry (host[:port]) an image name lives in, '' for Docker Hub: docker-py's
+    resolve_repository_name, the CLI's rule (the first component is a registry when it has a
+    dot or a colon or is localhost). A name docker-py refuses (a scheme, a host beginning or
+    ending with '-') is no registry it could talk to: ''."""
+    try:
+        index, _ = docker.auth.resolve_repository_name(name)
+    except docker.errors.InvalidRepository:
+        return ""
+    return "" if index == docker.auth.INDEX_NAME else str(index)
 
 
 def _chunks(stream: Iterator[Any]) -> Iterator[dict[str, Any]]:

@@ -36,7 +36,7 @@ from torchbuild.core.errors import (
 from torchbuild.core.safeio import MiB, read_bytes, user_path
 from torchbuild.inputs import lock as lockfile
 from torchbuild.inputs.config import BuildSpec, data_dir
-from torchbuild.inputs.engine import Engine
+from torchbuild.inputs.engine import Engine, registry_of, split_reference
 from torchbuild.inputs.environment import compilers
 from torchbuild.inputs.lock import Lock, LockError
 
@@ -711,10 +711,7 @@ def build_image(
     python_requirements(spec)  # a bad entry is refused before anything is pulled or built
     ca_certificates(spec)  # and so is a CA file that is not a PEM certificate
     require_emulation(spec.arch)
-    if pull or engine.image_attrs(spec.base_image) is None:
-        engine.pull(spec.base_image, platform, out=out)
-    check_platform(engine, spec.base_image, spec.arch)
-    base_id = (engine.image_attrs(spec.base_image) or {}).get("Id", "")
+    base_id = _base_image_id(spec, engine, pull, out)
     args = build_args(spec)
     with tempfile.TemporaryDirectory(prefix="torchbuild-ctx-") as tmp:
         ctx = Path(tmp)
@@ -725,19 +722,7 @@ def build_image(
             return ImageResult(spec.image_tag, current["Id"], True, time.monotonic() - start, None)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         log = logs_dir / f"image-{spec.profile}-{spec.arch.value}-{stamp}.log"
-        print(f"building {spec.image_tag} for {platform} from {spec.base_image}", file=out, flush=True)
-        print(f"  apt packages: {' '.join(packages) or '(none beyond the base set)'}", file=out, flush=True)
-        if len(spec.pythons) > 1:
-            print(f"  Pythons: {', '.join(spec.pythons)} (/opt/venv is {spec.python_version})", file=out, flush=True)
-        if locked is None:
-            print(f"  lock: none (`invoke image --lock` writes {default_lock_path(spec)})", file=out, flush=True)
-        else:
-            apt, pip = locked.lock.counts()
-            print(
-                f"  lock: {locked.path} (sha256 {locked.sha256[:16]}...): {apt} apt and {pip} pip pins",
-                file=out,
-                flush=True,
-            )
+        _announce(spec, packages, locked, out)
         try:
             image_id = engine.build(
                 ctx,
@@ -756,6 +741,32 @@ def build_image(
             raise named from err
     check_platform(engine, spec.image_tag, spec.arch)
     return ImageResult(spec.image_tag, image_id, False, time.monotonic() - start, log)
+
+
+def _base_image_id(spec: BuildSpec, engine: Engine, pull: bool, out: TextIO) -> str:
+    """The base image's id, pulled first when asked to or absent, refused when it is of another
+    architecture than spec's."""
+    if pull or engine.image_attrs(spec.base_image) is None:
+        engine.pull(spec.base_image, spec.arch.docker_platform, out=out)
+    check_platform(engine, spec.base_image, spec.arch)
+    return str((engine.image_attrs(spec.base_image) or {}).get("Id", ""))
+
+
+def _announce(spec: BuildSpec, packages: list[str], locked: LockedBy | None, out: TextIO) -> None:
+    """What is about to be built: the tag, platform and base, the apt packages, the Pythons and the lock."""
+    print(f"building {spec.image_tag} for {spec.arch.docker_platform} from {spec.base_image}", file=out, flush=True)
+    print(f"  apt packages: {' '.join(packages) or '(none beyond the base set)'}", file=out, flush=True)
+    if len(spec.pythons) > 1:
+        print(f"  Pythons: {', '.join(spec.pythons)} (/opt/venv is {spec.python_version})", file=out, flush=True)
+    if locked is None:
+        print(f"  lock: none (`invoke image --lock` writes {default_lock_path(spec)})", file=out, flush=True)
+    else:
+        apt, pip = locked.lock.counts()
+        print(
+            f"  lock: {locked.path} (sha256 {locked.sha256[:16]}...): {apt} apt and {pip} pip pins",
+            file=out,
+            flush=True,
+        )
 
 
 def _out_of_date(spec: BuildSpec, engine: Engine, attrs: Mapping[str, Any], command: str) -> ImageOutOfDate | None:
@@ -812,8 +823,8 @@ def registry_is_insecure(engine: Engine, image_name: str) -> bool:
     """True when the engine talks plain HTTP to the image's registry (127.0.0.0/8 by default)."""
     import ipaddress
 
-    host = image_name.split("/", 1)[0] if "/" in image_name else ""
-    if not host or ("." not in host and ":" not in host and host != "localhost"):
+    host = registry_of(image_name)
+    if not host:
         return False  # Docker Hub
     config = engine.client.info().get("RegistryConfig") or {}
     index = (config.get("IndexConfigs") or {}).get(host)
@@ -835,7 +846,7 @@ def push_images(engine: Engine, specs: list[BuildSpec], out: TextIO = sys.stdout
 
     hint = "set image_name to a registry path (registry.example.org/group/toolchain) and `docker login` to it"
     for s in specs:
-        repo, _, tag = s.image_tag.rpartition(":")
+        repo, tag = split_reference(s.image_tag)
         print(f"pushing {s.image_tag}", file=out, flush=True)
         for chunk in engine.client.api.push(repo, tag=tag, stream=True, decode=True):
             if isinstance(chunk, dict) and "error" in chunk:
