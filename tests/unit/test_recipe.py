@@ -307,6 +307,25 @@ def test_ubuntu_on_aarch64_debootstraps_from_ports():
     assert spec.arch == Arch.AARCH64 and bootstrap_for(spec).mirror == "http://ports.ubuntu.com/ubuntu-ports"
 
 
+@pytest.mark.parametrize(
+    ("base_image", "suite"),
+    [
+        ("localhost:5000/debian:trixie", "trixie"),  # a registry's port is not the tag
+        ("registry.site:443/mirror/debian:bookworm-slim", "bookworm"),
+        ("debian:trixie@sha256:" + "0" * 64, "trixie"),  # the tag beside a digest still names the suite
+    ],
+)
+def test_the_suite_is_read_from_a_reference_with_a_registry_or_a_digest(base_image, suite):
+    spec = resolve("cpu", ["sif_bootstrap=debootstrap", f"base_image={base_image}"], arch="x86_64")
+    assert bootstrap_for(spec).source == suite
+
+
+def test_a_digest_alone_names_no_suite():
+    spec = resolve("cpu", ["sif_bootstrap=debootstrap", "base_image=debian@sha256:" + "0" * 64], arch="x86_64")
+    with pytest.raises(UsageError, match="cannot tell the suite"):
+        bootstrap_for(spec)
+
+
 def test_a_suite_that_cannot_be_told_is_asked_for():
     spec = resolve("cpu", ["sif_bootstrap=debootstrap", "base_image=nvidia/cuda:12.6.2-devel-ubuntu24.04"])
     with pytest.raises(UsageError, match="cannot tell the suite") as err:

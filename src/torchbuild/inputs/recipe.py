@@ -46,6 +46,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+import docker.utils
 from spython.logger import bot
 from spython.logger.message import ERROR as SPYTHON_ERRORS_ONLY
 from spython.main.parse.parsers.docker import DockerParser
@@ -132,8 +133,13 @@ class Bootstrap:
 
 
 def _suite_of(base_image: str) -> tuple[str, str]:
-    """(distribution, suite) a base image name says, or ("", "") when it says none."""
-    name, _, tag = base_image.rpartition("/")[2].partition(":")
+    """(distribution, suite) a base image name says, or ("", "") when it says none. The
+    reference is split by docker-py's rule: a registry's port is not a tag; with a digest, the
+    tag (if any) stays in the repository part ('debian:trixie@sha256:...')."""
+    repo, tag = docker.utils.parse_repository_tag(base_image)
+    name = repo.rpartition("/")[2]
+    if tag is None or tag.startswith("sha256:"):
+        name, _, tag = name.partition(":")
     if name == "ubuntu":
         return "ubuntu", UBUNTU_SUITES.get(tag, tag if tag.isalpha() else "")
     if name == "debian":
