@@ -56,9 +56,9 @@ def image(session: nox.Session) -> None:
 
 @nox.session(tags=["unit"])
 def tests(session: nox.Session) -> None:
-    """Unit tests: logic only, no engine (minutes), spread over the cores (pytest-xdist)."""
+    """Unit tests: logic only, no engine (seconds)."""
     session.install("-e", ".[test,report]")
-    session.run("pytest", "tests/unit", "-n", "auto", *session.posargs)
+    session.run("pytest", "tests/unit", *session.posargs)
 
 
 @nox.session(tags=["docker"])

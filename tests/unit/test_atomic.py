@@ -124,7 +124,6 @@ def _victim(tmp_path: Path) -> Path:
         (lambda d: jobs.record_measured(d / "measured.json", [{"file": "a.cu", "peak_rss_bytes": 5}]), "measured.tmp"),
         (lambda d: resume.Record(d / "resume.json", "k").done("image"), f".resume.json.{os.getpid()}"),
     ],
-    ids=["lock", "build-state", "measured", "resume"],  # not the pid: parallel workers collect the same ids
 )
 def test_a_symlink_planted_at_a_predictable_temporary_name_is_never_written_through(tmp_path, write, planted):
     victim = _victim(tmp_path)
