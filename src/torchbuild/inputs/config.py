@@ -245,6 +245,10 @@ if __name__ == "__main__":  # regenerate configs/profile.schema.json: SCHEMA_COM
 StrMap = Mapping[str, str]
 
 
+# the launcher of a multi-node job (`invoke verify --nodes`) when the profile names none
+LAUNCHER_DEFAULTS = {"slurm": "srun", "pbs": "mpiexec"}
+
+
 @dataclasses.dataclass(frozen=True)
 class BuildSpec:
     """A resolved, validated profile. Field names are exactly the keys of defaults.yaml."""
@@ -321,6 +325,7 @@ class BuildSpec:
     module_purge: bool
     export_env: bool
     directives: tuple[str, ...]
+    launcher: str
     runtime_env: StrMap
     runtime_packages: tuple[str, ...]
     runtime_modules: tuple[str, ...]
@@ -338,6 +343,12 @@ class BuildSpec:
     def pythons(self) -> tuple[str, ...]:
         """Every Python the image provides: python_version first, then python_versions' others."""
         return (self.python_version, *(v for v in self.python_versions if v != self.python_version))
+
+    @property
+    def job_launcher(self) -> str:
+        """The launcher of a multi-node job: the profile's `launcher`, else the scheduler's own
+        (srun under Slurm, mpiexec under PBS, as PBS Professional's sites and Cray PALS name it)."""
+        return self.launcher or LAUNCHER_DEFAULTS.get(self.scheduler, "mpiexec")
 
     @property
     def git_ref(self) -> str:

@@ -16,6 +16,7 @@ earlier job of the same request finished (resume.py).
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import json
 import os
@@ -843,3 +844,95 @@ def build_option_args(options: BuildOptions, verify: bool) -> list[str]:
     if not verify:
         args.append("--no-verify")
     return args
+
+
+# -------------------------------------------------------------------- multi-node jobs
+# (`invoke verify --nodes N`): the same directives as a build's job, for N nodes of
+# tasks_per_node ranks each, in new classes so the build's one-node job stays as it is
+
+
+class SlurmNodes(Slurm):
+    """Slurm's directives for N nodes of tasks_per_node ranks each (the ranks share the node's cpus)."""
+
+    def __init__(self, nodes: int, tasks_per_node: int) -> None:
+        self.nodes, self.tasks_per_node = nodes, tasks_per_node
+
+    def directives(self, job: Job) -> list[str]:
+        per_task = max(1, job.spec.cpus // self.tasks_per_node)
+        swap = {
+            "#SBATCH --nodes=1": f"#SBATCH --nodes={self.nodes}",
+            "#SBATCH --ntasks=1": f"#SBATCH --ntasks-per-node={self.tasks_per_node}",
+            f"#SBATCH --cpus-per-task={job.spec.cpus}": f"#SBATCH --cpus-per-task={per_task}",
+        }
+        return [swap.get(line, line) for line in super().directives(job)]
+
+
+class PbsNodes(Pbs):
+    """PBS's select for N chunks (nodes) of tasks_per_node MPI ranks each."""
+
+    def __init__(self, nodes: int, tasks_per_node: int) -> None:
+        self.nodes, self.tasks_per_node = nodes, tasks_per_node
+
+    def directives(self, job: Job) -> list[str]:
+        def chunk(line: str) -> str:
+            if not line.startswith("#PBS -l select=1:"):
+                return line
+            rest = line.removeprefix("#PBS -l select=1:")
+            return f"#PBS -l select={self.nodes}:{rest}:mpiprocs={self.tasks_per_node}"
+
+        return [chunk(line) for line in super().directives(job)]
+
+
+def nodes_scheduler_for(name: str, nodes: int, tasks_per_node: int) -> Scheduler:
+    """The profile's scheduler, its jobs asking for `nodes` nodes of `tasks_per_node` ranks."""
+    kinds: dict[str, type[SlurmNodes] | type[PbsNodes]] = {"slurm": SlurmNodes, "pbs": PbsNodes}
+    scheduler_for(name)  # the same UsageError for an unknown one
+    return kinds[name](nodes, tasks_per_node)
+
+
+def launcher_command(launcher: str, nodes: int, tasks_per_node: int) -> list[str]:
+    """The launcher's argv that starts nodes x tasks_per_node ranks of the command after it:
+    srun (inside the allocation it takes its shape from the job), mpiexec as MPICH's Hydra
+    and Cray PALS read -n/-ppn, mpirun as Open MPI reads --map-by ppr:N:node."""
+    total = str(nodes * tasks_per_node)
+    if launcher == "srun":
+        return ["srun", f"--nodes={nodes}", f"--ntasks={total}", f"--ntasks-per-node={tasks_per_node}"]
+    if launcher == "mpiexec":
+        return ["mpiexec", "-n", total, "-ppn", str(tasks_per_node)]
+    if launcher == "mpirun":
+        return ["mpirun", "-np", total, "--map-by", f"ppr:{tasks_per_node}:node"]
+    raise UsageError(f"launcher {launcher!r} is none of srun, mpiexec, mpirun", hint="--set launcher=srun")
+
+
+def cancel(scheduler: Scheduler, job_id: str) -> None:
+    """Cancel the job (best effort: it may have ended meanwhile)."""
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        subprocess.run([scheduler.cancel_tool, job_id], capture_output=True, text=True, check=False, timeout=60)
+
+
+def wait_bounded(
+    scheduler: Scheduler,
+    job_id: str,
+    timeout: float,
+    *,
+    poll: float = 2.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> JobStatus:
+    """The job's status once it finished; JobFailed when the scheduler forgets it, or when it has
+    not finished within timeout seconds (queued or running: it is cancelled then)."""
+    deadline = clock() + timeout
+    while True:
+        status = scheduler.status(job_id)
+        if status is None:
+            raise JobFailed(f"{scheduler.name} job {job_id} is no longer known to the scheduler")
+        if status.finished:
+            return status
+        if clock() >= deadline:
+            cancel(scheduler, job_id)
+            where = "still waiting for its nodes" if not status.running else "still running"
+            raise JobFailed(
+                f"{scheduler.name} job {job_id} was {where} ({status.state}) after {timeout:.0f} s: cancelled",
+                hint="raise --timeout, or check the nodes and partition (sinfo / pbsnodes -a)",
+            )
+        sleep(poll)

@@ -1,5 +1,6 @@
 """invoke verify: check a built wheel (or an installed torch) in a fresh venv, natively, in the
-toolchain image or in the SIF."""
+toolchain image or in the SIF; with --nodes N, an install's distributed checks across N nodes
+as a batch job (launch/verify_nodes.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,34 @@ from torchbuild.core.safeio import user_path
 from torchbuild.launch.runner import verify_with
 from torchbuild.tasks.common import Launch, launch_task
 
+# the job options of `invoke submit` that --nodes takes too, each a --set of its profile key
+NODES_JOB_OPTIONS = ("account", "partition", "qos", "walltime", "cpus", "mem", "gpus", "gpu_type", "constraint")
+NODES_WALLTIME = "00:15:00"  # the check's job, unless --walltime: not the build's hours
+
 
 @launch_task(
     help={
         "wheel": "the wheel to verify (its directory also gets <wheel>.verify.json)",
         "installed": "verify this already-installed package instead (e.g. torch from the image's distribution)",
         "expect_version": "the version the package must report (default: the profile's, e.g. 2.6.0+gh200)",
-        "report": "where to write the JSON report (default <wheel>.verify.json; --installed: none)",
+        "report": "where to write the JSON report (default <wheel>.verify.json; --installed: none; "
+        "--nodes: <out>/verify-nodes/<run>/verify-nodes.json)",
+        "nodes": "N > 0: submit a batch job (the profile's scheduler) that runs gloo, MPI and NCCL all_reduce "
+        "across N nodes with the profile's `launcher`, in the runtime env of --prefix",
+        "tasks_per_node": "with --nodes: ranks per node (default 1; e.g. 4 for one per GPU)",
+        "prefix": "with --nodes: the install `invoke install` made, on a file system the nodes share",
+        "out": "with --nodes: where the job's run directory goes, shared with the nodes (default ./out)",
+        "timeout": "with --nodes: seconds to wait for the job, queueing included (default 1800); then it is cancelled",
+        "dry_run": "with --nodes: print the job's script and the submit command; write and submit nothing",
+        "account": "with --nodes: project to charge (default: the profile's, else $SLURM_ACCOUNT / $PBS_ACCOUNT)",
+        "partition": "with --nodes: Slurm partition or PBS queue (default: the profile's)",
+        "qos": "with --nodes: Slurm QoS (default: the profile's)",
+        "walltime": f"with --nodes: the job's time limit (default {NODES_WALLTIME})",
+        "cpus": "with --nodes: cores per node (default: the profile's `cpus`)",
+        "mem": "with --nodes: memory per node, e.g. 16G (default: the profile's `mem`)",
+        "gpus": "with --nodes: GPUs per node (default: the profile's `gpus`); NCCL is checked where GPUs are visible",
+        "gpu_type": "with --nodes: GPU model (default: the profile's `gpu_type`)",
+        "constraint": "with --nodes: Slurm --constraint or PBS chunk resources (default: the profile's)",
     },
 )
 def verify(
@@ -25,12 +47,38 @@ def verify(
     installed: str = "",
     expect_version: str = "",
     report: str = "",
+    nodes: int = 0,
+    tasks_per_node: int = 1,
+    prefix: str = "",
+    out: str = "",
+    timeout: float = 1800.0,
+    dry_run: bool = False,
+    account: str = "",
+    partition: str = "",
+    qos: str = "",
+    walltime: str = "",
+    cpus: str = "",
+    mem: str = "",
+    gpus: str = "",
+    gpu_type: str = "",
+    constraint: str = "",
 ) -> None:
     """Verify a wheel: tags, version, fresh-venv install, import; for torch also its configuration,
-    tensor/autograd, 2-process gloo all_reduce and broadcast, CUDA when a GPU is visible."""
-    if bool(wheel) == bool(installed):
-        from torchbuild.core.errors import UsageError
+    tensor/autograd, 2-process gloo all_reduce and broadcast, CUDA when a GPU is visible.
+    With --nodes N --prefix DIR: the install's gloo, MPI and NCCL all_reduce across N nodes."""
+    from torchbuild.core.errors import UsageError
 
+    given = locals()
+    if nodes:
+        if wheel or installed or expect_version:
+            raise UsageError("--nodes checks an install (--prefix), not --wheel or --installed",
+                             hint="invoke verify --nodes 2 --prefix /shared/envs/torch")  # fmt: skip
+        job = {key: given[key] for key in NODES_JOB_OPTIONS}
+        _verify_nodes(launch, nodes, tasks_per_node, prefix, out, report, timeout, dry_run, job)
+        return
+    if prefix or out or dry_run:
+        raise UsageError("--prefix, --out and --dry-run go with --nodes N", hint="invoke verify --nodes 2 --prefix DIR")
+    if bool(wheel) == bool(installed):
         raise UsageError("give exactly one of --wheel W and --installed NAME", hint="invoke verify --wheel out/x.whl")
     spec = launch.spec()
     verify_with(
@@ -41,3 +89,35 @@ def verify(
         expect_version=expect_version,
         report=user_path(report).resolve() if report else None,
     )
+
+
+def _verify_nodes(
+    launch: Launch,
+    nodes: int,
+    tasks_per_node: int,
+    prefix: str,
+    out: str,
+    report: str,
+    timeout: float,
+    dry_run: bool,
+    job: dict[str, str],
+) -> None:
+    from torchbuild.core.errors import UsageError
+    from torchbuild.delivery.multinode import Shape
+    from torchbuild.launch.verify_nodes import NodesRequest, verify_nodes
+    from torchbuild.tasks.common import spec_from
+
+    if not prefix:
+        raise UsageError("--nodes needs --prefix: the install to check", hint="invoke verify --nodes 2 --prefix DIR")
+    job = {**job, "walltime": job["walltime"] or NODES_WALLTIME}
+    sets = [*launch.set_, *(f"{key}={value}" for key, value in job.items() if value)]
+    request = NodesRequest(
+        spec=spec_from(launch.profile, sets, launch.arch),
+        prefix=user_path(prefix, "--prefix").absolute(),
+        shape=Shape(nodes, tasks_per_node),
+        out_dir=user_path(out or "out", "--out").absolute(),
+        report=user_path(report, "--report").absolute() if report else None,
+        timeout=timeout,
+        dry_run=dry_run,
+    )
+    verify_nodes(request)
