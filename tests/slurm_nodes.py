@@ -138,10 +138,8 @@ class SlurmNodes:
 
     def stop(self) -> None:
         for container in self.containers.values():
-            try:
+            with contextlib.suppress(Exception):
                 container.remove(force=True)
-            except Exception:
-                pass
         if self.network is not None:
             with contextlib.suppress(Exception):
                 self.network.remove()

@@ -91,3 +91,28 @@ def test_a_node_down_is_named_and_the_job_cancelled(cluster):
         assert "JobState=CANCELLED" in state, state
     finally:
         cluster.run(f"scontrol update nodename={NODES[1]} state=resume")
+
+
+def test_a_rank_that_fails_a_check_fails_the_verify(cluster):
+    """A prefix whose Python has no torch (a venv without the system's packages): each rank
+    reports `import torch` failed, and verify exits with VerifyFailed naming it."""
+    bare = cluster.shared / "bare"
+    code, out = cluster.run(f"/usr/bin/python3 -m venv --without-pip {bare}")
+    assert code == 0, out
+    s = cluster.shared
+    code, out = cluster.run(
+        f"python3 -m invoke verify --profile {PROFILE} --nodes 2 --prefix {bare} --out {s}/out --cpus 1 --timeout 120"
+    )
+    assert code == 14, out  # VerifyFailed
+    assert re.search(r"^error: VerifyFailed: 2-node check: import torch$", out, re.M), out
+    report = json.loads(Path(re.search(r"^report: (\S+)$", out, re.M)[1]).read_text())
+    status = {c["name"]: c for c in report["checks"]}
+    assert not report["ok"] and status["import torch"]["status"] == "fail"
+    assert "ModuleNotFoundError" in status["import torch"]["detail"], status
+    # what could not run is skipped with why, not passed
+    assert status["gloo all_reduce"] == {
+        "name": "gloo all_reduce",
+        "status": "skip",
+        "detail": "not run: import torch failed",
+    }
+    assert "Traceback" not in out

@@ -49,12 +49,12 @@ def read_ranks(run_dir: Path) -> list[dict[str, Any]]:
 
 def _over_ranks(name: str, ranks: Sequence[dict[str, Any]]) -> Check:
     """One check over every rank that reported it."""
-    rows = [(r["rank"], c) for r in ranks for c in r["checks"] if c.get("name") == name]
-    failed = [(rank, c) for rank, c in rows if c.get("status") == "fail"]
+    rows = [(r, c) for r in ranks for c in r["checks"] if c.get("name") == name]
+    failed = [(r, c) for r, c in rows if c.get("status") == "fail"]
     if failed:
-        rank, c = failed[0]
+        r, c = failed[0]
         more = f" (and {len(failed) - 1} more ranks)" if len(failed) > 1 else ""
-        return Check(name, "fail", f"rank {rank}: {c.get('detail', '')}{more}")
+        return Check(name, "fail", f"rank {r.get('rank')} on {r.get('hostname')}: {c.get('detail', '')}{more}")
     if not rows:
         return Check(name, "fail", "no rank got to it")
     if all(c.get("status") == "skip" for _, c in rows):
@@ -64,24 +64,27 @@ def _over_ranks(name: str, ranks: Sequence[dict[str, Any]]) -> Check:
 
 
 def checks_of(ranks: Sequence[dict[str, Any]], shape: Shape) -> list[Check]:
-    """Every rank reported, on the nodes asked for; then each check over the ranks."""
+    """Every rank reported, on the nodes asked for; a rank's failure before the checks (no
+    launcher's rank, torch does not import, no rendezvous); then each check over the ranks,
+    skipped where such a failure kept every rank from it."""
     seen = sorted({r.get("rank", -1) for r in ranks})
-    want = list(range(shape.world_size))
-    missing = [str(r) for r in want if r not in seen]
+    missing = [str(r) for r in range(shape.world_size) if r not in seen]
     hosts = sorted({str(r.get("hostname", "")) for r in ranks})
     checks = [
-        Check("ranks reported", "fail" if missing or seen != want else "pass",
+        Check("ranks reported", "fail" if missing or len(seen) != shape.world_size else "pass",
               f"{len(ranks)} of {shape.world_size}" + (f"; no result from rank {', '.join(missing)}" if missing else "")),
         Check("nodes", "pass" if len(hosts) == shape.nodes else "fail",
               f"{len(hosts)} of {shape.nodes}: {', '.join(hosts) or '-'}"),
     ]  # fmt: skip
-    for r in ranks:  # a rank that could not start its checks (no launcher's rank, no rendezvous)
-        for c in r["checks"]:
-            if c.get("name") not in CHECKS:
-                checks.append(
-                    Check(str(c.get("name")), "fail", f"rank {r.get('rank')} on {r.get('hostname')}: {c.get('detail')}")
-                )
-    return checks + [_over_ranks(name, ranks) for name in CHECKS]
+    before = list(dict.fromkeys(c.get("name") for r in ranks for c in r["checks"] if c.get("name") not in CHECKS))
+    early = [_over_ranks(str(name), ranks) for name in before]
+    checks += early
+    for name in CHECKS:
+        check = _over_ranks(name, ranks)
+        if check.detail == "no rank got to it" and early:
+            check = Check(name, "skip", f"not run: {early[0].name} failed")
+        checks.append(check)
+    return checks
 
 
 def rank_table(ranks: Sequence[dict[str, Any]]) -> str:

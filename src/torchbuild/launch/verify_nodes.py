@@ -99,9 +99,10 @@ def prepare(req: NodesRequest) -> tuple[sched.Scheduler, sched.Job, Path]:
     return scheduler, job, run_dir / "profile.yaml"
 
 
-def verify_nodes(req: NodesRequest, out: TextIO = sys.stdout) -> dict[str, Any] | None:
+def verify_nodes(req: NodesRequest, out: TextIO | None = None) -> dict[str, Any] | None:
     """Submit the job, wait for it (bounded), then report; VerifyFailed if a check failed,
     JobFailed if the job never ran its ranks. The report's data (None with dry_run)."""
+    out = out or sys.stdout
     check_request(req)
     scheduler, job, profile_file = prepare(req)
     if req.dry_run:

@@ -1,0 +1,168 @@
+"""`invoke verify --nodes N`: the job it writes (directives for N nodes, the profile's launcher,
+rank.sh in the install's runtime env), the bounded wait, and how the ranks' results are told.
+The real two-node run is tests/integration/test_verify_nodes.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import run_invoke
+
+from torchbuild.core.errors import JobFailed, ProfileError, UsageError
+from torchbuild.delivery import multinode
+from torchbuild.delivery.multinode import Shape
+from torchbuild.inputs.config import resolve
+from torchbuild.launch import scheduler as sched
+from torchbuild.launch.verify_nodes import NodesRequest, rank_script, verify_nodes
+
+
+def _spec(profile: str = "cpu", *sets: str):
+    return resolve(profile, list(sets), arch="x86_64")
+
+
+def _prefix(tmp_path: Path) -> Path:
+    for part in ("activate", "python"):
+        (tmp_path / "env" / "bin").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "env" / "bin" / part).write_text("")
+    return tmp_path / "env"
+
+
+def _rank(rank: int, host: str, **status: str) -> dict:
+    checks = []
+    for name in multinode.CHECKS:
+        st = status.get(name.split()[0], "pass")
+        c = {"name": name, "status": st, "detail": f"{name} {st}"}
+        if st == "pass" and "all" in name:
+            c["sum"] = 3
+        checks.append(c)
+    return {"rank": rank, "hostname": host, "local_rank": 0, "checks": checks}
+
+
+def test_the_launcher_defaults_to_the_schedulers_own_and_the_profile_names_another():
+    assert _spec("cpu").job_launcher == "srun"
+    assert _spec("derecho").job_launcher == "mpiexec"  # PBS
+    assert _spec("cpu", "launcher=mpirun").job_launcher == "mpirun"
+    with pytest.raises(ProfileError, match="'aprun' is not allowed"):
+        _spec("cpu", "launcher=aprun")
+
+
+@pytest.mark.parametrize(
+    ("launcher", "argv"),
+    [
+        ("srun", ["srun", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4"]),
+        ("mpiexec", ["mpiexec", "-n", "8", "-ppn", "4"]),  # the Derecho seed's own
+        ("mpirun", ["mpirun", "-np", "8", "--map-by", "ppr:4:node"]),
+    ],
+)
+def test_each_launcher_starts_nodes_times_tasks_ranks(launcher, argv):
+    assert sched.launcher_command(launcher, 2, 4) == argv
+
+
+def test_the_slurm_job_asks_for_n_nodes_and_shares_the_cpus_among_the_ranks(tmp_path):
+    spec = _spec("cpu", "cpus=8")
+    job = sched.Job("v", ("true",), tmp_path, tmp_path, spec, "")
+    lines = sched.nodes_scheduler_for("slurm", 3, 4).directives(job)
+    assert "#SBATCH --nodes=3" in lines and "#SBATCH --ntasks-per-node=4" in lines
+    assert "#SBATCH --cpus-per-task=2" in lines and "#SBATCH --nodes=1" not in lines
+    # the build's one-node job is as it was
+    assert "#SBATCH --nodes=1" in sched.Slurm().directives(job)
+
+
+def test_the_pbs_job_selects_n_chunks_of_mpiprocs(tmp_path):
+    spec = _spec("derecho", "cpus=64", "gpus=4")
+    job = sched.Job("v", ("true",), tmp_path, tmp_path, spec, "")
+    lines = sched.nodes_scheduler_for("pbs", 2, 4).directives(job)
+    assert any(ln.startswith("#PBS -l select=2:ncpus=64:ngpus=4") and ln.endswith(":mpiprocs=4") for ln in lines), lines
+
+
+def test_rank_sh_sources_the_installs_activate_then_runs_the_rank_program(tmp_path):
+    text = rank_script(Path("/shared/my env"), tmp_path, {"world_size": 2})
+    assert "source '/shared/my env/bin/activate'\n" in text
+    assert f"exec python {tmp_path}/rankcheck.py {tmp_path} " in text
+
+
+def test_the_dry_run_prints_the_job_with_the_derecho_launcher(tmp_path, capsys):
+    req = NodesRequest(_spec("derecho"), _prefix(tmp_path), Shape(2, 4), tmp_path / "out", dry_run=True)
+    assert verify_nodes(req) is None
+    script = capsys.readouterr().out
+    assert "#PBS -l select=2:" in script and ":mpiprocs=4" in script
+    assert "exec mpiexec -n 8 -ppn 4 " in script and "it would be: qsub " in script
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_a_prefix_that_is_no_install_is_named_before_anything_is_submitted(tmp_path):
+    from torchbuild.core.errors import PathError
+
+    req = NodesRequest(_spec(), tmp_path / "nothing", Shape(2, 1), tmp_path / "out")
+    with pytest.raises(PathError, match="has no bin/activate: it is not an install"):
+        verify_nodes(req)
+    with pytest.raises(UsageError, match="--nodes 0 is out of range"):
+        verify_nodes(NodesRequest(_spec(), _prefix(tmp_path), Shape(0, 1), tmp_path / "out"))
+
+
+class _Stuck(sched.Slurm):
+    def __init__(self, state: str, finished: bool = False) -> None:
+        self.state, self.finished, self.cancelled = state, finished, False
+
+    def status(self, job_id: str) -> sched.JobStatus | None:
+        return sched.JobStatus(self.state, self.state == "RUNNING" or self.finished, self.finished, 0)
+
+
+def test_the_wait_is_bounded_and_the_job_cancelled_then(monkeypatch):
+    cancelled = []
+    monkeypatch.setattr(sched, "cancel", lambda s, job_id: cancelled.append(job_id))
+    now = iter(range(0, 1000, 10))
+    with pytest.raises(JobFailed, match=r"job 7 was still waiting for its nodes \(PENDING\) after 30 s: cancelled"):
+        sched.wait_bounded(_Stuck("PENDING"), "7", 30, clock=lambda: next(now), sleep=lambda s: None)
+    assert cancelled == ["7"]
+    done = sched.wait_bounded(_Stuck("COMPLETED", finished=True), "8", 30, sleep=lambda s: None)
+    assert done.state == "COMPLETED"
+
+
+def test_every_rank_passing_on_every_node_passes_and_nccl_without_gpu_is_skipped():
+    ranks = [_rank(0, "n1", nccl="skip"), _rank(1, "n2", nccl="skip")]
+    checks = {c.name: c for c in multinode.checks_of(ranks, Shape(2, 1))}
+    assert checks["ranks reported"].status == "pass" and checks["nodes"].detail == "2 of 2: n1, n2"
+    assert checks["gloo all_reduce"].status == "pass" and checks["nccl all_reduce"].status == "skip"
+    s = multinode.summary(ranks, Shape(2, 1), list(checks.values()))
+    assert s["ok"] and s["all_reduce_sum"] == 3 and s["all_reduce_correct"]
+    assert multinode.summary_line(s).endswith("gloo all_reduce sum 3 (expected 3): correct")
+
+
+def test_a_missing_rank_a_failed_check_or_one_node_only_fails():
+    one_node = [_rank(0, "n1"), _rank(1, "n1")]
+    checks = {c.name: c for c in multinode.checks_of(one_node, Shape(2, 1))}
+    assert checks["nodes"].status == "fail"
+    missing = {c.name: c for c in multinode.checks_of([_rank(0, "n1")], Shape(2, 1))}
+    assert missing["ranks reported"].detail == "1 of 2; no result from rank 1"
+    failed = {c.name: c for c in multinode.checks_of([_rank(0, "n1"), _rank(1, "n2", mpi4py="fail")], Shape(2, 1))}
+    assert failed["mpi4py allreduce"].status == "fail" and failed["mpi4py allreduce"].detail.startswith("rank 1 on n2:")
+
+
+def test_rankcheck_outside_a_launcher_reports_a_failed_rank(tmp_path, monkeypatch):
+    env = {
+        k: v
+        for k, v in __import__("os").environ.items()
+        if not k.startswith(("SLURM_", "PMI_", "OMPI_", "PALS_", "PMIX_"))
+    }
+    done = subprocess.run(
+        [sys.executable, str(multinode.RANK_PROGRAM), str(tmp_path), json.dumps({"world_size": 2})],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    (result,) = multinode.read_ranks(tmp_path)
+    assert result["checks"][0]["name"] == "rank" and "not started by a launcher" in result["checks"][0]["detail"]
+    checks = {c.name: c for c in multinode.checks_of([result], Shape(1, 1))}
+    assert checks["rank"].status == "fail" and checks["gloo all_reduce"].status == "skip"
+
+
+def test_the_cli_needs_a_prefix_with_nodes_and_nodes_with_a_prefix():
+    res = run_invoke("verify", "--nodes", "2")
+    assert res.returncode != 0 and "UsageError: --nodes needs --prefix" in res.stderr, res.stderr
+    res = run_invoke("verify", "--prefix", "/x", "--installed", "torch")
+    assert res.returncode != 0 and "go with --nodes N" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
