@@ -166,3 +166,16 @@ def test_the_cli_needs_a_prefix_with_nodes_and_nodes_with_a_prefix():
     res = run_invoke("verify", "--prefix", "/x", "--installed", "torch")
     assert res.returncode != 0 and "go with --nodes N" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("scheduler", ["slurm", "pbs"])
+def test_the_check_script_parses_and_says_what_running_it_again_does(tmp_path, scheduler):
+    spec = _spec("cpu", f"scheduler={scheduler}")
+    command = (*sched.launcher_command(spec.job_launcher, 2, 1), str(tmp_path / "rank.sh"))
+    job = sched.Job("torchbuild-verify-x", command, tmp_path, tmp_path, spec, "")
+    script = tmp_path / "job.sh"
+    script.write_text(sched.nodes_scheduler_for(scheduler, 2, 1).render(job))
+    text = script.read_text()
+    assert "the check runs again" in text and "the build resumes" not in text
+    parsed = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
+    assert parsed.returncode == 0, parsed.stderr

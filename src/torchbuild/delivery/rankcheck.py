@@ -76,7 +76,8 @@ def _publish(spot: Path, data: dict[str, Any]) -> None:
 
 def rendezvous(run_dir: Path, rank: int, world: int, timeout: float) -> Any:
     """The TCPStore every rank shares: rank 0 opens it and writes where it is (or why not)."""
-    spot = run_dir / "rendezvous.json"
+    job = os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID") or ""
+    spot = run_dir / f"rendezvous{'-' + job if job else ''}.json"  # the job's own: a job resubmitted by hand
     if rank == 0:
         host = os.environ.get("MASTER_ADDR") or socket.gethostname()
         try:

@@ -851,6 +851,14 @@ def build_option_args(options: BuildOptions, verify: bool) -> list[str]:
 # tasks_per_node ranks each, in new classes so the build's one-node job stays as it is
 
 
+def _check_script(script: str) -> str:
+    """A build job's script as the multi-node check's: its comment says what running it again does."""
+    return script.replace(
+        "(or the same `invoke submit`):\n# the build resumes, skipping the steps an earlier job finished.",
+        "(or the same `invoke verify --nodes`):\n# the check runs again, its ranks' results replacing these.",
+    )
+
+
 class SlurmNodes(Slurm):
     """Slurm's directives for N nodes of tasks_per_node ranks each (the ranks share the node's cpus)."""
 
@@ -865,6 +873,9 @@ class SlurmNodes(Slurm):
             f"#SBATCH --cpus-per-task={job.spec.cpus}": f"#SBATCH --cpus-per-task={per_task}",
         }
         return [swap.get(line, line) for line in super().directives(job)]
+
+    def render(self, job: Job) -> str:
+        return _check_script(super().render(job))
 
 
 class PbsNodes(Pbs):
@@ -881,6 +892,9 @@ class PbsNodes(Pbs):
             return f"#PBS -l select={self.nodes}:{rest}:mpiprocs={self.tasks_per_node}"
 
         return [chunk(line) for line in super().directives(job)]
+
+    def render(self, job: Job) -> str:
+        return _check_script(super().render(job))
 
 
 def nodes_scheduler_for(name: str, nodes: int, tasks_per_node: int) -> Scheduler:
