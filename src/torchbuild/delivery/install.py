@@ -8,9 +8,15 @@ The host side (checks, staging, the backend) is launch/install.py.
      runtime_packages (from the index, or with --no-index from --find-links only);
   3. mpi4py from its sdist with MPICC set (the profile's mpicc, default mpicc), never a cached
      binary wheel, when the profile has MPI; `pip check`;
-  4. each wheel's package imported in the new environment, with its version checked;
-  5. runtime_env into bin/activate (restored by deactivate), Lmod and Tcl modulefiles in
-     PREFIX/modulefiles/<name>/<version>, and PREFIX/torchbuild-install.json (pip freeze).
+  4. when the wheel was built with the NCCL and plugin of `invoke comms`: that prefix copied
+     into PREFIX/comms (the environment does not depend on the build cache surviving), its
+     lib/ directories first on LD_LIBRARY_PATH and NCCL_NET_PLUGIN naming the plugin;
+  5. each wheel's package imported in the new environment, with its version checked; with
+     comms, proof that torch maps PREFIX/comms' libnccl and that the plugin NCCL would open
+     is PREFIX/comms' and resolves ncclNetPlugin_v* (ncclprobe.py), else InstallFailed;
+  6. runtime_env (and the comms variables) into bin/activate (restored by deactivate), Lmod and
+     Tcl modulefiles in PREFIX/modulefiles/<name>/<version>, and PREFIX/torchbuild-install.json
+     (pip freeze, and the comms record).
 A failure at any point removes the prefix: there is no half-made environment.
 """
 
@@ -27,6 +33,7 @@ import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -36,6 +43,7 @@ from torchbuild.core import console
 from torchbuild.core.errors import InstallFailed, ToolMissing, named_os_errors
 from torchbuild.delivery.manifest import (
     INSTALL_MANIFEST,
+    InstallCommsRecord,
     InstallManifest,
     MpiRecord,
     WheelRecord,
@@ -44,7 +52,7 @@ from torchbuild.delivery.manifest import (
 from torchbuild.delivery.modulefiles import ModuleInfo, add_activate_hook, write_modulefiles
 from torchbuild.delivery.pipenv import keep_built
 from torchbuild.inputs.config import BuildSpec
-from torchbuild.inputs.environment import runtime_env
+from torchbuild.inputs.environment import comms_install_env, runtime_env
 
 MPI4PY = "mpi4py"
 
@@ -90,6 +98,16 @@ class ModuleName:
 
 
 @dataclasses.dataclass(frozen=True)
+class CommsSource:
+    """The comms prefix the wheel was built with: where the step sees it, where it is on the
+    host (recorded), and its torchbuild-comms.json (read by the host)."""
+
+    prefix: str
+    host_prefix: str
+    manifest: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
 class InstallRequest:
     """The install step's request (launch/install.py writes it; paths as the step sees them)."""
 
@@ -106,6 +124,7 @@ class InstallRequest:
     python: str = ""  # --python; "" for python<python_version> (or the profile's)
     python_version: str = ""  # the wheels' Python (their cpXY tag), not the profile's
     engine: str = "native"
+    comms: CommsSource | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +155,16 @@ def empty_dir(prefix: Path) -> None:
     if prefix.is_dir():
         for p in prefix.iterdir():
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Carried:
+    """The comms stack copied into the environment: where, from what, and what puts it first."""
+
+    prefix: Path
+    source: CommsSource
+    dirs: list[str]
+    env: dict[str, str]
 
 
 def _on_path(name: str, problem: str, hint: str) -> str:
@@ -179,11 +208,17 @@ class _Step:
         self._pip(["install", "--find-links", house, *self.index, "--", *pins, *extra], "installing dependencies")
         mpi = self._mpi4py(mpicc) if mpicc else None
         self._pip(["check"], "pip check")
-        self._import_check()
+        runtime = runtime_env(self.spec)
+        carried = self._carry_comms()
+        # the comms variables first, runtime_env over them (as the SIF's %environment has it)
+        env = {**(carried.env if carried else {}), **runtime}
+        prepend = {"LD_LIBRARY_PATH": carried.dirs} if carried else {}
+        run_env = self._run_env(env, prepend)
+        self._import_check(run_env)
+        comms = self._check_comms(carried, run_env) if carried else None
         frozen = self._capture([str(self.py), "-m", "pip", "freeze", "--all"], "pip freeze").splitlines()
-        env = runtime_env(self.spec)
-        self._hook_activate(env)
-        modulefiles = self._modulefiles(env)
+        self._hook_activate(env, prepend)
+        modulefiles = self._modulefiles(env, prepend)
         # the interpreter the venv runs on: `python3.13` on PATH may be a pyenv or conda shim
         python_version, base_python = self._capture(
             [str(self.py), "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3]); print(sys._base_executable)"],
@@ -203,7 +238,7 @@ class _Step:
             finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             duration_s=round(time.monotonic() - t0, 1),
             wheels=tuple(WheelRecord.of(Path(house, w.file)) for w in self.req.wheels),
-            runtime_env=dict(env),
+            runtime_env=dict(runtime),
             runtime_packages=tuple(self.spec.runtime_packages),
             runtime_modules=tuple(self.spec.runtime_modules),
             mpi=mpi,
@@ -211,10 +246,11 @@ class _Step:
             modulefiles=modulefiles,
             frozen=tuple(frozen),
             size_bytes=_size(self.prefix),
+            comms=comms,
         )
         write_install(manifest, self.prefix / INSTALL_MANIFEST)
 
-    def _modulefiles(self, env: Mapping[str, str]) -> tuple[str, str]:
+    def _modulefiles(self, env: Mapping[str, str], prepend: Mapping[str, Sequence[str]]) -> tuple[str, str]:
         """The Lmod and Tcl modulefiles in PREFIX/modulefiles; their paths under the prefix."""
         info = ModuleInfo(
             name=self.req.module.name,
@@ -223,6 +259,7 @@ class _Step:
             env=env,
             modules=self.spec.runtime_modules,
             description=f"PyTorch environment from torchbuild profile {self.spec.profile}",
+            prepend=prepend,
         )
         with named_os_errors(self.prefix / "modulefiles", "writing the modulefiles"):
             lua, tcl = write_modulefiles(self.prefix / "modulefiles", info)
@@ -279,8 +316,65 @@ class _Step:
         say(f"mpi4py {version} uses: {first}")
         return MpiRecord(mpicc=mpicc, mpi4py=version, library_version=library.strip())
 
-    def _import_check(self) -> None:
-        env = {**self.env, **runtime_env(self.spec)}
+    # -- the comms stack the wheel was built with
+
+    def _carry_comms(self) -> _Carried | None:
+        """The comms prefix copied into PREFIX/comms, and what puts it first (None without comms).
+        Copied, not pointed at: the environment must outlive the build cache it came from."""
+        src = self.req.comms
+        if src is None:
+            return None
+        dest = self.prefix / "comms"
+        say(f"copying the NCCL and net plugin of `invoke comms` from {src.host_prefix} into {dest}")
+        with named_os_errors(dest, "copying the comms prefix into the environment"):
+            shutil.copytree(src.prefix, dest, symlinks=True)
+        dirs, env = comms_install_env(str(dest), src.manifest)
+        return _Carried(dest, src, dirs, env)
+
+    def _run_env(self, env: Mapping[str, str], prepend: Mapping[str, Sequence[str]]) -> dict[str, str]:
+        """The step's environment as the activated venv has it: env set, then prepend's directories first."""
+        run = {**self.env, **env}
+        for var, dirs in prepend.items():
+            run[var] = ":".join([*dirs, *([run[var]] if run.get(var) else [])])
+        return run
+
+    def _check_comms(self, carried: _Carried, run_env: Mapping[str, str]) -> InstallCommsRecord:
+        """Proof that the venv's torch maps the carried libnccl and that the plugin NCCL would
+        open is the carried one and resolves ncclNetPlugin_v* (ncclprobe.py); InstallFailed if not."""
+        from torchbuild.delivery import ncclprobe
+        from torchbuild.delivery.libraries import loaded_problems, net_plugin_symbols
+
+        m = carried.source.manifest
+        nccl = carried.prefix / str(m["nccl"]["library"]) if m.get("nccl") else None
+        plugin = Path(carried.env["NCCL_NET_PLUGIN"]) if "NCCL_NET_PLUGIN" in carried.env else None
+        cmd = [str(self.py), ncclprobe.__file__, *net_plugin_symbols()]
+        text = self._capture(cmd, "the NCCL check (import torch)", env=run_env).strip().splitlines()
+        probe: dict[str, Any] = json.loads(text[-1]) if text else {"error": "the NCCL check printed nothing"}
+        problems = loaded_problems(probe, nccl, plugin)
+        if problems:
+            raise InstallFailed(
+                f"the installed torch does not load the comms stack it was built with: {'; '.join(problems)}",
+                hint=f"check {carried.source.host_prefix} (remove it and run `invoke comms` again) and "
+                "LD_LIBRARY_PATH here; nothing was installed",
+            )
+        loaded = next((p for p in probe.get("nccl", []) if nccl and os.path.realpath(p) == os.path.realpath(nccl)), "")
+        symbols = tuple(probe.get("plugin", {}).get("symbols", [])) if plugin else ()
+        say(
+            f"torch loads {loaded or 'no NCCL of comms'}"
+            + (f"; NCCL opens {plugin} ({', '.join(symbols)})" if plugin else "")
+        )
+        return InstallCommsRecord(
+            source=carried.source.host_prefix,
+            prefix=str(carried.prefix),
+            copied=True,
+            key=str(m.get("key", "")),
+            ld_library_path=tuple(carried.dirs),
+            net_plugin=carried.env.get("NCCL_NET_PLUGIN", ""),
+            nccl_loaded=loaded,
+            plugin_symbols=symbols,
+        )
+
+    def _import_check(self, env: Mapping[str, str]) -> None:
         for w in self.req.wheels:
             module = w.project.replace("-", "_")
             code = f"import {module} as m; print(getattr(m, '__version__', ''))"
@@ -290,12 +384,12 @@ class _Step:
                 raise InstallFailed(f"{module} imports as {have} in {self.prefix}, the wheel is {w.version}")
             say(f"import {module}: {have or 'ok'}")
 
-    def _hook_activate(self, env: Mapping[str, str]) -> None:
+    def _hook_activate(self, env: Mapping[str, str], prepend: Mapping[str, Sequence[str]]) -> None:
         activate = self.prefix / "bin" / "activate"
         with named_os_errors(activate, "adding runtime_env to the activate script"):
             text = activate.read_text()
             try:
-                activate.write_text(add_activate_hook(text, env))
+                activate.write_text(add_activate_hook(text, env, prepend))
             except ValueError as exc:
                 raise InstallFailed(f"{activate}: {exc}") from None
 

@@ -330,8 +330,25 @@ class MpiRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class InstallCommsRecord:
+    """The NCCL and net plugin of `invoke comms` an install carries (copied from the build
+    cache into the environment), and what the check after install saw torch load."""
+
+    source: str  # the comms prefix in the build cache it was copied from
+    prefix: str  # where it is now: <install prefix>/comms
+    copied: bool  # True: the install does not need the build cache any more
+    key: str
+    ld_library_path: tuple[str, ...]  # put first on LD_LIBRARY_PATH, in this order
+    net_plugin: str  # NCCL_NET_PLUGIN ("" without a plugin)
+    nccl_loaded: str  # the libnccl torch mapped after `import torch` ("" when no NCCL was built)
+    plugin_symbols: tuple[str, ...]  # the ncclNetPlugin_v* that resolved in the plugin NCCL opens
+
+
+@dataclasses.dataclass(frozen=True)
 class InstallManifest:
     """One install environment (`invoke install`), written beside it as torchbuild-install.json."""
+
+    omit_if_none: ClassVar[tuple[str, ...]] = ("comms",)
 
     schema_version: int
     torchbuild_version: str
@@ -355,6 +372,7 @@ class InstallManifest:
     frozen: tuple[str, ...]  # pip freeze --all
     size_bytes: int
     kind: str = "install"
+    comms: Optional[InstallCommsRecord] = None  # the comms stack the wheel was built with, when it was
 
     def to_dict(self) -> dict[str, Any]:
         return records.to_dict(self)
@@ -398,7 +416,7 @@ def _structure_image(data: Any, cls: type[ImageRecord]) -> ImageRecord:
     return record
 
 
-for _cls in (CommsRecord, Manifest):  # CommsRecord first: Manifest's hook takes the hook of its fields
+for _cls in (CommsRecord, Manifest, InstallManifest):  # CommsRecord first: Manifest's hook takes the hook of its fields
     records.converter.register_unstructure_hook(_cls, _omitting_none(_cls))
 records.converter.register_structure_hook(ImageRecord, _structure_image)
 

@@ -1,5 +1,6 @@
 """What makes an install environment usable: runtime_env in its activate script (restored by
-deactivate), and modulefiles for Lmod (Lua) and Environment Modules (Tcl).
+deactivate), and modulefiles for Lmod (Lua) and Environment Modules (Tcl); with the comms stack
+an install carries, its library directories first on LD_LIBRARY_PATH (`prepend`).
 
 Every value is written as a literal of the language that reads it: shell words through
 shlex.quote, Lua and Tcl strings with their own escapes. Nothing here runs anything.
@@ -12,6 +13,8 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from torchbuild.inputs.environment import prepend_path_lines
 
 HOOK_BEGIN = "# >>> torchbuild: runtime_env >>>"
 HOOK_END = "# <<< torchbuild: runtime_env <<<"
@@ -30,6 +33,7 @@ class ModuleInfo:
     env: Mapping[str, str]
     modules: Sequence[str] = ()
     description: str = ""
+    prepend: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)  # var -> dirs, first first
 
 
 # --------------------------------------------------------------------------- activate
@@ -39,39 +43,42 @@ def _saved(var: str) -> tuple[str, str]:
     return f"_TORCHBUILD_HAD_{var}", f"_TORCHBUILD_OLD_{var}"
 
 
-def activate_hook(env: Mapping[str, str]) -> tuple[str, str]:
+def activate_hook(env: Mapping[str, str], prepend: Mapping[str, Sequence[str]] | None = None) -> tuple[str, str]:
     """(restore function, exports) for a venv's bin/activate. The exports remember each
-    variable's previous value (or that it was unset); the function, called first thing by
-    deactivate (and so by every re-activation), puts it back."""
+    variable's previous value (or that it was unset), set env, then put prepend's directories
+    first on their colon lists (after env: a runtime_env LD_LIBRARY_PATH comes after them); the
+    function, called first thing by deactivate (and so by every re-activation), puts it back."""
     restore = [f"{RESTORE} () {{"]
     exports = [HOOK_BEGIN]
-    for var, value in env.items():
+    for var in dict.fromkeys([*env, *(prepend or {})]):
         had, old = _saved(var)
         restore += [
             f'    if [ "${{{had}:-}}" = 1 ]; then {var}="${{{old}:-}}"; export {var}',
             f'    elif [ "${{{had}:-}}" = 0 ]; then unset {var}; fi',
             f"    unset {had} {old}",
         ]
-        exports += [
-            f'if [ -n "${{{var}+x}}" ]; then {had}=1; {old}="${{{var}}}"; else {had}=0; fi',
-            f"{var}={shlex.quote(value)}; export {var}",
-        ]
+        exports.append(f'if [ -n "${{{var}+x}}" ]; then {had}=1; {old}="${{{var}}}"; else {had}=0; fi')
+        if var in env:
+            exports.append(f"{var}={shlex.quote(env[var])}; export {var}")
+    for var, dirs in (prepend or {}).items():
+        exports += prepend_path_lines(var, list(dirs))
     restore += [f'    if [ ! "${{1:-}}" = nondestructive ]; then unset -f {RESTORE}; fi', "}"]
     exports.append(HOOK_END)
     return "\n".join([HOOK_BEGIN, *restore, HOOK_END]) + "\n", "\n".join(exports) + "\n"
 
 
-def add_activate_hook(text: str, env: Mapping[str, str]) -> str:
-    """bin/activate (as `python -m venv` writes it) with runtime_env exported at its end and
-    restored by deactivate. ValueError when the script has no `deactivate () {` to hook into."""
-    if not env:
+def add_activate_hook(text: str, env: Mapping[str, str], prepend: Mapping[str, Sequence[str]] | None = None) -> str:
+    """bin/activate (as `python -m venv` writes it) with runtime_env exported at its end (and
+    prepend's directories first on their lists), restored by deactivate. ValueError when the
+    script has no `deactivate () {` to hook into."""
+    if not env and not prepend:
         return text
     if HOOK_BEGIN in text:
         raise ValueError("the activate script already has torchbuild's runtime_env")
     match = DEACTIVATE.search(text)
     if match is None:
         raise ValueError("the activate script defines no `deactivate () {`")
-    restore, exports = activate_hook(env)
+    restore, exports = activate_hook(env, prepend)
     head, tail = text[: match.end()], text[match.end() :]
     call = f'    {RESTORE} "${{1:-}}"\n'
     body = text[: match.start()] + restore + head[match.start() :] + call + tail
@@ -114,6 +121,8 @@ def lua_modulefile(info: ModuleInfo) -> str:
     ]
     # pushenv: unloading puts back what was there before (setenv would unset it)
     lines += [f"pushenv({s(k)}, {s(v)})" for k, v in info.env.items()]
+    # each prepend_path goes in front of the one before: the last directory first
+    lines += [f"prepend_path({s(k)}, {s(d)})" for k, dirs in info.prepend.items() for d in reversed(dirs)]
     return "\n".join(lines) + "\n"
 
 
@@ -147,6 +156,7 @@ def tcl_modulefile(info: ModuleInfo) -> str:
     lines += [f"module load {t(m)}" for m in info.modules]
     lines += [f"prepend-path PATH {t(info.prefix + '/bin')}", f"setenv VIRTUAL_ENV {t(info.prefix)}"]
     lines += [f"pushenv {t(k)} {t(v)}" for k, v in info.env.items()]
+    lines += [f"prepend-path {t(k)} {t(d)}" for k, dirs in info.prepend.items() for d in reversed(dirs)]
     return "\n".join(lines) + "\n"
 
 
@@ -158,6 +168,8 @@ def _help(info: ModuleInfo) -> str:
         lines.append("loads: " + " ".join(info.modules))
     if info.env:
         lines.append("sets: " + " ".join(info.env))
+    for var, dirs in info.prepend.items():
+        lines.append(f"puts first on {var}: " + " ".join(dirs))
     return "\n".join(lines)
 
 

@@ -262,3 +262,22 @@ def comms_runtime_env(prefix: str, manifest: Mapping[str, Any]) -> dict[str, str
     if str(plugin.get("library", "")).endswith("libnccl-net-ofi.so"):
         env["NCCL_NET_PLUGIN"] = f"{prefix}/lib/libnccl-net-ofi.so"
     return env
+
+
+def comms_install_env(prefix: str, manifest: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """What an install carrying the comms stack of `invoke comms` at prefix gives its users:
+    (the directories to put first on LD_LIBRARY_PATH: the built NCCL's, then the plugin's, each
+    once; the variables: NCCL_NET_PLUGIN naming the plugin library by its path, which NCCL 2.21+
+    opens as given). manifest is the comms manifest (its libraries relative to prefix)."""
+    dirs: list[str] = []
+    env: dict[str, str] = {}
+    for part in ("nccl", "plugin"):
+        library = str((manifest.get(part) or {}).get("library", ""))
+        if not library:
+            continue
+        path = f"{prefix}/{library}"
+        if os.path.dirname(path) not in dirs:
+            dirs.append(os.path.dirname(path))
+        if part == "plugin":
+            env["NCCL_NET_PLUGIN"] = path
+    return dirs, env

@@ -2,7 +2,9 @@
 runtime before anything is written, stage the wheels as a wheelhouse in the output directory,
 and hand the `install` step (delivery/install.py) to a backend, natively, in the toolchain
 image or in the SIF. The prefix is bound at its own path, because a venv is not relocatable.
-A failure or an interrupt leaves no prefix behind."""
+When the wheel was built with the NCCL and plugin of `invoke comms` (its manifest's `comms`),
+that prefix goes to the step too, which copies it into the environment and checks that torch
+loads it. A failure or an interrupt leaves no prefix behind."""
 
 from __future__ import annotations
 
@@ -14,18 +16,36 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from torchbuild.core import console, records
 from torchbuild.core.atomic import PARTIAL_PREFIX
-from torchbuild.core.errors import BuildInterrupted, PathError, UsageError, named_os_errors, writable_dir
+from torchbuild.core.errors import (
+    BuildInterrupted,
+    CommsFailed,
+    PathError,
+    UsageError,
+    named_os_errors,
+    writable_dir,
+)
 from torchbuild.core.process import interrupts_unwind
 from torchbuild.core.safeio import user_path
-from torchbuild.delivery.install import InstallRequest, ModuleName, MpiRequest, WheelPin, empty_dir, say
+from torchbuild.delivery import manifest as wheel_manifest
+from torchbuild.delivery.install import (
+    CommsSource,
+    InstallRequest,
+    ModuleName,
+    MpiRequest,
+    WheelPin,
+    empty_dir,
+    say,
+)
 from torchbuild.delivery.manifest import INSTALL_MANIFEST, InstallManifest, read_install
 from torchbuild.delivery.wheelhouse import WheelFile, add_wheels, check_mix, wheels_in
 from torchbuild.inputs.config import BuildSpec, cache_dir
 from torchbuild.inputs.environment import runtime_env
 from torchbuild.launch.backends import Backend, Binds
+from torchbuild.steps.comms import COMMS_MANIFEST, read_manifest
 
 # a prefix ends up in shebangs, PATH, apptainer --bind and modulefiles: keep it to plain characters
 _PREFIX_BAD = re.compile(r"[\s:,\"'\\$`]")
@@ -132,6 +152,33 @@ def _cp_version(interpreter: str) -> str:
     return f"{m[1]}.{m[2]}" if m else ""
 
 
+def wheel_comms(wheels: Sequence[WheelFile]) -> tuple[Path, dict[str, Any]] | None:
+    """The comms prefix (and its torchbuild-comms.json) the wheels' manifests say torch was built
+    with; None when none records one (a wheel without a manifest records nothing). CommsFailed
+    when that prefix, or a library its manifest names, is gone: the environment could not load it."""
+    for w in wheels:
+        path = Path(f"{w.path}{wheel_manifest.SUFFIX}")
+        if not path.is_file():
+            continue
+        record = wheel_manifest.read(path).comms
+        if record is None:
+            continue
+        prefix = Path(record.prefix)
+        hint = f"run `invoke comms` with the wheel's profile again (it rebuilds {prefix.name}), then install"
+        if not (prefix / COMMS_MANIFEST).is_file():
+            raise CommsFailed(
+                f"{w.path.name} was built with the NCCL of `invoke comms` at {prefix}, which is not there any more",
+                hint=hint,
+            )
+        made = read_manifest(prefix / COMMS_MANIFEST)
+        for part in ("nccl", "plugin"):
+            library = str((made.get(part) or {}).get("library", ""))
+            if library and not (prefix / library).exists():
+                raise CommsFailed(f"{prefix / library} ({part} of `invoke comms`) is missing", hint=hint)
+        return prefix, made
+    return None
+
+
 def module_identity(wheels: Sequence[WheelFile], name: str = "") -> tuple[str, str]:
     """(name, version) of the modulefile: torch's version when torch is among the wheels,
     else the first wheel's project and version, with its local label after a `-`
@@ -164,6 +211,7 @@ def install(
     if module_name and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*", module_name):
         raise UsageError(f"--module-name {module_name!r} is not a module name", hint="letters, digits, . _ + -")
     runtime_env(spec)  # a runtime_env that clashes with the build's is refused now, not in the step
+    comms = wheel_comms(chosen)
     backend.check()
     out_dir = writable_dir(out_dir, "--out")
     cache = writable_dir(cache_dir(spec), "cache_dir")
@@ -173,7 +221,8 @@ def install(
     # by SIGTERM cleans up nothing, so they go where this call removes them on every way out
     tmp = out_dir / f"{PARTIAL_PREFIX}{run_id}-tmp"
     name, version = module_identity(chosen, module_name)
-    binds = Binds(cache=cache, out=out_dir, extra=(prefix, *links))
+    # the comms prefix bound at its own path (it may be in another profile's cache_dir)
+    binds = Binds(cache=cache, out=out_dir, extra=(prefix, *links, *([comms[0]] if comms else [])))
     view = backend.view(binds)
     request = InstallRequest(
         spec=spec,
@@ -189,6 +238,7 @@ def install(
         python=python,
         python_version=built_for,  # the wheels' Python (their cpXY tag), not the profile's
         engine=backend.engine,
+        comms=CommsSource(str(comms[0]), str(comms[0]), comms[1]) if comms else None,
     )
     started = time.monotonic()
     _run_staged(backend, request, binds, Staging(prefix, replace, stage, tmp, [w.path for w in chosen]))
@@ -266,6 +316,7 @@ def _summary(m: InstallManifest, seconds: float) -> None:
         ("wheels", ", ".join(w.name for w in m.wheels)),
         ("packages", str(len(m.frozen))),
         ("mpi4py", f"{m.mpi.mpi4py} against {m.mpi.library_version.splitlines()[0]}" if m.mpi else "-"),
+        ("comms", f"{m.comms.prefix} (copied from {m.comms.source})" if m.comms else "-"),
         ("size", f"{m.size_bytes / 2**20:.1f} MiB"),
         ("time", f"{seconds:.1f} s"),
         ("activate", f"source {m.prefix}/bin/activate"),

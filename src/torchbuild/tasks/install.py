@@ -44,7 +44,9 @@ def install(
 ) -> None:
     """Make a venv of the built wheels with runtime_packages, mpi4py, activate and modulefiles.
 
-    Its activate script and Lmod/Tcl modulefiles set runtime_env. Natively, in the toolchain image (--in-container) or in the SIF (--engine apptainer):
+    Its activate script and Lmod/Tcl modulefiles set runtime_env; a wheel linked to the NCCL of `invoke comms`
+    brings it and the plugin along (copied in, first on LD_LIBRARY_PATH, NCCL_NET_PLUGIN; torch is checked to load
+    them). Natively, in the toolchain image (--in-container) or in the SIF (--engine apptainer):
     the environment runs where it was made. See README "After the build"."""
     spec = launch.spec()
     install_env(
