@@ -189,7 +189,8 @@ def test_derecho_rehearsal_comms_preflight_install_and_module_load(node, nccl_so
     assert nccl["version_code"] == 22105 and nccl["gencode"] == "-gencode=arch=compute_80,code=sm_80"
     assert nccl["library"] == "lib/libnccl.so.2.21.5" and (prefix / "include" / "nccl.h").is_file()
     assert plugin["version"] == PLUGIN and plugin["libfabric_prefix"] == LIBFABRIC
-    assert str(plugin["libfabric_version"]).startswith("1.")
+    assert str(plugin["libfabric_version"]).startswith("1.")  # bookworm's 1.17 under the Cray prefix
+    assert plugin["library"] == "lib/libnccl-net.so"
     assert any(s.startswith("ncclNetPlugin_v") for s in plugin["symbols"])
     print(
         f"comms {comms_s:.0f} s: NCCL {NCCL} {nccl['seconds']:.0f} s, {nccl['size_bytes'] / 2**20:.1f} MiB; "
@@ -232,7 +233,8 @@ def test_derecho_rehearsal_comms_preflight_install_and_module_load(node, nccl_so
     )
     ld = next(ln for ln in used.splitlines() if ln.startswith("LD=")).removeprefix("LD=").split(":")
     assert ld[0] == f"{copied}/lib", ld  # the built NCCL and plugin first
-    assert f"PLUGIN={copied}/lib/libnccl-net-ofi.so" in used and "NET=AWS Libfabric" in used
+    # 1.6.0 installs lib/libnccl-net.so (1.17 libnccl-net-ofi.so): NCCL_NET_PLUGIN names it by its path
+    assert f"PLUGIN={copied}/{plugin['library']}" in used and "NET=AWS Libfabric" in used
     assert f"{copied}/lib/libnccl.so.2.21.5" in used, used
 
 
