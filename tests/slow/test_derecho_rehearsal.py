@@ -75,6 +75,8 @@ def _profile_sets(nccl: tuple[Path, str], plugin: tuple[Path, str]) -> list[str]
         "switches.USE_FBGEMM=OFF",
         "switches.USE_KINETO=OFF",
         "switches.USE_MKLDNN=OFF",
+        # bookworm's XNNPACK (2022) has no libmicrokernels-prod, which torch 2.6 links
+        "switches.USE_XNNPACK=OFF",
         # no cuDNN, cuSPARSELt, cuDSS or cuFile in bookworm (NVIDIA's downloads are closed here)
         "switches.USE_CUDNN=OFF",
         "switches.USE_CUSPARSELT=OFF",
