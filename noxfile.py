@@ -71,7 +71,11 @@ def integration(session: nox.Session) -> None:
 
 @nox.session(tags=["slow"], default=False)
 def slow(session: nox.Session) -> None:
-    """Tens of minutes, under qemu: the arm64 toolchain image (debootstrap, apt and pip emulated; about
-    25 min on 2 cores) and the aarch64 canary (int4mm_kernel.cpp of real PyTorch 2.6, gh200 flags)."""
+    """Tens of minutes: under qemu, the arm64 toolchain image (debootstrap, apt and pip emulated; about
+    25 min on 2 cores) and the aarch64 canary (int4mm_kernel.cpp of real PyTorch 2.6, gh200 flags); NCCL
+    from the shared release tarballs (../shared/sources: 2.22.3-1 in the cuda-offline image, then the
+    PyTorch 2.6 preflight against it); the Derecho rehearsal on a bookworm stand-in node (Lmod with
+    Derecho's module names, NCCL 2.21.5-1 for sm_80 and aws-ofi-nccl 1.6.0 against libfabric 1.17
+    under the Cray prefix, natively; preflight, install, module load)."""
     session.install("-e", ".[test,report]")
     session.run("pytest", "tests/slow", "-s", *session.posargs)

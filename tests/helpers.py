@@ -80,15 +80,22 @@ TORCH_TAG = "cp313-cp313-linux_x86_64"
 
 
 def make_wheel(
-    directory: Path, name: str, version: str, tag: str = "py3-none-any", *, module: str = "", salt: str = ""
+    directory: Path,
+    name: str,
+    version: str,
+    tag: str = "py3-none-any",
+    *,
+    module: str = "",
+    salt: str = "",
+    code: str = "",
 ) -> Path:
     """A minimal wheel: dist-info METADATA, WHEEL and RECORD, and module/__init__.py (with
-    __version__) when module is given; salt changes the content, not the name."""
+    __version__, then code) when module is given; salt changes the content, not the name."""
     directory.mkdir(parents=True, exist_ok=True)
     dist = f"{name}-{version}"
     files = {}
     if module:
-        files[f"{module}/__init__.py"] = f'__version__ = "{version}"\n# {salt}\n'
+        files[f"{module}/__init__.py"] = f'__version__ = "{version}"\n# {salt}\n{code}'
     files[f"{dist}.dist-info/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\n{salt}\n"
     files[f"{dist}.dist-info/WHEEL"] = f"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: {tag}\n"
     record = []

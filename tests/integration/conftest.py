@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -159,8 +160,8 @@ def slurm(tmp_path_factory):
         cluster.stop()
 
 
-# Where the aws-ofi-nccl release tarballs are (SHA256SUMS beside them): the project's shared
-# sources next to the checkout, or TORCHBUILD_TEST_SOURCES.
+# Where the NCCL and aws-ofi-nccl release tarballs are (SHA256SUMS beside them): the project's
+# shared sources next to the checkout, or TORCHBUILD_TEST_SOURCES.
 SOURCE_DIRS = [
     Path(p)
     for p in (
@@ -172,23 +173,55 @@ SOURCE_DIRS = [
 ]
 
 
+def shared_sources(test_cache: Path, project: str) -> dict[str, tuple[Path, str]]:
+    """version -> (project's release tarball copied into the test cache, its sha256), for every
+    `<project>-<version>.tar.gz` line of SHA256SUMS; the copy's sha256 is checked. Fails the test,
+    naming what is missing, when there is no SHA256SUMS, no line for project or no tarball."""
+    found = next((d for d in SOURCE_DIRS if (d / "SHA256SUMS").is_file()), None)
+    if found is None:
+        pytest.fail(
+            f"no {project} tarballs: no SHA256SUMS in {', '.join(map(str, SOURCE_DIRS))} (set TORCHBUILD_TEST_SOURCES)"
+        )
+    dest = test_cache / "sources"
+    dest.mkdir(parents=True, exist_ok=True)
+    prefix = f"{project}-"
+    tarballs = {}
+    for line in (found / "SHA256SUMS").read_text().splitlines():
+        sha, _, name = line.strip().partition("  ")
+        name = name.lstrip("*")
+        if not (name.startswith(prefix) and name.endswith(".tar.gz")):
+            continue
+        copy = dest / name
+        if not copy.exists() or _sha256(copy) != sha:
+            if not (found / name).is_file():
+                pytest.fail(f"{found / name} is missing (SHA256SUMS lists it)")
+            shutil.copyfile(found / name, copy)
+            if _sha256(copy) != sha:
+                pytest.fail(f"{found / name} does not match its sha256 in SHA256SUMS ({sha})")
+        tarballs[name.removeprefix(prefix).removesuffix(".tar.gz")] = (copy, sha)
+    if not tarballs:
+        pytest.fail(f"{found / 'SHA256SUMS'} lists no {prefix}*.tar.gz")
+    return tarballs
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 @pytest.fixture(scope="session")
 def ofi_sources(test_cache) -> dict[str, tuple[Path, str]]:
     """version -> (the aws-ofi-nccl tarball copied into the test cache, its sha256 from SHA256SUMS)."""
-    found = next((d for d in SOURCE_DIRS if (d / "SHA256SUMS").is_file()), None)
-    if found is None:
-        pytest.fail(f"no aws-ofi-nccl tarballs with SHA256SUMS in {', '.join(map(str, SOURCE_DIRS))}")
-    dest = test_cache / "sources"
-    dest.mkdir(parents=True, exist_ok=True)
-    sums = dict(reversed(line.split()) for line in (found / "SHA256SUMS").read_text().splitlines() if line.strip())
-    tarballs = {}
-    for name, sha in sums.items():
-        version = name.removeprefix("aws-ofi-nccl-").removesuffix(".tar.gz")
-        copy = dest / name
-        if not copy.exists():
-            shutil.copyfile(found / name, copy)
-        tarballs[version] = (copy, sha)
-    return tarballs
+    return shared_sources(test_cache, "aws-ofi-nccl")
+
+
+@pytest.fixture(scope="session")
+def nccl_sources(test_cache) -> dict[str, tuple[Path, str]]:
+    """version ("2.21.5-1") -> (the NCCL release tarball copied into the test cache, its sha256)."""
+    return shared_sources(test_cache, "nccl")
 
 
 @pytest.fixture(scope="session")

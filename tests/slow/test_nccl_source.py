@@ -1,40 +1,34 @@
 """NCCL from source with `invoke comms`, then the real PyTorch 2.6 source configured against it.
 
-NCCL's source does not reach this project's CI: Debian's mirror answers 404 for every file of
-the nvidia-nccl source package (its index lists 2.22.3-1-1), and github.com is closed. Point
-TORCHBUILD_TEST_NCCL_SOURCE at a release tarball of NVIDIA/nccl (e.g. nccl-2.22.3-1.tar.gz, the
-tag v2.22.3-1) to run it; without it the test is skipped and says why."""
+NCCL's source is NVIDIA/nccl's release tarball nccl-2.22.3-1.tar.gz (the tag v2.22.3-1, Debian
+trixie's nvidia-nccl release) from the project's shared sources (../shared/sources, or
+TORCHBUILD_TEST_SOURCES), copied into the test cache with its sha256 from SHA256SUMS checked
+(the nccl_sources fixture). The test runs on a clean checkout; without the tarball it fails and
+names what is missing."""
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import pytest
 from helpers import FIXTURES, OFI_PLUGIN, image_ok, preflight_ok, run_invoke, set_args
 
-NCCL_SOURCE = os.environ.get("TORCHBUILD_TEST_NCCL_SOURCE", "")
+NCCL = "2.22.3-1"
 PROFILE = str(FIXTURES / "profiles" / "derecho-on-debian.yaml")
 
-pytestmark = [
-    pytest.mark.docker,
-    pytest.mark.skipif(
-        not NCCL_SOURCE,
-        reason="NCCL's source is unreachable here (Debian's nvidia-nccl source files answer 404, github.com is "
-        "closed): set TORCHBUILD_TEST_NCCL_SOURCE to an NVIDIA/nccl release tarball",
-    ),
-]
+pytestmark = [pytest.mark.docker]
 
 
 def test_nccl_built_for_the_a100_and_pytorch_configures_against_it(
-    engine, local_base, site_certs, debian_dsc, ofi_sources, tmp_path
+    engine, local_base, site_certs, debian_dsc, ofi_sources, nccl_sources, tmp_path
 ):
     tarball, sha = ofi_sources[OFI_PLUGIN]
+    nccl_tarball, nccl_sha = nccl_sources[NCCL]
     cache = tmp_path / "cache"
     sets = [
-        f"base_image={local_base}", *site_certs, f"cache_dir={cache}", f"nccl_source={NCCL_SOURCE}",
+        f"base_image={local_base}", *site_certs, f"cache_dir={cache}", f"nccl_source={nccl_tarball}", f"nccl_sha256={nccl_sha}",
         f"aws_ofi_nccl_source={tarball}", f"aws_ofi_nccl_sha256={sha}",
     ]  # fmt: skip
     image_ok(PROFILE, set_args(sets))

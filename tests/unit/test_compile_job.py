@@ -196,3 +196,13 @@ def test_a_malformed_request_is_a_usage_error_naming_the_request(step, spoil, sa
     assert exc.value.message.startswith(f"the {step} request") and says in exc.value.message
     assert "writes these requests" in (exc.value.hint or "")
     assert isinstance(exc.value, TorchbuildError)
+
+
+def test_no_ccache_at_all_records_no_counters_instead_of_failing(tmp_path):
+    """A site node without ccache (Derecho's, natively): `invoke comms` built NCCL and the plugin,
+    then failed with "ccache does not exist" when it recorded ccache's counters."""
+    from torchbuild.steps.compile_job import ccache_stats, hit_rate
+
+    env = {"PATH": str(tmp_path)}  # no ccache on PATH
+    assert ccache_stats(env) == {}
+    assert hit_rate(ccache_stats(env))[:2] == (0, 0)

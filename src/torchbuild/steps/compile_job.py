@@ -18,6 +18,7 @@ makes objects independent of the tree's path, and the pip wheel command.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import os
@@ -78,8 +79,12 @@ def toolchain_versions(spec: BuildSpec, env: Mapping[str, str]) -> dict[str, str
 
 
 def ccache_stats(env: Mapping[str, str]) -> dict[str, int]:
-    """ccache's counters (ccache >= 4.4 `--print-stats`), {} when unavailable."""
-    proc = subprocess.run(["ccache", "--print-stats"], capture_output=True, text=True, env=dict(env), check=False)
+    """ccache's counters (ccache >= 4.4 `--print-stats`), {} when unavailable (also when there is
+    no ccache at all: `invoke comms` natively on a site node without one)."""
+    try:
+        proc = subprocess.run(["ccache", "--print-stats"], capture_output=True, text=True, env=dict(env), check=False)
+    except OSError:
+        return {}
     stats: dict[str, int] = {}
     if proc.returncode == 0:
         for line in proc.stdout.splitlines():
@@ -214,7 +219,8 @@ class CompileJob:
 
     def zero_ccache(self) -> None:
         """ccache's counters from zero: the hit rate recorded is this job's."""
-        subprocess.run(["ccache", "--zero-stats"], env=self.env, capture_output=True, check=False)
+        with contextlib.suppress(OSError):  # no ccache here: nothing to zero
+            subprocess.run(["ccache", "--zero-stats"], env=self.env, capture_output=True, check=False)
 
     def compile(
         self,
