@@ -1200,3 +1200,22 @@ def test_the_comms_manifest_is_written_atomically_through_the_manifest_module(tm
     made = [p for p in (site.cache / "comms").rglob("*") if COMMS_MANIFEST in p.name]
     assert made == []
     assert not [p for p in (site.cache / "comms").iterdir() if ".partial-" not in p.name]  # no prefix
+
+
+# --------------------------------------------------------------------------- the profile's plugin configure options
+
+
+def test_the_profiles_plugin_configure_options_reach_configure_after_torchbuilds_own(tmp_path):
+    site = _site(tmp_path / "site")
+    spec = site.spec("aws_ofi_nccl_configure=[--enable-trace, --with-mpi=/opt/mpi]")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        made = comms(spec, choose(spec, "native", Options()), out_dir=site.root / "out", out=out)
+    configure = made.manifest["plugin"]["configure"]
+    assert configure[-2:] == ["--enable-trace", "--with-mpi=/opt/mpi"]
+    assert f"--with-libfabric={site.fabric}" in configure and "--disable-tests" in configure
+
+
+def test_plugin_configure_options_give_another_comms_key_and_none_keep_the_old_one():
+    assert _key("aws_ofi_nccl_configure=[--enable-trace]") != _key()
+    assert _key("aws_ofi_nccl_configure=[]") == _key()

@@ -60,7 +60,7 @@ def node(**facts):
     from torchbuild.core.arch import Arch
     from torchbuild.launch.doctor import _Host
 
-    base = dict(arch=Arch.X86_64, foreign=Arch.AARCH64, engine_ok=False, emulation=False, debootstrap=None)
+    base = dict(arch=Arch.X86_64, machine="x86_64", emulation={Arch.AARCH64: False}, engine_ok=False, debootstrap=None)
     return _Host(
         **{**base, "root": False, "apptainer": "/usr/bin/apptainer", "fuse": False, "native_missing": (), **facts}
     )

@@ -33,7 +33,24 @@ class Arch(str, enum.Enum):
 
     @classmethod
     def host(cls) -> Arch:
-        return cls.parse(platform.machine())
+        """This machine's arch; a named error on one torchbuild does not build for (Bede's
+        ppc64le login nodes): only the tasks that build or run torch here need it."""
+        found = cls.host_or_none()
+        if found is None:
+            raise ProfileError(
+                f"this host is {host_machine()}: torchbuild builds and runs torch on x86_64 and aarch64 only",
+                hint="build in a job on a node of the target arch (`invoke submit`), or pass --arch x86_64 or --arch aarch64",
+            )
+        return found
+
+    @classmethod
+    def host_or_none(cls) -> Arch | None:
+        """This machine's arch, or None where it is none of ours (config, submit, wheelhouse and
+        doctor still work there, for a target named by the profile or --arch)."""
+        try:
+            return cls.parse(host_machine())
+        except ProfileError:
+            return None
 
     @classmethod
     def parse(cls, name: str) -> Arch:
@@ -51,9 +68,14 @@ class Arch(str, enum.Enum):
         return self.value
 
 
+def host_machine() -> str:
+    """The machine name of this host as uname gives it (x86_64, aarch64, ppc64le, ...)."""
+    return platform.machine() or "an unknown machine"
+
+
 def binfmt_ready(arch: Arch, binfmt_dir: Path = Path("/proc/sys/fs/binfmt_misc")) -> bool:
     """True when foreign binaries of arch run here (native, or a qemu-user binfmt entry enabled)."""
-    if arch is Arch.host():
+    if arch is Arch.host_or_none():
         return True
     entry = binfmt_dir / arch.qemu_binfmt
     try:

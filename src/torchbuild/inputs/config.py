@@ -26,11 +26,11 @@ from jsonschema import Draft202012Validator, ValidationError, validators
 from packaging.version import InvalidVersion, Version
 
 from torchbuild.core import records
-from torchbuild.core.arch import Arch
+from torchbuild.core.arch import Arch, host_machine
 from torchbuild.core.errors import ProfileError, UsageError
 from torchbuild.core.safeio import PROFILE_LIMIT, not_an_option, read_text, user_path
 from torchbuild.inputs.companion_table import REPOS as COMPANION_REPOS
-from torchbuild.inputs.companion_table import default_ref, is_development, pairing_problem
+from torchbuild.inputs.companion_table import default_ref, is_development, minor, pairing_problem
 from torchbuild.inputs.nccl_arch import nccl_cannot_target
 
 DEFAULT_PROFILE = "cpu"
@@ -293,6 +293,7 @@ class BuildSpec:
     aws_ofi_nccl_version: str
     aws_ofi_nccl_source: str
     aws_ofi_nccl_sha256: str
+    aws_ofi_nccl_configure: tuple[str, ...]
     libfabric_prefix: str
     companions: tuple[str, ...]
     companion_repos: StrMap
@@ -322,6 +323,7 @@ class BuildSpec:
     gpu_type: str
     constraint: str
     modules: tuple[str, ...]
+    torch_version_modules: StrMap
     module_purge: bool
     export_env: bool
     directives: tuple[str, ...]
@@ -936,12 +938,12 @@ def _fail(where: Mapping[str, str], key: str, problem: str, hint: str | None) ->
     raise ProfileError(f"{where[key]}: key {key!r}: {problem}", hint=hint)
 
 
-def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], host: Arch) -> None:
+def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], arch: Arch) -> None:
     """Rules that involve more than one key; the message names where the later key was set."""
     _check_cuda_and_nccl(values, where)
     _check_companions(values, where)
     _check_not_options(values, where)
-    _check_libraries(values, where, host)
+    _check_libraries(values, where, arch)
 
 
 def _check_cuda_and_nccl(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
@@ -964,16 +966,43 @@ def _check_cuda_and_nccl(values: Mapping[str, Any], where: Mapping[str, str]) ->
             problem = f"only applies with nccl: source (nccl is {values['nccl']})"
             _fail(where, key, problem, f"set nccl: source or remove {key}")
     plugin = values["aws_ofi_nccl_version"]
-    for key in ("aws_ofi_nccl_source", "aws_ofi_nccl_sha256", "libfabric_prefix"):
+    for key in ("aws_ofi_nccl_source", "aws_ofi_nccl_sha256", "aws_ofi_nccl_configure", "libfabric_prefix"):
         if values[key] and not plugin:
             problem = "set, but aws_ofi_nccl_version is empty (no plugin is built)"
             _fail(where, key, problem, "set aws_ofi_nccl_version, e.g. 1.17.1")
+    taken = sorted({o.split("=", 1)[0] for o in values["aws_ofi_nccl_configure"]} & set(PLUGIN_CONFIGURE_OWN))
+    if taken:
+        problem = f"{', '.join(taken)} is passed by torchbuild itself"
+        _fail(where, "aws_ofi_nccl_configure", problem, "leave it out (libfabric_prefix and cuda_home set them)")
     if plugin and "nccl" not in values["distributed"]:
         _fail(where, "aws_ofi_nccl_version", "the NCCL plugin needs nccl in distributed", "add nccl to distributed")
     if values["nccl"] == "source":
         bad = nccl_cannot_target(values["nccl_version"], values["cuda_arch_list"])
         if bad:
             _fail(where, "nccl_version", bad, "choose a newer nccl_version, or drop that arch from cuda_arch_list")
+
+
+# the plugin's configure options steps/comms.py passes itself (aws_ofi_nccl_configure may not)
+PLUGIN_CONFIGURE_OWN = ("--prefix", "--with-libfabric", "--with-cuda", "--disable-tests", "--disable-platform-aws")
+_MODULE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+@/-]*")
+
+
+def _with_torch_version_modules(values: dict[str, Any], where: Mapping[str, str]) -> None:
+    """modules and runtime_modules with torch_version_modules' entry for torch_version added
+    (its release, e.g. 2.4.0, over its line, 2.4), each module once."""
+    table = values["torch_version_modules"]
+    for words in table.values():
+        bad = [w for w in str(words).split() if not _MODULE_RE.fullmatch(w)]
+        if bad or not str(words).split():
+            problem = f"{_shown(str(words), 40)} is not a list of module names"
+            _fail(where, "torch_version_modules", problem, 'write them space-separated: "cudnn/9.2.0.82-12 nccl/2.21"')
+    version = values["torch_version"]
+    chosen = table.get(version) or table.get(minor(version))
+    if not chosen:
+        return
+    added = str(chosen).split()
+    for key in ("modules", "runtime_modules"):
+        values[key] = tuple(dict.fromkeys([*values[key], *added]))
 
 
 def _check_companions(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
@@ -1001,8 +1030,7 @@ def _check_not_options(values: Mapping[str, Any], where: Mapping[str, str]) -> N
                 _fail(where, key, exc.message, exc.hint)
 
 
-def _check_libraries(values: Mapping[str, Any], where: Mapping[str, str], host: Arch) -> None:
-    arch = host if values["arch"] == "host" else Arch(values["arch"])
+def _check_libraries(values: Mapping[str, Any], where: Mapping[str, str], arch: Arch) -> None:
     twice = sorted({v for v in values["python_versions"] if values["python_versions"].count(v) > 1})
     if twice:
         _fail(where, "python_versions", f"lists {', '.join(twice)} twice", "list each Python once")
@@ -1072,7 +1100,7 @@ def resolve(
 ) -> BuildSpec:
     """Resolve a profile (name or path) with --set overrides into a frozen BuildSpec."""
     keys = schema()
-    host = host or Arch.host()
+    host = host or Arch.host_or_none()
     path = find_profile(profile, search_dirs)
     layers = _profile_chain(path, search_dirs)
     cli = parse_set(overrides)
@@ -1090,11 +1118,20 @@ def resolve(
             origins[key] = layer.where(key)
     merged["profile"] = path.stem
     origins["profile"] = str(path)
-    _cross_check(merged, origins, host)
-    _check_version(merged, origins)
     if merged["arch"] == "host":
+        if host is None:
+            hint = "set arch: aarch64 or x86_64 in the profile, or pass --arch (the target's, not this host's)"
+            _fail(
+                origins,
+                "arch",
+                f"'host' is this machine, a {host_machine()}, which torchbuild does not build for",
+                hint,
+            )
         merged["arch"] = host.value
     merged["arch"] = Arch(merged["arch"])
+    _with_torch_version_modules(merged, origins)
+    _cross_check(merged, origins, merged["arch"])
+    _check_version(merged, origins)
     return BuildSpec(**merged, origins=MappingProxyType(origins))
 
 

@@ -6,10 +6,10 @@ import dataclasses
 import os
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from torchbuild.core.arch import Arch, binfmt_ready
+from torchbuild.core.arch import Arch, binfmt_ready, host_machine
 from torchbuild.core.console import table
 from torchbuild.core.errors import EngineUnavailable, TorchbuildError
 from torchbuild.core.safeio import user_path
@@ -37,10 +37,11 @@ class Verdict:
 class _Host:
     """The facts the verdicts are drawn from."""
 
-    arch: Arch
-    foreign: Arch
+    arch: Arch | None  # None: a machine torchbuild does not build for (a ppc64le login node)
+    machine: str
+    # each arch this host runs only under emulation -> whether its qemu binfmt entry is enabled
+    emulation: Mapping[Arch, bool]
     engine_ok: bool
-    emulation: bool
     debootstrap: str | None
     root: bool
     apptainer: str | None
@@ -91,15 +92,14 @@ def _engine_checks() -> tuple[list[Check], bool]:
 
 def _tool_checks(h: _Host) -> list[Check]:
     """Apptainer, qemu emulation, debootstrap and root."""
-    emulation = (
-        f"qemu binfmt {h.foreign.qemu_binfmt} enabled"
-        if h.emulation
-        else "missing: apt-get install qemu-user-static binfmt-support && update-binfmts --enable"
-    )
+    missing = "missing: apt-get install qemu-user-static binfmt-support && update-binfmts --enable"
     apptainer = "not found (sif and --engine apptainer use the apptainer-builder container)"
     return [
         Check("apptainer/singularity", h.apptainer is not None, h.apptainer or apptainer),
-        Check(f"{h.foreign} emulation", h.emulation, emulation),
+        *(
+            Check(f"{arch} emulation", ok, f"qemu binfmt {arch.qemu_binfmt} enabled" if ok else missing)
+            for arch, ok in h.emulation.items()
+        ),
         Check("debootstrap", h.debootstrap is not None, h.debootstrap or "not found: apt-get install debootstrap"),
         Check("root", h.root, "yes" if h.root else "no (base-image needs root)"),
     ]
@@ -149,7 +149,6 @@ def _profile_ca_check(ca_dirs: Sequence[Path], profile: str) -> Check:
 
 def _verdicts(h: _Host) -> list[Verdict]:
     engine_why = "engine reachable" if h.engine_ok else "needs a Docker engine"
-    foreign_ok = h.engine_ok and h.emulation
     base_ok = h.engine_ok and h.debootstrap is not None and h.root
     if h.apptainer:
         sif_why = f"this host's {h.apptainer}"
@@ -159,11 +158,14 @@ def _verdicts(h: _Host) -> list[Verdict]:
         sif_why = "needs apptainer, or a Docker engine and /dev/fuse"
     return [
         Verdict("config", True, "always available"),
-        Verdict(f"image --arch {h.arch}", h.engine_ok, engine_why),
-        Verdict(
-            f"image --arch {h.foreign}",
-            foreign_ok,
-            "engine + qemu binfmt" if foreign_ok else "needs a Docker engine and qemu-user binfmt",
+        *([Verdict(f"image --arch {h.arch}", h.engine_ok, engine_why)] if h.arch else []),
+        *(
+            Verdict(
+                f"image --arch {arch}",
+                h.engine_ok and ok,
+                "engine + qemu binfmt" if h.engine_ok and ok else "needs a Docker engine and qemu-user binfmt",
+            )
+            for arch, ok in h.emulation.items()
         ),
         Verdict(
             "base-image", base_ok, "engine, debootstrap, root" if base_ok else "needs engine, debootstrap and root"
@@ -175,14 +177,17 @@ def _verdicts(h: _Host) -> list[Verdict]:
         ),
         Verdict("sif, build --engine apptainer", h.apptainer is not None or (h.engine_ok and h.fuse), sif_why),
         _recipe_verdict(h),
-        Verdict(
-            "build (native)",
-            not h.native_missing,
-            "compiler, cmake, ninja, ccache on PATH"
-            if not h.native_missing
-            else f"missing: {', '.join(h.native_missing)}",
-        ),
+        _native_verdict(h),
     ]
+
+
+def _native_verdict(h: _Host) -> Verdict:
+    if h.arch is None:
+        why = f"this host is {h.machine}: build on an x86_64 or aarch64 node (`invoke submit` from here)"
+        return Verdict("build (native)", False, why)
+    ok = not h.native_missing
+    why = "compiler, cmake, ninja, ccache on PATH" if ok else f"missing: {', '.join(h.native_missing)}"
+    return Verdict("build (native)", ok, why)
 
 
 def _recipe_verdict(h: _Host, etc: Path = Path("/etc"), uid: int | None = None, user: str | None = None) -> Verdict:
@@ -209,16 +214,15 @@ def run_checks(
 ) -> tuple[list[Check], list[Verdict]]:
     """Every check of this host, and a verdict per task; ca_dirs are where added CAs are looked
     for, profile the one whose ca_certificates is compared with them."""
-    host = Arch.host()
-    foreign = Arch.AARCH64 if host is Arch.X86_64 else Arch.X86_64
+    host = Arch.host_or_none()
     engine_checks, engine_ok = _engine_checks()
     compiler = _version_of(["g++", "--version"]) or _version_of(["clang++", "--version"])
     native_missing = [t for t in ("cmake", "ninja", "ccache") if shutil.which(t) is None]
     h = _Host(
         arch=host,
-        foreign=foreign,
+        machine=host_machine(),
+        emulation={arch: binfmt_ready(arch) for arch in Arch if arch is not host},
         engine_ok=engine_ok,
-        emulation=binfmt_ready(foreign),
         debootstrap=shutil.which("debootstrap"),
         root=os.geteuid() == 0,
         apptainer=_version_of(["apptainer", "--version"]) or _version_of(["singularity", "--version"]),

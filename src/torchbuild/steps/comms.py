@@ -182,7 +182,7 @@ def download(url: str, dest_dir: Path, sha256: str, key: str, out: TextIO = sys.
 def comms_key(spec: BuildSpec, nccl: Source | None, plugin: Source | None, image: str) -> str:
     """A hash of what decides the built libraries: a change of any gives another prefix."""
     env = build_env(spec, cache_root="/cache", jobs=1)
-    data = {
+    data: dict[str, object] = {
         "nccl": {"version": spec.nccl_version, "source": nccl.digest, "gencode": gencode(spec.cuda_arch_list)}
         if nccl
         else None,
@@ -196,6 +196,8 @@ def comms_key(spec: BuildSpec, nccl: Source | None, plugin: Source | None, image
         "env": dict(spec.env),
         "image": image,
     }
+    if spec.aws_ofi_nccl_configure and plugin:  # only when set: the keys of other profiles stay as they were
+        data["plugin_configure"] = list(spec.aws_ofi_nccl_configure)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
@@ -521,6 +523,7 @@ class _Step:
         if str(root) != "/usr":
             args.append(f"--with-libfabric={root}")
         args.append(f"--with-cuda={self._cuda_for_configure()}")
+        args += self.spec.aws_ofi_nccl_configure  # the profile's own options, validated by config
         env = dict(self.env)
         lib_dir = find_library(root, "libfabric.so") or find_library(root, "libfabric.so.1")
         if lib_dir is not None and str(root) != "/usr":

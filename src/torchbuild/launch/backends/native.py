@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from torchbuild.core.arch import Arch, host_machine
+from torchbuild.core.errors import ProfileError
 from torchbuild.launch.backends.base import Backend, Binds
 
 
@@ -18,6 +20,14 @@ class NativeBackend(Backend):
     stopped = "its processes were stopped"
 
     def check(self) -> dict[str, Any] | None:
+        """Inside a SIF, its record; refuses a profile for another arch than this machine's
+        (a native build would compile for the host, not the target)."""
+        if self.spec.arch is not Arch.host_or_none():
+            raise ProfileError(
+                f"profile {self.spec.profile} targets {self.spec.arch}, and this host is {host_machine()}: "
+                "a native build or run here would be for the wrong arch",
+                hint=f"run it on an {self.spec.arch} node (`invoke submit`), or in its image (--engine docker)",
+            )
         return inside_sif()
 
     @property

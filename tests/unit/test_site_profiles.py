@@ -1,0 +1,107 @@
+"""The GPU sites' profiles against their seeds (/work/shared/seeds: 001 Derecho's derecho-pytorch-mpi
+recipe, 002 Bede's GH200 notes), gh200-offline, and the keys they brought: torch_version_modules
+(modules by torch version) and aws_ofi_nccl_configure (the plugin's own configure options)."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import run_invoke
+
+from torchbuild.core.arch import Arch
+from torchbuild.core.errors import ProfileError
+from torchbuild.inputs.companion_table import pairing_problem
+from torchbuild.inputs.config import resolve
+from torchbuild.inputs.environment import build_env
+
+DERECHO = ["ncarenv/23.09", "gcc/12.2.0", "ncarcompilers", "cray-mpich/8.1.27", "cuda/12.2.1"]
+
+
+def test_derecho_builds_with_the_recipes_compilers_flags_and_switches():
+    spec = resolve("derecho")
+    env = build_env(spec, cache_root="/c", jobs=1)
+    assert (env["CC"], env["CXX"]) == ("mpicc", "mpicxx")
+    assert env["CFLAGS"] == "-Wno-maybe-uninitialized -Wno-uninitialized -Wno-nonnull"
+    assert (env["USE_CUDNN"], env["USE_CUSPARSELT"], env["USE_MAGMA"]) == ("1", "0", "0")
+    assert spec.runtime_env["MPICH_GPU_MANAGED_MEMORY_SUPPORT_ENABLED"] == "1"
+    # 1.6.0's configure has no --with-gdrcopy: nothing is added to the plugin's configure
+    assert spec.aws_ofi_nccl_configure == ()
+
+
+@pytest.mark.parametrize(("torch", "cudnn"), [("2.3.1", "cudnn/8.8.1.3-12"), ("2.4.0", "cudnn/9.2.0.82-12")])
+def test_derecho_loads_the_cudnn_module_of_its_torch_version(torch, cudnn):
+    spec = resolve("derecho", [f"torch_version={torch}"])
+    assert spec.modules == (*DERECHO, cudnn) and spec.runtime_modules == (*DERECHO, cudnn)
+    assert build_env(spec, cache_root="/c", jobs=1)["PYTORCH_BUILD_VERSION"] == f"{torch}+derecho"
+    assert not pairing_problem("torchvision", torch)
+
+
+def test_derecho_defaults_to_the_recipes_torch_and_a_version_without_an_entry_adds_no_module():
+    assert resolve("derecho").torch_version == "2.3.1"
+    assert resolve("derecho", ["torch_version=2.6.0"]).modules == tuple(DERECHO)
+
+
+def test_derechos_job_is_the_recipes_gpu_node_for_four_hours(tmp_path):
+    tree = tmp_path / "pytorch"
+    tree.mkdir()
+    (tree / "setup.py").write_text("")
+    args = ["submit", "--profile", "derecho", "--engine", "native", "--dry-run", "--account", "NCAR0001"]
+    res = run_invoke(*args, "--source", str(tree), "--out", str(tmp_path / "out"))
+    assert res.returncode == 0, res.stderr
+    assert "#PBS -l select=1:ncpus=64:ngpus=4:gpu_type=a100" in res.stdout
+    assert "#PBS -l walltime=04:00:00" in res.stdout
+    assert "module load " + " ".join([*DERECHO, "cudnn/8.8.1.3-12"]) in res.stdout
+
+
+def test_a_full_release_entry_wins_over_its_line_and_module_names_are_checked():
+    table = '{"2.4": cudnn/9.2.0.82-12, "2.4.1": cudnn/9.3 nccl/2.21}'
+    spec = resolve("cpu", [f"torch_version_modules={table}", "torch_version=2.4.1", "modules=[gcc, cudnn/9.3]"])
+    assert spec.modules == ("gcc", "cudnn/9.3", "nccl/2.21")
+    for bad in ('{"2.4": "cudnn;rm -rf"}', '{"2.4": " "}'):
+        with pytest.raises(ProfileError, match=r"torch_version_modules.*not a list of module names"):
+            resolve("cpu", [f"torch_version_modules={bad}"])
+    with pytest.raises(ProfileError, match="torch_version_modules"):
+        resolve("cpu", ['torch_version_modules={"two": cudnn}'])
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["aws_ofi_nccl_configure=[--with-gdrcopy]"], "aws_ofi_nccl_version is empty"),
+        (["aws_ofi_nccl_configure=[--prefix=/x]"], "--prefix is passed by torchbuild itself"),
+        (["aws_ofi_nccl_configure=[--with-libfabric=/opt/x]"], "--with-libfabric is passed by torchbuild"),
+        (["aws_ofi_nccl_configure=['--enable-trace; rm -rf /']"], "malformed"),
+        (["aws_ofi_nccl_configure=[enable-trace]"], "malformed"),
+    ],
+)
+def test_plugin_configure_options_are_checked(sets, message):
+    base = [] if "empty" in message else ["switches.USE_MAGMA=0"]
+    profile = "cpu" if "empty" in message else "derecho"
+    with pytest.raises(ProfileError, match=message):
+        resolve(profile, [*base, *sets])
+
+
+def test_derecho_takes_plugin_configure_options():
+    assert resolve("derecho", ["aws_ofi_nccl_configure=[--enable-trace]"]).aws_ofi_nccl_configure == ("--enable-trace",)
+
+
+def test_bede_loads_the_seeds_modules_and_asks_for_no_library_no_module_provides():
+    spec = resolve("bede")
+    assert spec.modules == ("gcc/12.2", "openmpi/4.1.6", "cuda/12.3.2", "openblas/0.3.26")
+    assert spec.runtime_modules == spec.modules
+    env = build_env(spec, cache_root="/c", jobs=1)
+    assert (env["USE_NCCL"], env["USE_SYSTEM_NCCL"], env["USE_CUDNN"]) == ("1", "0", "0")
+    assert spec.arch is Arch.AARCH64 and env["TORCH_CUDA_ARCH_LIST"] == "9.0"
+
+
+def test_gh200_offline_is_gh200_on_debians_arm64_cuda():
+    gh200, offline = resolve("gh200"), resolve("gh200-offline")
+    assert offline.arch is Arch.AARCH64 and offline.base_image == "torchbuild/base:trixie-aarch64"
+    assert (offline.cuda_version, offline.cuda_home, offline.compiler_version) == ("12.4", "/usr", "13")
+    assert offline.cuda_packages == ("nvidia-cuda-toolkit", "libnccl-dev") and offline.nccl == "system"
+    # the gh200 flags, switches and canary, from the one place they are written
+    for key in ("cxxflags", "ldflags", "cuda_arch_list", "canaries", "blas"):
+        assert getattr(offline, key) == getattr(gh200, key), key
+    env = build_env(offline, cache_root="/c", jobs=1)
+    assert (env["CUDA_HOME"], env["CUDACXX"], env["CC"]) == ("/usr", "/usr/bin/nvcc", "gcc-13")
+    assert (env["USE_CUDNN"], env["USE_PRIORITIZED_TEXT_FOR_LD"], env["USE_SYSTEM_NCCL"]) == ("0", "1", "1")
+    assert offline.image_tag == "torchbuild/toolchain:gh200-offline-2.6.0-aarch64"
