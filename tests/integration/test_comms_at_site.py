@@ -33,37 +33,39 @@ pytestmark = [pytest.mark.docker, pytest.mark.apptainer]
 
 PLUGIN = "1.6.0"  # Derecho's pin; it does not compile against libfabric 2.x
 FABRIC_DEBS = "libfabric1 libfabric-dev libibverbs1 librdmacm1 ibverbs-providers libpsm2-2 libpsm-infinipath1"
-FABRIC_DEBS += " libnl-3-200 libnl-route-3-200"
+FABRIC_DEBS += " libnl-3-200 libnl-route-3-200 libnuma1"
 TAG = "torchbuild-test/comms-at-site:trixie"
+FABRIC_TAG = "torchbuild-test/comms-at-site:fabric"
 
-DOCKERFILE = """\
-FROM {cuda} AS cuda
-
-FROM {base} AS fabric
+FABRIC_DOCKERFILE = """\
+FROM {base}
 # the stand-in site libfabric: bookworm's 1.17 and what it links, as a site prefix (include/, lib/)
 RUN echo 'deb http://deb.debian.org/debian bookworm main' > /etc/apt/sources.list.d/bookworm.list \\
  && apt-get -o Acquire::Check-Valid-Until=false update \\
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends patchelf \\
  && mkdir -p /debs /x /site/include /site/lib && cd /debs \\
- && for p in {debs}; do apt-get download "$p/bookworm"; done \\
- && for d in /debs/*.deb; do dpkg -x "$d" /x; done \\
+ && for p in {debs}; do apt-get download "$p/bookworm" || exit 1; done \\
+ && for d in /debs/*.deb; do dpkg -x "$d" /x || exit 1; done \\
  && cp -a /x/usr/include/rdma /site/include/ \\
- && cp -a /x/usr/lib/x86_64-linux-gnu/*.so* /x/usr/lib/x86_64-linux-gnu/libibverbs /site/lib/ \\
+ && cp -a /x/usr/lib/x86_64-linux-gnu/*.so* /x/lib/x86_64-linux-gnu/*.so* /site/lib/ \\
  && cp -a /x/usr/lib/libpsm1/libpsm_infinipath.so.1.16 /site/lib/ \\
  && ln -s libpsm_infinipath.so.1.16 /site/lib/libpsm_infinipath.so.1 \\
- && for f in /site/lib/*.so.*; do test -L "$f" || patchelf --set-rpath '$ORIGIN' "$f"; done
+ && for f in /site/lib/*.so.*; do test -L "$f" || patchelf --set-rpath '$ORIGIN' "$f" || exit 1; done
+"""
+
+DOCKERFILE = """\
+FROM {cuda} AS cuda
 
 FROM {base}
 RUN apt-get -o Acquire::Check-Valid-Until=false update \\
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \\
-    python3 gcc-13 g++-13 libc6-dev make autoconf automake libtool libhwloc-dev binutils file \\
+    python3 gcc-13 g++-13 libc6-dev make autoconf automake libtool libhwloc-dev binutils file ccache \\
  && rm -rf /var/lib/apt/lists/*
 COPY --from=cuda /usr/include/ /usr/include/
 COPY --from=cuda /usr/lib/cuda/ /usr/lib/cuda/
 COPY --from=cuda /usr/lib/x86_64-linux-gnu/libcudart.so.12.4.127 /usr/lib/x86_64-linux-gnu/
 RUN cd /usr/lib/x86_64-linux-gnu && ln -s libcudart.so.12.4.127 libcudart.so.12 && ln -s libcudart.so.12 libcudart.so
 COPY --from=cuda /opt/venv/ /opt/venv/
-COPY --from=fabric /site/ /site/
 CMD ["/opt/venv/bin/torchbuild"]
 """
 
@@ -75,11 +77,11 @@ def site(engine, cuda_image, local_base, sid_base, site_certs, ofi_sources, test
     cuda_spec, _ = cuda_image
     root = shared_dir(Path(tempfile.mkdtemp(prefix="torchbuild-site-")))
     try:
-        context = root / "context"
+        context, fabric_context = root / "context", root / "fabric-context"
         context.mkdir()
-        (context / "Dockerfile").write_text(
-            DOCKERFILE.format(cuda=cuda_spec.image_tag, base=local_base, debs=FABRIC_DEBS)
-        )
+        fabric_context.mkdir()
+        (context / "Dockerfile").write_text(DOCKERFILE.format(cuda=cuda_spec.image_tag, base=local_base))
+        (fabric_context / "Dockerfile").write_text(FABRIC_DOCKERFILE.format(base=local_base, debs=FABRIC_DEBS))
         fabric = root / "opt" / "cray" / "libfabric" / "1.15.2.0"  # Cray's layout, under the shared root
         tarball, sha = ofi_sources[PLUGIN]
         source = shared_dir(root / "sources") / tarball.name
@@ -97,8 +99,9 @@ def site(engine, cuda_image, local_base, sid_base, site_certs, ofi_sources, test
         t0 = time.monotonic()
         engine.build(context, tag=TAG, labels=image_labels, log=root / "image.log")
         image_s = time.monotonic() - t0
-        # the site's libfabric, out of the image onto the shared file system
-        engine.run(TAG, ["sh", "-c", f"mkdir -p {fabric} && cp -a /site/. {fabric}/ && chmod -R a+rX {root / 'opt'}"],
+        engine.build(fabric_context, tag=FABRIC_TAG, log=root / "fabric.log")
+        # the site's libfabric, out of its image onto the shared file system
+        engine.run(FABRIC_TAG, ["sh", "-c", f"mkdir -p {fabric} && cp -a /site/. {fabric}/ && chmod -R a+rX {root / 'opt'}"],
                    mounts={str(root): str(root)}, user="0:0", environment={}, workdir="/")  # fmt: skip
         layout = root / "layout"
         write_oci_layout(engine.client.api.get_image(TAG), layout)
@@ -120,7 +123,9 @@ def site(engine, cuda_image, local_base, sid_base, site_certs, ofi_sources, test
         print(f"site SIF: image {image_s:.0f} s, SIF {time.monotonic() - t0:.0f} s, {sif.stat().st_size >> 20} MiB")
         yield node, root, sets, sif, fabric
     finally:
-        engine.client.images.remove(TAG, force=True) if engine.client.images.list(TAG) else None
+        for tag in (TAG, FABRIC_TAG):
+            if engine.client.images.list(tag):
+                engine.client.images.remove(tag, force=True)
         remove_tree(root)
 
 
@@ -163,7 +168,7 @@ def test_the_plugin_is_built_at_the_site_in_the_sif_and_bound_in_at_run_time(sit
     # run time: the SIF's %environment finds what is bound, and the plugin NCCL would load dlopens
     probe = (
         "import ctypes, os; p = os.environ['NCCL_NET_PLUGIN']; lib = ctypes.CDLL(p); "
-        "print(p, [s for s in ('ncclNetPlugin_v5', 'ncclNetPlugin_v6') if hasattr(lib, s)], "
+        "print(p, [s for s in (f'ncclNetPlugin_v{v}' for v in range(2, 10)) if hasattr(lib, s)], "
         "os.environ['LD_LIBRARY_PATH'].split(':')[0])"
     )
     rc, text = node.run("apptainer", "exec", "--bind", runtime, str(sif), "python3", "-c", probe)
