@@ -144,7 +144,6 @@ def test_the_plugin_is_built_at_the_site_in_the_sif_and_bound_in_at_run_time(sit
     rc, text = _comms(node, root, sets, sif)
     first = time.monotonic() - t0
     assert rc == 0, text[-5000:]
-    assert "no NCCL and aws-ofi-nccl plugin" not in text  # torchbuild's own step is not warned
     (prefix,) = (root / "cache" / "comms").glob(f"ofi-{PLUGIN}-*")
     m = json.loads((prefix / "torchbuild-comms.json").read_text())
     plugin = m["plugin"]

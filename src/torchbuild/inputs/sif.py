@@ -363,8 +363,9 @@ def environment_section_lines(spec: BuildSpec, comms: Mapping[str, Any] | None =
     return lines
 
 
-# the variable a step torchbuild runs in the SIF is started with (apptainer backend): the
-# %environment's warning about comms that are not bound is for the user's own commands
+# the variable a step torchbuild runs in the SIF is started with (apptainer backend, --env).
+# The %environment's warning about comms that are not bound skips it when it is set, but
+# Apptainer 1.4 sets --env values after %environment runs: the comms step's output shows it too
 STEP_VARIABLE = "TORCHBUILD_STEP"
 
 
