@@ -43,10 +43,10 @@ from torchbuild.inputs.config import resolve
 from torchbuild.inputs.environment import comms_runtime_env
 from torchbuild.inputs.image import apt_packages, comms_packages, tree_digest
 from torchbuild.inputs.jobs import GiB, HostResources, plan_make
-from torchbuild.inputs.sif import SIF_COMMS, definition, environment_section, runtime_hash
+from torchbuild.inputs.sif import SIF_COMMS, definition, environment_section, runtime_binds, runtime_hash, sif_id
 from torchbuild.inputs.source import sha256_file
 from torchbuild.launch.backends import Binds, Options, choose, container_view
-from torchbuild.launch.backends.apptainer import run_args, sif_record
+from torchbuild.launch.backends.apptainer import ApptainerBackend, run_args, sif_record
 from torchbuild.launch.backends.native import NativeBackend
 from torchbuild.launch.comms import comms
 from torchbuild.launch.runner import _comms as runner_comms
@@ -427,8 +427,10 @@ NCCL_SRC = Source(tree=Path("/c/nccl"), origin="nccl.tar.gz", digest="a" * 64)
 OFI_SRC = Source(tree=Path("/c/ofi"), origin="ofi.tar.gz", digest="b" * 64)
 
 
-def _key(*sets: str, nccl: Source = NCCL_SRC, plugin: Source = OFI_SRC, image: str = "sha256:1") -> str:
-    return comms_key(resolve("cpu", [*BASE_SETS, *sets]), nccl, plugin, image)
+def _key(
+    *sets: str, nccl: Source = NCCL_SRC, plugin: Source = OFI_SRC, image: str = "sha256:1", libfabric: str = ""
+) -> str:
+    return comms_key(resolve("cpu", [*BASE_SETS, *sets]), nccl, plugin, image, libfabric)
 
 
 def test_comms_key_is_the_same_for_the_same_inputs():
@@ -1219,3 +1221,132 @@ def test_the_profiles_plugin_configure_options_reach_configure_after_torchbuilds
 def test_plugin_configure_options_give_another_comms_key_and_none_keep_the_old_one():
     assert _key("aws_ofi_nccl_configure=[--enable-trace]") != _key()
     assert _key("aws_ofi_nccl_configure=[]") == _key()
+
+
+# --------------------------------------------------------------------------- the plugin at the site, in a recipe SIF
+
+
+def _recipe_sif(path: Path, sif_id: bytes) -> Path:
+    """A file with a SIF's global header whose ID is sif_id (16 bytes), as each `apptainer build` makes one."""
+    path.write_bytes(
+        b"#!/usr/bin/env run-singularity\n".ljust(32, b"\0") + b"SIF_MAGIC\x0001\x00AMD" + sif_id + bytes(64)
+    )
+    return path
+
+
+def _in_sif(sif: Path):
+    """An ApptainerBackend whose SIF is a recipe SIF (no image id among its labels) and whose
+    steps run in this process, as they would in the SIF."""
+
+    def check(self):
+        self.sif = sif
+        return sif_record({"org.torchbuild.sif.route": "recipe"}, str(sif))
+
+    return type(
+        "InRecipeSif",
+        (ApptainerBackend,),
+        {"check": check, "view": NativeBackend.view, "launch": NativeBackend.launch, "hands_over_file": False},
+    )
+
+
+def test_the_sifs_id_is_read_from_its_header(tmp_path):
+    assert sif_id(_recipe_sif(tmp_path / "a.sif", bytes(range(16)))) == bytes(range(16)).hex()
+
+
+def test_a_recipe_sif_keys_the_prefix_by_its_own_id_and_later_steps_get_the_runtime_binds(tmp_path, capsys):
+    """Another SIF (even from the same recipe) builds again; the same one is up to date; the
+    build, verify and install steps of the same run then see the prefix at SIF_COMMS and the
+    site's libfabric, read-only, as a job running torch in the SIF does."""
+    site = _site(tmp_path)
+    spec = site.spec("nccl=bundled", "nccl_source=", "nccl_sha256=")
+    one, two = _recipe_sif(tmp_path / "one.sif", b"1" * 16), _recipe_sif(tmp_path / "two.sif", b"2" * 16)
+    backend = _in_sif(one)(spec, Options())
+    first = comms(spec, backend, out_dir=tmp_path / "out", out=io.StringIO())
+    assert first.built_now
+    assert backend.comms_binds == (f"{first.prefix}:{SIF_COMMS}:ro", f"{site.fabric}:{site.fabric}:ro")
+    out = io.StringIO()
+    again = comms(spec, _in_sif(one)(spec, Options()), out_dir=tmp_path / "out", out=out)
+    assert not again.built_now and again.prefix == first.prefix and "is up to date" in out.getvalue()
+    other = comms(spec, _in_sif(two)(spec, Options()), out_dir=tmp_path / "out", out=io.StringIO())
+    assert other.built_now and other.prefix != first.prefix
+
+
+def test_a_site_libfabric_upgraded_in_place_builds_the_plugin_again(tmp_path, capsys):
+    site = _site(tmp_path)
+    spec = site.spec("nccl=bundled", "nccl_source=", "nccl_sha256=")
+    backend = _in_sif(_recipe_sif(tmp_path / "one.sif", b"1" * 16))
+    first = comms(spec, backend(spec, Options()), out_dir=tmp_path / "out", out=io.StringIO())
+    header = site.fabric / "include" / "rdma" / "fabric.h"
+    header.write_text(header.read_text().replace("FI_MINOR_VERSION 1", "FI_MINOR_VERSION 2"))
+    upgraded = comms(spec, backend(spec, Options()), out_dir=tmp_path / "out", out=io.StringIO())
+    assert upgraded.built_now and upgraded.prefix != first.prefix
+    assert upgraded.manifest["plugin"]["libfabric_version"] == "2.2"
+    assert _key(libfabric="1.15") != _key(libfabric="1.17") and _key(libfabric="1.15") == _key(libfabric="1.15")
+
+
+def test_the_step_that_builds_gets_no_comms_bind_and_the_others_do(tmp_path):
+    """ApptainerBackend.launch: the comms step runs before its prefix exists; every other step
+    gets the prefix at SIF_COMMS and the libfabric once, and says which step it is."""
+    calls = []
+
+    class Runner:
+        run_flags = ("--userns",)
+
+        def call(self, args, *, paths, out, memory_limit):
+            calls.append((args, paths))
+            return 0
+
+    fabric = "/opt/cray/libfabric/1.15.2.0"
+    spec = resolve("cpu", [*CUDA, "aws_ofi_nccl_version=1.6.0", f"libfabric_prefix={fabric}"])
+    backend = ApptainerBackend(spec, Options())
+    backend.runner, backend.sif = Runner(), tmp_path / "t.sif"  # type: ignore[assignment]
+    backend.comms_binds = (f"/c/comms/ofi-1.6.0-k:{SIF_COMMS}:ro", f"{fabric}:{fabric}:ro")
+    binds = Binds(cache=tmp_path / "cache", out=tmp_path / "out", read_only=(Path(fabric),))
+    for step in ("comms", "build"):
+        backend.launch(step, {}, binds, "/out/x.json")
+    (comms_args, _), (build_args, build_paths) = calls
+    assert comms_args[comms_args.index("--bind") + 1].split(",")[2:] == [f"{fabric}:{fabric}:ro"]
+    assert build_args[build_args.index("--bind") + 1].split(",")[2:] == list(backend.comms_binds)
+    assert Path("/c/comms/ofi-1.6.0-k") in build_paths  # the builder container mounts it too
+    assert "TORCHBUILD_STEP=comms" in comms_args and "TORCHBUILD_STEP=build" in build_args
+
+
+def _environment(spec) -> str:
+    text = definition(spec, archive=Path("/l/image"), profile_file=Path("/l/p.yaml"), image_id="x")
+    return text.split("%environment\n", 1)[1].split("\n\n", 1)[0]
+
+
+def _source_env(env_text: str, comms_dir: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """The %environment run by sh as Apptainer sources it, with SIF_COMMS at comms_dir."""
+    script = env_text.replace(SIF_COMMS, str(comms_dir)) + '\necho "$LD_LIBRARY_PATH"; echo "$NCCL_NET_PLUGIN"'
+    return subprocess.run(
+        ["sh", "-c", script], env={"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": "/site/lib", **env},
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+
+
+def test_a_sif_that_carries_no_comms_finds_them_where_they_are_bound_and_says_when_they_are_not(tmp_path):
+    spec = resolve("cpu", [*CUDA, "aws_ofi_nccl_version=1.6.0", "libfabric_prefix=/opt/cray/libfabric/1.15.2.0"])
+    env = _environment(spec)
+    bound = tmp_path / "bound"
+    (bound / "lib").mkdir(parents=True)
+    (bound / "lib" / "libnccl-net.so").write_bytes(b"")  # 1.6.0's name
+    (bound / "torchbuild-comms.json").write_text("{}")
+    done = _source_env(env, bound)
+    assert done.stdout.splitlines() == [f"{bound}/lib:/site/lib", f"{bound}/lib/libnccl-net.so"] and not done.stderr
+    (bound / "lib" / "libnccl-net-ofi.so").write_bytes(b"")  # 1.17's name wins where both are
+    assert _source_env(env, bound).stdout.splitlines()[1] == f"{bound}/lib/libnccl-net-ofi.so"
+    # not bound: NCCL_NET_PLUGIN names the missing file (no silent fallback) and stderr says what to bind
+    missing = _source_env(env, tmp_path / "nothing")
+    assert missing.stdout.splitlines() == ["/site/lib", f"{tmp_path / 'nothing'}/lib/libnccl-net.so"]
+    assert "no NCCL and aws-ofi-nccl plugin" in missing.stderr
+    assert "/opt/cray/libfabric/1.15.2.0:/opt/cray/libfabric/1.15.2.0:ro" in missing.stderr
+    # torchbuild's own steps (the comms step that builds them) are not warned
+    assert _source_env(env, tmp_path / "nothing", TORCHBUILD_STEP="comms").stderr == ""
+
+
+def test_runtime_binds_are_the_prefix_and_the_sites_libfabric_read_only():
+    fabric = "/opt/cray/libfabric/1.15.2.0"
+    spec = resolve("cpu", [*CUDA, "aws_ofi_nccl_version=1.6.0", f"libfabric_prefix={fabric}"])
+    assert runtime_binds(Path("/c/p"), spec) == [f"/c/p:{SIF_COMMS}:ro", f"{fabric}:{fabric}:ro"]
+    assert runtime_binds(Path("/c/p"), resolve("cpu", [*CUDA, "nccl=source"])) == [f"/c/p:{SIF_COMMS}:ro"]

@@ -6,6 +6,7 @@ unprivileged."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shlex
@@ -475,3 +476,23 @@ def test_write_definition_that_fails_leaves_nothing(tmp_path):
     with pytest.raises(TorchbuildError, match=r"no\.crt"):
         write_definition(spec, tmp_path / "empty")
     assert list((tmp_path / "empty").iterdir()) == []
+
+
+def test_a_comms_profile_gets_the_comms_tools_and_finds_its_nccl_and_plugin_bound_in(tmp_path):
+    """Derecho has no Docker: its SIF comes from the recipe, site-independent. It gets make,
+    autotools and hwloc for `invoke comms --engine apptainer` at the site, no libfabric-dev (the
+    site's libfabric_prefix is bound in), and an %environment that loads what is bound at
+    /opt/torchbuild/comms."""
+    spec = resolve("derecho", ["sif_bootstrap=debootstrap", "base_image=debian:trixie"], arch="x86_64")
+    text = write_definition(spec, tmp_path / "def").read_text()
+    packages = json.loads(re.search(r"org\.torchbuild\.apt-packages (.*)", text)[1])  # type: ignore[index]
+    assert {"make", "autoconf", "automake", "libtool", "libhwloc-dev"} <= set(packages)
+    assert "libfabric-dev" not in packages
+    env = sections(text)["environment"]
+    assert any("/opt/torchbuild/comms/torchbuild-comms.json" in line for line in env)
+    assert any("NCCL_NET_PLUGIN=" in line for line in env)
+    own = resolve(
+        "cpu",
+        ["aws_ofi_nccl_version=1.17.1", "cuda_version=12.4", 'cuda_arch_list=["9.0"]', "distributed=[gloo, nccl]"],
+    )
+    assert "libfabric-dev" in apt_packages(own)  # no site libfabric: the image's own

@@ -57,6 +57,13 @@ from torchbuild.launch.scheduler import (
 )
 
 NAME = "torchbuild-cpu-0123abcd"
+CUDA_COMMS = [
+    "cuda_version=12.4",
+    "distributed=[gloo, nccl]",
+    'cuda_arch_list=["9.0"]',
+    "aws_ofi_nccl_version=1.17.1",
+    "libfabric_prefix=/opt/lf",
+]
 MODULES = ["PrgEnv-gnu", "cray-python/3.11.7"]
 # arguments a job's command may carry that a shell would otherwise expand, split or run
 ODD = [
@@ -1161,3 +1168,58 @@ def test_every_shipped_profile_renders_a_clean_script(tmp_path, profile):
         script.write_text(sched.render(job))
         _lint(script)
         _before_first_command(script.read_text(), "#SBATCH" if name == "slurm" else "#PBS")
+
+
+# -------------------------------------------------------------------- the comms step first
+
+
+def _dry_script(tmp_path: Path, spec, sif: Path, **options) -> str:
+    from torchbuild.launch.scheduler import submit_build
+
+    src = tmp_path / "pytorch src"
+    src.mkdir(exist_ok=True)
+    out = io.StringIO()
+    submit_build(
+        spec, Runtime("apptainer", str(sif)), source=str(src), ref="", out_dir=str(tmp_path / "out"),
+        options=BuildOptions(**options), verify=True, dry_run=True, out=out,
+    )  # fmt: skip
+    text = out.getvalue().split("# dry run:", 1)[0]
+    return text[text.index("#!/bin/bash") :]  # after the cache_dir warning
+
+
+@pytest.mark.parametrize(
+    ("profile", "sets", "scheduler"),
+    [
+        ("derecho", [], "pbs"),
+        ("cpu", [*CUDA_COMMS, "scheduler=slurm", "gpus=1"], "slurm"),
+    ],
+    ids=["derecho-pbs", "slurm-plugin"],
+)
+def test_a_comms_profiles_job_builds_nccl_and_the_plugin_in_the_sif_before_the_build(
+    tmp_path, profile, sets, scheduler
+):
+    """The job's first step is `torchbuild comms` in the same SIF with the same options as the
+    build (it binds the profile's libfabric_prefix read-only itself), then the build, which
+    finds that prefix up to date and links torch to it; a failed comms step ends the job
+    (set -e) before any build."""
+    spec = resolve(profile, [*sets, f"cache_dir={tmp_path / 'cache'}"], arch="x86_64")
+    sif = _fake_sif(tmp_path / "my sif.sif")
+    text = _dry_script(tmp_path, spec, sif, jobs=6, oom_retry=False)
+    script = tmp_path / f"job{scheduler_for(scheduler).suffix}"
+    script.write_text(text)
+    _lint(script)
+    assert ("#PBS " if scheduler == "pbs" else "#SBATCH ") in text and "set -eo pipefail" in text
+    lines = text.split("\ncd ", 1)[1].split("\n", 1)[1]
+    comms, build = lines.split("\nexec ", 1)
+    first = comms.replace(" \\\n  ", " ")
+    assert first.startswith(f"{sys.executable} -m torchbuild comms --profile ") and "--resume" not in first
+    engine = f"--in-container --engine apptainer --sif '{sif}' --apptainer auto"
+    assert engine in first and engine in build.replace(" \\\n  ", " ")
+    assert ("--nv" in first) == bool(spec.gpus)
+    assert "--jobs 6" in first and "--no-retry" in first and f"--out {tmp_path / 'out'}" in first
+    assert build.startswith(f"{sys.executable} -m torchbuild build")
+
+
+def test_a_job_without_comms_runs_the_build_alone(tmp_path):
+    text = _dry_script(tmp_path, _spec("cpu", f"cache_dir={tmp_path / 'cache'}"), _fake_sif(tmp_path / "t.sif"))
+    assert " comms " not in text and "\nexec " in text

@@ -15,7 +15,11 @@ parser, and writes an Apptainer definition with spython's Singularity writer (si
 * FROM becomes the bootstrap the profile asks for (`sif_bootstrap`): `docker` pulls base_image
   through a registry, `debootstrap` installs a Debian or Ubuntu suite from a package mirror;
 * WORKDIR and CMD do not reach the runscript: it is the converted SIF's (`exec torchbuild "$@"`,
-  started in the caller's directory), and so are the labels, %environment and %help.
+  started in the caller's directory), and so are the labels, %environment and %help;
+* a profile with `invoke comms` builds (NCCL from source, aws-ofi-nccl) gets their tools
+  (image.comms_packages) but no NCCL or plugin: those are built at the site, in the SIF against
+  the site's libfabric (`invoke comms --in-container --engine apptainer`), and bound in at run
+  time at SIF_COMMS (sif.bound_comms_lines), so the SIF stays site-independent.
 
 Instructions the parser has no translation for (USER, ONBUILD, SHELL forms other than the one
 above, ARG without a value, a second FROM: several stages, options such as COPY --from= or
@@ -61,7 +65,6 @@ from torchbuild.core.errors import (
 from torchbuild.core.process import interrupts_unwind
 from torchbuild.core.safeio import RECIPE_LIMIT, loads_json, read_text
 from torchbuild.inputs.config import BuildSpec, cache_dir, profile_text
-from torchbuild.inputs.config import wanted as comms_wanted
 from torchbuild.inputs.image import build_args, image_context, labels, tree_digest
 from torchbuild.inputs.sif import (
     DEFAULT_COMPRESSION,
@@ -601,20 +604,15 @@ def build_from_recipe(
 
 
 def _check_recipe_route(spec: BuildSpec) -> None:
-    """UsageError unless the recipe route can build spec's SIF: this host's arch, and no
-    `invoke comms` builds (those are made in the Docker toolchain image)."""
+    """UsageError unless the recipe route can build spec's SIF: this host's arch. A profile with
+    `invoke comms` builds gets their tools (image.comms_packages) and no NCCL or plugin: those
+    are built at the site in the SIF (`invoke comms --in-container --engine apptainer`, the
+    first step of `invoke submit`'s job) and bound in at run time (sif.bound_comms_lines)."""
     if spec.arch != Arch.host():
         raise UsageError(
             f"--from-recipe builds for this host's arch ({Arch.host()}), not {spec.arch}",
             hint=f"run it on a {spec.arch} node, or build the image with Docker and convert it: "
             f"`invoke image --arch {spec.arch}` then `invoke sif --arch {spec.arch}`",
-        )
-    if comms_wanted(spec):
-        raise UsageError(
-            f"profile {spec.profile} wants the NCCL and aws-ofi-nccl `invoke comms` builds, which builds them in the "
-            "Docker toolchain image",
-            hint="convert the image instead (`invoke image` then `invoke sif`), or set nccl_version and "
-            "aws_ofi_nccl_version empty",
         )
 
 

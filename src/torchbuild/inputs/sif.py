@@ -69,6 +69,7 @@ from torchbuild.core.process import interrupts_unwind, run_streamed
 from torchbuild.core.progress import Tee
 from torchbuild.core.safeio import read_head
 from torchbuild.inputs.config import DEFAULT_PROFILE, BuildSpec, cache_dir, profile_text
+from torchbuild.inputs.config import wanted as comms_wanted
 from torchbuild.inputs.engine import Engine
 from torchbuild.inputs.environment import build_env, comms_runtime_env, prepend_path_lines, runtime_env
 from torchbuild.inputs.image import LABEL_PREFIX, inputs_hash, make_context, require_image
@@ -326,8 +327,9 @@ def sif_build_env(spec: BuildSpec) -> dict[str, str]:
     return {"TORCHBUILD_PROFILE": baked_profile_path(spec), **env}
 
 
-# where a SIF carries the NCCL and plugin `invoke comms` built
+# where a SIF carries the NCCL and plugin `invoke comms` built, or where they are bound at run time
 SIF_COMMS = "/opt/torchbuild/comms"
+COMMS_MANIFEST_NAME = "torchbuild-comms.json"  # steps.comms.COMMS_MANIFEST (a higher layer)
 
 
 def environment_section(spec: BuildSpec, comms: Mapping[str, Any] | None = None) -> str:
@@ -349,6 +351,8 @@ def environment_section_lines(spec: BuildSpec, comms: Mapping[str, Any] | None =
                 lines += prepend_path_lines(k, [v])
             else:
                 lines.append(f"export {k}={shlex.quote(v)}")
+    elif comms_wanted(spec):
+        lines += bound_comms_lines(spec)
     runtime = runtime_env(spec)
     if runtime:
         lines.append("# runtime_env: what jobs that run torch need")
@@ -357,6 +361,47 @@ def environment_section_lines(spec: BuildSpec, comms: Mapping[str, Any] | None =
         lines.append("# host_mpi: the host's MPI library first, where it is bound in")
         lines += prepend_path_lines("LD_LIBRARY_PATH", spec.host_mpi, only_if_present=True)
     return lines
+
+
+# the variable a step torchbuild runs in the SIF is started with (apptainer backend, --env).
+# The %environment's warning about comms that are not bound skips it when it is set, but
+# Apptainer 1.4 sets --env values after %environment runs: the comms step's output shows it too
+STEP_VARIABLE = "TORCHBUILD_STEP"
+
+
+def bound_comms_lines(spec: BuildSpec) -> list[str]:
+    """%environment lines for a comms profile whose SIF carries none: the NCCL and plugin
+    `invoke comms --engine apptainer` built at the site are bound at SIF_COMMS at run time
+    (`runtime_binds`); its lib/ goes first on LD_LIBRARY_PATH and NCCL_NET_PLUGIN names the
+    plugin found there. Without the bind NCCL_NET_PLUGIN names the missing file and a line on
+    stderr says what to bind: a job must not quietly fall back to NCCL's sockets."""
+    q = shlex.quote(SIF_COMMS)
+    lib = f"{q}/lib"
+    bind = f"--bind <the prefix `invoke comms --profile {spec.profile}` printed>:{SIF_COMMS}:ro"
+    if spec.libfabric_prefix:
+        bind += f",{spec.libfabric_prefix}:{spec.libfabric_prefix}:ro"
+    warning = shlex.quote(f"torchbuild: no NCCL and aws-ofi-nccl plugin at {SIF_COMMS}: bind them, {bind}")
+    return [
+        f"# the NCCL and aws-ofi-nccl plugin of `invoke comms`, bound at {SIF_COMMS} at run time",
+        f"if [ -f {q}/{COMMS_MANIFEST_NAME} ]; then",
+        *(f"    {line}" for line in prepend_path_lines("LD_LIBRARY_PATH", [f"{SIF_COMMS}/lib"])),
+        f"    for f in {lib}/libnccl-net-ofi.so {lib}/libnccl-net.so; do",
+        '        if [ -e "$f" ]; then NCCL_NET_PLUGIN="$f"; export NCCL_NET_PLUGIN; break; fi',
+        "    done",
+        "else",
+        f"    NCCL_NET_PLUGIN={lib}/libnccl-net.so; export NCCL_NET_PLUGIN",
+        f'    if [ -z "${{{STEP_VARIABLE}:-}}" ]; then echo {warning} >&2; fi',
+        "fi",
+    ]
+
+
+def runtime_binds(prefix: Path, spec: BuildSpec) -> list[str]:
+    """The --bind specs a job running torch in the SIF needs for the comms `invoke comms`
+    built at prefix: that prefix at SIF_COMMS and the site's libfabric at its own path, read-only."""
+    binds = [f"{prefix}:{SIF_COMMS}:ro"]
+    if spec.libfabric_prefix and spec.aws_ofi_nccl_version:
+        binds.append(f"{spec.libfabric_prefix}:{spec.libfabric_prefix}:ro")
+    return binds
 
 
 def runtime_hash(spec: BuildSpec, comms: Mapping[str, Any] | None = None) -> str:
@@ -1050,6 +1095,15 @@ def link_default(spec: BuildSpec, final: Path) -> Path | None:
 # the SIF global header: a 32-byte launch script line, then this magic
 SIF_MAGIC = b"SIF_MAGIC\x00"
 SIF_MAGIC_OFFSET = 32
+
+
+SIF_ID_OFFSET = SIF_MAGIC_OFFSET + len(SIF_MAGIC) + 3 + 3  # after the magic, version and arch
+
+
+def sif_id(sif: Path) -> str:
+    """The SIF's ID: the UUID its global header gets when it is built (each build a new one)."""
+    head = read_head(sif, SIF_ID_OFFSET + 16, "--sif", ImageNotFound)
+    return head[SIF_ID_OFFSET : SIF_ID_OFFSET + 16].hex()
 
 
 def check_sif_header(sif: Path, what: str, hint: str) -> None:

@@ -20,7 +20,9 @@ from torchbuild.core.errors import UsageError, named_os_errors, writable_dir
 from torchbuild.core.problems import Problems
 from torchbuild.inputs.config import BuildSpec, cache_dir, wanted
 from torchbuild.inputs.environment import build_env
+from torchbuild.inputs.sif import runtime_binds, sif_id
 from torchbuild.launch.backends import Backend, Binds
+from torchbuild.launch.backends.apptainer import ApptainerBackend
 from torchbuild.steps.comms import (
     COMMS_MANIFEST,
     NCCL_ARCHIVE,
@@ -67,10 +69,9 @@ def comms(
             f"profile {spec.profile} builds neither NCCL nor a plugin (nccl: {spec.nccl}, no aws_ofi_nccl_version)",
             hint="set nccl: source and/or aws_ofi_nccl_version (e.g. --set nccl=source)",
         )
-    image, out_dir, cache = _check(spec, backend, out_dir)
+    image, out_dir, cache, libfabric = _check(spec, backend, out_dir)
     nccl, plugin = _fetch(spec, cache, out)
-    # the image's id, the same for the image and the SIF made from it (natively: this host's tools)
-    key = comms_key(spec, nccl, plugin, str((image or {}).get("id") or backend.name))
+    key = comms_key(spec, nccl, plugin, toolchain_identity(backend, image), libfabric)
     prefix = cache / "comms" / comms_dir(spec, key)
     read_only = (Path(spec.libfabric_prefix),) if spec.libfabric_prefix and backend.name != "native" else ()
     binds = Binds(cache=cache, out=out_dir, extra=tuple(s.tree for s in (nccl, plugin) if s), read_only=read_only)
@@ -80,7 +81,7 @@ def comms(
     if done.is_file():
         manifest = read_manifest(done)
         print(f"comms: {prefix} is up to date (built {manifest.get('finished', '?')}); nothing to do", file=out)
-        return Comms(prefix, view_prefix, manifest, built_now=False)
+        return _bound(spec, backend, Comms(prefix, view_prefix, manifest, built_now=False))
     request = Request(
         spec=spec,
         key=key,
@@ -101,18 +102,41 @@ def comms(
         shutil.rmtree(prefix.with_name(f"{prefix.name}.partial-{request.run_id}"), ignore_errors=True)
     manifest = read_manifest(done)
     _summary(manifest, prefix)
-    return Comms(prefix, view_prefix, manifest, built_now=True)
+    return _bound(spec, backend, Comms(prefix, view_prefix, manifest, built_now=True))
 
 
-def _check(spec: BuildSpec, backend: Backend, out_dir: Path) -> tuple[dict[str, Any] | None, Path, Path]:
+def toolchain_identity(backend: Backend, image: Mapping[str, Any] | None) -> str:
+    """What the key records of the toolchain the step ran in: the image's id (the same for the
+    image and the SIF converted from it, which carries what the image built), else the SIF's own
+    ID (a recipe SIF: another SIF, even from the same recipe, builds again), else the backend's
+    name (natively: this host's tools)."""
+    if image and image.get("id"):
+        return str(image["id"])
+    if isinstance(backend, ApptainerBackend):
+        return f"sif:{sif_id(backend.sif)}"
+    return backend.name
+
+
+def _bound(spec: BuildSpec, backend: Backend, made: Comms) -> Comms:
+    """The SIF's later steps in this run (the build, verify, install) see the comms at SIF_COMMS
+    and the site's libfabric, as a job running torch in the SIF does (runtime_binds)."""
+    if isinstance(backend, ApptainerBackend):
+        backend.comms_binds = tuple(runtime_binds(made.prefix, spec))
+    return made
+
+
+def _check(spec: BuildSpec, backend: Backend, out_dir: Path) -> tuple[dict[str, Any] | None, Path, Path, str]:
     """Everything that can be checked here, all of it named at once, before any download: the
-    image (or SIF) record, the output and the cache directories."""
+    image (or SIF) record, the output and the cache directories, and the version of the
+    libfabric at libfabric_prefix ("" when the image's own is used)."""
     problems = Problems()
     native = backend.name == "native"
+    libfabric = ""
     if spec.aws_ofi_nccl_version and (spec.libfabric_prefix or native):
         # libfabric_prefix is bound at its own path (a container engine would create a missing
         # bind source as root); natively the step's libfabric is this host's
-        problems.check(lambda: check_libfabric(spec))
+        found = problems.check(lambda: check_libfabric(spec))
+        libfabric = f"{found[1][0]}.{found[1][1]}" if found and spec.libfabric_prefix else ""
     elif spec.libfabric_prefix and not native and not Path(spec.libfabric_prefix).is_dir():
         problems.add(no_libfabric(f"libfabric_prefix: no libfabric at {spec.libfabric_prefix} (not a directory)"))
     if native:  # the step runs here: its compilers and tools are this host's
@@ -123,7 +147,7 @@ def _check(spec: BuildSpec, backend: Backend, out_dir: Path) -> tuple[dict[str, 
     out_dir = problems.check(lambda: writable_dir(out_dir, "--out")) or out_dir
     cache = problems.check(lambda: writable_dir(cache_dir(spec), "cache_dir")) or cache_dir(spec)
     problems.raise_any()
-    return image, out_dir, cache
+    return image, out_dir, cache, libfabric
 
 
 def _fetch(spec: BuildSpec, cache: Path, out: TextIO) -> tuple[Source | None, Source | None]:

@@ -47,6 +47,7 @@ from torchbuild.core.errors import (
 )
 from torchbuild.core.safeio import user_path
 from torchbuild.inputs.config import BuildSpec, check_value, profile_text
+from torchbuild.inputs.config import wanted as comms_wanted
 
 if TYPE_CHECKING:
     from torchbuild.launch.runner import BuildOptions
@@ -84,6 +85,8 @@ class Job:
     spec: BuildSpec  # the resolved profile: its job keys are the directives
     account: str  # the profile's, else $SLURM_ACCOUNT / $PBS_ACCOUNT
     dependency: str = ""  # run after this job id succeeded
+    # argvs run first, in order, each stopping the job when it fails (`torchbuild comms`)
+    first: tuple[tuple[str, ...], ...] = ()
 
     @property
     def logs(self) -> Path:
@@ -133,6 +136,7 @@ class Scheduler(abc.ABC):
             lines.append(shell_words(["module", "load", *spec.modules]))
             lines.append("module list 2>&1")
         lines.append(f"cd {shlex.quote(str(job.workdir))}")
+        lines += [" \\\n  ".join(_arg_lines(command)) for command in job.first]
         lines.append("exec " + " \\\n  ".join(_arg_lines(job.command)))
         return "\n".join(lines) + "\n"
 
@@ -823,7 +827,26 @@ def _make_job(request: _JobRequest, account: str, dependency: str) -> tuple[Job,
     command += build_option_args(request.options, request.verify)
     if pythons:
         command += ["--python", ",".join(pythons)]
-    return Job(name, tuple(command), Path.cwd(), outp, spec, account, dependency), profile_file
+    job = Job(
+        name, tuple(command), Path.cwd(), outp, spec, account, dependency, first=_comms_first(request, profile_file)
+    )
+    return job, profile_file
+
+
+def _comms_first(request: _JobRequest, profile_file: Path) -> tuple[tuple[str, ...], ...]:
+    """`torchbuild comms` where the job builds, before the build: NCCL and the plugin against
+    the node's libfabric_prefix (bound read-only into the SIF), a no-op when they are built. The
+    build's own comms step then finds them and links torch to that NCCL; a failure here stops
+    the job with the comms step's error, not hours into the build."""
+    if not comms_wanted(request.spec):
+        return ()
+    command = [sys.executable, "-m", "torchbuild", "comms", "--profile", str(profile_file)]
+    command += ["--out", str(request.out), *request.engine_args]
+    if request.options.jobs:
+        command += ["--jobs", str(request.options.jobs)]
+    if not request.options.oom_retry:
+        command.append("--no-retry")
+    return (tuple(command),)
 
 
 def build_option_args(options: BuildOptions, verify: bool) -> list[str]:

@@ -179,14 +179,24 @@ def download(url: str, dest_dir: Path, sha256: str, key: str, out: TextIO = sys.
     return dest
 
 
-def comms_key(spec: BuildSpec, nccl: Source | None, plugin: Source | None, image: str) -> str:
-    """A hash of what decides the built libraries: a change of any gives another prefix."""
+def comms_key(
+    spec: BuildSpec, nccl: Source | None, plugin: Source | None, image: str, libfabric_version: str = ""
+) -> str:
+    """A hash of what decides the built libraries: a change of any gives another prefix. image:
+    the image's id (the same for the SIF converted from it), a recipe SIF's own ID, or the
+    host natively; libfabric_version: the site's libfabric at libfabric_prefix, read on the host
+    (a site upgrading it in place rebuilds the plugin)."""
     env = build_env(spec, cache_root="/cache", jobs=1)
     data: dict[str, object] = {
         "nccl": {"version": spec.nccl_version, "source": nccl.digest, "gencode": gencode(spec.cuda_arch_list)}
         if nccl
         else None,
-        "plugin": {"version": spec.aws_ofi_nccl_version, "source": plugin.digest, "libfabric": spec.libfabric_prefix}
+        "plugin": {
+            "version": spec.aws_ofi_nccl_version,
+            "source": plugin.digest,
+            "libfabric": spec.libfabric_prefix,
+            **({"libfabric_version": libfabric_version} if libfabric_version else {}),
+        }
         if plugin
         else None,
         "cuda_home": spec.cuda_home,

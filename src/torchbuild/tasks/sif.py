@@ -98,3 +98,8 @@ def _from_recipe(
     result = build_from_recipe(spec, runner, out, rebuild=rebuild, compression=compression)
     state = "up to date (made from the current recipe)" if result.cached else f"built in {result.seconds:.1f} s"
     _report(result, state, f"from the recipe ({bootstrap_for(spec)})")
+    if comms_wanted(spec):  # the SIF has their tools; they are built where the site's libfabric is
+        print(
+            f"NCCL and the plugin: `invoke comms --profile {spec.profile} --in-container --engine apptainer "
+            f"--sif {result.path}` on the site's node (`invoke submit` runs it first), then bind what it prints"
+        )

@@ -17,7 +17,7 @@ from torchbuild.delivery.manifest import ImageRecord
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import allocation_env, launch_env
 from torchbuild.inputs.image import LABEL_PREFIX
-from torchbuild.inputs.sif import SIF_LABEL, Apptainer, check_sif_header, default_sif, locate
+from torchbuild.inputs.sif import SIF_LABEL, STEP_VARIABLE, Apptainer, check_sif_header, default_sif, locate
 from torchbuild.launch.backends.base import CONTAINER_VIEW, Backend, Binds, container_view
 
 
@@ -52,18 +52,24 @@ def run_args(
     nv: bool = False,
     host_mpi: Sequence[str] = (),
     read_only: Sequence[str] = (),
+    comms: Sequence[str] = (),
+    step: str = "",
 ) -> list[str]:
     """`apptainer run` arguments: a clean environment, the binds, --nv for GPU nodes, the
     host MPI directories bound read-only at their own paths and first on LD_LIBRARY_PATH
-    (Apptainer appends its /.singularity.d/libs after them), and read_only directories bound
-    read-only at their own paths."""
+    (Apptainer appends its /.singularity.d/libs after them), read_only directories bound
+    read-only at their own paths, and comms: the bind specs of `invoke comms`'s prefix at
+    SIF_COMMS (sif.runtime_binds). step: the torchbuild step it runs (STEP_VARIABLE)."""
     args = ["run", *flags, "--cleanenv"]
     if nv:
         args.append("--nv")
     specs = [f"{host}:{inside}" for host, inside in binds.items()]
-    specs += [f"{d}:{d}:ro" for d in dict.fromkeys([*host_mpi, *read_only])]
+    own = [d for d in dict.fromkeys([*host_mpi, *read_only]) if f"{d}:{d}:ro" not in comms]
+    specs += [f"{d}:{d}:ro" for d in own] + list(comms)
     args += ["--bind", ",".join(specs)]
     env = {**launch_env("apptainer", str(CONTAINER_VIEW.cache)), **allocation_env()}
+    if step:
+        env[STEP_VARIABLE] = step
     if host_mpi:
         env["LD_LIBRARY_PATH"] = ":".join(host_mpi)
     for key, value in env.items():
@@ -77,6 +83,9 @@ class ApptainerBackend(Backend):
     stopped = "apptainer was stopped"
     runner: Apptainer
     sif: Path
+    # the bind specs of the comms `invoke comms` built for this SIF (launch.comms sets them once
+    # they are built or found): every later step sees them where a job running torch does
+    comms_binds: tuple[str, ...] = ()
 
     def check(self) -> dict[str, Any] | None:
         self.runner = locate(self.spec, self.options.apptainer, out=self.out)
@@ -94,6 +103,7 @@ class ApptainerBackend(Backend):
     def launch(self, step: str, request: Mapping[str, Any], binds: Binds, request_file: str) -> int:
         mounts = binds.mounts(self.view(binds))
         host_mpi = self.options.host_mpi
+        comms = self.comms_binds if step != "comms" else ()
         return self.runner.call(
             run_args(
                 self.sif,
@@ -103,8 +113,16 @@ class ApptainerBackend(Backend):
                 nv=self.options.nv,
                 host_mpi=host_mpi,
                 read_only=[str(d) for d in binds.read_only],
+                comms=comms,
+                step=step,
             ),
-            paths=[*mounts, self.sif.parent, *(Path(d) for d in host_mpi), *binds.read_only],
+            paths=[
+                *mounts,
+                self.sif.parent,
+                *(Path(d) for d in host_mpi),
+                *binds.read_only,
+                *(Path(c.split(":", 1)[0]) for c in comms),
+            ],
             out=self.out,
             memory_limit=self.options.memory or None,
         )
