@@ -921,6 +921,7 @@ def test_the_cuda_driver_and_glibc_are_never_copied_even_from_a_site_directory(t
     env = {**os.environ, "LD_LIBRARY_PATH": str(site)}
     assert {"libcuda.so.1", "libnvidia-ml.so.1"} <= {d.name for d in resolved(plugin, env)}
     assert site_dependencies(plugin, [site], env) == []
+    assert copy_dependencies([], tmp_path / "deps" / "lib") == [] and not (tmp_path / "deps").exists()
 
 
 @pytest.mark.skipif(shutil.which("cc") is None or shutil.which("ldd") is None, reason="needs cc and ldd")

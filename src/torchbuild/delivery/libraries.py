@@ -182,7 +182,10 @@ def site_dependencies(library: Path, site: Iterable[Path], env: Mapping[str, str
 
 def copy_dependencies(deps: Sequence[Resolved], dest: Path) -> list[dict[str, Any]]:
     """deps copied into dest: each real file under its own name, and its soname (the name it
-    was asked for) a symlink to it where they differ. What was copied, for the manifest."""
+    was asked for) a symlink to it where they differ. What was copied, for the manifest;
+    nothing to copy makes no dest."""
+    if not deps:
+        return []
     dest.mkdir(parents=True, exist_ok=True)
     copied = []
     for dep in deps:
