@@ -3,10 +3,13 @@ in for a Derecho node (Apptainer, no Docker engine, a non-root user), `torchbuil
 --in-container --engine apptainer` builds the real aws-ofi-nccl 1.6.0 (Derecho's pin) in a SIF
 that carries no comms, against a real libfabric 1.x bound read-only at a Cray-style prefix:
 Debian bookworm's libfabric 1.17 (libfabric1 and libfabric-dev, and the libraries it links,
-unpacked under .../cray/libfabric/1.15.2.0, its RUNPATH $ORIGIN as a site's own build resolves
-them). A rerun is up to date; `apptainer exec` with the runtime binds `invoke comms` prints
-finds NCCL_NET_PLUGIN naming the plugin, which dlopens and exports ncclNetPlugin_v*; without
-them the SIF says so on stderr and names no plugin that exists.
+unpacked as they are, with no RUNPATH, under .../cray/libfabric/1.15.2.0/lib, as a site's
+libfabric module puts its directory on LD_LIBRARY_PATH). The step copies libfabric and what it
+links that the SIF's system does not have into the plugin's deps/lib. A rerun is up to date;
+`apptainer exec` with the runtime binds `invoke comms` prints finds NCCL_NET_PLUGIN naming the
+plugin, which dlopens and exports ncclNetPlugin_v*, with the prefix alone bound too (the
+site's libraries come from deps/lib); without them the SIF says so on stderr and names no
+plugin that exists.
 
 The SIF: the SIF definition `invoke sif` writes (its %environment, labels, runscript), on a
 small trixie image with the comms tools (make, autotools, hwloc, gcc-13), torchbuild's venv and
@@ -42,15 +45,13 @@ FROM {base}
 # the stand-in site libfabric: bookworm's 1.17 and what it links, as a site prefix (include/, lib/)
 RUN echo 'deb http://deb.debian.org/debian bookworm main' > /etc/apt/sources.list.d/bookworm.list \\
  && apt-get -o Acquire::Check-Valid-Until=false update \\
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends patchelf \\
  && mkdir -p /debs /x /site/include /site/lib && cd /debs \\
  && for p in {debs}; do apt-get download "$p/bookworm" || exit 1; done \\
  && for d in /debs/*.deb; do dpkg -x "$d" /x || exit 1; done \\
  && cp -a /x/usr/include/rdma /site/include/ \\
  && cp -a /x/usr/lib/x86_64-linux-gnu/*.so* /x/lib/x86_64-linux-gnu/*.so* /site/lib/ \\
  && cp -a /x/usr/lib/libpsm1/libpsm_infinipath.so.1.16 /site/lib/ \\
- && ln -s libpsm_infinipath.so.1.16 /site/lib/libpsm_infinipath.so.1 \\
- && for f in /site/lib/*.so.*; do test -L "$f" || patchelf --set-rpath '$ORIGIN' "$f" || exit 1; done
+ && ln -s libpsm_infinipath.so.1.16 /site/lib/libpsm_infinipath.so.1
 """
 
 DOCKERFILE = """\
@@ -152,6 +153,15 @@ def test_the_plugin_is_built_at_the_site_in_the_sif_and_bound_in_at_run_time(sit
     assert plugin["libfabric_version"].startswith("1."), plugin  # bookworm's 1.17
     assert f"--with-libfabric={fabric}" in plugin["configure"]
     assert any(s.startswith("ncclNetPlugin_v") for s in plugin["symbols"]), plugin
+    # the site's libfabric and what it links from the site travel with the plugin, the SIF's own
+    # system libraries (glibc, libstdc++, libatomic, CUDA's) do not
+    deps = {d["name"]: d for d in plugin["deps"]}
+    assert {"libfabric.so.1", "libibverbs.so.1", "librdmacm.so.1", "libnl-3.so.200"} <= set(deps), plugin["deps"]
+    assert all(d["from"].startswith(f"{fabric}/") and d["size"] > 0 for d in deps.values()), plugin["deps"]
+    assert not {"libc.so.6", "libstdc++.so.6", "libgcc_s.so.1", "libcudart.so.12"} & set(deps), plugin["deps"]
+    assert not [n for n in deps if n.startswith(("libcuda.", "libnvidia-"))], plugin["deps"]
+    carried = sorted(p.name for p in (prefix / "deps" / "lib").iterdir())
+    assert set(deps) <= set(carried) and (prefix / "deps" / "lib" / "libfabric.so.1").is_symlink(), carried
     binds = re.search(r"apptainer exec --bind (\S+) ", text)
     assert binds, text[-2000:]
     runtime = binds[1].strip("'")
@@ -162,18 +172,25 @@ def test_the_plugin_is_built_at_the_site_in_the_sif_and_bound_in_at_run_time(sit
     assert rc == 0 and "is up to date" in again and "aws-ofi-nccl configure" not in again, again[-3000:]
     assert [p.name for p in (root / "cache" / "comms").iterdir()] == [prefix.name]
     print(f"aws-ofi-nccl {PLUGIN} against libfabric {plugin['libfabric_version']} in the SIF: {first:.0f} s, "
-          f"{plugin['size_bytes'] >> 10} KiB; rerun {time.monotonic() - t0:.1f} s")  # fmt: skip
+          f"{plugin['size_bytes'] >> 10} KiB; rerun {time.monotonic() - t0:.1f} s; deps/lib: {', '.join(sorted(deps))}")  # fmt: skip
 
     # run time: the SIF's %environment finds what is bound, and the plugin NCCL would load dlopens
     probe = (
         "import ctypes, os; p = os.environ['NCCL_NET_PLUGIN']; lib = ctypes.CDLL(p); "
         "print(p, [s for s in (f'ncclNetPlugin_v{v}' for v in range(2, 10)) if hasattr(lib, s)], "
-        "os.environ['LD_LIBRARY_PATH'].split(':')[0])"
+        "':'.join(os.environ['LD_LIBRARY_PATH'].split(':')[:2]))"
     )
     rc, text = node.run("apptainer", "exec", "--bind", runtime, str(sif), "python3", "-c", probe)
     assert rc == 0, text[-3000:]
     assert f"{SIF_COMMS}/lib/libnccl-net.so [" in text and "ncclNetPlugin_v" in text, text
-    assert f"] {SIF_COMMS}/lib" in text and "no NCCL and aws-ofi-nccl plugin" not in text, text
+    assert f"] {SIF_COMMS}/lib:{SIF_COMMS}/deps/lib" in text and "no NCCL and aws-ofi-nccl plugin" not in text, text
+    # the site's libfabric not there (not bound, nor /tmp, where the test's site is): deps/lib
+    # alone loads the plugin
+    alone = probe + f"; print('site-gone' if not os.path.exists({str(fabric)!r}) else 'site-there')"
+    rc, text = node.run("apptainer", "exec", "--no-mount", "tmp", "--bind", f"{prefix}:{SIF_COMMS}:ro", str(sif),
+                        "python3", "-c", alone)  # fmt: skip
+    assert rc == 0 and f"{SIF_COMMS}/lib/libnccl-net.so [" in text and "ncclNetPlugin_v" in text, text[-3000:]
+    assert text.strip().endswith("site-gone"), text[-3000:]
 
     # without the binds: a line on stderr says what to bind, and the plugin named is not there
     rc, text = node.run("apptainer", "exec", str(sif), "sh", "-c", 'test -e "$NCCL_NET_PLUGIN" || echo missing')

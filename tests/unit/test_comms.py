@@ -37,10 +37,19 @@ from torchbuild.core.errors import (
 )
 from torchbuild.core.safeio import MANIFEST_LIMIT
 from torchbuild.delivery import manifest as mf
-from torchbuild.delivery.libraries import nccl_version_of, plugin_symbols, unresolved
+from torchbuild.delivery.libraries import (
+    copy_dependencies,
+    nccl_version_of,
+    plugin_symbols,
+    plugin_symbols_in,
+    resolved,
+    site_dependencies,
+    system_dirs,
+    unresolved,
+)
 from torchbuild.delivery.verify import comms_checks
 from torchbuild.inputs.config import resolve
-from torchbuild.inputs.environment import comms_runtime_env
+from torchbuild.inputs.environment import comms_install_env, comms_runtime_env
 from torchbuild.inputs.image import apt_packages, comms_packages, tree_digest
 from torchbuild.inputs.jobs import GiB, HostResources, plan_make
 from torchbuild.inputs.sif import SIF_COMMS, definition, environment_section, runtime_binds, runtime_hash, sif_id
@@ -590,7 +599,12 @@ def test_comms_builds_nccl_and_the_plugin_into_the_keyed_prefix(built):
     assert f"--with-libfabric={built.site.fabric}" in plugin["configure"]
     assert f"--prefix={made.prefix}" in plugin["configure"]
     # what was built, and nothing of the work: no tree, no libtool archive, no partial
-    assert sorted(p.name for p in made.prefix.iterdir()) == ["include", "lib", COMMS_MANIFEST]
+    assert sorted(p.name for p in made.prefix.iterdir()) == ["deps", "include", "lib", COMMS_MANIFEST]
+    # the site's libfabric travels with the plugin: deps/lib, its soname a link to the file
+    (dep,) = plugin["deps"]
+    fabric_so = built.site.fabric / "lib" / "libfabric.so.1"
+    assert (dep["name"], dep["from"], dep["sha256"]) == ("libfabric.so.1", str(fabric_so), sha256_file(fabric_so))
+    assert sorted(p.name for p in (made.prefix / "deps" / "lib").iterdir()) == ["libfabric.so.1"]
     assert not list((made.prefix / "lib").glob("*.la"))
     assert [p.name for p in (built.site.cache / "comms").iterdir()] == [made.prefix.name]
 
@@ -836,6 +850,109 @@ def test_unresolved_of_a_file_that_is_not_a_library_says_so(tmp_path):
     assert "not a dynamic executable" in why or "ldd" in why
 
 
+# --------------------------------------------------------------------------- the plugin's site dependencies
+
+
+def _cc(path: Path, code: str, soname: str, *args: str) -> Path:
+    """path, a shared library `cc` compiles from code, soname a link to it (as a site installs it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    src = path.parent / f"{soname}.c"
+    src.write_text(code)
+    cmd = ["cc", "-shared", "-fPIC", "-o", str(path), str(src), f"-Wl,-soname,{soname}", *args]
+    subprocess.run(cmd, check=True, capture_output=True)
+    src.unlink()
+    if soname != path.name:
+        (path.parent / soname).symlink_to(path.name)
+    return path
+
+
+@pytest.fixture
+def cray_site(tmp_path) -> tuple[Path, Path, Path, dict[str, str]]:
+    """(site prefix, site lib64, the plugin, the build's env): a libfabric.so.1 under the prefix
+    that links libcxi.so.1 in another site directory (found through LD_LIBRARY_PATH, as on a Cray
+    node), and a plugin that links libfabric and the C library."""
+    prefix, lib64 = tmp_path / "opt" / "cray" / "libfabric" / "1.15.2.0", tmp_path / "usr-lib64"
+    _cc(lib64 / "libcxi.so.1.5.0", "int cxil_open(void) { return 7; }\n", "libcxi.so.1")
+    (lib64 / "libcxi.so").symlink_to("libcxi.so.1")
+    fabric = "int cxil_open(void);\nint fi_version(void) { return 1015 + cxil_open(); }\n"
+    _cc(prefix / "lib" / "libfabric.so.1.18.2", fabric, "libfabric.so.1", f"-L{lib64}", "-lcxi")
+    (prefix / "lib" / "libfabric.so").symlink_to("libfabric.so.1")
+    plugin_code = "#include <string.h>\nint fi_version(void);\nint ncclNetPlugin_v6 = 6;\n"
+    plugin_code += "int probe(const char *s) { return fi_version() + (int)strlen(s); }\n"
+    plugin = _cc(tmp_path / "comms" / "lib" / "libnccl-net.so", plugin_code, "libnccl-net.so",
+                 f"-L{prefix / 'lib'}", "-lfabric")  # fmt: skip
+    env = {**os.environ, "LD_LIBRARY_PATH": f"{prefix / 'lib'}:{lib64}"}
+    return prefix, lib64, plugin, env
+
+
+@pytest.mark.skipif(shutil.which("cc") is None or shutil.which("ldd") is None, reason="needs cc and ldd")
+def test_the_plugins_site_libraries_are_copied_into_deps_lib_and_it_loads_from_them_alone(tmp_path, cray_site):
+    prefix, lib64, plugin, env = cray_site
+    deps = site_dependencies(plugin, [prefix], env)
+    assert sorted(d.name for d in deps) == ["libcxi.so.1", "libfabric.so.1"]  # not libc.so.6: a system library
+    assert "libc.so.6" in {d.name for d in resolved(plugin, env)}
+    dest = plugin.parent.parent / "deps" / "lib"
+    copied = {d["name"]: d for d in copy_dependencies(deps, dest)}
+    assert copied["libfabric.so.1"]["from"] == str(prefix / "lib" / "libfabric.so.1")
+    assert copied["libcxi.so.1"]["sha256"] == sha256_file(lib64 / "libcxi.so.1.5.0")
+    assert copied["libcxi.so.1"]["size"] == (lib64 / "libcxi.so.1.5.0").stat().st_size
+    # the sonames are links to the files, under the files' own names
+    assert sorted(p.name for p in dest.iterdir()) == sorted(
+        ["libcxi.so.1", "libcxi.so.1.5.0", "libfabric.so.1", "libfabric.so.1.18.2"]
+    )
+    assert os.readlink(dest / "libfabric.so.1") == "libfabric.so.1.18.2" and not (dest / "libc.so.6").exists()
+    # the site gone (a container): with only deps/lib on LD_LIBRARY_PATH the plugin dlopens
+    shutil.rmtree(tmp_path / "opt")
+    shutil.rmtree(lib64)
+    alone = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    assert plugin_symbols_in(plugin, {**alone, "LD_LIBRARY_PATH": str(dest)}) == ["ncclNetPlugin_v6"]
+    with pytest.raises(CommsFailed, match=r"libnccl-net.so does not load: .*libfabric.so.1"):
+        plugin_symbols_in(plugin, alone)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None or shutil.which("ldd") is None, reason="needs cc and ldd")
+def test_the_cuda_driver_and_glibc_are_never_copied_even_from_a_site_directory(tmp_path):
+    site = tmp_path / "site"
+    _cc(site / "libcuda.so.1", "int cuInit(unsigned f) { return (int)f; }\n", "libcuda.so.1")
+    _cc(site / "libnvidia-ml.so.1", "int nvmlInit(void) { return 0; }\n", "libnvidia-ml.so.1")
+    code = "int cuInit(unsigned);\nint nvmlInit(void);\nint f(void) { return cuInit(0) + nvmlInit(); }\n"
+    libs = [str(site / "libcuda.so.1"), str(site / "libnvidia-ml.so.1"), "-lm"]
+    plugin = _cc(tmp_path / "libnccl-net.so", code, "libnccl-net.so", *libs)
+    env = {**os.environ, "LD_LIBRARY_PATH": str(site)}
+    assert {"libcuda.so.1", "libnvidia-ml.so.1"} <= {d.name for d in resolved(plugin, env)}
+    assert site_dependencies(plugin, [site], env) == []
+    assert copy_dependencies([], tmp_path / "deps" / "lib") == [] and not (tmp_path / "deps").exists()
+
+
+@pytest.mark.skipif(shutil.which("cc") is None or shutil.which("ldd") is None, reason="needs cc and ldd")
+def test_a_site_dependency_that_does_not_resolve_names_every_missing_library(cray_site):
+    prefix, _, plugin, env = cray_site
+    with pytest.raises(CommsFailed, match=r"libnccl-net.so cannot load: ldd finds no libcxi.so.1$"):
+        site_dependencies(plugin, [prefix], {**env, "LD_LIBRARY_PATH": str(prefix / "lib")})
+
+
+def test_the_system_directories_are_the_loaders_and_its_caches():
+    dirs = system_dirs()
+    assert os.path.realpath(os.path.dirname(_libc_path())) in dirs
+    assert not any(d.startswith("/tmp") for d in dirs)
+
+
+def _libc_path() -> str:
+    """Where this process's C library is (its /proc/self/maps)."""
+    maps = Path("/proc/self/maps").read_text().split()
+    return next(p for p in maps if re.search(r"/libc[.-][^/]*so", p))
+
+
+def test_the_runtime_and_install_env_put_deps_lib_right_after_the_plugins_lib():
+    m = {"nccl": {"library": "lib/libnccl.so.2.21.5"}, "plugin": {"library": "lib/libnccl-net.so", "deps": [{}]}}
+    assert comms_runtime_env("/p", m) == {"LD_LIBRARY_PATH": "/p/lib:/p/deps/lib"}
+    assert comms_install_env("/p", m) == (["/p/lib", "/p/deps/lib"], {"NCCL_NET_PLUGIN": "/p/lib/libnccl-net.so"})
+    # a prefix made before deps/lib, or a plugin with nothing to carry: as it was
+    bare = {**m, "plugin": {"library": "lib/libnccl-net.so", "deps": []}}
+    assert comms_runtime_env("/p", bare) == {"LD_LIBRARY_PATH": "/p/lib"}
+    assert comms_install_env("/p", bare)[0] == ["/p/lib"]
+
+
 def test_nccl_version_of_calls_ncclGetVersion(tmp_path):
     lib = _so(tmp_path / "libnccl.so.2", "int ncclGetVersion(int *v) { *v = 22203; return 0; }\n")
     assert nccl_version_of(lib) == 22203
@@ -1025,6 +1142,14 @@ def test_the_sif_carries_the_comms_prefix_and_sets_its_environment(tmp_path):
         capture_output=True, text=True, check=True,
     ).stdout.splitlines()  # fmt: skip
     assert shown == [f"{SIF_COMMS}/lib:/site/lib", f"{SIF_COMMS}/lib/libnccl-net-ofi.so"]
+    # a plugin that carries its site libraries: deps/lib right after lib/
+    with_deps = {**OFI_MANIFEST, "plugin": {**OFI_MANIFEST["plugin"], "deps": [{"name": "libfabric.so.1"}]}}
+    env = environment_section(spec, with_deps)
+    shown = subprocess.run(
+        ["sh", "-c", f'{env}\necho "$LD_LIBRARY_PATH"'], env={"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": "/site/lib"},
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert shown == [f"{SIF_COMMS}/lib:{SIF_COMMS}/deps/lib:/site/lib"]
 
 
 def test_a_sif_without_comms_names_none_of_it(tmp_path):
@@ -1334,6 +1459,8 @@ def test_a_sif_that_carries_no_comms_finds_them_where_they_are_bound_and_says_wh
     (bound / "torchbuild-comms.json").write_text("{}")
     done = _source_env(env, bound)
     assert done.stdout.splitlines() == [f"{bound}/lib:/site/lib", f"{bound}/lib/libnccl-net.so"] and not done.stderr
+    (bound / "deps" / "lib").mkdir(parents=True)  # the plugin's site libraries: right after its lib/
+    assert _source_env(env, bound).stdout.splitlines()[0] == f"{bound}/lib:{bound}/deps/lib:/site/lib"
     (bound / "lib" / "libnccl-net-ofi.so").write_bytes(b"")  # 1.17's name wins where both are
     assert _source_env(env, bound).stdout.splitlines()[1] == f"{bound}/lib/libnccl-net-ofi.so"
     # not bound: NCCL_NET_PLUGIN names the missing file (no silent fallback) and stderr says what to bind

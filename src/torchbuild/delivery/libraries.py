@@ -1,18 +1,25 @@
 """What a built shared library is, asked the way its users ask it: the net-plugin symbols NCCL
 looks up (dlopen + dlsym), the dependencies `ldd` cannot resolve, and ncclGetVersion(). Used
 by the comms step on what it built, by verify on what a wheel links, and by install on what
-its torch loads (ncclprobe.py's answer)."""
+its torch loads (ncclprobe.py's answer); and the closure of a library's site dependencies the
+comms step copies beside the plugin (site_dependencies, copy_dependencies)."""
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import json
 import os
+import re
+import shutil
 import subprocess
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from torchbuild.core.errors import CommsFailed
+from torchbuild.inputs.source import sha256_file
 
 # the symbols NCCL looks up in a net plugin (one per interface version it speaks)
 NET_VERSIONS = range(2, 12)
@@ -28,6 +35,21 @@ def plugin_symbols(library: Path) -> list[str]:
         except AttributeError:
             continue
         found.append(f"ncclNetPlugin_v{v}")
+    return found
+
+
+def plugin_symbols_in(library: Path, env: Mapping[str, str]) -> list[str]:
+    """plugin_symbols(library) asked in a process started with env (its LD_LIBRARY_PATH is what
+    the loader searches: a running process's cannot change); CommsFailed when it does not load."""
+    code = "import json, sys; from pathlib import Path; from torchbuild.delivery.libraries import plugin_symbols; "
+    code += "print(json.dumps(plugin_symbols(Path(sys.argv[1]))))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(library)], capture_output=True, text=True, env=dict(env), check=False
+    )
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise CommsFailed(f"{library.name} does not load: {why}")
+    found: list[str] = json.loads(proc.stdout.strip().splitlines()[-1])
     return found
 
 
@@ -79,3 +101,102 @@ def loaded_problems(probe: Mapping[str, Any], nccl: Path | None, plugin: Path | 
         elif not got.get("symbols"):
             problems.append(f"the net plugin {got['path']} exports no ncclNetPlugin_v* symbol")
     return problems
+
+
+# never copied beside a plugin, wherever they live: the C library and its loader (a copy of a
+# different glibc breaks every program), the compiler's runtimes, the CUDA driver (it must match
+# the node's kernel module) and runtime (it must match the CUDA torch was built with)
+KEEP_OUT = re.compile(
+    r"^(ld-linux.*|linux-vdso.*|linux-gate.*|lib(c|m|mvec|dl|rt|pthread|util|resolv|anl|nsl|BrokenLocale)\.so.*"
+    r"|libstdc\+\+\.so.*|libgcc_s\.so.*|libcuda\.so.*|libcudart\.so.*|libnvidia-.*)$"
+)
+# the loader's own default directories where `ld.so --list-diagnostics` (glibc 2.33+) is missing
+FALLBACK_SYSTEM_DIRS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64")
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    """A library the loader resolves for another: the name it was asked for, and where it found it."""
+
+    name: str
+    path: Path
+
+
+def resolved(library: Path, env: Mapping[str, str] | None = None) -> list[Resolved]:
+    """Every library the loader maps for library (its whole closure, as `ldd` reports it, in
+    that environment): the vDSO and the loader itself aside. CommsFailed when ldd fails or
+    a dependency does not resolve."""
+    proc = subprocess.run(["ldd", str(library)], capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        raise CommsFailed(f"ldd {library} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    found, missing = [], []
+    for line in proc.stdout.splitlines():
+        name, arrow, rest = line.strip().partition(" => ")
+        if not arrow:
+            continue  # linux-vdso.so.1 (0x...), /lib64/ld-linux-x86-64.so.2 (0x...)
+        if rest.startswith("not found"):
+            missing.append(name)
+        else:
+            found.append(Resolved(name, Path(rest.rsplit(" (", 1)[0])))
+    if missing:
+        raise CommsFailed(f"{library.name} cannot load: ldd finds no {', '.join(missing)}")
+    return found
+
+
+def system_dirs(env: Mapping[str, str] | None = None) -> set[str]:
+    """The standard library directories of the environment this runs in (real paths): the
+    loader's default search path (`ld.so --list-diagnostics`) and the directories in its cache
+    (`ldconfig -p`, what /etc/ld.so.conf names)."""
+    dirs: set[str] = set()
+    proc = _quiet(["ld.so", "--list-diagnostics"], env)
+    dirs.update(re.findall(r'^path\.system_dirs\[0x[0-9a-f]+\]="([^"]+)"', proc, re.M) or FALLBACK_SYSTEM_DIRS)
+    ldconfig = shutil.which("ldconfig", path=f"{(env or os.environ).get('PATH', '')}:/sbin:/usr/sbin")
+    if ldconfig:
+        dirs.update(os.path.dirname(p) for p in re.findall(r" => (/\S+)$", _quiet([ldconfig, "-p"], env), re.M))
+    return {os.path.realpath(d) for d in dirs}
+
+
+def _quiet(cmd: Sequence[str], env: Mapping[str, str] | None) -> str:
+    try:
+        return subprocess.run(list(cmd), capture_output=True, text=True, env=env, check=False).stdout
+    except OSError:
+        return ""
+
+
+def site_dependencies(library: Path, site: Iterable[Path], env: Mapping[str, str] | None = None) -> list[Resolved]:
+    """The libraries of library's closure a copy of it must carry to load elsewhere: those
+    under a site directory (libfabric_prefix) or outside the environment's system directories,
+    never KEEP_OUT's. CommsFailed when a dependency does not resolve."""
+    system = system_dirs(env)
+    roots = [os.path.realpath(s) for s in site]
+    keep = []
+    for dep in resolved(library, env):
+        if KEEP_OUT.match(dep.name) or KEEP_OUT.match(dep.path.name):
+            continue
+        paths = {str(dep.path), os.path.realpath(dep.path)}
+        under_site = any(p == r or p.startswith(r.rstrip("/") + "/") for p in paths for r in roots)
+        if under_site or not any(os.path.dirname(p) in system for p in paths):
+            keep.append(dep)
+    return keep
+
+
+def copy_dependencies(deps: Sequence[Resolved], dest: Path) -> list[dict[str, Any]]:
+    """deps copied into dest: each real file under its own name, and its soname (the name it
+    was asked for) a symlink to it where they differ. What was copied, for the manifest;
+    nothing to copy makes no dest."""
+    if not deps:
+        return []
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for dep in deps:
+        real = Path(os.path.realpath(dep.path))
+        target = dest / real.name
+        if not target.exists():
+            shutil.copy2(real, target)
+        name = Path(dep.name).name
+        if name != real.name and not (dest / name).is_symlink():
+            (dest / name).symlink_to(real.name)
+        copied.append(
+            {"name": name, "from": str(dep.path), "sha256": sha256_file(target), "size": target.stat().st_size}
+        )
+    return copied

@@ -252,12 +252,23 @@ def prepend_path_lines(var: str, dirs: Sequence[str], *, only_if_present: bool =
     return lines
 
 
+# where the comms step copies the plugin's site dependencies (libfabric and what it links that
+# is not a system library), relative to the comms prefix: after the plugin's lib/ at run time
+COMMS_DEPS = "deps/lib"
+
+
+def comms_deps_dir(prefix: str, manifest: Mapping[str, Any]) -> list[str]:
+    """[prefix/deps/lib] when the manifest's plugin carries site dependencies, else []."""
+    return [f"{prefix}/{COMMS_DEPS}"] if (manifest.get("plugin") or {}).get("deps") else []
+
+
 def comms_runtime_env(prefix: str, manifest: Mapping[str, Any]) -> dict[str, str]:
     """What a job needs to load the NCCL `invoke comms` built at prefix and to find its plugin
     the way the plugin's release needs: prefix/lib first on LD_LIBRARY_PATH (NCCL dlopens
-    libnccl-net.so by default, which aws-ofi-nccl 1.6 installs), and NCCL_NET_PLUGIN naming
-    the file when the release installs libnccl-net-ofi.so (1.17; NCCL 2.21+ takes a path)."""
-    env = {"LD_LIBRARY_PATH": f"{prefix}/lib"}
+    libnccl-net.so by default, which aws-ofi-nccl 1.6 installs), then the plugin's site
+    dependencies (prefix/deps/lib) when it carries any, and NCCL_NET_PLUGIN naming the file
+    when the release installs libnccl-net-ofi.so (1.17; NCCL 2.21+ takes a path)."""
+    env = {"LD_LIBRARY_PATH": ":".join([f"{prefix}/lib", *comms_deps_dir(prefix, manifest)])}
     plugin = manifest.get("plugin") or {}
     if str(plugin.get("library", "")).endswith("libnccl-net-ofi.so"):
         env["NCCL_NET_PLUGIN"] = f"{prefix}/lib/libnccl-net-ofi.so"
@@ -267,8 +278,9 @@ def comms_runtime_env(prefix: str, manifest: Mapping[str, Any]) -> dict[str, str
 def comms_install_env(prefix: str, manifest: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
     """What an install carrying the comms stack of `invoke comms` at prefix gives its users:
     (the directories to put first on LD_LIBRARY_PATH: the built NCCL's, then the plugin's, each
-    once; the variables: NCCL_NET_PLUGIN naming the plugin library by its path, which NCCL 2.21+
-    opens as given). manifest is the comms manifest (its libraries relative to prefix)."""
+    once, then the plugin's site dependencies (deps/lib) when it carries any; the variables:
+    NCCL_NET_PLUGIN naming the plugin library by its path, which NCCL 2.21+ opens as given).
+    manifest is the comms manifest (its libraries relative to prefix)."""
     dirs: list[str] = []
     env: dict[str, str] = {}
     for part in ("nccl", "plugin"):
@@ -280,4 +292,4 @@ def comms_install_env(prefix: str, manifest: Mapping[str, Any]) -> tuple[list[st
             dirs.append(os.path.dirname(path))
         if part == "plugin":
             env["NCCL_NET_PLUGIN"] = path
-    return dirs, env
+    return dirs + comms_deps_dir(prefix, manifest), env

@@ -71,7 +71,7 @@ from torchbuild.core.safeio import read_head
 from torchbuild.inputs.config import DEFAULT_PROFILE, BuildSpec, cache_dir, profile_text
 from torchbuild.inputs.config import wanted as comms_wanted
 from torchbuild.inputs.engine import Engine
-from torchbuild.inputs.environment import build_env, comms_runtime_env, prepend_path_lines, runtime_env
+from torchbuild.inputs.environment import COMMS_DEPS, build_env, comms_runtime_env, prepend_path_lines, runtime_env
 from torchbuild.inputs.image import LABEL_PREFIX, inputs_hash, make_context, require_image
 
 DEFAULT_SIF = "torch-build.sif"
@@ -347,8 +347,8 @@ def environment_section_lines(spec: BuildSpec, comms: Mapping[str, Any] | None =
     if comms:
         lines.append(f"# the NCCL and aws-ofi-nccl plugin of `invoke comms`, carried in {SIF_COMMS}")
         for k, v in comms_runtime_env(SIF_COMMS, comms).items():
-            if k == "LD_LIBRARY_PATH":
-                lines += prepend_path_lines(k, [v])
+            if k == "LD_LIBRARY_PATH":  # lib/, then the plugin's deps/lib when it has one
+                lines += prepend_path_lines(k, v.split(":"))
             else:
                 lines.append(f"export {k}={shlex.quote(v)}")
     elif comms_wanted(spec):
@@ -372,8 +372,8 @@ STEP_VARIABLE = "TORCHBUILD_STEP"
 def bound_comms_lines(spec: BuildSpec) -> list[str]:
     """%environment lines for a comms profile whose SIF carries none: the NCCL and plugin
     `invoke comms --engine apptainer` built at the site are bound at SIF_COMMS at run time
-    (`runtime_binds`); its lib/ goes first on LD_LIBRARY_PATH and NCCL_NET_PLUGIN names the
-    plugin found there. Without the bind NCCL_NET_PLUGIN names the missing file and a line on
+    (`runtime_binds`); its lib/ goes first on LD_LIBRARY_PATH, then the plugin's site
+    dependencies (deps/lib) where it has them, and NCCL_NET_PLUGIN names the plugin found there. Without the bind NCCL_NET_PLUGIN names the missing file and a line on
     stderr says what to bind: a job must not quietly fall back to NCCL's sockets."""
     q = shlex.quote(SIF_COMMS)
     lib = f"{q}/lib"
@@ -384,6 +384,11 @@ def bound_comms_lines(spec: BuildSpec) -> list[str]:
     return [
         f"# the NCCL and aws-ofi-nccl plugin of `invoke comms`, bound at {SIF_COMMS} at run time",
         f"if [ -f {q}/{COMMS_MANIFEST_NAME} ]; then",
+        # deps/lib first here, so that lib/ ends up before it
+        *(
+            f"    {ln}"
+            for ln in prepend_path_lines("LD_LIBRARY_PATH", [f"{SIF_COMMS}/{COMMS_DEPS}"], only_if_present=True)
+        ),
         *(f"    {line}" for line in prepend_path_lines("LD_LIBRARY_PATH", [f"{SIF_COMMS}/lib"])),
         f"    for f in {lib}/libnccl-net-ofi.so {lib}/libnccl-net.so; do",
         '        if [ -e "$f" ]; then NCCL_NET_PLUGIN="$f"; export NCCL_NET_PLUGIN; break; fi',

@@ -48,10 +48,10 @@ from torchbuild.core.errors import (
 from torchbuild.core.problems import Problems
 from torchbuild.core.process import Finished
 from torchbuild.core.safeio import MANIFEST_LIMIT, MiB, read_bytes, read_json, user_path
-from torchbuild.delivery.libraries import nccl_version_of, plugin_symbols, unresolved
+from torchbuild.delivery.libraries import copy_dependencies, nccl_version_of, plugin_symbols_in, site_dependencies
 from torchbuild.delivery.manifest import write_json
 from torchbuild.inputs.config import BuildSpec
-from torchbuild.inputs.environment import build_env, compile_env
+from torchbuild.inputs.environment import COMMS_DEPS, build_env, compile_env
 from torchbuild.inputs.image import tree_digest
 from torchbuild.inputs.jobs import JobPlan
 from torchbuild.inputs.nccl_arch import gencode, nccl_release
@@ -535,30 +535,15 @@ class _Step:
         args.append(f"--with-cuda={self._cuda_for_configure()}")
         args += self.spec.aws_ofi_nccl_configure  # the profile's own options, validated by config
         env = dict(self.env)
-        lib_dir = find_library(root, "libfabric.so") or find_library(root, "libfabric.so.1")
-        if lib_dir is not None and str(root) != "/usr":
-            env["LDFLAGS"] = f"{env.get('LDFLAGS', '')} -Wl,-rpath,{lib_dir.parent}".strip()
+        lib_dir = self._libfabric_dir(root)
+        if lib_dir is not None:
+            env["LDFLAGS"] = f"{env.get('LDFLAGS', '')} -Wl,-rpath,{lib_dir}".strip()
         self._call(["./configure", *args], "aws-ofi-nccl configure", cwd=work, env=env)
         used = self._compile(lambda n: ["make", f"-j{n}"], "building aws-ofi-nccl", self.plans["plugin"], work, env)
-        stage = self.partial / "work" / "stage"
-        self._call(["make", "install", f"DESTDIR={stage}"], "installing aws-ofi-nccl", cwd=work, env=env)
-        shutil.copytree(stage / str(self.prefix).lstrip("/"), self.partial, symlinks=True, dirs_exist_ok=True)
-        for la in self.partial.glob("lib/*.la"):
-            la.unlink()
-        library = next(
-            (
-                self.partial / "lib" / n
-                for n in ("libnccl-net-ofi.so", "libnccl-net.so")
-                if (self.partial / "lib" / n).exists()
-            ),
-            None,
-        )
-        if library is None:
-            raise CommsFailed(f"aws-ofi-nccl {self.spec.aws_ofi_nccl_version} installed no libnccl-net*.so")
-        missing = unresolved(library, self._ld_env())
-        if missing:
-            raise CommsFailed(f"{library.name} cannot load: ldd finds no {', '.join(missing)}")
-        symbols = plugin_symbols(library)
+        library = self._install_plugin(work, env)
+        deps = self._plugin_deps(library, root, lib_dir)
+        # dlopen'ed as NCCL does, with what it carries: its lib/ and deps/lib alone on top
+        symbols = plugin_symbols_in(library, self._ld_env(str(self.partial / COMMS_DEPS)))
         if not symbols:
             raise CommsFailed(f"{library.name} exports no ncclNetPlugin_v* symbol: NCCL would not use it")
         return {
@@ -570,12 +555,44 @@ class _Step:
             "configure": args,
             "library": f"lib/{library.name}",
             "symbols": symbols,
+            "deps": deps,
             "jobs": used,
             "seconds": round(time.monotonic() - t0, 1),
             "size_bytes": sum(
                 p.stat().st_size for p in (self.partial / "lib").glob("libnccl-*") if p.is_file() and not p.is_symlink()
             ),
         }
+
+    def _libfabric_dir(self, root: Path) -> Path | None:
+        """The directory of the site's libfabric.so (None: /usr's, or none found)."""
+        lib = find_library(root, "libfabric.so") or find_library(root, "libfabric.so.1")
+        return lib.parent if lib is not None and str(root) != "/usr" else None
+
+    def _install_plugin(self, work: Path, env: Mapping[str, str]) -> Path:
+        """`make install` into the partial prefix (without libtool's .la files); the plugin library."""
+        stage = self.partial / "work" / "stage"
+        self._call(["make", "install", f"DESTDIR={stage}"], "installing aws-ofi-nccl", cwd=work, env=env)
+        shutil.copytree(stage / str(self.prefix).lstrip("/"), self.partial, symlinks=True, dirs_exist_ok=True)
+        for la in self.partial.glob("lib/*.la"):
+            la.unlink()
+        for name in ("libnccl-net-ofi.so", "libnccl-net.so"):
+            if (self.partial / "lib" / name).exists():
+                return self.partial / "lib" / name
+        raise CommsFailed(f"aws-ofi-nccl {self.spec.aws_ofi_nccl_version} installed no libnccl-net*.so")
+
+    def _plugin_deps(self, library: Path, root: Path, lib_dir: Path | None) -> list[dict[str, Any]]:
+        """The plugin's site dependencies copied into <prefix>/deps/lib, so that it loads where
+        the site's libraries are not (a container): every library of its closure, as the loader
+        resolves it here, under libfabric_prefix or outside the system's library directories
+        (libraries.site_dependencies). The loader looks in libfabric's directory too, as the
+        site's libfabric module has it. A dependency that does not resolve is CommsFailed."""
+        env = self._ld_env(*([str(lib_dir)] if lib_dir is not None else []))
+        deps = site_dependencies(library, [root] if str(root) != "/usr" else [], env)
+        with named_os_errors(self.partial / COMMS_DEPS, "copying the plugin's site dependencies"):
+            copied = copy_dependencies(deps, self.partial / COMMS_DEPS)
+        if copied:
+            print(f"comms: {library.name} carries {', '.join(d['name'] for d in copied)} in {COMMS_DEPS}", flush=True)
+        return copied
 
     def _cuda_for_configure(self) -> str:
         """--with-cuda: cuda_home, but Debian's /usr layout as /usr/lib/cuda (configure would add
@@ -585,9 +602,11 @@ class _Step:
             return "/usr/lib/cuda"
         return str(home)
 
-    def _ld_env(self) -> dict[str, str]:
+    def _ld_env(self, *more: str) -> dict[str, str]:
+        """The step's environment, the partial prefix's lib/ (then more) first on LD_LIBRARY_PATH."""
         env = dict(self.env)
-        env["LD_LIBRARY_PATH"] = ":".join(p for p in (str(self.partial / "lib"), env.get("LD_LIBRARY_PATH", "")) if p)
+        dirs = (str(self.partial / "lib"), *more, env.get("LD_LIBRARY_PATH", ""))
+        env["LD_LIBRARY_PATH"] = ":".join(p for p in dirs if p)
         return env
 
     def _nvcc_version(self) -> str:
