@@ -1477,3 +1477,25 @@ def test_runtime_binds_are_the_prefix_and_the_sites_libfabric_read_only():
     spec = resolve("cpu", [*CUDA, "aws_ofi_nccl_version=1.6.0", f"libfabric_prefix={fabric}"])
     assert runtime_binds(Path("/c/p"), spec) == [f"/c/p:{SIF_COMMS}:ro", f"{fabric}:{fabric}:ro"]
     assert runtime_binds(Path("/c/p"), resolve("cpu", [*CUDA, "nccl=source"])) == [f"/c/p:{SIF_COMMS}:ro"]
+
+
+@pytest.mark.skipif(shutil.which("cc") is None or shutil.which("ldd") is None, reason="needs cc and ldd")
+def test_verify_finds_the_plugins_site_libraries_in_deps_lib_with_the_site_gone(tmp_path, cray_site):
+    """`invoke verify` on a node without the site's libfabric module (or in a container): the
+    plugin resolves and loads from the deps/lib it carries, as the job's runtime env has it."""
+    from torchbuild.delivery.verify import comms_checks
+
+    prefix, lib64, plugin, env = cray_site
+    deps = copy_dependencies(site_dependencies(plugin, [prefix], env), plugin.parent.parent / "deps" / "lib")
+    shutil.rmtree(tmp_path / "opt")
+    shutil.rmtree(lib64)
+    manifest = {"plugin": {"library": "lib/libnccl-net.so", "libfabric_version": "1.15", "deps": deps}}
+    checks = {c.name: c for c in comms_checks(None, {"prefix": str(plugin.parent.parent), "manifest": manifest})}
+    assert checks["nccl plugin: ldd resolves its libraries"].status == "pass"
+    loads = checks["nccl plugin: loads, exports ncclNetPlugin_v*"]
+    assert (loads.status, loads.detail) == ("pass", "ncclNetPlugin_v6")
+    # without deps/lib recorded, the same plugin is named as not resolving libfabric
+    manifest["plugin"]["deps"] = []
+    checks = {c.name: c for c in comms_checks(None, {"prefix": str(plugin.parent.parent), "manifest": manifest})}
+    assert checks["nccl plugin: ldd resolves its libraries"].status == "fail"
+    assert "libfabric.so.1" in checks["nccl plugin: ldd resolves its libraries"].detail

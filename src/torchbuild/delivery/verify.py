@@ -32,7 +32,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from torchbuild.core import console
-from torchbuild.core.errors import TorchbuildError, UsageError, WheelError, named_os_errors
+from torchbuild.core.errors import CommsFailed, TorchbuildError, UsageError, WheelError, named_os_errors
 from torchbuild.delivery import pipenv, probe
 from torchbuild.delivery.manifest import write_json
 from torchbuild.delivery.pipenv import interpreter
@@ -209,15 +209,15 @@ def comms_checks(torch_lib: Path | None, comms: Mapping[str, Any]) -> list[Check
     """Without a GPU: the plugin `invoke comms` built loads and exports the ncclNetPlugin_v*
     symbols NCCL looks up, `ldd` resolves its libfabric and CUDA dependencies, and torch's
     libtorch_cuda loads the NCCL built there (its path, and ncclGetVersion of that library)."""
-    from torchbuild.delivery.libraries import nccl_version_of, plugin_symbols, unresolved
+    from torchbuild.delivery.libraries import nccl_version_of, plugin_symbols_in, unresolved
+    from torchbuild.inputs.environment import comms_runtime_env
 
     if comms.get("error"):
         return [Check("NCCL and plugin of `invoke comms`", "fail", comms["error"])]
     prefix, m = Path(comms["prefix"]), comms["manifest"]
-    lib_env = {
-        **os.environ,
-        "LD_LIBRARY_PATH": ":".join(filter(None, [str(prefix / "lib"), os.environ.get("LD_LIBRARY_PATH")])),
-    }
+    # lib/ and the site dependencies the plugin carries (deps/lib), as a job's runtime env has them
+    ours = comms_runtime_env(str(prefix), m)["LD_LIBRARY_PATH"]
+    lib_env = {**os.environ, "LD_LIBRARY_PATH": ":".join(filter(None, [ours, os.environ.get("LD_LIBRARY_PATH")]))}
     checks = []
     if m.get("plugin"):
         plugin = prefix / m["plugin"]["library"]
@@ -227,8 +227,8 @@ def comms_checks(torch_lib: Path | None, comms: Mapping[str, Any]) -> list[Check
                   f"missing: {', '.join(missing)}" if missing else f"{plugin.name} against libfabric {m['plugin']['libfabric_version']}")
         )  # fmt: skip
         try:
-            symbols = plugin_symbols(plugin)
-        except OSError as exc:
+            symbols = plugin_symbols_in(plugin, lib_env)
+        except (OSError, CommsFailed) as exc:
             checks.append(Check("nccl plugin: loads, exports ncclNetPlugin_v*", "fail", str(exc)[-300:]))
         else:
             checks.append(
