@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import CALLER, FIXTURES, OFI_PLUGIN, run_in
+from helpers import CALLER, FIXTURES, OFI_PLUGIN, image_ok, run_in, set_args
 
 import torchbuild
 from torchbuild.delivery import manifest as mf
@@ -54,12 +54,13 @@ LMOD = "/usr/share/lmod/lmod/init/bash"
 
 
 @pytest.fixture(scope="module")
-def torch_cuda(engine) -> str:
-    """The image above (Docker's layer cache makes it instant after the first time)."""
-    if engine.image_attrs(BASE) is None:
-        pytest.skip(
-            f"{BASE} is not here: `invoke image --profile tests/fixtures/profiles/debian-pytorch-2.6-cuda.yaml`"
-        )
+def torch_cuda(engine, local_base, site_certs) -> str:
+    """The image above (Docker's layer cache makes it instant after the first time), on the
+    debian-pytorch-2.6-cuda toolchain image made (or found up to date) as test_cuda makes it,
+    so a new machine builds it instead of skipping this test."""
+    sets = set_args([f"base_image={local_base}", *site_certs])
+    image_ok(str(FIXTURES / "profiles" / "debian-pytorch-2.6-cuda.yaml"), sets)
+    assert engine.image_attrs(BASE) is not None, f"`invoke image` made no {BASE}"
     engine.client.images.build(fileobj=io.BytesIO(DOCKERFILE.encode()), tag=TAG, rm=True, forcerm=True)
     return TAG
 
