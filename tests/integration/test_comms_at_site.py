@@ -102,7 +102,11 @@ def site(engine, cuda_image, local_base, sid_base, site_certs, ofi_sources, test
         image_s = time.monotonic() - t0
         engine.build(fabric_context, tag=FABRIC_TAG, log=root / "fabric.log")
         # the site's libfabric, out of its image onto the shared file system
-        engine.run(FABRIC_TAG, ["sh", "-c", f"mkdir -p {fabric} && cp -a /site/. {fabric}/ && chmod -R a+rX {root / 'opt'}"],
+        # and one library it links outside its prefix, in the node's own directories (as Cray's
+        # libcxi is in /usr/lib64): here a directory the node's environment puts on the loader's path
+        host = root / "usr" / "lib64"
+        engine.run(FABRIC_TAG, ["sh", "-c", f"mkdir -p {fabric} {host} && cp -a /site/. {fabric}/ "
+                                f"&& mv {fabric}/lib/libpsm_infinipath.so.1* {host}/ && chmod -R a+rX {root / 'opt'} {root / 'usr'}"],
                    mounts={str(root): str(root)}, user="0:0", environment={}, workdir="/")  # fmt: skip
         layout = root / "layout"
         write_oci_layout(engine.client.api.get_image(TAG), layout)
@@ -113,7 +117,7 @@ def site(engine, cuda_image, local_base, sid_base, site_certs, ofi_sources, test
         # as a recipe SIF: no image id, so the comms key has the SIF's own ID
         deffile.write_text(re.sub(r"\n *org\.torchbuild\.sif\.image-id none", "", text))
         for p in [root, *root.rglob("*")]:
-            if not p.is_symlink() and not p.is_relative_to(fabric):
+            if not p.is_symlink() and not p.is_relative_to(fabric) and not p.is_relative_to(host):
                 p.chmod(0o777 if p.is_dir() else 0o666)
         tag = ensure_builder(resolve("cpu", [f"sif_builder_base={sid_base}", *site_certs]), engine)
         node = ApptainerNode(engine, tag, shared_dir(root / "home"), [root])
@@ -131,8 +135,9 @@ def site(engine, cuda_image, local_base, sid_base, site_certs, ofi_sources, test
 
 
 def _comms(node, root: Path, sets: list[str], sif: Path) -> tuple[int, str]:
-    cli = ["/opt/venv/bin/python", "-m", "torchbuild", "comms", "--profile", "cuda-offline", "--in-container"]
-    cli += ["--engine", "apptainer", "--sif", str(sif), "--apptainer", "host", "--out", str(root / "out")]
+    cli = ["env", f"LD_LIBRARY_PATH={root / 'usr' / 'lib64'}", "/opt/venv/bin/python", "-m", "torchbuild", "comms"]
+    cli += ["--profile", "cuda-offline", "--in-container", "--engine", "apptainer", "--sif", str(sif)]
+    cli += ["--apptainer", "host", "--out", str(root / "out")]
     return node.run(*cli, *set_args(sets))
 
 
@@ -157,7 +162,17 @@ def test_the_plugin_is_built_at_the_site_in_the_sif_and_bound_in_at_run_time(sit
     # system libraries (glibc, libstdc++, libatomic, CUDA's) do not
     deps = {d["name"]: d for d in plugin["deps"]}
     assert {"libfabric.so.1", "libibverbs.so.1", "librdmacm.so.1", "libnl-3.so.200"} <= set(deps), plugin["deps"]
-    assert all(d["from"].startswith(f"{fabric}/") and d["size"] > 0 for d in deps.values()), plugin["deps"]
+    assert all(d["size"] > 0 for d in deps.values()), plugin["deps"]
+    assert all(d["from"].startswith(f"{fabric}/") for n, d in deps.items() if n != "libpsm_infinipath.so.1"), deps
+    # what libfabric takes from the node's own directories (not in the SIF) is copied from there
+    # into the cache, linked against in the SIF and carried by the plugin like the rest
+    (hostlibs,) = (root / "cache" / "hostlibs").iterdir()
+    assert "libpsm_infinipath.so.1" in deps and (hostlibs / "libpsm_infinipath.so.1").exists(), deps
+    # the host copy holds its closure outside the prefix (libuuid too); the SIF has libuuid, so
+    # only what the SIF lacks is linked in and carried
+    assert "libfabric takes libpsm_infinipath.so.1, libuuid.so.1 from this host" in text, text[-3000:]
+    assert "libfabric links libpsm_infinipath.so.1 from the host (not in this container)" in text, text[-3000:]
+    assert "libuuid.so.1" not in deps, deps
     assert not {"libc.so.6", "libstdc++.so.6", "libgcc_s.so.1", "libcudart.so.12"} & set(deps), plugin["deps"]
     assert not [n for n in deps if n.startswith(("libcuda.", "libnvidia-"))], plugin["deps"]
     carried = sorted(p.name for p in (prefix / "deps" / "lib").iterdir())

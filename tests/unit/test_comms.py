@@ -39,12 +39,14 @@ from torchbuild.core.safeio import MANIFEST_LIMIT
 from torchbuild.delivery import manifest as mf
 from torchbuild.delivery.libraries import (
     copy_dependencies,
+    host_dependencies,
     nccl_version_of,
     plugin_symbols,
     plugin_symbols_in,
     resolved,
     site_dependencies,
     system_dirs,
+    unresolvable,
     unresolved,
 )
 from torchbuild.delivery.verify import comms_checks
@@ -922,6 +924,24 @@ def test_the_cuda_driver_and_glibc_are_never_copied_even_from_a_site_directory(t
     assert {"libcuda.so.1", "libnvidia-ml.so.1"} <= {d.name for d in resolved(plugin, env)}
     assert site_dependencies(plugin, [site], env) == []
     assert copy_dependencies([], tmp_path / "deps" / "lib") == [] and not (tmp_path / "deps").exists()
+
+
+@pytest.mark.skipif(shutil.which("cc") is None or shutil.which("ldd") is None, reason="needs cc and ldd")
+def test_what_the_sites_libfabric_takes_from_the_hosts_directories_is_found_for_a_container(cray_site):
+    """A SIF has the host's libfabric prefix bound but not the host's /usr/lib64: the host side
+    copies what libfabric links from outside its prefix (libcxi); in the container
+    the loader's missing names are what the step links in from that copy."""
+    prefix, lib64, _, env = cray_site
+    fabric = prefix / "lib" / "libfabric.so.1"
+    assert [(d.name, d.path) for d in host_dependencies(fabric, prefix, env)] == [
+        ("libcxi.so.1", lib64 / "libcxi.so.1")
+    ]
+    # in the container: the prefix is there, the host's directory is not
+    inside = {**env, "LD_LIBRARY_PATH": str(prefix / "lib")}
+    assert unresolvable(fabric, inside) == ["libcxi.so.1"]
+    assert unresolvable(fabric, env) == []
+    # a host that does not resolve something (the container may have it) is no failure here
+    assert host_dependencies(fabric, prefix, inside) == []
 
 
 @pytest.mark.skipif(shutil.which("cc") is None or shutil.which("ldd") is None, reason="needs cc and ldd")

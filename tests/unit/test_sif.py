@@ -120,6 +120,18 @@ def test_run_args_clean_environment_binds_and_nv(tmp_path):
     assert "sudo" not in args + nv
 
 
+def test_a_path_apptainer_would_split_in_a_bind_is_refused_with_what_to_do(tmp_path):
+    sif = tmp_path / "t.sif"
+    for binds, kw in (
+        ({Path("/w/my,cache"): "/cache"}, {}),
+        ({Path("/w/src"): "/src"}, {"read_only": ["/opt/cray/libfabric:1.15"]}),
+        ({}, {"host_mpi": ["/opt/mpi,x/lib"]}),
+    ):
+        with pytest.raises(UsageError, match=r"apptainer cannot bind /\S+: it splits --bind at ',' and ':'") as err:
+            run_args(sif, binds, ["build"], **kw)
+        assert "without ',' or ':'" in err.value.hint
+
+
 def _script(tmp_path: Path, name: str, body: str) -> Path:
     path = tmp_path / name
     path.write_text(f"#!{sys.executable}\n{body}")

@@ -122,10 +122,9 @@ class Resolved:
     path: Path
 
 
-def resolved(library: Path, env: Mapping[str, str] | None = None) -> list[Resolved]:
-    """Every library the loader maps for library (its whole closure, as `ldd` reports it, in
-    that environment): the vDSO and the loader itself aside. CommsFailed when ldd fails or
-    a dependency does not resolve."""
+def _ldd(library: Path, env: Mapping[str, str] | None) -> tuple[list[Resolved], list[str]]:
+    """(what the loader resolves for library, the names it finds nowhere), as `ldd` reports them
+    in that environment: the vDSO and the loader itself aside. CommsFailed when ldd fails."""
     proc = subprocess.run(["ldd", str(library)], capture_output=True, text=True, env=env, check=False)
     if proc.returncode != 0:
         raise CommsFailed(f"ldd {library} failed: {proc.stderr.strip() or proc.stdout.strip()}")
@@ -138,9 +137,36 @@ def resolved(library: Path, env: Mapping[str, str] | None = None) -> list[Resolv
             missing.append(name)
         else:
             found.append(Resolved(name, Path(rest.rsplit(" (", 1)[0])))
+    return found, missing
+
+
+def resolved(library: Path, env: Mapping[str, str] | None = None) -> list[Resolved]:
+    """Every library the loader maps for library (its whole closure, as `ldd` reports it, in
+    that environment). CommsFailed when ldd fails or a dependency does not resolve."""
+    found, missing = _ldd(library, env)
     if missing:
         raise CommsFailed(f"{library.name} cannot load: ldd finds no {', '.join(missing)}")
     return found
+
+
+def unresolvable(library: Path, env: Mapping[str, str] | None = None) -> list[str]:
+    """The names of library's closure the loader finds nowhere in that environment."""
+    return _ldd(library, env)[1]
+
+
+def host_dependencies(library: Path, root: Path, env: Mapping[str, str] | None = None) -> list[Resolved]:
+    """The libraries of library's closure that live outside root, in any directory of this host,
+    KEEP_OUT's aside: what a site library (libfabric under its prefix) takes from the host's own
+    directories (Cray's libcxi, libjson-c in /usr/lib64) and a container may not have. What
+    the host does not resolve is left to the container (the step names it if it lacks it too)."""
+    top = os.path.realpath(root).rstrip("/") + "/"
+    return [
+        dep
+        for dep in _ldd(library, env)[0]
+        if not (KEEP_OUT.match(dep.name) or KEEP_OUT.match(dep.path.name))
+        and not os.path.realpath(dep.path).startswith(top)
+        and not str(dep.path).startswith(top)
+    ]
 
 
 def system_dirs(env: Mapping[str, str] | None = None) -> set[str]:

@@ -7,6 +7,8 @@ step and the key)."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 import shutil
 import sys
@@ -18,6 +20,7 @@ from typing import Any, TextIO
 from torchbuild.core import console, records
 from torchbuild.core.errors import UsageError, named_os_errors, writable_dir
 from torchbuild.core.problems import Problems
+from torchbuild.delivery.libraries import copy_dependencies, host_dependencies
 from torchbuild.inputs.config import BuildSpec, cache_dir, wanted
 from torchbuild.inputs.environment import build_env
 from torchbuild.inputs.sif import runtime_binds, sif_id
@@ -35,6 +38,7 @@ from torchbuild.steps.comms import (
     comms_dir,
     comms_key,
     fetch,
+    find_library,
     no_libfabric,
     plugin_needs_autotools,
     read_manifest,
@@ -71,7 +75,8 @@ def comms(
         )
     image, out_dir, cache, libfabric = _check(spec, backend, out_dir)
     nccl, plugin = _fetch(spec, cache, out)
-    key = comms_key(spec, nccl, plugin, toolchain_identity(backend, image), libfabric)
+    host_libs, host_digest = _host_libraries(spec, backend, cache, out) if plugin else (None, "")
+    key = comms_key(spec, nccl, plugin, toolchain_identity(backend, image), libfabric, host_digest)
     prefix = cache / "comms" / comms_dir(spec, key)
     read_only = (Path(spec.libfabric_prefix),) if spec.libfabric_prefix and backend.name != "native" else ()
     binds = Binds(cache=cache, out=out_dir, extra=tuple(s.tree for s in (nccl, plugin) if s), read_only=read_only)
@@ -93,6 +98,7 @@ def comms(
         engine=backend.engine,
         jobs=jobs,
         oom_retry=oom_retry,
+        host_libs=str(view.cache / host_libs.relative_to(cache)) if host_libs else "",
     )
     with named_os_errors(prefix.parent, "cache_dir"):
         prefix.parent.mkdir(parents=True, exist_ok=True)
@@ -103,6 +109,43 @@ def comms(
     manifest = read_manifest(done)
     _summary(manifest, prefix)
     return _bound(spec, backend, Comms(prefix, view_prefix, manifest, built_now=True))
+
+
+def _host_libraries(spec: BuildSpec, backend: Backend, cache: Path, out: TextIO) -> tuple[Path | None, str]:
+    """For a step in a container: the libraries the site's libfabric takes from this host's own
+    directories (a Cray node's /usr/lib64/libcxi.so.1, libjson-c...), which the container does not
+    have, copied once into <cache>/hostlibs/<digest> (the step links against those its
+    container lacks, and the plugin carries them in deps/lib). (None, "") natively, without a
+    libfabric_prefix, or when libfabric takes nothing from outside its prefix."""
+    if backend.name == "native" or not spec.libfabric_prefix:
+        return None, ""
+    root = Path(spec.libfabric_prefix)
+    library = find_library(root, "libfabric.so.1") or find_library(root, "libfabric.so")
+    if library is None:
+        return None, ""
+    env = dict(os.environ)  # as the site's libfabric module has it: its directory on the path
+    env["LD_LIBRARY_PATH"] = ":".join(p for p in (str(library.parent), env.get("LD_LIBRARY_PATH", "")) if p)
+    deps = host_dependencies(library, root, env)
+    if not deps:
+        return None, ""
+    stats = [(d.name, os.path.realpath(d.path), os.stat(d.path).st_size, os.stat(d.path).st_mtime_ns) for d in deps]
+    digest = hashlib.sha256(json.dumps(sorted(stats)).encode()).hexdigest()
+    dest = cache / "hostlibs" / digest[:16]
+    partial = dest.with_name(f"{dest.name}.partial-{uuid.uuid4().hex[:8]}")
+    try:
+        with named_os_errors(partial, "cache_dir (copying the host's libraries libfabric links)"):
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if not dest.is_dir():
+                copy_dependencies(deps, partial)
+                try:
+                    partial.rename(dest)
+                except OSError:
+                    if not dest.is_dir():  # else another run made the same copy first
+                        raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    print(f"comms: libfabric takes {', '.join(sorted(d.name for d in deps))} from this host: {dest}", file=out)
+    return dest, digest
 
 
 def toolchain_identity(backend: Backend, image: Mapping[str, Any] | None) -> str:

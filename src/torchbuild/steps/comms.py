@@ -48,7 +48,13 @@ from torchbuild.core.errors import (
 from torchbuild.core.problems import Problems
 from torchbuild.core.process import Finished
 from torchbuild.core.safeio import MANIFEST_LIMIT, MiB, read_bytes, read_json, user_path
-from torchbuild.delivery.libraries import copy_dependencies, nccl_version_of, plugin_symbols_in, site_dependencies
+from torchbuild.delivery.libraries import (
+    copy_dependencies,
+    nccl_version_of,
+    plugin_symbols_in,
+    site_dependencies,
+    unresolvable,
+)
 from torchbuild.delivery.manifest import write_json
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import COMMS_DEPS, build_env, compile_env
@@ -180,12 +186,18 @@ def download(url: str, dest_dir: Path, sha256: str, key: str, out: TextIO = sys.
 
 
 def comms_key(
-    spec: BuildSpec, nccl: Source | None, plugin: Source | None, image: str, libfabric_version: str = ""
+    spec: BuildSpec,
+    nccl: Source | None,
+    plugin: Source | None,
+    image: str,
+    libfabric_version: str = "",
+    host_libs: str = "",
 ) -> str:
     """A hash of what decides the built libraries: a change of any gives another prefix. image:
     the image's id (the same for the SIF converted from it), a recipe SIF's own ID, or the
     host natively; libfabric_version: the site's libfabric at libfabric_prefix, read on the host
-    (a site upgrading it in place rebuilds the plugin)."""
+    (a site upgrading it in place rebuilds the plugin); host_libs: the digest of what that
+    libfabric takes from the host's own directories, for a step in a container (launch/comms.py)."""
     env = build_env(spec, cache_root="/cache", jobs=1)
     data: dict[str, object] = {
         "nccl": {"version": spec.nccl_version, "source": nccl.digest, "gencode": gencode(spec.cuda_arch_list)}
@@ -208,6 +220,8 @@ def comms_key(
     }
     if spec.aws_ofi_nccl_configure and plugin:  # only when set: the keys of other profiles stay as they were
         data["plugin_configure"] = list(spec.aws_ofi_nccl_configure)
+    if host_libs and plugin:
+        data["host_libs"] = host_libs
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
@@ -273,6 +287,8 @@ class Request:
     engine: str = "native"
     jobs: int = 0  # --jobs; 0: planned where the step runs
     oom_retry: bool = True
+    # the host's libraries the site's libfabric links, copied for a step in a container ("": none)
+    host_libs: str = ""
 
     @property
     def partial(self) -> Path:
@@ -538,10 +554,14 @@ class _Step:
         lib_dir = self._libfabric_dir(root)
         if lib_dir is not None:
             env["LDFLAGS"] = f"{env.get('LDFLAGS', '')} -Wl,-rpath,{lib_dir}".strip()
+        lib_dirs = [str(d) for d in (lib_dir, self._from_host(lib_dir)) if d is not None]
+        if len(lib_dirs) > 1:  # the linker must find what libfabric links, as the loader will
+            env["LDFLAGS"] = f"{env['LDFLAGS']} -Wl,-rpath-link,{lib_dirs[1]}"
+            env["LD_LIBRARY_PATH"] = ":".join(p for p in (*lib_dirs, env.get("LD_LIBRARY_PATH", "")) if p)
         self._call(["./configure", *args], "aws-ofi-nccl configure", cwd=work, env=env)
         used = self._compile(lambda n: ["make", f"-j{n}"], "building aws-ofi-nccl", self.plans["plugin"], work, env)
         library = self._install_plugin(work, env)
-        deps = self._plugin_deps(library, root, lib_dir)
+        deps = self._plugin_deps(library, root, lib_dirs)
         # dlopen'ed as NCCL does, with what it carries: its lib/ and deps/lib alone on top
         symbols = plugin_symbols_in(library, self._ld_env(str(self.partial / COMMS_DEPS)))
         if not symbols:
@@ -580,13 +600,36 @@ class _Step:
                 return self.partial / "lib" / name
         raise CommsFailed(f"aws-ofi-nccl {self.spec.aws_ofi_nccl_version} installed no libnccl-net*.so")
 
-    def _plugin_deps(self, library: Path, root: Path, lib_dir: Path | None) -> list[dict[str, Any]]:
+    def _from_host(self, lib_dir: Path | None) -> Path | None:
+        """A directory of links to the host's libraries (req.host_libs) that libfabric links and
+        this container does not have (Cray's libcxi); None when it lacks nothing."""
+        if lib_dir is None or not self.req.host_libs:
+            return None
+        library = find_library(lib_dir.parent, "libfabric.so.1") or lib_dir / "libfabric.so"
+        lacking = unresolvable(library, self._ld_env(str(lib_dir)))
+        if not lacking:
+            return None
+        links = self.partial / "work" / "host-libs"
+        links.mkdir(parents=True, exist_ok=True)
+        host = Path(self.req.host_libs)
+        for name in lacking:
+            if not (host / name).exists():
+                raise CommsFailed(
+                    f"libfabric at {self.spec.libfabric_prefix} needs {name}, found neither in the container "
+                    "nor on the host",
+                    hint="load the site's libfabric module (its dependencies on LD_LIBRARY_PATH) and run again",
+                )
+            (links / name).symlink_to(host / name)
+        print(f"comms: libfabric links {', '.join(lacking)} from the host (not in this container)", flush=True)
+        return links
+
+    def _plugin_deps(self, library: Path, root: Path, lib_dirs: Sequence[str]) -> list[dict[str, Any]]:
         """The plugin's site dependencies copied into <prefix>/deps/lib, so that it loads where
         the site's libraries are not (a container): every library of its closure, as the loader
         resolves it here, under libfabric_prefix or outside the system's library directories
         (libraries.site_dependencies). The loader looks in libfabric's directory too, as the
         site's libfabric module has it. A dependency that does not resolve is CommsFailed."""
-        env = self._ld_env(*([str(lib_dir)] if lib_dir is not None else []))
+        env = self._ld_env(*lib_dirs)
         deps = site_dependencies(library, [root] if str(root) != "/usr" else [], env)
         with named_os_errors(self.partial / COMMS_DEPS, "copying the plugin's site dependencies"):
             copied = copy_dependencies(deps, self.partial / COMMS_DEPS)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from torchbuild import __version__
-from torchbuild.core.errors import ImageNotFound
+from torchbuild.core.errors import ImageNotFound, UsageError
 from torchbuild.core.safeio import user_path
 from torchbuild.delivery.manifest import ImageRecord
 from torchbuild.inputs.config import BuildSpec
@@ -63,6 +63,12 @@ def run_args(
     args = ["run", *flags, "--cleanenv"]
     if nv:
         args.append("--nv")
+    unbindable = [str(p) for p in (*binds, *binds.values(), *host_mpi, *read_only) if set(str(p)) & set(",:")]
+    if unbindable:
+        raise UsageError(
+            f"apptainer cannot bind {unbindable[0]}: it splits --bind at ',' and ':'",
+            hint="use a path without ',' or ':' (a symlink to it will do)",
+        )
     specs = [f"{host}:{inside}" for host, inside in binds.items()]
     own = [d for d in dict.fromkeys([*host_mpi, *read_only]) if f"{d}:{d}:ro" not in comms]
     specs += [f"{d}:{d}:ro" for d in own] + list(comms)
