@@ -550,7 +550,11 @@ def _summary(
         ("duration", f"{seconds:.1f} s"),
         ("jobs used", used),
         ("OOM retries", str(len(jobs.retries))),
-        ("ccache hit rate", f"{rate:.0%} ({hits} hits, {misses} misses)"),
+        (
+            ("ccache hit rate", f"{rate:.0%} ({hits} hits, {misses} misses)")
+            if "CMAKE_CXX_COMPILER_LAUNCHER" in run.env_vars
+            else ("ccache", "not used (none on PATH)")
+        ),
         *[
             (f"canary {c['file']}", f"{c['seconds']:.1f} s, peak {c['peak_rss_bytes'] / 2**20:.0f} MiB")
             for c in run.canaries
