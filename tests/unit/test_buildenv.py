@@ -186,3 +186,32 @@ def test_the_venv_env_puts_its_bin_first_and_mkl_where_cmake_looks(tmp_path):
     assert "INTEL_MKL_DIR" not in venv.env({"INTEL_MKL_DIR": "/opt/intel/mkl"}, blas_mkl=True)  # the site's wins
     assert "INTEL_MKL_DIR" not in venv.env({}, blas_mkl=False)
     assert json.loads(json.dumps(venv.record()))["cmake"] == "3.31.6"
+
+
+def test_concurrent_builds_make_it_once(tmp_path, monkeypatch):
+    """Two builds at once with the same key: the second waits on the lock and reuses the first's."""
+    import threading
+    import time
+
+    fake = FakeRun()
+
+    def slow(cmd, *a, **kw):
+        if "pip" in cmd:
+            time.sleep(0.5)
+        return fake(cmd, *a, **kw)
+
+    monkeypatch.setattr(buildenv, "_run", slow)
+    tree, cache = _tree(tmp_path, {}), tmp_path / "cache"
+    spec = resolve("cpu", ["arch=x86_64"])
+    made: list[buildenv.BuildVenv] = []
+
+    def one(i: int) -> None:
+        made.append(buildenv.ensure(spec, str(tree), str(cache), sys.executable, _tee(tmp_path / str(i))))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(v.created for v in made) == [False, True] and len(fake.installs) == 1
+    assert made[0].path.resolve() == made[1].path.resolve()

@@ -46,6 +46,7 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from torchbuild.core.atomic import umask
 from torchbuild.core.errors import BuildFailed, SourceError, ToolMissing, TorchbuildError, named_os_errors
 from torchbuild.core.process import run_streamed
 from torchbuild.core.progress import Tee
@@ -249,6 +250,7 @@ def _create(root: Path, key: str, python: str, reqs: Sequence[str], log: Tee) ->
     """python -m venv in <key>.<random>, pip install reqs there, the marker, then <key> -> it."""
     made = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=root))
     try:
+        made.chmod(0o777 & ~umask())  # mkdtemp's 0700 would hide it from a group sharing the cache
         _run([python, "-m", "venv", str(made)], log, f"{python} -m venv", _NO_VENV, ToolMissing)
         vpy = str(made / "bin" / "python")
         cmd = [vpy, "-m", "pip", "install", "--no-input", *reqs]
