@@ -103,7 +103,7 @@ class FakeRun:
         self.installs: list[list[str]] = []
         self.fail = False
 
-    def __call__(self, cmd, log, what, hint, error=BuildFailed):
+    def __call__(self, cmd, log, what, hint, cache, error=BuildFailed):
         if cmd[1:3] == ["-m", "venv"]:
             (Path(cmd[3]) / "bin").mkdir(parents=True)
             os.symlink(sys.executable, Path(cmd[3]) / "bin" / "python")

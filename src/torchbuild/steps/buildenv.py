@@ -212,7 +212,7 @@ def ensure(spec: BuildSpec, source: str, cache_root: str, python: str, log: Tee)
     with _locked(root / f"{key}.lock"):
         if not (published / MARKER).is_file():
             _clear_stale(root, key)
-            _create(root, key, python, pinned(spec, tree), log)
+            _create(root, key, python, pinned(spec, tree), log, Path(cache_root) / "pip")
             created = True
         else:
             created = False
@@ -246,15 +246,22 @@ def _clear_stale(root: Path, key: str) -> None:
         (root / key).unlink()
 
 
-def _create(root: Path, key: str, python: str, reqs: Sequence[str], log: Tee) -> None:
-    """python -m venv in <key>.<random>, pip install reqs there, the marker, then <key> -> it."""
+def _create(root: Path, key: str, python: str, reqs: Sequence[str], log: Tee, pip_cache: Path) -> None:
+    """python -m venv in <key>.<random>, pip install reqs there (pip_cache: PIP_CACHE_DIR), the
+    marker, then <key> -> it."""
     made = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=root))
     try:
         made.chmod(0o777 & ~umask())  # mkdtemp's 0700 would hide it from a group sharing the cache
-        _run([python, "-m", "venv", str(made)], log, f"{python} -m venv", _NO_VENV, ToolMissing)
+        _run([python, "-m", "venv", str(made)], log, f"{python} -m venv", _NO_VENV, pip_cache, ToolMissing)
         vpy = str(made / "bin" / "python")
         cmd = [vpy, "-m", "pip", "install", "--no-input", *reqs]
-        _run(cmd, log, "pip installing cmake, ninja and the tree's requirements into the build venv", _PIP_FAILED)
+        _run(
+            cmd,
+            log,
+            "pip installing cmake, ninja and the tree's requirements into the build venv",
+            _PIP_FAILED,
+            pip_cache,
+        )
         versions = _installed(vpy)
         (made / MARKER).write_text(json.dumps({"key": key, "requirements": list(reqs), "versions": versions}) + "\n")
         link = root / f"{key}.link"
@@ -276,7 +283,9 @@ _PIP_FAILED = (
 )
 
 
-def _run(cmd: Sequence[str], log: Tee, what: str, hint: str, error: type[TorchbuildError] = BuildFailed) -> None:
+def _run(
+    cmd: Sequence[str], log: Tee, what: str, hint: str, cache: Path, error: type[TorchbuildError] = BuildFailed
+) -> None:
     """cmd with its output in the build log only (the console gets one line at the end); a
     failure is error with the command's last lines and what to do."""
     tail: deque[str] = deque(maxlen=8)
@@ -285,7 +294,10 @@ def _run(cmd: Sequence[str], log: Tee, what: str, hint: str, error: type[Torchbu
         log.file.write(line)
         tail.append(line.rstrip())
 
+    # pip's downloads in the build's pip cache (as the build's own pip: PIP_CACHE_DIR), so a
+    # venv for new inputs reuses the wheels an earlier one fetched
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME")}
+    env["PIP_CACHE_DIR"] = str(cache)
     try:
         done = run_streamed(cmd, on_line=keep, env=env)
     except OSError as exc:
