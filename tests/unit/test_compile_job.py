@@ -60,7 +60,8 @@ sys.exit(3)
 
 
 def _spec(tmp_path: Path) -> BuildSpec:
-    return resolve("cpu", ["max_jobs=auto", f"cache_dir={tmp_path / 'cache'}"])
+    # build_venv=false: the host's tools (a build venv is pip from PyPI: tests/integration/test_build_venv.py)
+    return resolve("cpu", ["max_jobs=auto", f"cache_dir={tmp_path / 'cache'}", "build_venv=false"])
 
 
 def _tree(tmp_path: Path, name: str) -> Path:

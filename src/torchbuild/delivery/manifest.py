@@ -46,7 +46,8 @@ if typing.TYPE_CHECKING:
 # 3: `companion` (a torchvision/torchaudio/torchtext wheel: the torch wheel it was built against)
 # 4: `reproducibility` (SOURCE_DATE_EPOCH and its origin, ccache's base dir, the Python, the zip rewrite)
 # 5: `packages` (the toolchain image's installed list: its sha256, and the copy in <out>/logs)
-SCHEMA_VERSION = 5
+# 6: `build_venv` (a native build's venv from PyPI: its key, made or reused, cmake/ninja/mkl versions)
+SCHEMA_VERSION = 6
 SUFFIX = ".manifest.json"
 ENGINES = ("native", "docker", "apptainer")
 KINDS = ("wheel", "preflight")
@@ -261,6 +262,18 @@ class PackagesRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class BuildVenvRecord:
+    """The venv a native build ran in (steps/buildenv.py, profile key build_venv)."""
+
+    key: str  # <cache_dir>/buildenv/<key>: what decided its contents, hashed
+    created: bool  # made by this build (False: reused)
+    seconds: float  # making (or finding) it
+    cmake: str = ""  # the versions pip installed there
+    ninja: str = ""
+    mkl: str = ""  # with blas mkl on x86_64
+
+
+@dataclasses.dataclass(frozen=True)
 class Manifest:
     """One build. Field order is the JSON's key order; exactly one of wheel and preflight."""
 
@@ -275,6 +288,7 @@ class Manifest:
         "companion",
         "reproducibility",
         "packages",
+        "build_venv",
     )
 
     schema_version: int
@@ -303,6 +317,7 @@ class Manifest:
     companion: Optional[CompanionRecord] = None  # set on a companion library's wheel
     reproducibility: Optional[ReproRecord] = None
     packages: Optional[PackagesRecord] = None  # a build in a toolchain image (schema 5)
+    build_venv: Optional[BuildVenvRecord] = None  # a native build in its build venv (schema 6)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -312,6 +312,7 @@ class BuildSpec:
     mem_per_cuda_job_gb: float
     cache_dir: str
     ccache_size: str
+    build_venv: bool
     scheduler: str
     account: str
     partition: str

@@ -15,7 +15,8 @@ import re
 import shlex
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from torchbuild.inputs.config import BuildSpec
@@ -76,15 +77,64 @@ def allocation_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def build_env(
-    spec: BuildSpec, *, cache_root: str, jobs: int, nvcc_threads: int | None = None, backend: str = "native"
+    spec: BuildSpec,
+    *,
+    cache_root: str,
+    jobs: int,
+    nvcc_threads: int | None = None,
+    backend: str = "native",
+    cuda: str = "",
 ) -> dict[str, str]:
     """Every variable the build sees beyond the runtime's own, in the order they are printed.
 
     ``cache_root`` is where the cache directory is seen by the build (``/cache`` in the image or
     the SIF, the host cache_dir natively); ``jobs`` and ``nvcc_threads`` come from the jobs
-    planner (None: the profile's nvcc_threads).
+    planner (None: the profile's nvcc_threads); ``cuda``: CUDA_HOME as the host chose it
+    (cuda_home()), "": chosen here.
     """
-    return {**launch_env(backend, cache_root), **_compile_env(spec, cache_root, jobs, nvcc_threads)}
+    home = cuda or cuda_home(spec, backend)[0]
+    return {**launch_env(backend, cache_root), **_compile_env(spec, cache_root, jobs, nvcc_threads, backend, home)}
+
+
+def profile_sets(spec: BuildSpec, key: str) -> bool:
+    """Whether the profile asked for sets key itself (in its own file, or --set), rather than
+    leaving it to defaults.yaml or a profile it extends. A spec rebuilt from a step's request
+    carries no origins: its values are taken as set (the host decided before handing it over)."""
+    origin = spec.origins.get(key)
+    if origin is None:
+        return True
+    own = spec.origins.get("profile", "")
+    return origin == "--set" or (bool(own) and origin.rsplit(":", 1)[0] == own)
+
+
+def cuda_home(
+    spec: BuildSpec, backend: str = "native", which: Callable[[str], str | None] | None = None
+) -> tuple[str, str]:
+    """(CUDA_HOME, where it came from). In an image or SIF, the profile's cuda_home (where the
+    image has CUDA). Natively, the CUDA loaded here (a module's: the directory above the `bin/`
+    of the `nvcc` on PATH) unless the profile sets cuda_home itself; the profile's when there is
+    no nvcc on PATH. A profile that only inherits /usr/local/cuda (from cuda.yaml or the defaults)
+    does not overwrite what `module load cuda` set."""
+    if backend != "native" or not spec.cuda:
+        return spec.cuda_home, "the profile's cuda_home"
+    if profile_sets(spec, "cuda_home"):
+        return spec.cuda_home, f"cuda_home ({spec.origins.get('cuda_home', 'the profile')})"
+    nvcc = (which or shutil.which)("nvcc")
+    if nvcc and Path(nvcc).parent.name == "bin":
+        return str(Path(nvcc).parent.parent), f"nvcc on PATH ({nvcc})"
+    return spec.cuda_home, "the profile's cuda_home (no nvcc on PATH)"
+
+
+def ccache_launcher(backend: str, which: Callable[[str], str | None] | None = None) -> bool:
+    """Whether the build compiles through ccache: always in the image and the SIF (they install
+    it); natively only where `ccache` is on PATH (a login node may have none)."""
+    return backend != "native" or (which or shutil.which)("ccache") is not None
+
+
+NO_CCACHE = (
+    "torchbuild: warning: no ccache on PATH: compiling without a compiler cache "
+    "(load or install ccache to reuse objects across builds)"
+)
 
 
 def jobs_env(jobs: int) -> dict[str, str]:
@@ -102,26 +152,34 @@ def compile_env(
     extra: Mapping[str, str] | None = None,
     *,
     backend: str = "native",
+    cuda: str = "",
 ) -> dict[str, str]:
     """What a compile step sets (torch's build, a companion, an editable tree, NCCL): the
     build's environment for the planned jobs (build_env), jobs_env of the plan, then extra
-    (the step's own: NCCL_ROOT, a companion's BUILD_VERSION...), which wins."""
+    (the step's own: NCCL_ROOT, a companion's BUILD_VERSION...), which wins. cuda: as build_env."""
     env = build_env(
-        spec, cache_root=cache_root, jobs=plan.jobs, nvcc_threads=plan.nvcc_threads or None, backend=backend
+        spec,
+        cache_root=cache_root,
+        jobs=plan.jobs,
+        nvcc_threads=plan.nvcc_threads or None,
+        backend=backend,
+        cuda=cuda,
     )
     return {**env, **jobs_env(plan.jobs), **(extra or {})}
 
 
-def _compile_env(spec: BuildSpec, cache_root: str, jobs: int, nvcc_threads: int | None) -> dict[str, str]:
+def _compile_env(
+    spec: BuildSpec, cache_root: str, jobs: int, nvcc_threads: int | None, backend: str, home: str
+) -> dict[str, str]:
     cc, cxx = compilers(spec)
+    launcher = ccache_launcher(backend)
     env: dict[str, str] = {
         "PYTORCH_BUILD_VERSION": spec.build_version,
         "PYTORCH_BUILD_NUMBER": "1",
         "MAX_JOBS": str(jobs),
         "CC": cc,
         "CXX": cxx,
-        "CMAKE_C_COMPILER_LAUNCHER": "ccache",
-        "CMAKE_CXX_COMPILER_LAUNCHER": "ccache",
+        **({"CMAKE_C_COMPILER_LAUNCHER": "ccache", "CMAKE_CXX_COMPILER_LAUNCHER": "ccache"} if launcher else {}),
         "USE_CUDA": _flag(spec.cuda),
     }
     if spec.cuda:
@@ -131,10 +189,10 @@ def _compile_env(spec: BuildSpec, cache_root: str, jobs: int, nvcc_threads: int 
             nvcc_flags += ["--threads", str(threads)]
         env.update(
             {
-                "CUDA_HOME": spec.cuda_home,
-                "CUDACXX": f"{spec.cuda_home}/bin/nvcc",
+                "CUDA_HOME": home,
+                "CUDACXX": f"{home}/bin/nvcc",
                 "TORCH_CUDA_ARCH_LIST": ";".join(spec.cuda_arch_list),
-                "CMAKE_CUDA_COMPILER_LAUNCHER": "ccache",
+                **({"CMAKE_CUDA_COMPILER_LAUNCHER": "ccache"} if launcher else {}),
             }
         )
         if nvcc_flags:
@@ -229,7 +287,7 @@ def runtime_env(spec: BuildSpec) -> dict[str, str]:
             "is a read-only shell variable: sourcing bin/activate (or loading the module) would fail",
             hint=f"leave {readonly[0]} out of runtime_env (the shell sets it itself)",
         )
-    build = _compile_env(spec, "/cache", 1, None)
+    build = _compile_env(spec, "/cache", 1, None, "apptainer", spec.cuda_home)  # as the SIF sets both
     clash = sorted(k for k, v in spec.runtime_env.items() if k in build and build[k] != v)
     if clash:
         k = clash[0]

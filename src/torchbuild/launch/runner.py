@@ -25,6 +25,7 @@ from torchbuild.core.safeio import user_path
 from torchbuild.delivery import manifest
 from torchbuild.inputs.config import BuildSpec, cache_dir
 from torchbuild.inputs.config import wanted as comms_wanted
+from torchbuild.inputs.environment import cuda_home
 from torchbuild.inputs.patches import ApplyResult, Series, apply_series, load_series
 from torchbuild.inputs.source import SourceInfo, get_source, looks_like_url, sha256_file
 from torchbuild.launch.backends import Backend, Binds
@@ -198,6 +199,7 @@ def _build_step(
         python=python,
         source_date_epoch=epoch.seconds,
         epoch_origin=epoch.origin,
+        cuda_home=cuda_home(spec, backend.name)[0] if spec.cuda else "",
         **dataclasses.asdict(options),
     )
     backend.run("build", records.to_dict(req), binds)

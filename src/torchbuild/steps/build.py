@@ -28,10 +28,10 @@ from torchbuild.core.progress import Tee
 from torchbuild.delivery import manifest
 from torchbuild.delivery.pipenv import interpreter
 from torchbuild.inputs.config import BuildSpec
-from torchbuild.inputs.environment import compile_env, format_env
+from torchbuild.inputs.environment import NO_CCACHE, ccache_launcher, compile_env, format_env
 from torchbuild.inputs.jobs import peaks_file, record_measured
 from torchbuild.inputs.source import sha256_file
-from torchbuild.steps import cmakecache, compile_job
+from torchbuild.steps import buildenv, cmakecache, compile_job
 from torchbuild.steps.compile_job import (
     CompileJob,
     check_wheel_tools,
@@ -67,6 +67,9 @@ class BuildRequest:
     python: str = ""  # X.Y of the interpreter to build with; "": the one running this step
     source_date_epoch: int = 0  # the source's time (repro.source_date_epoch); 0: none known
     epoch_origin: str = ""  # where that time came from
+    # CUDA_HOME as the host chose it (environment.cuda_home: natively the loaded CUDA's unless
+    # the profile sets cuda_home itself); "": the profile's
+    cuda_home: str = ""
     run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
@@ -297,6 +300,7 @@ class Run:
     python: str = sys.executable  # the interpreter that configures and builds the wheel
     normalized: bool = False  # the wheel's zip was rewritten into canonical form
     epoch_origin: str = ""  # where SOURCE_DATE_EPOCH came from
+    venv: buildenv.BuildVenv | None = None  # the native build venv (profile key build_venv)
 
     @property
     def env_vars(self) -> dict[str, str]:
@@ -345,7 +349,7 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     spec = req.spec
     started, t0 = now_utc(), time.monotonic()
     plan = compile_job.plan(spec, req.cache_root, req.jobs)
-    env_vars = compile_env(spec, plan, req.cache_root, req.extra_env, backend=req.backend)
+    env_vars = compile_env(spec, plan, req.cache_root, req.extra_env, backend=req.backend, cuda=req.cuda_home)
     env_vars.update(path_independent(env_vars, req.source))
     if req.source_date_epoch and "SOURCE_DATE_EPOCH" not in spec.env:
         env_vars["SOURCE_DATE_EPOCH"] = str(req.source_date_epoch)
@@ -354,10 +358,15 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     for d in (env_vars["CCACHE_DIR"], env_vars["PIP_CACHE_DIR"], tmp):
         with named_os_errors(d, "creating the build's cache directories"):
             Path(d).mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **env_vars, "TMPDIR": str(tmp)}
     tee.line(f"torchbuild {__version__}: {'preflight' if req.preflight else 'wheel build'} of {req.source}")
     tee.line(f"profile {spec.profile} (sha256 {spec.hash[:16]}), version {spec.build_version}, on {req.backend}")
     tee.line(f"jobs: {plan.jobs} ({plan.reason})")
+    if req.backend == "native" and not ccache_launcher(req.backend):
+        tee.line(NO_CCACHE)
+    venv = _build_venv(req, python, env_vars, tee)
+    python = venv.python if venv else python
+    path = {"PATH": venv.env(os.environ, False)["PATH"]} if venv else {}
+    env = {**os.environ, **env_vars, **path, "TMPDIR": str(tmp)}
     if req.python:
         tee.line(f"python: {python} (Python {req.python})")
     tee.line("environment:")
@@ -366,8 +375,22 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     job = CompileJob(spec, plan, env_vars, env, tee, req.oom_retry, started, t0)
     job.toolchain()
     run = Run(req, tee, log, job, tmp)
-    run.python, run.epoch_origin = python, req.epoch_origin
+    run.python, run.epoch_origin, run.venv = python, req.epoch_origin, venv
     return run
+
+
+def _build_venv(req: BuildRequest, python: str, env_vars: dict[str, str], tee: Tee) -> buildenv.BuildVenv | None:
+    """Natively with build_venv on (not in a SIF, whose image has its tools): the build venv,
+    made or reused (one line saying which); its variables join env_vars (PATH is set apart)."""
+    if req.backend != "native" or req.provenance.get("engine", "native") != "native" or not req.spec.build_venv:
+        return None
+    venv = buildenv.ensure(req.spec, req.source, req.cache_root, python, tee)
+    how = f"created in {venv.seconds:.0f} s" if venv.created else "reused"
+    tools = ", ".join(f"{k} {v}" for k, v in venv.versions.items())
+    tee.line(f"build venv: {how} ({venv.path}: {tools})")
+    mkl = buildenv.wants_mkl(req.spec)
+    env_vars.update({k: v for k, v in venv.env({**os.environ, **env_vars}, mkl).items() if k != "PATH"})
+    return venv
 
 
 def _preflight(run: Run, watch: ConfigureWatch) -> None:
@@ -475,6 +498,7 @@ def _write_manifest(run: Run, fields: Mapping[str, Any], wheel: Path | None, rep
             "engine": req.backend,
             **req.provenance,
             **manifest.installed_packages(run.log.parent, f"installed-{spec.profile}-{req.run_id}.txt"),
+            **({"build_venv": run.venv.record()} if run.venv else {}),
         },
         **fields,
         log=run.log.name,
@@ -526,7 +550,11 @@ def _summary(
         ("duration", f"{seconds:.1f} s"),
         ("jobs used", used),
         ("OOM retries", str(len(jobs.retries))),
-        ("ccache hit rate", f"{rate:.0%} ({hits} hits, {misses} misses)"),
+        (
+            ("ccache hit rate", f"{rate:.0%} ({hits} hits, {misses} misses)")
+            if "CMAKE_CXX_COMPILER_LAUNCHER" in run.env_vars
+            else ("ccache", "not used (none on PATH)")
+        ),
         *[
             (f"canary {c['file']}", f"{c['seconds']:.1f} s, peak {c['peak_rss_bytes'] / 2**20:.0f} MiB")
             for c in run.canaries
