@@ -81,3 +81,16 @@ def test_recipe_verdict_says_which_bootstraps_a_node_can_build(tmp_path):
     assert "as root" in _recipe_verdict(node(root=True), etc=etc).why
     assert not _recipe_verdict(node(apptainer=None), etc=etc).ok
     assert _recipe_verdict(node(apptainer=None, engine_ok=True, fuse=True), etc=etc).ok
+
+
+def test_a_bare_node_with_a_compiler_and_venv_is_ready_to_build_natively():
+    """cmake and ninja come from the build venv and ccache is optional: only a compiler and
+    Python's venv are needed, and the verdict says what the build will do without the others."""
+    from torchbuild.launch.doctor import _native_verdict
+
+    bare = _native_verdict(node(native_absent=("cmake", "ninja", "ccache")))
+    assert bare.ok and "cmake and ninja from PyPI in the build venv" in bare.why and "no compile cache" in bare.why
+    full = _native_verdict(node())
+    assert full.ok and full.why == "a compiler and Python's venv"
+    none = _native_verdict(node(native_missing=("g++ or clang++",)))
+    assert not none.ok and none.why == "missing: g++ or clang++"

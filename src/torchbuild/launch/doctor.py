@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -47,6 +48,9 @@ class _Host:
     apptainer: str | None
     fuse: bool
     native_missing: tuple[str, ...]
+    # tools a native build uses from the host when it has them, else does without or brings
+    # itself (cmake and ninja: the build venv; ccache: no compile cache)
+    native_absent: tuple[str, ...] = ()
 
 
 def _version_of(cmd: list[str]) -> str | None:
@@ -185,9 +189,14 @@ def _native_verdict(h: _Host) -> Verdict:
     if h.arch is None:
         why = f"this host is {h.machine}: build on an x86_64 or aarch64 node (`invoke submit` from here)"
         return Verdict("build (native)", False, why)
-    ok = not h.native_missing
-    why = "compiler, cmake, ninja, ccache on PATH" if ok else f"missing: {', '.join(h.native_missing)}"
-    return Verdict("build (native)", ok, why)
+    if h.native_missing:
+        return Verdict("build (native)", False, f"missing: {', '.join(h.native_missing)}")
+    why = "a compiler and Python's venv"
+    if {"cmake", "ninja"} & set(h.native_absent):
+        why += "; cmake and ninja from PyPI in the build venv (build_venv)"
+    if "ccache" in h.native_absent:
+        why += "; no ccache on PATH: no compile cache"
+    return Verdict("build (native)", True, why)
 
 
 def _recipe_verdict(h: _Host, etc: Path = Path("/etc"), uid: int | None = None, user: str | None = None) -> Verdict:
@@ -217,7 +226,9 @@ def run_checks(
     host = Arch.host_or_none()
     engine_checks, engine_ok = _engine_checks()
     compiler = _version_of(["g++", "--version"]) or _version_of(["clang++", "--version"])
-    native_missing = [t for t in ("cmake", "ninja", "ccache") if shutil.which(t) is None]
+    native_missing = [] if compiler else ["g++ or clang++"]
+    if importlib.util.find_spec("ensurepip") is None:  # Debian's python3 without python3-venv
+        native_missing.append("Python's venv (ensurepip; Debian: python3-venv) for the build venv")
     h = _Host(
         arch=host,
         machine=host_machine(),
@@ -227,7 +238,8 @@ def run_checks(
         root=os.geteuid() == 0,
         apptainer=_version_of(["apptainer", "--version"]) or _version_of(["singularity", "--version"]),
         fuse=Path("/dev/fuse").exists(),
-        native_missing=tuple(native_missing if compiler else ["g++ or clang++", *native_missing]),
+        native_missing=tuple(native_missing),
+        native_absent=tuple(t for t in ("cmake", "ninja", "ccache") if shutil.which(t) is None),
     )
     checks = [
         *engine_checks,
