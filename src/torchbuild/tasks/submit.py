@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Mapping
+from typing import Any
 
 from invoke.context import Context
 
+from torchbuild.core.errors import UsageError
+from torchbuild.core.safeio import user_path
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.launch.backends import ENGINE_HELP
 from torchbuild.launch.runner import pythons_option
-from torchbuild.launch.scheduler import Runtime, submit_build
+from torchbuild.launch.scheduler import (
+    RunRequest,
+    Runtime,
+    check_run_request,
+    run_requirements,
+    submit_build,
+    submit_run,
+)
 from torchbuild.tasks.build import SOURCE_HELP, build_options
 from torchbuild.tasks.common import HELP, handles_errors, spec_from, task
 
@@ -53,8 +64,14 @@ JOB_OPTIONS = ("scheduler", "account", "partition", "qos", "walltime", "cpus", "
         "dependency": "start only after this job id finished successfully (afterok)",
         "dry_run": "print the script and the submit command; write and submit nothing",
         "wait": "follow the job's log until it ends, then exit with the build's exit code",
+        "run": "submit a run job instead of a build: a venv in $SLURM_TMPDIR from --wheelhouse, runtime_env, then "
+        "this script (a .py runs with python; its argv after `--`, or --arg)",
+        "wheelhouse": "with --run: the wheelhouse the job's `pip install --no-index --find-links` installs from",
+        "package": "with --run: what the job installs from the wheelhouse (repeatable; default torch; "
+        "runtime_packages and mpi4py are added)",
+        "arg": "with --run: an argument for the script (repeatable, kept exactly; words after `--` are added too)",
     },
-    iterable=["set_", "directive", "module", "target", "canary"],
+    iterable=["set_", "directive", "module", "target", "canary", "package", "arg"],
 )
 @handles_errors
 def submit(
@@ -92,11 +109,27 @@ def submit(
     dry_run: bool = False,
     wait: bool = False,
     python: str = "",
+    run: str = "",
+    wheelhouse: str = "",
+    package: list[str] | None = None,
+    arg: list[str] | None = None,
 ) -> None:
-    """Run the build on a compute node: render a Slurm or PBS batch script and submit it."""
+    """Run the build on a compute node: render a Slurm or PBS batch script and submit it.
+
+    With --run SCRIPT, a run job instead (the Alliance's pytorch-test.sh): the profile's runtime modules, a venv in
+    $SLURM_TMPDIR from --wheelhouse with --no-index, runtime_env, then the script."""
     given = locals()
     job_options = {key: given[key] for key in JOB_OPTIONS}
+    if run or wheelhouse or package or arg:
+        _check_run_options(given)
     spec = _job_spec(profile, arch, set_, job_options, module=module, module_purge=module_purge, directive=directive)
+    if run:
+        requirements = run_requirements(spec, package or [])
+        script, house = check_run_request(spec, run, wheelhouse, requirements)
+        args = (*(arg or []), *shlex.split(c.remainder or ""))
+        request = RunRequest(script, args, house, tuple(requirements), user_path(out or "out").absolute())
+        submit_run(spec, request, dependency=dependency, dry_run=dry_run, wait=wait)
+        return
     options = build_options(preflight, clean, jobs, target, canary, "lines", no_retry)
     submit_build(
         spec,
@@ -111,6 +144,35 @@ def submit(
         wait=wait,
         pythons=pythons_option(spec, python),
     )
+
+
+# build options a run job has no use for
+_BUILD_ONLY = (
+    "source",
+    "ref",
+    "preflight",
+    "target",
+    "canary",
+    "clean",
+    "jobs",
+    "no_retry",
+    "no_verify",
+    "python",
+    "sif",
+)
+
+
+def _check_run_options(given: Mapping[str, Any]) -> None:
+    """--run with the build's options, or the run's options without --run, is a UsageError."""
+    if not given["run"]:
+        raise UsageError("--wheelhouse, --package and --arg belong to a run job", hint="add --run SCRIPT")
+    used = [f"--{k.replace('_', '-')}" for k in _BUILD_ONLY if given[k]]
+    if given["engine"] != "apptainer" or given["apptainer"] != "auto":
+        used.append("--engine/--apptainer")
+    if used:
+        raise UsageError(
+            f"{', '.join(used)} choose how a build runs: --run runs a script", hint="drop them, or drop --run"
+        )
 
 
 def _job_spec(
