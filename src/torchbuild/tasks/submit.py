@@ -124,26 +124,37 @@ def submit(
         _check_run_options(given)
     spec = _job_spec(profile, arch, set_, job_options, module=module, module_purge=module_purge, directive=directive)
     if run:
-        requirements = run_requirements(spec, package or [])
-        script, house = check_run_request(spec, run, wheelhouse, requirements)
-        args = (*(arg or []), *shlex.split(c.remainder or ""))
-        request = RunRequest(script, args, house, tuple(requirements), user_path(out or "out").absolute())
-        submit_run(spec, request, dependency=dependency, dry_run=dry_run, wait=wait)
-        return
-    options = build_options(preflight, clean, jobs, target, canary, "lines", no_retry)
+        return _submit_run(spec, given, c.remainder or "")
+    _submit_build(spec, given)
+
+
+def _submit_build(spec: BuildSpec, given: Mapping[str, Any]) -> None:
+    """The build as a batch job (submit_build), with the task's options."""
+    g = given
+    options = build_options(g["preflight"], g["clean"], g["jobs"], g["target"], g["canary"], "lines", g["no_retry"])
     submit_build(
         spec,
-        Runtime(engine, sif, apptainer),
-        source=source,
-        ref=ref,
-        out_dir=out,
+        Runtime(g["engine"], g["sif"], g["apptainer"]),
+        source=g["source"],
+        ref=g["ref"],
+        out_dir=g["out"],
         options=options,
-        verify=not no_verify,
-        dependency=dependency,
-        dry_run=dry_run,
-        wait=wait,
-        pythons=pythons_option(spec, python),
+        verify=not g["no_verify"],
+        dependency=g["dependency"],
+        dry_run=g["dry_run"],
+        wait=g["wait"],
+        pythons=pythons_option(spec, g["python"]),
     )
+
+
+def _submit_run(spec: BuildSpec, given: Mapping[str, Any], remainder: str) -> None:
+    """--run: the run job of the script, from the wheelhouse; its argv --arg, then the words after `--`."""
+    requirements = run_requirements(spec, given["package"] or [])
+    script, house = check_run_request(spec, given["run"], given["wheelhouse"], requirements)
+    args = (*(given["arg"] or []), *shlex.split(remainder))
+    out = user_path(given["out"] or "out").absolute()
+    request = RunRequest(script, args, house, tuple(requirements), out)
+    submit_run(spec, request, dependency=given["dependency"], dry_run=given["dry_run"], wait=given["wait"])
 
 
 # build options a run job has no use for
