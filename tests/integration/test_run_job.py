@@ -125,3 +125,22 @@ def test_run_script_without_slurm_tmpdir_uses_a_private_directory(mpi_wheelhouse
     assert f"torchbuild: venv {tmp}/torchbuild-run." in ran.stdout
     assert "imported runjobfixture 1.0.0+computecanada" in ran.stdout
     assert list(tmp.iterdir()) == []  # removed at exit
+
+
+def test_install_takes_the_wheelhouse_mpi4py_wheel(mpi_wheelhouse, tmp_path):
+    """`invoke install --find-links WH --no-index` natively: mpi4py is the site's wheel, not
+    compiled again, and imports against the MPI it was built with."""
+    house, mpi_lib = mpi_wheelhouse
+    wheel = make_wheel(tmp_path / "built", "runjobinstall", "1.0.0+computecanada", module="runjobinstall")
+    prefix = tmp_path / "env"
+    t0 = time.monotonic()
+    res = run_invoke(
+        "install", "--profile", "alliance", "--prefix", str(prefix), "--wheel", str(wheel), "--out", str(tmp_path / "out"),
+        "--find-links", str(house), "--no-index", *run_sets(mpi_lib),
+        env={"PATH": f"{mpi_lib.parent / 'bin'}:{os.environ['PATH']}"}, timeout=600,
+    )  # fmt: skip
+    print(f"\ninstall with the wheelhouse's mpi4py: {time.monotonic() - t0:.1f} s")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+    assert re.search(r"installing mpi4py from the wheelhouse's mpi4py-[\d.]+-cp\d+-cp\d+-linux_x86_64\.whl", res.stdout)
+    assert "from source" not in res.stdout
+    assert re.search(r"mpi4py [\d.]+ uses: MPICH Version:", res.stdout), res.stdout[-3000:]

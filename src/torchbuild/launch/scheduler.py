@@ -1036,7 +1036,11 @@ def check_run_request(spec: BuildSpec, script: str, wheelhouse: str, requirement
     for item in requirements:
         name = canonicalize_name(Requirement(item).name)
         if name not in held:
-            make = "invoke wheelhouse --add-mpi4py" if name == "mpi4py" else "invoke wheelhouse --wheel W"
+            make = (
+                f"invoke wheelhouse --add-mpi4py --profile {shlex.quote(spec.profile)}"
+                if name == "mpi4py"
+                else "invoke wheelhouse --wheel W"
+            )
             raise PathError(
                 f"the wheelhouse {house} holds no {name} wheel: the job's `pip install --no-index` would fail",
                 hint=f"add it with `{make} --dest {shlex.quote(str(house))}`",
