@@ -129,3 +129,15 @@ def test_install_takes_the_site_built_mpi4py_wheel_only(tmp_path):
     assert site_mpi4py_wheel([a, b, tmp_path / "none"], "mpi4py", "cp311") == newer
     assert site_mpi4py_wheel([a, b], "mpi4py==4.0.3", "cp311") == built
     assert site_mpi4py_wheel([b], "mpi4py", "cp313") is None
+
+
+def test_run_module_replaces_the_runtime_modules(tmp_path):
+    d = house(tmp_path)
+    script = tmp_path / "s.py"
+    script.write_text("")
+    res = run_invoke(
+        "submit", "--profile", "alliance", "--run", str(script), "--wheelhouse", str(d), "--dry-run",
+        "--module", "StdEnv/2023", "--module", "python/3.11.5",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "\nmodule load StdEnv/2023 python/3.11.5\n" in res.stdout

@@ -45,7 +45,8 @@ JOB_OPTIONS = ("scheduler", "account", "partition", "qos", "walltime", "cpus", "
         "gpu_type": "GPU model, e.g. a100 (default: the profile's `gpu_type`)",
         "constraint": "Slurm --constraint, or PBS select resources name=value[:...] (default: the profile's)",
         "directive": "a further scheduler directive, as written after #SBATCH / #PBS (repeatable; adds to the profile's)",
-        "module": "an environment module to load in the job (repeatable; replaces the profile's `modules`)",
+        "module": "an environment module to load in the job (repeatable; replaces the profile's `modules`, "
+        "with --run its `runtime_modules`)",
         "module_purge": "`module purge` in the job before loading the modules",
         "engine": f"where the job builds on its node: {ENGINE_HELP}; default apptainer",
         "sif": "with --engine apptainer: the SIF (default ./torch-build-<profile>-<arch>.sif)",
@@ -122,7 +123,8 @@ def submit(
     job_options = {key: given[key] for key in JOB_OPTIONS}
     if run or wheelhouse or package or arg:
         _check_run_options(given)
-    spec = _job_spec(profile, arch, set_, job_options, module=module, module_purge=module_purge, directive=directive)
+    modules = {"runtime_modules" if run else "modules": module}
+    spec = _job_spec(profile, arch, set_, job_options, modules=modules, module_purge=module_purge, directive=directive)
     if run:
         return _submit_run(spec, given, c.remainder or "")
     _submit_build(spec, given)
@@ -192,16 +194,16 @@ def _job_spec(
     set_: list[str] | None,
     job_options: Mapping[str, str],
     *,
-    module: list[str] | None,
+    modules: Mapping[str, list[str] | None],
     module_purge: bool,
     directive: list[str] | None,
 ) -> BuildSpec:
     """The profile with --set, then each job option given (JOB_OPTIONS) as a --set of its key;
-    --module replaces the profile's modules, --directive adds to its directives."""
+    --module replaces the profile's modules (runtime_modules for a run job: the key modules names),
+    --directive adds to its directives."""
     sets = list(set_ or [])
     sets += [f"{key}={value}" for key, value in job_options.items() if value]
-    if module:
-        sets.append(f"modules={json.dumps(module)}")
+    sets += [f"{key}={json.dumps(given)}" for key, given in modules.items() if given]
     if module_purge:
         sets.append("module_purge=true")
     spec = spec_from(profile, sets, arch)
