@@ -47,7 +47,7 @@ OUT_HELP = "the directory of built wheels (default ./out); staging files go ther
 @handles_errors
 def wheelhouse(
     c: Context,
-    dest: str = "",
+    dest: str,
     wheel: list[str] | None = None,
     out: str = "out",
     mix_local_versions: bool = False,
@@ -66,8 +66,6 @@ def wheelhouse(
 
     `pip install --no-index --find-links DEST torch` (or --index-url file://DEST/simple). --list prints what the
     Alliance's avail_wheels prints; --add-mpi4py builds mpi4py once against the site's MPI for jobs and installs."""
-    if not dest:
-        raise UsageError("no wheelhouse given", hint="give --dest DIR (the wheelhouse directory)")
     target = user_path(dest, "--dest").absolute()
     if list_:
         wanted = ListFilter(tuple(name or ()), tuple(version or ()), python, arch, all_versions)
