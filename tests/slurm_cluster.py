@@ -1,6 +1,7 @@
 """A real one-node Slurm for the integration tests: munged, slurmctld and slurmd from Debian's
 slurm-wlm, started in a private directory with a generated slurm.conf (this machine's CPUs and
-RealMemory), reached by the clients through SLURM_CONF, and stopped afterwards."""
+RealMemory), reached by the clients through SLURM_CONF, and stopped afterwards. Like the Alliance's, each job has a
+node-local $SLURM_TMPDIR (a TaskProlog makes it, the Epilog removes it: `jobtmp`)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,15 @@ class SlurmCluster:
         for d in ("munge", "state", "spool", "log"):
             (r / d).mkdir(mode=0o700, exist_ok=True)
         cpus = len(os.sched_getaffinity(0))
+        # as the Alliance's prolog does: each job gets a node-local $SLURM_TMPDIR, removed after it
+        (r / "jobtmp").mkdir(exist_ok=True)
+        prolog, epilog = r / "taskprolog.sh", r / "epilog.sh"
+        prolog.write_text(
+            f'#!/bin/sh\nd={r}/jobtmp/job.$SLURM_JOB_ID\nmkdir -p "$d" && echo "export SLURM_TMPDIR=$d"\n'
+        )
+        epilog.write_text(f'#!/bin/sh\nrm -rf "{r}/jobtmp/job.$SLURM_JOB_ID"\n')
+        for script in (prolog, epilog):
+            script.chmod(0o755)
         self.conf.write_text(
             f"""ClusterName=torchbuildtest
 SlurmctldHost={self.node}(127.0.0.1)
@@ -64,6 +74,8 @@ MpiDefault=none
 ReturnToService=2
 MinJobAge=600
 KillWait=10
+TaskProlog={r}/taskprolog.sh
+Epilog={r}/epilog.sh
 SchedulerType=sched/backfill
 NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={_real_memory_mb()} State=UNKNOWN
 PartitionName=build Nodes=ALL Default=YES MaxTime=INFINITE State=UP

@@ -6,8 +6,10 @@ The host side (checks, staging, the backend) is launch/install.py.
   2. the wheels with `pip install --no-index --find-links WHEELHOUSE --no-deps name==version`,
      so nothing from an index can stand in for them; then their dependencies and the profile's
      runtime_packages (from the index, or with --no-index from --find-links only);
-  3. mpi4py from its sdist with MPICC set (the profile's mpicc, default mpicc), never a cached
-     binary wheel, when the profile has MPI; `pip check`;
+  3. mpi4py, when the profile has MPI: the wheel the site built once against its MPI
+     (`invoke wheelhouse --add-mpi4py`, a linux_<arch> wheel in a --find-links directory),
+     else from its sdist with MPICC set (the profile's mpicc, default mpicc), never a cached or
+     PyPI binary wheel; `pip check`;
   4. when the wheel was built with the NCCL and plugin of `invoke comms`: that prefix copied
      into PREFIX/comms (the environment does not depend on the build cache surviving), its
      lib/ directories first on LD_LIBRARY_PATH and NCCL_NET_PLUGIN naming the plugin;
@@ -36,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import Version
 
 from torchbuild import __version__
 from torchbuild.core import console
@@ -68,6 +71,26 @@ def mpi4py_requirement(spec: BuildSpec) -> str:
         if canonicalize_name(Requirement(item).name) == MPI4PY:
             return item
     return MPI4PY
+
+
+def site_mpi4py_wheel(dirs: Sequence[Path], requirement: str, interpreter: str) -> Path | None:
+    """The newest mpi4py wheel in dirs (the install's --find-links) that was built at the site
+    (platform linux_<arch>: a tag no package index takes, so never a PyPI binary wheel) for this
+    interpreter (cp311) and within the requirement's pin; None when there is none."""
+    pin = Requirement(requirement).specifier
+    best: tuple[Version, Path] | None = None
+    for d in dirs:
+        if not d.is_dir():
+            continue
+        for path in d.glob("mpi4py-*.whl"):
+            try:
+                _name, version, _build, tags = parse_wheel_filename(path.name)
+            except InvalidWheelFilename:
+                continue
+            here = any(t.interpreter == interpreter and t.platform.startswith("linux_") for t in tags)
+            if here and pin.contains(version, prereleases=True) and (best is None or version > best[0]):
+                best = (version, path)
+    return best[1] if best else None
 
 
 def other_packages(spec: BuildSpec) -> list[str]:
@@ -303,12 +326,20 @@ class _Step:
 
     def _mpi4py(self, mpicc: str) -> MpiRecord:
         req = mpi4py_requirement(self.spec)
-        say(f"building {req} from source with MPICC={mpicc}")
-        self._pip(
-            ["install", "--no-binary", MPI4PY, "--no-cache-dir", *self.index, "--", req],
-            "building mpi4py",
-            env={"MPICC": mpicc},
+        interpreter = self._capture(
+            [str(self.py), "-c", "import sys; print('cp%d%d' % sys.version_info[:2])"], "python"
         )
+        wheel = site_mpi4py_wheel([Path(d) for d in self.req.find_links], req, interpreter.strip())
+        if wheel is not None:  # built once against the site's MPI (`invoke wheelhouse --add-mpi4py`)
+            say(f"installing {req} from the wheelhouse's {wheel.name}, built at the site (not compiled here)")
+            self._pip(["install", "--no-index", "--no-deps", "--", str(wheel)], "installing the mpi4py wheel")
+        else:
+            say(f"building {req} from source with MPICC={mpicc}")
+            self._pip(
+                ["install", "--no-binary", MPI4PY, "--no-cache-dir", *self.index, "--", req],
+                "building mpi4py",
+                env={"MPICC": mpicc},
+            )
         probe = "from mpi4py import MPI; import mpi4py, json; print(json.dumps([mpi4py.__version__, MPI.Get_library_version()]))"
         text = self._capture([str(self.py), "-c", probe], "mpi4py's MPI library")
         version, library = json.loads(text.strip().splitlines()[-1])

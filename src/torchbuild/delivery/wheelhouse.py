@@ -11,22 +11,37 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fnmatch
+import functools
 import html
 import os
 import re
 import shutil
+import sys
+import tempfile
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TextIO
 
 from packaging.tags import Tag
-from packaging.utils import NormalizedName, parse_wheel_filename
+from packaging.utils import InvalidWheelFilename, NormalizedName, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from torchbuild.core.atomic import atomic_write_text
-from torchbuild.core.errors import PathError, TorchbuildError, UsageError, WheelhouseConflict, named_os_errors
+from torchbuild.core.errors import (
+    InstallFailed,
+    PathError,
+    ToolMissing,
+    TorchbuildError,
+    UsageError,
+    WheelhouseConflict,
+    named_os_errors,
+)
+from torchbuild.core.process import run_streamed
 from torchbuild.core.safeio import MiB, read_text, user_path
 from torchbuild.delivery.verify import check_wheel_file
+from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.source import sha256_file
 
 SIMPLE = "simple"
@@ -253,3 +268,196 @@ def _page(title: str, body: list[str]) -> str:
 
 def _write(path: Path, text: str) -> None:
     atomic_write_text(path, text)
+
+
+# --------------------------------------------------------------------------- listing
+# `invoke wheelhouse --list`: what the Alliance's `avail_wheels` prints for its wheelhouse
+# (columns name, version, python, arch; the newest version of each name unless all are asked
+# for), from the file names alone: a listing never opens a wheel.
+
+LIST_LIMIT = 100_000  # directory entries read: far more than any wheelhouse holds
+COLUMNS = ("name", "version", "python", "arch")
+
+
+@dataclasses.dataclass(frozen=True)
+class Listed:
+    """One wheel as `avail_wheels` shows it."""
+
+    name: str  # the project's normalized name
+    version: Version
+    python: str  # the interpreter tags: cp311, py3, or cp311,cp312 for a multi-tag name
+    arch: str  # x86_64, aarch64, ..., or generic for a pure-Python wheel
+    file: str
+
+    def row(self) -> tuple[str, str, str, str]:
+        return (self.name, str(self.version), self.python, self.arch)
+
+
+def _arch(tags: frozenset[Tag]) -> str:
+    """The machine a wheel's platform tags name (linux_x86_64, manylinux_2_28_aarch64 ...), or
+    generic (platform any)."""
+    machines = set()
+    for tag in tags:
+        if tag.platform == "any":
+            continue
+        m = re.search(r"(x86_64|aarch64|ppc64le|s390x|armv7l|i686|riscv64|arm64|amd64)$", tag.platform)
+        machines.add(m.group(1) if m else tag.platform)
+    return ",".join(sorted(machines)) or "generic"
+
+
+def scan(directory: Path, problems: list[str] | None = None) -> list[Listed]:
+    """The wheels directly in directory, by name (at most LIST_LIMIT entries are read); names
+    that are not wheels are skipped, a *.whl whose name does not parse is named in problems."""
+    found: list[Listed] = []
+    with named_os_errors(directory, "reading the wheelhouse"), os.scandir(directory) as entries:
+        for count, entry in enumerate(entries):
+            if count >= LIST_LIMIT:
+                if problems is not None:
+                    problems.append(f"{directory}: more than {LIST_LIMIT} entries; the rest are not listed")
+                break
+            if not entry.name.endswith(".whl") or entry.name.startswith((".", PARTIAL)):
+                continue
+            try:
+                name, version, _build, tags = parse_wheel_filename(entry.name)
+            except InvalidWheelFilename as exc:
+                if problems is not None:
+                    problems.append(f"{directory / entry.name}: not a wheel name ({exc})")
+                continue
+            pythons = ",".join(sorted({t.interpreter for t in tags}, key=_python_key))
+            found.append(Listed(name, version, pythons, _arch(tags), entry.name))
+    return found
+
+
+def _python_key(tag: str) -> tuple[str, int]:
+    digits = re.sub(r"\D", "", tag)
+    return (tag.rstrip("0123456789"), int(digits) if digits else 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ListFilter:
+    """avail_wheels' filters: names and versions as globs, a Python X.Y, an arch."""
+
+    names: tuple[str, ...] = ()
+    versions: tuple[str, ...] = ()
+    python: str = ""
+    arch: str = ""
+    all_versions: bool = False
+
+    def check(self) -> None:
+        if self.python and not re.fullmatch(r"3\.\d+", self.python):
+            raise UsageError(f"--python {self.python!r} is no Python version", hint="e.g. --python 3.11")
+
+    def keeps(self, w: Listed) -> bool:
+        if self.names and not any(_glob(w.name, n) or _glob(w.name, canonicalize_name(n)) for n in self.names):
+            return False
+        if self.versions and not any(_glob(str(w.version), v) for v in self.versions):
+            return False
+        if self.arch and w.arch not in (self.arch, "generic") and self.arch not in w.arch.split(","):
+            return False
+        return not self.python or bool(set(w.python.split(",")) & _interpreters(self.python))
+
+
+def _glob(value: str, pattern: str) -> bool:
+    return fnmatch.fnmatchcase(value.lower(), pattern.lower())
+
+
+def _interpreters(python: str) -> set[str]:
+    """The interpreter tags Python X.Y installs: cpXY, pyXY, pyX, and py2.py3's halves."""
+    major, minor = python.split(".")
+    return {f"cp{major}{minor}", f"py{major}{minor}", f"py{major}"}
+
+
+def listing(directory: Path, wanted: ListFilter, problems: list[str] | None = None) -> list[Listed]:
+    """The wheels wanted keeps, sorted by name, then newest version first, then Python; without
+    all_versions only each name's newest version (of the wheels the other filters keep)."""
+    wanted.check()
+    kept = [w for w in scan(directory, problems) if wanted.keeps(w)]
+    if not wanted.all_versions:
+        newest: dict[str, Version] = {}
+        for w in kept:
+            newest[w.name] = max(newest.get(w.name, w.version), w.version)
+        kept = [w for w in kept if w.version == newest[w.name]]
+    kept.sort(key=lambda w: (w.name, _Newest(w.version), _python_key(w.python.split(",")[0]), w.arch))
+    return kept
+
+
+@functools.total_ordering
+class _Newest:
+    """A sort key that puts newer versions first."""
+
+    def __init__(self, version: Version) -> None:
+        self.version = version
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Newest) and self.version == other.version
+
+    def __lt__(self, other: _Newest) -> bool:
+        return self.version > other.version
+
+    def __hash__(self) -> int:
+        return hash(self.version)
+
+
+def plain_columns(rows: Sequence[Sequence[str]]) -> str:
+    """rows under COLUMNS as whitespace-aligned text with no rules (for a pipe: awk, cut, grep)."""
+    every = [list(COLUMNS), *(list(r) for r in rows)]
+    widths = [max(len(r[i]) for r in every) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in every)
+
+
+# --------------------------------------------------------------------------- mpi4py, built once
+# The Alliance's wheelhouse holds an mpi4py wheel its staff built against the site's MPI; jobs
+# and installs take it with `pip install --no-index --find-links`, never compiling mpi4py per
+# install. `invoke wheelhouse --add-mpi4py` builds that wheel here, with the profile's MPI
+# compiler wrapper (load the MPI module first), and publishes it like any other wheel.
+
+
+def site_python(spec: BuildSpec, given: str = "") -> str:
+    """--python, else python<python_version> on PATH, else this interpreter when it is that
+    version; ToolMissing otherwise."""
+    want = given or f"python{spec.python_version}"
+    found = shutil.which(want)
+    if found:
+        return found
+    if not given and spec.python_version == "{}.{}".format(*sys.version_info[:2]):
+        return sys.executable
+    raise ToolMissing(
+        f"{want} is not on PATH: the mpi4py wheel is built for the profile's Python {spec.python_version}",
+        hint=f"load the Python module (module load python/{spec.python_version}) or give --python",
+    )
+
+
+def build_mpi4py_wheel(
+    spec: BuildSpec, dest: Path, *, python: str = "", find_links: Sequence[Path] = (), out: TextIO = sys.stdout
+) -> list[Path]:
+    """Build mpi4py (the profile's runtime_packages pin, else the newest) from its sdist with
+    MPICC set to the profile's mpicc (default mpicc) and add the wheel to dest. The wheel is
+    tagged linux_<arch>, as a wheel built here is: `invoke install` takes it over compiling."""
+    from torchbuild.delivery.install import mpi4py_requirement
+
+    wrapper = spec.mpicc or "mpicc"
+    mpicc = shutil.which(wrapper)
+    if mpicc is None:
+        raise ToolMissing(
+            f"the MPI compiler wrapper {wrapper!r} is not on PATH: the mpi4py wheel is built with it",
+            hint="load the site's MPI module (e.g. module load openmpi), or set mpicc to its wrapper",
+        )
+    py = site_python(spec, python)
+    requirement = mpi4py_requirement(spec)
+    print(f"building a wheel of {requirement} with MPICC={mpicc} and {py}", file=out, flush=True)
+    links = [a for d in find_links for a in ("--find-links", str(user_path(d).absolute()))]
+    env = {**os.environ, "MPICC": mpicc, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
+
+    def line(text: str) -> None:
+        out.write(f"  | {text}")
+
+    with tempfile.TemporaryDirectory(prefix="torchbuild-mpi4py-") as tmp:
+        cmd = [py, "-m", "pip", "wheel", "--no-deps", "--no-binary", "mpi4py", "--no-cache-dir", "-w", tmp]
+        done = run_streamed([*cmd, *links, "--", requirement], on_line=line, env=env)
+        built = sorted(Path(tmp).glob("mpi4py-*.whl"))
+        if done.returncode != 0 or len(built) != 1:
+            raise InstallFailed(
+                f"building the mpi4py wheel failed (pip wheel exit code {done.returncode})",
+                hint="see pip's output above: mpi4py needs the MPI's headers (the MPI module's development part)",
+            )
+        return add_wheels(dest, built, link=False)

@@ -973,3 +973,189 @@ def wait_bounded(
                 hint="raise --timeout, or check the nodes and partition (sinfo / pbsnodes -a)",
             )
         sleep(poll)
+
+
+# -------------------------------------------------------------------- run jobs (invoke submit --run)
+# The Alliance's pytorch-test.sh, rendered from the profile: its job keys as directives, the
+# runtime modules, a venv in the job's node-local $SLURM_TMPDIR (a private temporary directory,
+# removed at the end, where the site sets none), torch and runtime_packages from the wheelhouse
+# with --no-index (mpi4py among them as the wheel built once: --only-binary, never compiled in
+# the job), runtime_env, then the user's script.
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRequest:
+    """What a run job runs, and from which wheelhouse it installs."""
+
+    script: Path  # absolute; python runs a .py, anything else runs as a program
+    args: tuple[str, ...]  # its argv
+    wheelhouse: Path  # absolute: --find-links of the job's pip
+    packages: tuple[str, ...]  # what the job's pip installs (default torch), runtime_packages after them
+    out: Path  # the script and the job's log go to its logs/
+
+
+def run_requirements(spec: BuildSpec, packages: Sequence[str]) -> list[str]:
+    """The requirements the job installs: packages (default torch), runtime_packages, and mpi4py
+    where the profile has MPI (its wheel from the wheelhouse)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    from torchbuild.delivery.install import mpi4py_requirement, wants_mpi4py
+
+    wanted = [*(packages or ["torch"]), *spec.runtime_packages]
+    for item in wanted:
+        try:
+            Requirement(item)
+        except InvalidRequirement as exc:
+            raise UsageError(f"--package {item!r} is no requirement: {exc}", hint="e.g. --package torch") from None
+    names = {canonicalize_name(Requirement(r).name) for r in wanted}
+    if wants_mpi4py(spec) and "mpi4py" not in names:
+        wanted.append(mpi4py_requirement(spec))
+    return list(dict.fromkeys(wanted))
+
+
+def check_run_request(spec: BuildSpec, script: str, wheelhouse: str, requirements: Sequence[str]) -> tuple[Path, Path]:
+    """The script (an existing file; a program unless a .py) and the wheelhouse (a directory
+    holding a wheel of every requirement), as absolute paths the job names."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    from torchbuild.delivery.wheelhouse import scan
+
+    path = user_path(script, "--run").absolute()
+    if not path.is_file():
+        raise PathError(f"--run {path} is no file", hint="give the script the job runs (a .py, or a program)")
+    if path.suffix != ".py" and not os.access(path, os.X_OK):
+        raise PathError(f"--run {path} is neither a .py nor executable", hint=f"chmod +x {shlex.quote(str(path))}")
+    if not wheelhouse:
+        raise UsageError("--run needs --wheelhouse DIR", hint="the wheelhouse the job's pip installs from")
+    house = user_path(wheelhouse, "--wheelhouse").absolute()
+    if not house.is_dir():
+        raise PathError(f"--wheelhouse {house} is no directory", hint="give the directory `invoke wheelhouse` wrote")
+    held = {w.name for w in scan(house)}
+    for item in requirements:
+        name = canonicalize_name(Requirement(item).name)
+        if name not in held:
+            make = (
+                f"invoke wheelhouse --add-mpi4py --profile {shlex.quote(spec.profile)}"
+                if name == "mpi4py"
+                else "invoke wheelhouse --wheel W"
+            )
+            raise PathError(
+                f"the wheelhouse {house} holds no {name} wheel: the job's `pip install --no-index` would fail",
+                hint=f"add it with `{make} --dest {shlex.quote(str(house))}`",
+            )
+    for what, p in (("--run", path), ("--wheelhouse", house)):
+        bad = _CONTROL.search(str(p))
+        if bad:
+            raise PathError(f"{what} {str(p)!r} holds the control character {bad.group()!r}", hint="rename it")
+    return path, house
+
+
+def _run_name(spec: BuildSpec, script: Path) -> str:
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", script.stem)[:40] or "script"
+    return f"torchbuild-run-{spec.profile}-{stem}"
+
+
+def run_job(spec: BuildSpec, request: RunRequest, account: str, dependency: str = "") -> Job:
+    """The job: directives from the profile; command is the user's script and its argv."""
+    lead = ("python",) if request.script.suffix == ".py" else ()
+    command = (*lead, str(request.script), *request.args)
+    return Job(_run_name(spec, request.script), command, Path.cwd(), request.out, spec, account, dependency)
+
+
+def render_run(scheduler: Scheduler, job: Job, request: RunRequest) -> str:
+    """The run job's script (pytorch-test.sh's steps), every value shell-quoted."""
+    spec = job.spec
+    site = "SLURM_TMPDIR" if scheduler.name == "slurm" else "TMPDIR"
+    lines = [
+        "#!/bin/bash --login" if spec.runtime_modules else "#!/bin/bash",
+        *scheduler.directives(job),
+        f"# torchbuild {__version__}: {job.name}, profile {spec.profile} (sha256 {spec.hash[:16]}):",
+        "# a venv from the wheelhouse in the job's node-local directory, then the script; submit it again",
+        f"# with `{scheduler.resubmit(job)}`",
+        "set -eo pipefail",
+        f'echo "torchbuild: {scheduler.name} run job ${{{scheduler.id_variable}:-?}} on $(hostname) at $(date -Is)"',
+    ]
+    if spec.module_purge:
+        lines.append("module purge")
+    if spec.runtime_modules:
+        lines += [shell_words(["module", "load", *spec.runtime_modules]), "module list 2>&1"]
+    lines += [f"cd {shlex.quote(str(job.workdir))}", *_venv_lines(spec, site), *_install_lines(spec, request)]
+    lines += [
+        f"echo {shlex.quote('torchbuild: running ' + shell_words(job.command))}",
+        " \\\n  ".join(_arg_lines(job.command)),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _venv_lines(spec: BuildSpec, site: str) -> list[str]:
+    """A venv in $site (the site's per-job directory), else in a private temporary directory;
+    removed when the script ends, however it ends."""
+    python = shlex.quote(f"python{spec.python_version}")
+    return [
+        f'if [ -n "${{{site}:-}}" ] && [ -d "${site}" ]; then',
+        f'  torchbuild_tmp=$(mktemp -d "${site}/torchbuild-run.XXXXXX")',
+        "else",
+        f'  echo "torchbuild: {site} is not set: the venv goes in a private temporary directory"',
+        '  torchbuild_tmp=$(mktemp -d "${TMPDIR:-/tmp}/torchbuild-run.XXXXXX")',
+        "fi",
+        "trap 'rm -rf -- \"$torchbuild_tmp\"' EXIT",
+        f'{python} -m venv -- "$torchbuild_tmp/env"',
+        'source "$torchbuild_tmp/env/bin/activate"',
+        'echo "torchbuild: venv $VIRTUAL_ENV ($(python --version 2>&1))"',
+    ]
+
+
+def _install_lines(spec: BuildSpec, request: RunRequest) -> list[str]:
+    """pip from the wheelhouse only (mpi4py as its wheel, never compiled here), then runtime_env."""
+    from torchbuild.inputs.environment import runtime_env
+
+    pip = ["python", "-m", "pip", "install", "--no-index", "--find-links", str(request.wheelhouse)]
+    pip += ["--only-binary", "mpi4py", "--disable-pip-version-check", "--", *request.packages]
+    lines = [" \\\n  ".join(_arg_lines(pip))]
+    lines += [f"export {key}={shlex.quote(value)}" for key, value in sorted(runtime_env(spec).items())]
+    return lines
+
+
+def submit_run(
+    spec: BuildSpec,
+    request: RunRequest,
+    *,
+    dependency: str = "",
+    dry_run: bool = False,
+    wait: bool = False,
+    out: TextIO = sys.stdout,
+) -> Submitted | None:
+    """`invoke submit --run`: write the run job's script beside the logs and submit it (or print
+    it, --dry-run); with wait, follow its log and exit with the script's code."""
+    scheduler = scheduler_for(spec.scheduler)
+    check_job_keys(spec)
+    account = job_account(spec)
+    if dependency and not _JOB_ID.fullmatch(dependency):
+        raise UsageError(f"--dependency {dependency!r} is no job id", hint="pass the id sbatch or qsub printed")
+    _directive_path(request.out / "logs", scheduler.name)
+    job = run_job(spec, request, account, dependency)
+    text = render_run(scheduler, job, request)
+    if dry_run:
+        out.write(text)
+        args = shell_words(scheduler.submit_args(job, scheduler.script_path(job)))
+        print(f"# dry run: nothing written or submitted; it would be: {args}", file=out)
+        return None
+    if shutil.which(scheduler.submit_tool) is None:
+        raise scheduler.missing()
+    writable_dir(request.out, "--out")
+    script = scheduler.script_path(job)
+    with named_os_errors(job.logs, "writing the batch script"):
+        script.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(script, text, mode=0o755)
+    try:
+        job_id = scheduler.submit(job, script)
+    except BaseException:
+        script.unlink(missing_ok=True)
+        raise
+    submitted = Submitted(job_id, script, scheduler.log_path(job, job_id))
+    print(f"submitted {scheduler.name} job {job_id}: {job.name}\n  script {script}\n  log    {submitted.log}", file=out)
+    if wait:
+        follow(scheduler, submitted, out)
+    return submitted

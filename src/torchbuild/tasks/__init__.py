@@ -14,11 +14,12 @@ from torchbuild.tasks.doctor import doctor
 from torchbuild.tasks.hostcheck import host_check
 from torchbuild.tasks.image import base_image, image
 from torchbuild.tasks.inside import inside
-from torchbuild.tasks.install import install, mpi_check, wheelhouse
+from torchbuild.tasks.install import install, mpi_check
 from torchbuild.tasks.manifest import manifest
 from torchbuild.tasks.sif import sif
 from torchbuild.tasks.submit import submit
 from torchbuild.tasks.verify import verify
+from torchbuild.tasks.wheelhouse import wheelhouse
 
 ns = Collection(
     config,

@@ -1,4 +1,4 @@
-"""invoke install, wheelhouse and mpi-check: from the wheel to an environment on the cluster."""
+"""invoke install and mpi-check: from the wheel to an environment on the cluster."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ from invoke.context import Context
 
 from torchbuild.core.errors import UsageError
 from torchbuild.core.safeio import user_path
-from torchbuild.delivery.wheelhouse import add_wheels, wheels_in
 from torchbuild.launch.install import install as install_env
 from torchbuild.launch.install import mpi_check as check_mpi
-from torchbuild.tasks.common import Launch, handles_errors, launch_task, task
+from torchbuild.tasks.common import Launch, launch_task
 
 OUT_HELP = "the directory of built wheels (default ./out); staging files go there too"
 
@@ -61,33 +60,6 @@ def install(
         python=python,
         module_name=module_name,
     )
-
-
-@task(
-    help={
-        "dest": "the wheelhouse directory (created if missing; wheels already there stay)",
-        "wheel": "a wheel to add (repeatable; default: every wheel in --out)",
-        "out": OUT_HELP,
-        "mix_local_versions": "allow one project with several local labels (2.6.0+gh200 next to 2.6.0+cpu)",
-    },
-    iterable=["wheel"],
-)
-@handles_errors
-def wheelhouse(
-    c: Context, dest: str, wheel: list[str] | None = None, out: str = "out", mix_local_versions: bool = False
-) -> None:
-    """Collect built wheels into a directory with a PEP 503 simple index.
-
-    `pip install --no-index --find-links DEST torch` (or --index-url file://DEST/simple)."""
-    wheels = [Path(w) for w in wheel or []] or [w.path for w in wheels_in(user_path(out))]
-    if not wheels:
-        raise UsageError(f"no wheels in {out}", hint="build one first, or give --wheel W")
-    target = user_path(dest).absolute()
-    added = add_wheels(target, wheels, allow_mixed=mix_local_versions)
-    for p in added:
-        print(f"added {p.name}")
-    print(f"{len(wheels_in(target))} wheels in {target}; index: {target / 'simple'}")
-    print(f"use: pip install --no-index --find-links {target} <name>")
 
 
 @launch_task(

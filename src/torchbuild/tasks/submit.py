@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Mapping
+from typing import Any
 
 from invoke.context import Context
 
+from torchbuild.core.errors import UsageError
+from torchbuild.core.safeio import user_path
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.launch.backends import ENGINE_HELP
 from torchbuild.launch.runner import pythons_option
-from torchbuild.launch.scheduler import Runtime, submit_build
+from torchbuild.launch.scheduler import (
+    RunRequest,
+    Runtime,
+    check_run_request,
+    run_requirements,
+    submit_build,
+    submit_run,
+)
 from torchbuild.tasks.build import SOURCE_HELP, build_options
 from torchbuild.tasks.common import HELP, handles_errors, spec_from, task
 
@@ -34,7 +45,8 @@ JOB_OPTIONS = ("scheduler", "account", "partition", "qos", "walltime", "cpus", "
         "gpu_type": "GPU model, e.g. a100 (default: the profile's `gpu_type`)",
         "constraint": "Slurm --constraint, or PBS select resources name=value[:...] (default: the profile's)",
         "directive": "a further scheduler directive, as written after #SBATCH / #PBS (repeatable; adds to the profile's)",
-        "module": "an environment module to load in the job (repeatable; replaces the profile's `modules`)",
+        "module": "an environment module to load in the job (repeatable; replaces the profile's `modules`, "
+        "with --run its `runtime_modules`)",
         "module_purge": "`module purge` in the job before loading the modules",
         "engine": f"where the job builds on its node: {ENGINE_HELP}; default apptainer",
         "sif": "with --engine apptainer: the SIF (default ./torch-build-<profile>-<arch>.sif)",
@@ -53,8 +65,14 @@ JOB_OPTIONS = ("scheduler", "account", "partition", "qos", "walltime", "cpus", "
         "dependency": "start only after this job id finished successfully (afterok)",
         "dry_run": "print the script and the submit command; write and submit nothing",
         "wait": "follow the job's log until it ends, then exit with the build's exit code",
+        "run": "submit a run job instead of a build: a venv in $SLURM_TMPDIR from --wheelhouse, runtime_env, then "
+        "this script (a .py runs with python; its argv after `--`, or --arg)",
+        "wheelhouse": "with --run: the wheelhouse the job's `pip install --no-index --find-links` installs from",
+        "package": "with --run: what the job installs from the wheelhouse (repeatable; default torch; "
+        "runtime_packages and mpi4py are added)",
+        "arg": "with --run: an argument for the script (repeatable, kept exactly; words after `--` are added too)",
     },
-    iterable=["set_", "directive", "module", "target", "canary"],
+    iterable=["set_", "directive", "module", "target", "canary", "package", "arg"],
 )
 @handles_errors
 def submit(
@@ -92,25 +110,82 @@ def submit(
     dry_run: bool = False,
     wait: bool = False,
     python: str = "",
+    run: str = "",
+    wheelhouse: str = "",
+    package: list[str] | None = None,
+    arg: list[str] | None = None,
 ) -> None:
-    """Run the build on a compute node: render a Slurm or PBS batch script and submit it."""
+    """Run the build on a compute node: render a Slurm or PBS batch script and submit it.
+
+    With --run SCRIPT, a run job instead (the Alliance's pytorch-test.sh): the profile's runtime modules, a venv in
+    $SLURM_TMPDIR from --wheelhouse with --no-index, runtime_env, then the script."""
     given = locals()
     job_options = {key: given[key] for key in JOB_OPTIONS}
-    spec = _job_spec(profile, arch, set_, job_options, module=module, module_purge=module_purge, directive=directive)
-    options = build_options(preflight, clean, jobs, target, canary, "lines", no_retry)
+    if run or wheelhouse or package or arg:
+        _check_run_options(given)
+    modules = {"runtime_modules" if run else "modules": module}
+    spec = _job_spec(profile, arch, set_, job_options, modules=modules, module_purge=module_purge, directive=directive)
+    if run:
+        return _submit_run(spec, given, c.remainder or "")
+    _submit_build(spec, given)
+
+
+def _submit_build(spec: BuildSpec, given: Mapping[str, Any]) -> None:
+    """The build as a batch job (submit_build), with the task's options."""
+    g = given
+    options = build_options(g["preflight"], g["clean"], g["jobs"], g["target"], g["canary"], "lines", g["no_retry"])
     submit_build(
         spec,
-        Runtime(engine, sif, apptainer),
-        source=source,
-        ref=ref,
-        out_dir=out,
+        Runtime(g["engine"], g["sif"], g["apptainer"]),
+        source=g["source"],
+        ref=g["ref"],
+        out_dir=g["out"],
         options=options,
-        verify=not no_verify,
-        dependency=dependency,
-        dry_run=dry_run,
-        wait=wait,
-        pythons=pythons_option(spec, python),
+        verify=not g["no_verify"],
+        dependency=g["dependency"],
+        dry_run=g["dry_run"],
+        wait=g["wait"],
+        pythons=pythons_option(spec, g["python"]),
     )
+
+
+def _submit_run(spec: BuildSpec, given: Mapping[str, Any], remainder: str) -> None:
+    """--run: the run job of the script, from the wheelhouse; its argv --arg, then the words after `--`."""
+    requirements = run_requirements(spec, given["package"] or [])
+    script, house = check_run_request(spec, given["run"], given["wheelhouse"], requirements)
+    args = (*(given["arg"] or []), *shlex.split(remainder))
+    out = user_path(given["out"] or "out").absolute()
+    request = RunRequest(script, args, house, tuple(requirements), out)
+    submit_run(spec, request, dependency=given["dependency"], dry_run=given["dry_run"], wait=given["wait"])
+
+
+# build options a run job has no use for
+_BUILD_ONLY = (
+    "source",
+    "ref",
+    "preflight",
+    "target",
+    "canary",
+    "clean",
+    "jobs",
+    "no_retry",
+    "no_verify",
+    "python",
+    "sif",
+)
+
+
+def _check_run_options(given: Mapping[str, Any]) -> None:
+    """--run with the build's options, or the run's options without --run, is a UsageError."""
+    if not given["run"]:
+        raise UsageError("--wheelhouse, --package and --arg belong to a run job", hint="add --run SCRIPT")
+    used = [f"--{k.replace('_', '-')}" for k in _BUILD_ONLY if given[k]]
+    if given["engine"] != "apptainer" or given["apptainer"] != "auto":
+        used.append("--engine/--apptainer")
+    if used:
+        raise UsageError(
+            f"{', '.join(used)} choose how a build runs: --run runs a script", hint="drop them, or drop --run"
+        )
 
 
 def _job_spec(
@@ -119,16 +194,16 @@ def _job_spec(
     set_: list[str] | None,
     job_options: Mapping[str, str],
     *,
-    module: list[str] | None,
+    modules: Mapping[str, list[str] | None],
     module_purge: bool,
     directive: list[str] | None,
 ) -> BuildSpec:
     """The profile with --set, then each job option given (JOB_OPTIONS) as a --set of its key;
-    --module replaces the profile's modules, --directive adds to its directives."""
+    --module replaces the profile's modules (runtime_modules for a run job: the key modules names),
+    --directive adds to its directives."""
     sets = list(set_ or [])
     sets += [f"{key}={value}" for key, value in job_options.items() if value]
-    if module:
-        sets.append(f"modules={json.dumps(module)}")
+    sets += [f"{key}={json.dumps(given)}" for key, given in modules.items() if given]
     if module_purge:
         sets.append("module_purge=true")
     spec = spec_from(profile, sets, arch)

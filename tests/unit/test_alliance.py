@@ -1,0 +1,143 @@
+"""The Alliance's paths without a cluster: `invoke wheelhouse --list` as avail_wheels prints it,
+the run job's script (`invoke submit --run --dry-run`) and its refusals, and which mpi4py wheel
+an install takes from a wheelhouse."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from helpers import make_wheel, run_invoke, set_args
+
+from torchbuild.delivery.install import site_mpi4py_wheel
+from torchbuild.delivery.wheelhouse import ListFilter, listing
+
+NAMES = (
+    "torch-2.6.0+computecanada-cp311-cp311-linux_x86_64.whl",
+    "torch-2.5.1+computecanada-cp311-cp311-linux_x86_64.whl",
+    "torch-2.6.0+computecanada-cp312-cp312-linux_x86_64.whl",
+    "numpy-2.1.0-cp311-cp311-manylinux_2_17_aarch64.manylinux2014_aarch64.whl",
+    "six-1.17.0-py2.py3-none-any.whl",
+    "mpi4py-4.0.3-cp311-cp311-linux_x86_64.whl",
+)
+
+
+def house(tmp_path: Path, *extra: str) -> Path:
+    d = tmp_path / "wh"
+    d.mkdir()
+    for name in (*NAMES, *extra):
+        (d / name).touch()  # a listing reads names only
+    return d
+
+
+def test_list_prints_avail_wheels_columns_newest_per_name_when_piped(tmp_path):
+    d = house(tmp_path, "not-a-wheel.whl", "README.txt")
+    res = run_invoke("wheelhouse", "--dest", str(d), "--list")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [
+        "name    version              python   arch",
+        "mpi4py  4.0.3                cp311    x86_64",
+        "numpy   2.1.0                cp311    aarch64",
+        "six     1.17.0               py2,py3  generic",
+        "torch   2.6.0+computecanada  cp311    x86_64",
+        "torch   2.6.0+computecanada  cp312    x86_64",
+    ]
+    assert "not-a-wheel.whl: not a wheel name" in res.stderr and "README" not in res.stderr
+
+
+def test_list_filters(tmp_path):
+    d = house(tmp_path)
+    rows = [w.row() for w in listing(d, ListFilter(names=("TORCH",), python="3.11", all_versions=True))]
+    assert rows == [
+        ("torch", "2.6.0+computecanada", "cp311", "x86_64"),
+        ("torch", "2.5.1+computecanada", "cp311", "x86_64"),
+    ]
+    rows = [w.row() for w in listing(d, ListFilter(names=("torch",), versions=("2.5*",)))]
+    assert rows == [("torch", "2.5.1+computecanada", "cp311", "x86_64")]
+    assert {w.name for w in listing(d, ListFilter(arch="aarch64"))} == {"numpy", "six"}
+    res = run_invoke("wheelhouse", "--dest", str(d), "--list", "--python", "three")
+    assert res.returncode != 0 and "--python 'three' is no Python version" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_filters_without_list_and_a_missing_dest_are_usage_errors(tmp_path):
+    res = run_invoke("wheelhouse", "--dest", str(tmp_path), "--name", "torch")
+    assert res.returncode != 0 and "add --list" in res.stderr
+    res = run_invoke("wheelhouse", "--dest", str(tmp_path / "none"), "--list")
+    assert res.returncode != 0 and "is no directory" in res.stderr and "Traceback" not in res.stderr
+
+
+RUN_SETS = set_args(["gpus=0", "gpu_type="])
+
+
+def test_run_dry_run_renders_the_seeds_job(tmp_path):
+    d = house(tmp_path)
+    script = tmp_path / "my test.py"
+    script.write_text("print(1)\n")
+    res = run_invoke(
+        "submit", "--profile", "alliance", "--run", str(script), "--wheelhouse", str(d), "--dry-run",
+        "--arg", "a b", *set_args(["runtime_env={\"X\": \"1 $(y)\"}"]), "--", "--epochs", "3",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    body = res.stdout.split("# dry run:")[0]
+    for line in (
+        "#SBATCH --cpus-per-task=12",
+        "#SBATCH --mem=48G",
+        "#SBATCH --time=03:00:00",
+        "#SBATCH --gres=gpu:a100:1",
+        "module load StdEnv/2023 gcc/12.3 openmpi/4.1.5 cuda/12.2 python/3.11",
+        'torchbuild_tmp=$(mktemp -d "$SLURM_TMPDIR/torchbuild-run.XXXXXX")',
+        'python3.11 -m venv -- "$torchbuild_tmp/env"',
+        "export X='1 $(y)'",
+    ):
+        assert line.strip() in [x.strip() for x in body.splitlines()], (line, body)
+    assert f"--find-links {d} \\\n" in body and "--no-index" in body and "-- torch" in body and "mpi4py" in body
+    assert f"python '{script}' 'a b'" in body and "--epochs 3" in body
+    assert subprocess.run(["bash", "-n"], input=body, text=True, check=False).returncode == 0
+    assert not (Path.cwd() / "out" / "logs" / "torchbuild-run-alliance-my_test.sbatch").exists()
+
+
+def test_run_refusals_name_the_fix(tmp_path):
+    d = tmp_path / "empty"
+    d.mkdir()
+    script = tmp_path / "s.py"
+    script.write_text("")
+    base = ("submit", "--profile", "alliance", "--dry-run")
+    cases = [
+        ((*base, "--run", str(tmp_path / "missing.py"), "--wheelhouse", str(d)), "is no file"),
+        ((*base, "--run", str(script)), "--run needs --wheelhouse DIR"),
+        ((*base, "--run", str(script), "--wheelhouse", str(d)), "holds no torch wheel"),
+        ((*base, "--wheelhouse", str(d)), "add --run SCRIPT"),
+        ((*base, "--run", str(script), "--wheelhouse", str(d), "--preflight"), "--preflight choose how a build runs"),
+    ]
+    for args, said in cases:
+        res = run_invoke(*args)
+        assert res.returncode != 0 and said in res.stderr, (args, res.stderr)
+        assert "Traceback" not in res.stderr
+    (d / "torch-2.6.0-cp311-cp311-linux_x86_64.whl").touch()
+    res = run_invoke(*base, "--run", str(script), "--wheelhouse", str(d))
+    assert res.returncode != 0 and "holds no mpi4py wheel" in res.stderr and "--add-mpi4py" in res.stderr
+
+
+def test_install_takes_the_site_built_mpi4py_wheel_only(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    make_wheel(a, "mpi4py", "4.0.3", "cp311-cp311-manylinux_2_17_x86_64")  # from PyPI: not the site's MPI
+    assert site_mpi4py_wheel([a], "mpi4py", "cp311") is None
+    built = make_wheel(b, "mpi4py", "4.0.3", "cp311-cp311-linux_x86_64")
+    newer = make_wheel(b, "mpi4py", "4.1.0", "cp311-cp311-linux_x86_64")
+    make_wheel(b, "mpi4py", "4.1.1", "cp312-cp312-linux_x86_64")
+    assert site_mpi4py_wheel([a, b, tmp_path / "none"], "mpi4py", "cp311") == newer
+    assert site_mpi4py_wheel([a, b], "mpi4py==4.0.3", "cp311") == built
+    assert site_mpi4py_wheel([b], "mpi4py", "cp313") is None
+
+
+def test_run_module_replaces_the_runtime_modules(tmp_path):
+    d = house(tmp_path)
+    script = tmp_path / "s.py"
+    script.write_text("")
+    res = run_invoke(
+        "submit", "--profile", "alliance", "--run", str(script), "--wheelhouse", str(d), "--dry-run",
+        "--module", "StdEnv/2023", "--module", "python/3.11.5",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "\nmodule load StdEnv/2023 python/3.11.5\n" in res.stdout
