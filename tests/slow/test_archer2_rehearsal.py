@@ -26,7 +26,9 @@ environment, HOROVOD_* variables, `horovodrun --check-build` listing MPI) is exe
 tests/fixtures/needs_no_isolation, a package built the same way (its build imports the installed
 minitorch and reads TB_WITH_MPI; its check prints "[X] MPI").
 
-Slow (tests/slow): the image is ~2 min from Debian's mirror, mpi4py's compile ~1-2 min.
+Slow (tests/slow). Measured here on 2 cores shared with other builds (load 8-9): the image
+2.6 min from Debian's mirror; the fixture's native build 65 s; the install 581 s, nearly all of
+it mpi4py 4's MPI.c compiled through `cc`.
 """
 
 from __future__ import annotations
@@ -193,7 +195,9 @@ def test_archer2_rehearsal_cray_wrappers_build_mpi4py_with_cc_and_a_package_with
     install_s = time.monotonic() - t0
     assert f"building mpi4py from source with MPICC={DRIVERS}/cc" in res, res[-3000:]
     record = json.loads((work / "envs" / "torch" / "torchbuild-install.json").read_text())
-    assert record["python"] == CRAY_PYTHON and record["system_site_packages"] is True
+    # the venv was made from cray-python's python3 (a link to bookworm's 3.11, which it records)
+    assert record["python_version"].startswith(STANDIN_PYTHON + ".") and record["system_site_packages"] is True
+    assert f"making the venv from {CRAY_PYTHON}, with its site-packages" in res, res[-3000:]
     assert record["mpi"]["mpicc"] == f"{DRIVERS}/cc" and "MPICH" in record["mpi"]["library_version"]
     calls = (work / "craype-wrappers.log").read_text().splitlines()
     assert any(c.startswith("cc -> gcc ") and "mpi4py" in c for c in calls), calls[:20]

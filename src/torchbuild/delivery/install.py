@@ -208,6 +208,7 @@ class _Step:
         mpicc = self._mpicc() if wants_mpi4py(self.spec) else ""
         base = self._python()
         site = ["--system-site-packages"] if self.spec.install_system_site_packages else []
+        say(f"making the venv from {base}" + (", with its site-packages" if site else ""))
         self._call([base, "-m", "venv", *site, "--", str(self.prefix)], "creating the venv")
         pins = [f"{w.project}=={w.version}" for w in self.req.wheels]
         house = self.req.wheelhouse
