@@ -206,10 +206,7 @@ class _Step:
     def run(self) -> None:
         started, t0 = datetime.now(timezone.utc), time.monotonic()
         mpicc = self._mpicc() if wants_mpi4py(self.spec) else ""
-        base = self._python()
-        site = ["--system-site-packages"] if self.spec.install_system_site_packages else []
-        say(f"making the venv from {base}" + (", with its site-packages" if site else ""))
-        self._call([base, "-m", "venv", *site, "--", str(self.prefix)], "creating the venv")
+        self._make_venv()
         pins = [f"{w.project}=={w.version}" for w in self.req.wheels]
         house = self.req.wheelhouse
         built = {w.project: w.version for w in self.req.wheels}
@@ -282,6 +279,14 @@ class _Step:
         return str(lua.relative_to(self.prefix)), str(tcl.relative_to(self.prefix))
 
     # -- pieces
+
+    def _make_venv(self) -> None:
+        """The venv at the prefix, from the chosen interpreter (_python); with its site-packages
+        when install_system_site_packages says so (a venv over cray-python)."""
+        base = self._python()
+        site = ["--system-site-packages"] if self.spec.install_system_site_packages else []
+        say(f"making the venv from {base}" + (", with its site-packages" if site else ""))
+        self._call([base, "-m", "venv", *site, "--", str(self.prefix)], "creating the venv")
 
     def _python(self) -> str:
         """--python, else the profile's install_python (each checked to be the wheels' Python,

@@ -359,7 +359,8 @@ class PackageInstallRecord:
 class InstallManifest:
     """One install environment (`invoke install`), written beside it as torchbuild-install.json."""
 
-    omit_if_none: ClassVar[tuple[str, ...]] = ("comms",)
+    # left out when at their default, as an install without them was written before they existed
+    omit_if_none: ClassVar[tuple[str, ...]] = ("comms", "packages", "system_site_packages")
 
     schema_version: int
     torchbuild_version: str
