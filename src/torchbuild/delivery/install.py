@@ -2,14 +2,16 @@
 
 The host side (checks, staging, the backend) is launch/install.py.
 `run_install_step()` runs where the backend runs it (natively, in the image or the SIF):
-  1. `python<version> -m venv PREFIX`;
+  1. `python<version> -m venv PREFIX` (the profile's install_python, or --python, when given;
+     with --system-site-packages when install_system_site_packages says so);
   2. the wheels with `pip install --no-index --find-links WHEELHOUSE --no-deps name==version`,
      so nothing from an index can stand in for them; then their dependencies and the profile's
      runtime_packages (from the index, or with --no-index from --find-links only);
   3. mpi4py, when the profile has MPI: the wheel the site built once against its MPI
      (`invoke wheelhouse --add-mpi4py`, a linux_<arch> wheel in a --find-links directory),
      else from its sdist with MPICC set (the profile's mpicc, default mpicc), never a cached or
-     PyPI binary wheel; `pip check`;
+     PyPI binary wheel; then each runtime_packages entry written as a mapping, on its own with
+     its pip_args and env, and its check run in the environment (install_packages); `pip check`;
   4. when the wheel was built with the NCCL and plugin of `invoke comms`: that prefix copied
      into PREFIX/comms (the environment does not depend on the build cache surviving), its
      lib/ directories first on LD_LIBRARY_PATH and NCCL_NET_PLUGIN naming the plugin;
@@ -49,12 +51,13 @@ from torchbuild.delivery.manifest import (
     InstallCommsRecord,
     InstallManifest,
     MpiRecord,
+    PackageInstallRecord,
     WheelRecord,
     write_install,
 )
 from torchbuild.delivery.modulefiles import ModuleInfo, add_activate_hook, write_modulefiles
 from torchbuild.delivery.pipenv import keep_built
-from torchbuild.inputs.config import BuildSpec
+from torchbuild.inputs.config import BuildSpec, RuntimePackage, requirement_of
 from torchbuild.inputs.environment import comms_install_env, runtime_env
 
 MPI4PY = "mpi4py"
@@ -68,7 +71,7 @@ def wants_mpi4py(spec: BuildSpec) -> bool:
 def mpi4py_requirement(spec: BuildSpec) -> str:
     """The mpi4py requirement: runtime_packages' own entry for it (a version pin), else mpi4py."""
     for item in spec.runtime_packages:
-        if canonicalize_name(Requirement(item).name) == MPI4PY:
+        if isinstance(item, str) and canonicalize_name(Requirement(item).name) == MPI4PY:
             return item
     return MPI4PY
 
@@ -94,10 +97,17 @@ def site_mpi4py_wheel(dirs: Sequence[Path], requirement: str, interpreter: str) 
 
 
 def other_packages(spec: BuildSpec) -> list[str]:
-    """runtime_packages without mpi4py, when mpi4py is built on its own."""
+    """runtime_packages' plain requirements (installed with the wheels' dependencies), without
+    mpi4py when mpi4py is built on its own; the entries with options are option_packages'."""
+    plain = [p for p in spec.runtime_packages if isinstance(p, str)]
     if not wants_mpi4py(spec):
-        return list(spec.runtime_packages)
-    return [p for p in spec.runtime_packages if canonicalize_name(Requirement(p).name) != MPI4PY]
+        return plain
+    return [p for p in plain if canonicalize_name(Requirement(p).name) != MPI4PY]
+
+
+def option_packages(spec: BuildSpec) -> list[RuntimePackage]:
+    """runtime_packages' entries written as mappings: each installed on its own, after mpi4py."""
+    return [p for p in spec.runtime_packages if isinstance(p, RuntimePackage)]
 
 
 # --------------------------------------------------------------------------- the requests
@@ -218,8 +228,7 @@ class _Step:
     def run(self) -> None:
         started, t0 = datetime.now(timezone.utc), time.monotonic()
         mpicc = self._mpicc() if wants_mpi4py(self.spec) else ""
-        base = self._python()
-        self._call([base, "-m", "venv", "--", str(self.prefix)], "creating the venv")
+        self._make_venv()
         pins = [f"{w.project}=={w.version}" for w in self.req.wheels]
         house = self.req.wheelhouse
         built = {w.project: w.version for w in self.req.wheels}
@@ -230,6 +239,7 @@ class _Step:
         say("installing their dependencies" + (f" and {', '.join(extra)}" if extra else ""))
         self._pip(["install", "--find-links", house, *self.index, "--", *pins, *extra], "installing dependencies")
         mpi = self._mpi4py(mpicc) if mpicc else None
+        packages = install_packages(self, option_packages(self.spec))
         self._pip(["check"], "pip check")
         runtime = runtime_env(self.spec)
         carried = self._carry_comms()
@@ -262,7 +272,7 @@ class _Step:
             duration_s=round(time.monotonic() - t0, 1),
             wheels=tuple(WheelRecord.of(Path(house, w.file)) for w in self.req.wheels),
             runtime_env=dict(runtime),
-            runtime_packages=tuple(self.spec.runtime_packages),
+            runtime_packages=tuple(requirement_of(p) for p in self.spec.runtime_packages),
             runtime_modules=tuple(self.spec.runtime_modules),
             mpi=mpi,
             module=f"{self.req.module.name}/{self.req.module.version}",
@@ -270,6 +280,8 @@ class _Step:
             frozen=tuple(frozen),
             size_bytes=_size(self.prefix),
             comms=comms,
+            packages=packages,
+            system_site_packages=self.spec.install_system_site_packages,
         )
         write_install(manifest, self.prefix / INSTALL_MANIFEST)
 
@@ -290,17 +302,22 @@ class _Step:
 
     # -- pieces
 
+    def _make_venv(self) -> None:
+        """The venv at the prefix, from the chosen interpreter (_python); with its site-packages
+        when install_system_site_packages says so (a venv over cray-python)."""
+        base = self._python()
+        site = ["--system-site-packages"] if self.spec.install_system_site_packages else []
+        say(f"making the venv from {base}" + (", with its site-packages" if site else ""))
+        self._call([base, "-m", "venv", *site, "--", str(self.prefix)], "creating the venv")
+
     def _python(self) -> str:
-        """--python, else the Python the wheels were built for (their cpXY tag; for pure-Python
-        wheels the profile's python_version): pythonX.Y on PATH, else this interpreter or the
-        image's /opt/venv-X.Y when it is X.Y. ToolMissing naming X.Y and the fix otherwise."""
-        given = self.req.python
-        if given:
-            return _on_path(
-                given,
-                f"--python {given} is not a program here",
-                "give the path of a python3.X interpreter where the install runs",
-            )
+        """--python, else the profile's install_python (each checked to be the wheels' Python,
+        interpreter_for), else the Python the wheels were built for (their cpXY tag; for
+        pure-Python wheels the profile's python_version): pythonX.Y on PATH, else this
+        interpreter or the image's /opt/venv-X.Y when it is X.Y. ToolMissing naming X.Y and the
+        fix otherwise."""
+        if self.req.python or self.spec.install_python:
+            return interpreter_for(self.req, self.env)
         version = self.req.python_version or self.spec.python_version
         why = "the wheels were built for it" if self.req.python_version else "the profile's python_version"
         found = shutil.which(f"python{version}")
@@ -446,6 +463,81 @@ class _Step:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
             raise InstallFailed(f"{what} failed in {self.prefix}: " + " | ".join(tail))
         return proc.stdout
+
+
+# --------------------------------------------------------------------------- the interpreter and packages with options
+
+
+def interpreter_for(req: InstallRequest, env: Mapping[str, str]) -> str:
+    """The interpreter --python (else the profile's install_python) names, on PATH where the
+    step runs; ToolMissing when it is not there, InstallFailed when it is not the Python the
+    wheels were built for (their cp3X tag): a torch for 3.12 does not import on 3.11."""
+    given, option = (req.python, "--python") if req.python else (req.spec.install_python, "install_python")
+    found = _on_path(
+        given,
+        f"{option} {given} is not a program here",
+        "load the Python module (e.g. cray-python) or give the path of a python3.X interpreter where the install runs",
+    )
+    if not req.python_version:
+        return found
+    code = "import sys; print('%d.%d' % sys.version_info[:2])"
+    with named_os_errors(found, f"asking {option} {given} its version"):
+        proc = subprocess.run([found, "-c", code], capture_output=True, text=True, env=dict(env), check=False)
+    have = proc.stdout.strip()
+    if proc.returncode != 0 or have != req.python_version:
+        raise InstallFailed(
+            f"{option} {given} ({found}) is Python {have or '?'}, the wheels were built for {req.python_version}",
+            hint=f"load the module of Python {req.python_version} or build the wheel with python_version: {have or 'X.Y'}",
+        )
+    return found
+
+
+# the lines of a check's output kept in the manifest, and shown when it fails
+CHECK_TAIL = 20
+
+
+def install_packages(step: _Step, packages: Sequence[RuntimePackage]) -> tuple[PackageInstallRecord, ...]:
+    """Each runtime_packages entry with options installed on its own: `pip install` with its
+    pip_args (the profile allowed them) and its env over the install's, then its check run in
+    the environment (PREFIX/bin first on PATH, no shell); InstallFailed with the check's last
+    lines when it fails. step is the install's _Step (its pip, index options and environment)."""
+    records = []
+    for pkg in packages:
+        shown = " ".join([*pkg.pip_args, pkg.requirement])
+        say(f"installing {shown}" + (f" with {', '.join(f'{k}={v}' for k, v in pkg.env)}" if pkg.env else ""))
+        step._pip(
+            ["install", *step.index, *pkg.pip_args, "--", pkg.requirement],
+            f"installing {pkg.requirement}",
+            env=pkg.environ,
+        )
+        output = _run_check(step, pkg) if pkg.check else ""
+        records.append(PackageInstallRecord(pkg.requirement, pkg.pip_args, pkg.environ, pkg.check, output))
+    return tuple(records)
+
+
+def _run_check(step: _Step, pkg: RuntimePackage) -> str:
+    """pkg's check in the environment: its output's last CHECK_TAIL lines, or InstallFailed."""
+    bin_dir = step.prefix / "bin"
+    env = {**step.env, "VIRTUAL_ENV": str(step.prefix), "PATH": f"{bin_dir}:{step.env.get('PATH', os.defpath)}"}
+    program = shutil.which(pkg.check[0], path=env["PATH"])
+    if program is None:
+        raise InstallFailed(
+            f"the check of {pkg.requirement}: {pkg.check[0]!r} is neither in {bin_dir} nor on PATH",
+            hint="fix check in its runtime_packages entry (a program the package installs, e.g. horovodrun)",
+        )
+    say(f"checking {pkg.requirement}: {' '.join(pkg.check)}")
+    with named_os_errors(program, f"the check of {pkg.requirement}"):
+        proc = subprocess.run(
+            [program, *pkg.check[1:]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, check=False
+        )
+    tail = "\n".join(proc.stdout.rstrip().splitlines()[-CHECK_TAIL:])
+    if proc.returncode != 0:
+        raise InstallFailed(
+            f"the check of {pkg.requirement} failed (exit {proc.returncode}): {' '.join(pkg.check)}\n{tail}",
+            hint="the package installed but does not work here; its build log is above; nothing was installed",
+        )
+    print(tail, flush=True)
+    return tail
 
 
 # --------------------------------------------------------------------------- which MPI runs

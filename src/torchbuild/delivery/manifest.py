@@ -360,10 +360,22 @@ class InstallCommsRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class PackageInstallRecord:
+    """A runtime_packages entry with its own pip options, as `invoke install` installed it."""
+
+    requirement: str
+    pip_args: tuple[str, ...]
+    env: dict[str, str]  # the variables its pip install ran with (besides the install's own)
+    check: tuple[str, ...]  # the argv run in the environment afterwards; () for none
+    check_output: str  # the check's output (its last lines)
+
+
+@dataclasses.dataclass(frozen=True)
 class InstallManifest:
     """One install environment (`invoke install`), written beside it as torchbuild-install.json."""
 
-    omit_if_none: ClassVar[tuple[str, ...]] = ("comms",)
+    # left out when at their default, as an install without them was written before they existed
+    omit_if_none: ClassVar[tuple[str, ...]] = ("comms", "packages", "system_site_packages")
 
     schema_version: int
     torchbuild_version: str
@@ -388,6 +400,9 @@ class InstallManifest:
     size_bytes: int
     kind: str = "install"
     comms: Optional[InstallCommsRecord] = None  # the comms stack the wheel was built with, when it was
+    # runtime_packages entries with their own pip options, in the order they were installed
+    packages: tuple[PackageInstallRecord, ...] = ()
+    system_site_packages: bool = False  # the venv extends its interpreter's packages
 
     def to_dict(self) -> dict[str, Any]:
         return records.to_dict(self)

@@ -78,7 +78,9 @@ class KeySpec:
 
 
 SCOPES = ("build", "job", "runtime")
-_TYPES = ("str", "int", "bool", "number", "list", "requirements", "map", "jobs", "cuda_arch_list")
+_TYPES = ("str", "int", "bool", "number", "list", "requirements", "packages", "map", "jobs", "cuda_arch_list")
+# the types whose value is a list of items
+_LISTS = ("list", "requirements", "packages", "cuda_arch_list")
 
 
 @functools.cache
@@ -156,6 +158,25 @@ def _range_schema(spec: KeySpec, low: float | None) -> dict[str, Any]:
     return out
 
 
+_ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+# a runtime_packages entry written as a mapping (RuntimePackage)
+_PACKAGE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["requirement"],
+    "additionalProperties": False,
+    "properties": {
+        "requirement": {"type": "string"},
+        "pip_args": {"type": "array", "items": {"type": "string"}},
+        "env": {
+            "type": "object",
+            "propertyNames": {"type": "string", "pattern": _anchored(_ENV_NAME)},
+            "additionalProperties": {"type": ["string", "number", "boolean"]},
+        },
+        "check": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+    },
+}
+
+
 def _value_schema(spec: KeySpec) -> dict[str, Any]:
     """The JSON Schema of one key's value, by its defaults.yaml type."""
     arch = _CUDA_ARCH_RE.pattern
@@ -163,6 +184,7 @@ def _value_schema(spec: KeySpec) -> dict[str, Any]:
         "str": _text_schema(spec),
         "list": {"type": "array", "items": _text_schema(spec)},
         "requirements": {"type": "array", "items": _text_schema(spec)},
+        "packages": {"type": "array", "items": {"anyOf": [_text_schema(spec), _PACKAGE_SCHEMA]}},
         "bool": {"type": "boolean"},
         "int": {"type": "integer", **_range_schema(spec, 0)},
         "number": {"type": "number", **_range_schema(spec, None)},
@@ -250,6 +272,40 @@ LAUNCHER_DEFAULTS = {"slurm": "srun", "pbs": "mpiexec"}
 
 
 @dataclasses.dataclass(frozen=True)
+class RuntimePackage:
+    """A runtime_packages entry written as a mapping: a requirement installed on its own, with
+    its pip options (PIP_OPTIONS' allow-list) and variables, then check run in the environment."""
+
+    requirement: str
+    pip_args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # (name, value) pairs, in the profile's order
+    check: tuple[str, ...] = ()  # argv, no shell; empty: no check
+
+    @property
+    def environ(self) -> dict[str, str]:
+        return dict(self.env)
+
+    def as_data(self) -> dict[str, Any]:
+        """The entry as a profile writes it (only the fields it sets besides requirement)."""
+        data: dict[str, Any] = {"requirement": self.requirement}
+        if self.pip_args:
+            data["pip_args"] = list(self.pip_args)
+        if self.env:
+            data["env"] = dict(self.env)
+        if self.check:
+            data["check"] = list(self.check)
+        return data
+
+
+PackageEntry = Union[str, RuntimePackage]
+
+
+def requirement_of(entry: PackageEntry) -> str:
+    """The pip requirement of a runtime_packages entry (text, or a mapping's requirement)."""
+    return entry if isinstance(entry, str) else entry.requirement
+
+
+@dataclasses.dataclass(frozen=True)
 class BuildSpec:
     """A resolved, validated profile. Field names are exactly the keys of defaults.yaml."""
 
@@ -266,6 +322,7 @@ class BuildSpec:
     python_versions: tuple[str, ...]
     compiler: str
     compiler_version: str
+    compilers: StrMap
     apt_packages: tuple[str, ...]
     python_packages: tuple[str, ...]
     python_system_site_packages: bool
@@ -330,7 +387,9 @@ class BuildSpec:
     directives: tuple[str, ...]
     launcher: str
     runtime_env: StrMap
-    runtime_packages: tuple[str, ...]
+    runtime_packages: tuple[PackageEntry, ...]
+    install_python: str
+    install_system_site_packages: bool
     runtime_modules: tuple[str, ...]
     mpicc: str
     host_mpi: tuple[str, ...]
@@ -378,13 +437,7 @@ class BuildSpec:
         out: dict[str, Any] = {"profile": self.profile}
         for name in schema():
             value = getattr(self, name)
-            if isinstance(value, Arch):
-                value = value.value
-            elif isinstance(value, tuple):
-                value = list(value)
-            elif isinstance(value, Mapping):
-                value = dict(value)
-            out[name] = value
+            out[name] = _plain(value)
         return out
 
     @property
@@ -650,7 +703,7 @@ def parse_set(items: Iterable[str]) -> _Layer:
 
 def _parse_cli_value(spec: KeySpec, raw: str) -> Any:
     raw = raw.strip()
-    if spec.type in ("list", "requirements", "cuda_arch_list"):
+    if spec.type in _LISTS:
         if raw.startswith("["):
             return _cli_yaml(spec, raw)
         return [part.strip() for part in re.split(r"[;,]", raw) if part.strip()]
@@ -727,7 +780,7 @@ def _yaml_scalars(spec: KeySpec, value: Any) -> Any:
     ("8.0;9.0"), max_jobs given as text ("8") as its number; anything else as it came."""
     if spec.type == "str":
         return _int_text(value)
-    if spec.type in ("list", "requirements") and isinstance(value, list):
+    if spec.type in ("list", "requirements", "packages") and isinstance(value, list):
         return [_int_text(v) for v in value]
     if spec.type == "cuda_arch_list":
         if isinstance(value, str):
@@ -791,6 +844,8 @@ def _explain(spec: KeySpec, error: ValidationError, value: Any, where: str) -> P
         return _bad(spec, where, f"expected true or false, got {value!r}")
     if spec.type == "map":
         return _explain_map(spec, error, value, where)
+    if spec.type == "packages" and isinstance(value, list) and len(error.path) > 1:
+        return _explain_package(spec, value[int(error.path[1])], where)
     if spec.type == "cuda_arch_list":
         if not isinstance(value, list):
             return _bad(spec, where, f"expected a list of GPU architectures, got {value!r}")
@@ -859,13 +914,15 @@ def _canonical(spec: KeySpec, value: Any, where: str) -> Any:
         if value != value:  # NaN passes every comparison JSON Schema makes
             raise _bad(spec, where, f"expected a number > 0, got {value!r}")
         return float(value)
-    items = tuple(value) if spec.type in ("list", "requirements", "cuda_arch_list") else (value,)
+    if spec.type == "packages":
+        return tuple(_package(spec, item, where) for item in value)
+    items = tuple(value) if spec.type in _LISTS else (value,)
     if spec.path:
         for item in items:
             home_path(item, f"{where}: key {spec.name!r}:")
     if spec.type == "requirements":
         _check_requirements(spec, items, where)
-    return items if spec.type in ("list", "requirements", "cuda_arch_list") else value
+    return items if spec.type in _LISTS else value
 
 
 def _canonical_map(spec: KeySpec, value: Mapping[str, Any], where: str) -> StrMap:
@@ -894,12 +951,122 @@ def _check_requirements(spec: KeySpec, items: Iterable[str], where: str) -> None
             ) from None
 
 
+# the pip options a runtime_packages entry may pass (pip_args): flags, and options written
+# --name=value whose value must match; anything else (an index, a target, a second requirement)
+# is refused, so an entry cannot turn into other pip arguments
+PIP_FLAGS = frozenset(
+    {
+        "--no-build-isolation",
+        "--no-cache-dir",
+        "--no-deps",
+        "--pre",
+        "--upgrade",
+        "--force-reinstall",
+        "--ignore-installed",
+        "--prefer-binary",
+        "--use-pep517",
+        "--no-use-pep517",
+        "--check-build-dependencies",
+        "--no-clean",
+        "--compile",
+        "--no-compile",
+        "--verbose",
+    }
+)
+_PIP_NAMES = r":all:|:none:|[A-Za-z0-9._-]+(,[A-Za-z0-9._-]+)*"
+PIP_VALUED = {"--no-binary": _PIP_NAMES, "--only-binary": _PIP_NAMES, "--config-settings": r"[A-Za-z0-9_.-]+=[^\s]*"}
+# a program: a plain name found on PATH, or an absolute path; no shell metacharacters or spaces
+COMMAND_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*|/[A-Za-z0-9_.+/-]+")
+_PACKAGE_FIELDS = ("requirement", "pip_args", "env", "check")
+
+
+def pip_arg_problem(arg: str) -> str | None:
+    """Why a pip_args item is refused, or None when the allow-list takes it."""
+    if arg in PIP_FLAGS:
+        return None
+    name, eq, value = arg.partition("=")
+    if name in PIP_VALUED:
+        if eq and re.fullmatch(PIP_VALUED[name], value):
+            return None
+        return f"{arg!r}: write {name}=VALUE (one item, VALUE matching {PIP_VALUED[name]})"
+    return f"{arg!r} is not a pip option runtime_packages may pass"
+
+
+def _package_problem(item: Any) -> str:
+    """What is wrong with a runtime_packages entry the schema refused."""
+    if not isinstance(item, dict):
+        return f"entry {_shown(item, 40)} must be a requirement or a mapping {{{', '.join(_PACKAGE_FIELDS)}}}"
+    unknown = [k for k in item if k not in _PACKAGE_FIELDS]
+    if unknown:
+        return f"entry field {unknown[0]!r} is not known (fields: {', '.join(_PACKAGE_FIELDS)})"
+    if not isinstance(item.get("requirement"), str):
+        return f"entry {_shown(item, 40)} needs requirement: the pip requirement as text"
+    for key in ("pip_args", "check"):
+        value = item.get(key, ["x"])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or (key == "check" and not value):
+            kind = "an argv (a non-empty list of text)" if key == "check" else "a list of text"
+            return f"{item['requirement']}: {key} must be {kind}, got {_shown(value, 40)}"
+    env = item.get("env", {})
+    if not isinstance(env, dict):
+        return f"{item['requirement']}: env must be a mapping of variables, got {_shown(env, 40)}"
+    for k, v in env.items():
+        if not isinstance(k, str) or not re.fullmatch(_ENV_NAME, k):
+            return f"{item['requirement']}: env name {k!r} is not a variable name"
+        if not isinstance(v, (str, int, float, bool)):
+            return f"{item['requirement']}: env {k} must be text or a number, got {_shown(v, 40)}"
+    return f"entry {_shown(item, 40)} is malformed"
+
+
+def _explain_package(spec: KeySpec, item: Any, where: str) -> ProfileError:
+    hint = "write name[extras]<specifiers>, or {requirement: horovod==0.28.1, pip_args: [--no-build-isolation]}"
+    return _bad(spec, where, _package_problem(item), hint=hint)
+
+
+def _package(spec: KeySpec, item: str | Mapping[str, Any], where: str) -> PackageEntry:
+    """A runtime_packages entry the schema accepted, checked further: its requirement (PEP 508),
+    its pip_args against the allow-list, its check's program; a mapping as a RuntimePackage."""
+    if isinstance(item, str):
+        _check_requirements(spec, (item,), where)
+        return item
+    requirement = str(item["requirement"])
+    _check_requirements(spec, (requirement,), where)
+    for arg in item.get("pip_args", ()):
+        problem = pip_arg_problem(arg)
+        if problem:
+            allowed = ", ".join([*sorted(PIP_FLAGS), *(f"{k}=..." for k in PIP_VALUED)])
+            raise _bad(spec, where, f"{requirement}: pip_args {problem}", hint=f"allowed: {allowed}")
+    check = tuple(item.get("check", ()))
+    if check and not COMMAND_RE.fullmatch(check[0]):
+        raise _bad(
+            spec,
+            where,
+            f"{requirement}: check {check[0]!r} is not a program name or absolute path",
+            hint="check is an argv run without a shell: [horovodrun, --check-build]",
+        )
+    env = tuple((k, ("1" if v else "0") if isinstance(v, bool) else str(v)) for k, v in item.get("env", {}).items())
+    return RuntimePackage(requirement, tuple(item.get("pip_args", ())), env, check)
+
+
+def _check_compilers(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
+    """compilers: each a program name or an absolute path (it reaches CC/CXX/FC and the
+    preflight as it is written, never through a shell)."""
+    for role, command in values["compilers"].items():
+        if not COMMAND_RE.fullmatch(command):
+            _fail(
+                where,
+                "compilers",
+                f"{role}: {_shown(command, 40)} is not a program name or an absolute path",
+                "write a name found on PATH (cc, CC, ftn, gcc-13) or an absolute path, without spaces or options "
+                "(flags go in cflags/cxxflags)",
+            )
+
+
 def _plain(value: Any) -> Any:
     """A BuildSpec value as the YAML or JSON it came from (lists, dicts, text)."""
     if isinstance(value, Arch):
         return value.value
     if isinstance(value, tuple):
-        return list(value)
+        return [v.as_data() if isinstance(v, RuntimePackage) else v for v in value]
     if isinstance(value, Mapping):
         return dict(value)
     return value
@@ -942,6 +1109,7 @@ def _fail(where: Mapping[str, str], key: str, problem: str, hint: str | None) ->
 def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], arch: Arch) -> None:
     """Rules that involve more than one key; the message names where the later key was set."""
     _check_cuda_and_nccl(values, where)
+    _check_compilers(values, where)
     _check_companions(values, where)
     _check_not_options(values, where)
     _check_libraries(values, where, arch)

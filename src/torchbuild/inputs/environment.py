@@ -36,11 +36,23 @@ CCACHE_SLOPPINESS = "pch_defines,time_macros,include_file_mtime,include_file_cti
 
 
 def compilers(spec: BuildSpec) -> tuple[str, str]:
-    """(CC, CXX) executable names for the profile's compiler."""
+    """(CC, CXX) executable names of the profile's compiler family (compiler, compiler_version):
+    what the image installs. The build runs compiler_commands, which the compilers key may change."""
     suffix = f"-{spec.compiler_version}" if spec.compiler_version else ""
     if spec.compiler == "clang":
         return f"clang{suffix}", f"clang++{suffix}"
     return f"gcc{suffix}", f"g++{suffix}"
+
+
+def compiler_commands(spec: BuildSpec) -> dict[str, str]:
+    """CC, CXX (and FC when the profile names one) as the build runs them: the profile's
+    compilers key ({cc: cc, cxx: CC, fc: ftn} for Cray's wrappers), each role it leaves out
+    from the compiler family."""
+    cc, cxx = compilers(spec)
+    chosen = {"CC": spec.compilers.get("cc", cc), "CXX": spec.compilers.get("cxx", cxx)}
+    if "fc" in spec.compilers:
+        chosen["FC"] = spec.compilers["fc"]
+    return chosen
 
 
 def _flag(on: bool) -> str:
@@ -156,7 +168,8 @@ def compile_env(
 ) -> dict[str, str]:
     """What a compile step sets (torch's build, a companion, an editable tree, NCCL): the
     build's environment for the planned jobs (build_env), jobs_env of the plan, then extra
-    (the step's own: NCCL_ROOT, a companion's BUILD_VERSION...), which wins. cuda: as build_env."""
+    (the step's own: NCCL_ROOT, a companion's BUILD_VERSION...), which wins; the profile's env
+    values that name ${VAR} filled in where the step runs (with_job_values). cuda: as build_env."""
     env = build_env(
         spec,
         cache_root=cache_root,
@@ -165,20 +178,18 @@ def compile_env(
         backend=backend,
         cuda=cuda,
     )
-    return {**env, **jobs_env(plan.jobs), **(extra or {})}
+    return with_job_values({**env, **jobs_env(plan.jobs), **(extra or {})}, spec.env)
 
 
 def _compile_env(
     spec: BuildSpec, cache_root: str, jobs: int, nvcc_threads: int | None, backend: str, home: str
 ) -> dict[str, str]:
-    cc, cxx = compilers(spec)
     launcher = ccache_launcher(backend)
     env: dict[str, str] = {
         "PYTORCH_BUILD_VERSION": spec.build_version,
         "PYTORCH_BUILD_NUMBER": "1",
         "MAX_JOBS": str(jobs),
-        "CC": cc,
-        "CXX": cxx,
+        **compiler_commands(spec),
         **({"CMAKE_C_COMPILER_LAUNCHER": "ccache", "CMAKE_CXX_COMPILER_LAUNCHER": "ccache"} if launcher else {}),
         "USE_CUDA": _flag(spec.cuda),
     }
@@ -351,3 +362,28 @@ def comms_install_env(prefix: str, manifest: Mapping[str, Any]) -> tuple[list[st
         if part == "plugin":
             env["NCCL_NET_PLUGIN"] = path
     return dirs + comms_deps_dir(prefix, manifest), env
+
+
+# ${NAME} in a value of the profile's env: the variable of the environment the build step runs
+# in (a module's MKLROOT on the compute node), filled in by Python, never by a shell
+_JOB_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def with_job_values(
+    env: Mapping[str, str], profile_env: Mapping[str, str], environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """env with each of the profile's env values that names ${NAME} (INTEL_MKL_DIR: ${MKLROOT})
+    filled in from environ (default: this process's, the step's). A value naming a variable
+    that is unset there is left out, so the build's own default applies (as a shell's empty
+    expansion would leave it). Only ${NAME} is read: no other expansion, no command."""
+    source = os.environ if environ is None else environ
+    out = dict(env)
+    for key, value in profile_env.items():
+        if out.get(key) != value or "${" not in value:
+            continue
+        names = _JOB_REFERENCE.findall(value)
+        if any(not source.get(n) for n in names):
+            del out[key]
+        else:
+            out[key] = _JOB_REFERENCE.sub(lambda m: source[m[1]], value)
+    return out

@@ -312,10 +312,11 @@ def _existing_dir(path: Path, what: str) -> Path:
 def _summary(m: InstallManifest, seconds: float) -> None:
     rows = [
         ("prefix", m.prefix),
-        ("python", f"{m.python} ({m.python_version})"),
+        ("python", f"{m.python} ({m.python_version})" + (", with its site-packages" if m.system_site_packages else "")),
         ("wheels", ", ".join(w.name for w in m.wheels)),
         ("packages", str(len(m.frozen))),
         ("mpi4py", f"{m.mpi.mpi4py} against {m.mpi.library_version.splitlines()[0]}" if m.mpi else "-"),
+        *((f"checked {p.requirement}", f"{' '.join(p.check)}: ok") for p in m.packages if p.check),
         ("comms", f"{m.comms.prefix} (copied from {m.comms.source})" if m.comms else "-"),
         ("size", f"{m.size_bytes / 2**20:.1f} MiB"),
         ("time", f"{seconds:.1f} s"),

@@ -46,7 +46,7 @@ from torchbuild.core.errors import (
     writable_dir,
 )
 from torchbuild.core.safeio import user_path
-from torchbuild.inputs.config import BuildSpec, check_value, profile_text
+from torchbuild.inputs.config import BuildSpec, check_value, profile_text, requirement_of
 from torchbuild.inputs.config import wanted as comms_wanted
 
 if TYPE_CHECKING:
@@ -1002,7 +1002,9 @@ def run_requirements(spec: BuildSpec, packages: Sequence[str]) -> list[str]:
 
     from torchbuild.delivery.install import mpi4py_requirement, wants_mpi4py
 
-    wanted = [*(packages or ["torch"]), *spec.runtime_packages]
+    # a runtime_packages mapping's requirement alone: the wheelhouse holds its built wheel, which
+    # installs without the pip options and variables its build took (its check is the install's)
+    wanted = [*(packages or ["torch"]), *(requirement_of(p) for p in spec.runtime_packages)]
     for item in wanted:
         try:
             Requirement(item)

@@ -37,7 +37,7 @@ from torchbuild.core.errors import ToolMissing, TorchbuildError, named_os_errors
 from torchbuild.core.process import Finished
 from torchbuild.core.progress import Tee
 from torchbuild.inputs.config import BuildSpec
-from torchbuild.inputs.environment import compilers, jobs_env
+from torchbuild.inputs.environment import compiler_commands, jobs_env
 from torchbuild.inputs.jobs import HostResources, JobPlan, plan_for, plan_make
 from torchbuild.steps.oom import JobsUsed, Sink, run_compile
 
@@ -56,7 +56,8 @@ def first_line(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> str:
 
 
 def toolchain_versions(spec: BuildSpec, env: Mapping[str, str]) -> dict[str, str]:
-    cc, cxx = compilers(spec)
+    commands = compiler_commands(spec)
+    cc, cxx = commands["CC"], commands["CXX"]
     versions = {
         "cc": first_line([cc, "--version"], env),
         "cxx": first_line([cxx, "--version"], env),

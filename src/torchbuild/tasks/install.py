@@ -23,8 +23,8 @@ OUT_HELP = "the directory of built wheels (default ./out); staging files go ther
         "find_links": "a directory of wheels or sdists pip may use for dependencies and runtime_packages (repeatable)",
         "no_index": "never ask a package index: dependencies and runtime_packages from --find-links only",
         "force": "replace an environment torchbuild installed at --prefix",
-        "python": "the interpreter the venv is made from (default: python3.X on PATH where it runs, for the wheels' "
-        "cp3X tag; the profile's python_version for pure-Python wheels)",
+        "python": "the interpreter the venv is made from (default: the profile's install_python, else python3.X on "
+        "PATH where it runs, for the wheels' cp3X tag; the profile's python_version for pure-Python wheels)",
         "module_name": "the modulefile's name (default torch, or the first wheel's project)",
     },
     iterable=["wheel", "find_links"],
