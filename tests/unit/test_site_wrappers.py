@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import FIXTURES, make_wheel
+from helpers import FIXTURES, REPO, make_wheel
 
 from torchbuild.core.errors import ProfileError
 from torchbuild.delivery.install import option_packages, other_packages
@@ -111,14 +112,29 @@ def test_a_runtime_package_with_options_survives_every_form_the_spec_takes():
     assert again[1]["env"]["HOROVOD_WITH_MPI"] == "1"
 
 
-def test_archer2_installs_horovod_as_epcc_does():
-    (entry,) = option_packages(resolve("archer2"))
-    assert entry.requirement == "horovod[pytorch]==0.28.1"
-    assert entry.pip_args == ("--no-build-isolation", "--no-cache-dir") and entry.check == (
-        "horovodrun",
-        "--check-build",
-    )
-    assert entry.environ["HOROVOD_WITH_PYTORCH"] == "1" and entry.environ["CXX"] == "CC"
+def test_archer2_carries_epccs_horovod_entry_ready_to_uncomment():
+    """The default install stops at nothing (horovod 0.28.1 cannot build against torch 2.6);
+    the seed's entry, uncommented from the profile, resolves to exactly what EPCC runs."""
+    assert option_packages(resolve("archer2")) == []
+    text = (REPO / "configs" / "profiles" / "archer2.yaml").read_text()
+    block = re.search(r"^# - requirement: .*?^#   check: .*?$", text, re.M | re.S)
+    assert block, "the archer2 profile lost its commented horovod entry"
+    entry_yaml = "\n".join(line[1:] for line in block[0].splitlines())
+    entry = yaml.safe_load(entry_yaml)[0]
+    spec = resolve("archer2", [f"runtime_packages=[mpi4py, {yaml.safe_dump(entry, default_flow_style=True).strip()}]"])
+    (horovod,) = option_packages(spec)
+    assert horovod.requirement == "horovod[pytorch]==0.28.1"
+    assert horovod.pip_args == ("--no-build-isolation", "--no-cache-dir")
+    assert horovod.check == ("horovodrun", "--check-build")
+    assert horovod.environ["HOROVOD_WITH_PYTORCH"] == "1" and horovod.environ["CXX"] == "CC"
+
+
+def test_the_sites_compiler_wrappers_are_used_natively_and_the_images_compilers_in_a_container():
+    spec = resolve("archer2")
+    assert compiler_commands(spec) == {"CC": "cc", "CXX": "CC", "FC": "ftn"}
+    for backend in ("docker", "apptainer"):
+        env = build_env(spec, cache_root="/cache", jobs=1, backend=backend)
+        assert (env["CC"], env["CXX"]) == ("gcc", "g++") and "FC" not in env, backend
 
 
 @pytest.mark.parametrize(

@@ -44,11 +44,14 @@ def compilers(spec: BuildSpec) -> tuple[str, str]:
     return f"gcc{suffix}", f"g++{suffix}"
 
 
-def compiler_commands(spec: BuildSpec) -> dict[str, str]:
-    """CC, CXX (and FC when the profile names one) as the build runs them: the profile's
+def compiler_commands(spec: BuildSpec, backend: str = "native") -> dict[str, str]:
+    """CC, CXX (and FC when the profile names one) as the build runs them: natively the profile's
     compilers key ({cc: cc, cxx: CC, fc: ftn} for Cray's wrappers), each role it leaves out
-    from the compiler family."""
+    from the compiler family; in the image or the SIF the family's, which the image installs
+    (the site's wrappers, like its modules, exist on its own nodes only)."""
     cc, cxx = compilers(spec)
+    if backend != "native":
+        return {"CC": cc, "CXX": cxx}
     chosen = {"CC": spec.compilers.get("cc", cc), "CXX": spec.compilers.get("cxx", cxx)}
     if "fc" in spec.compilers:
         chosen["FC"] = spec.compilers["fc"]
@@ -189,7 +192,7 @@ def _compile_env(
         "PYTORCH_BUILD_VERSION": spec.build_version,
         "PYTORCH_BUILD_NUMBER": "1",
         "MAX_JOBS": str(jobs),
-        **compiler_commands(spec),
+        **compiler_commands(spec, backend),
         **({"CMAKE_C_COMPILER_LAUNCHER": "ccache", "CMAKE_CXX_COMPILER_LAUNCHER": "ccache"} if launcher else {}),
         "USE_CUDA": _flag(spec.cuda),
     }

@@ -57,7 +57,7 @@ def first_line(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> str:
 
 def toolchain_versions(spec: BuildSpec, env: Mapping[str, str]) -> dict[str, str]:
     commands = compiler_commands(spec)
-    cc, cxx = commands["CC"], commands["CXX"]
+    cc, cxx = env.get("CC") or commands["CC"], env.get("CXX") or commands["CXX"]  # what the build ran
     versions = {
         "cc": first_line([cc, "--version"], env),
         "cxx": first_line([cxx, "--version"], env),
