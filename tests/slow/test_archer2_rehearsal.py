@@ -42,9 +42,8 @@ from pathlib import Path
 
 import pytest
 from helpers import FIXTURES, REPO
+from standin import StandinNode, build_standin
 
-from torchbuild.core.arch import Arch
-from torchbuild.inputs.baseimage import make_base_image
 from torchbuild.inputs.config import resolve
 
 pytestmark = [pytest.mark.docker]
@@ -79,38 +78,7 @@ def _profile_sets() -> list[str]:
 @pytest.fixture(scope="session")
 def standin(engine, test_cache) -> str:
     """The stand-in ARCHER2 node image, made from the bookworm base (made here if missing)."""
-    base, _ = make_base_image(
-        engine, suite="bookworm", arch=Arch.X86_64, work_dir=test_cache / "rootfs", ignore_valid_until=True
-    )
-    t0 = time.monotonic()
-    engine.client.images.build(
-        path=str(FIXTURES / "archer2_standin"), tag=STANDIN, buildargs={"BASE": base}, rm=True, forcerm=True
-    )
-    print(f"stand-in image: {time.monotonic() - t0:.0f} s")
-    return STANDIN
-
-
-class Node:
-    """One running stand-in container; commands run in a login shell as the site's user."""
-
-    def __init__(self, engine, image: str, mounts: dict[str, tuple[str, str]], env: dict[str, str]) -> None:
-        self.env = env
-        volumes = {host: {"bind": inside, "mode": mode} for host, (inside, mode) in mounts.items()}
-        self.container = engine.client.containers.run(
-            image, ["sleep", "infinity"], volumes=volumes, detach=True, user="0", network_mode="bridge"
-        )
-
-    def sh(self, script: str) -> str:
-        """bash -l (Lmod and the Cray MODULEPATH) as uid 1000; fails the test on a non-zero exit."""
-        rc, output = self.container.exec_run(
-            ["bash", "-lc", f"set -eo pipefail\n{script}"], user="archer2", workdir=str(REPO), environment=self.env
-        )
-        text = output.decode(errors="replace")
-        assert rc == 0, f"exit {rc}:\n{text[-6000:]}"
-        return text
-
-    def stop(self) -> None:
-        self.container.remove(force=True)
+    return build_standin(engine, test_cache, FIXTURES / "archer2_standin", STANDIN)
 
 
 @pytest.fixture
@@ -134,7 +102,7 @@ def node(engine, standin, tmp_path):
     if certs.is_file():
         mounts[str(certs)] = ("/etc/ssl/certs/host-ca-certificates.crt", "ro")
         env["PIP_CERT"] = "/etc/ssl/certs/host-ca-certificates.crt"
-    n = Node(engine, standin, mounts, env)
+    n = StandinNode(engine, standin, mounts, env, "archer2")
     try:
         yield n, work
     finally:
