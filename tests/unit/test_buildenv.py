@@ -110,7 +110,8 @@ class FakeRun:
             return
         if self.fail:
             raise error(f"{what} failed (exit 1): no network", hint=hint)
-        self.installs.append(list(cmd[5:]))
+        assert cmd[3:6] == ["install", "--no-input", "--"], cmd  # the tree's requirements after --
+        self.installs.append(list(cmd[6:]))
 
 
 def _tee(tmp_path: Path) -> Tee:

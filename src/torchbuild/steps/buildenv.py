@@ -254,7 +254,7 @@ def _create(root: Path, key: str, python: str, reqs: Sequence[str], log: Tee, pi
         made.chmod(0o777 & ~umask())  # mkdtemp's 0700 would hide it from a group sharing the cache
         _run([python, "-m", "venv", str(made)], log, f"{python} -m venv", _NO_VENV, pip_cache, ToolMissing)
         vpy = str(made / "bin" / "python")
-        cmd = [vpy, "-m", "pip", "install", "--no-input", *reqs]
+        cmd = [vpy, "-m", "pip", "install", "--no-input", "--", *reqs]  # the tree's lines after --
         _run(
             cmd,
             log,
