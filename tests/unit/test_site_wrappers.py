@@ -243,3 +243,17 @@ def test_install_python_that_is_not_here_is_named(tmp_path):
     assert done.returncode == 5, done.stdout + done.stderr
     assert "error: ToolMissing: install_python python3-of-no-module-tb is not a program here" in done.stderr
     assert "cray-python" in done.stderr
+
+
+def test_a_check_that_does_not_end_fails_the_install_by_name(tmp_path, monkeypatch):
+    """A hung check (a launcher waiting for an allocation) cannot hang the install."""
+    import types
+
+    from torchbuild.core.errors import InstallFailed
+    from torchbuild.delivery import install
+
+    monkeypatch.setattr(install, "CHECK_TIMEOUT", 1)
+    step = types.SimpleNamespace(prefix=tmp_path, env={"PATH": os.defpath})
+    pkg = RuntimePackage("tb-slow==1", check=("sleep", "30"))
+    with pytest.raises(InstallFailed, match=r"the check of tb-slow==1 did not end in 1 s: sleep 30"):
+        install._run_check(step, pkg)

@@ -494,6 +494,7 @@ def interpreter_for(req: InstallRequest, env: Mapping[str, str]) -> str:
 
 # the lines of a check's output kept in the manifest, and shown when it fails
 CHECK_TAIL = 20
+CHECK_TIMEOUT = 600  # seconds a runtime_packages check may take
 
 
 def install_packages(step: _Step, packages: Sequence[RuntimePackage]) -> tuple[PackageInstallRecord, ...]:
@@ -526,10 +527,22 @@ def _run_check(step: _Step, pkg: RuntimePackage) -> str:
             hint="fix check in its runtime_packages entry (a program the package installs, e.g. horovodrun)",
         )
     say(f"checking {pkg.requirement}: {' '.join(pkg.check)}")
-    with named_os_errors(program, f"the check of {pkg.requirement}"):
-        proc = subprocess.run(
-            [program, *pkg.check[1:]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, check=False
-        )
+    try:
+        with named_os_errors(program, f"the check of {pkg.requirement}"):
+            proc = subprocess.run(
+                [program, *pkg.check[1:]],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+                check=False,
+                timeout=CHECK_TIMEOUT,
+            )
+    except subprocess.TimeoutExpired:
+        raise InstallFailed(
+            f"the check of {pkg.requirement} did not end in {CHECK_TIMEOUT} s: {' '.join(pkg.check)}",
+            hint="a check must end by itself (horovodrun --check-build takes seconds); nothing was installed",
+        ) from None
     tail = "\n".join(proc.stdout.rstrip().splitlines()[-CHECK_TAIL:])
     if proc.returncode != 0:
         raise InstallFailed(
