@@ -141,3 +141,28 @@ def test_run_module_replaces_the_runtime_modules(tmp_path):
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert "\nmodule load StdEnv/2023 python/3.11.5\n" in res.stdout
+
+
+def test_no_mpi_wrapper_is_needed_where_the_sites_mpi4py_wheel_is_offered(tmp_path, monkeypatch):
+    """A login node or job without the MPI module loaded installs the wheel built once; without
+    that wheel the missing wrapper is named, as before."""
+    import types
+
+    import pytest
+
+    from torchbuild.core.errors import ToolMissing
+    from torchbuild.delivery.install import _Step
+    from torchbuild.inputs.config import resolve
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no mpicc anywhere
+    spec = resolve("alliance")
+    house = tmp_path / "wh"
+    step = types.SimpleNamespace(spec=spec, req=types.SimpleNamespace(python_version="3.11", find_links=(str(house),)))
+    assert not _Step._site_wheel_offered(step)
+    with pytest.raises(ToolMissing, match=r"the MPI compiler wrapper 'mpicc' \(mpicc\) is not on PATH"):
+        _Step._mpicc(step)
+    make_wheel(house, "mpi4py", "4.0.3", "cp311-cp311-linux_x86_64")
+    assert _Step._site_wheel_offered(step)
+    assert _Step._mpicc(step, required=False) == ""
+    step.req.python_version = "3.12"  # the wheel is for another Python: compiled, so the wrapper is needed
+    assert not _Step._site_wheel_offered(step)

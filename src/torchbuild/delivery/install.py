@@ -227,7 +227,9 @@ class _Step:
 
     def run(self) -> None:
         started, t0 = datetime.now(timezone.utc), time.monotonic()
-        mpicc = self._mpicc() if wants_mpi4py(self.spec) else ""
+        mpi4py = wants_mpi4py(self.spec)
+        # the MPI wrapper is needed only to compile mpi4py: not where the site's wheel is offered
+        mpicc = self._mpicc(required=not self._site_wheel_offered()) if mpi4py else ""
         self._make_venv()
         pins = [f"{w.project}=={w.version}" for w in self.req.wheels]
         house = self.req.wheelhouse
@@ -238,7 +240,7 @@ class _Step:
         extra = other_packages(self.spec)
         say("installing their dependencies" + (f" and {', '.join(extra)}" if extra else ""))
         self._pip(["install", "--find-links", house, *self.index, "--", *pins, *extra], "installing dependencies")
-        mpi = self._mpi4py(mpicc) if mpicc else None
+        mpi = self._mpi4py(mpicc) if mpi4py else None
         packages = install_packages(self, option_packages(self.spec))
         self._pip(["check"], "pip check")
         runtime = runtime_env(self.spec)
@@ -333,13 +335,22 @@ class _Step:
             hint=f"install Python {version} or load its module, or give --python /path/to/python{version}",
         )
 
-    def _mpicc(self) -> str:
+    def _mpicc(self, required: bool = True) -> str:
+        """The MPI wrapper mpi4py is compiled with; "" where it is not on PATH and not required."""
         want = self.spec.mpicc or "mpicc"
+        if not required:
+            return shutil.which(want) or ""
         return _on_path(
             want,
             f"the MPI compiler wrapper {want!r} (mpicc) is not on PATH: mpi4py is built with it",
             "load the MPI module (e.g. cray-mpich, with mpicc: cc), or set mpicc to the wrapper",
         )
+
+    def _site_wheel_offered(self) -> bool:
+        """Whether a --find-links directory holds the site's mpi4py wheel for the wheels' Python."""
+        version = self.req.python_version.replace(".", "")
+        dirs = [Path(d) for d in self.req.find_links]
+        return bool(version) and site_mpi4py_wheel(dirs, mpi4py_requirement(self.spec), f"cp{version}") is not None
 
     def _mpi4py(self, mpicc: str) -> MpiRecord:
         req = mpi4py_requirement(self.spec)
@@ -351,6 +362,7 @@ class _Step:
             say(f"installing {req} from the wheelhouse's {wheel.name}, built at the site (not compiled here)")
             self._pip(["install", "--no-index", "--no-deps", "--", str(wheel)], "installing the mpi4py wheel")
         else:
+            mpicc = mpicc or self._mpicc()  # ToolMissing: no wheel of the site's, no wrapper to build one
             say(f"building {req} from source with MPICC={mpicc}")
             self._pip(
                 ["install", "--no-binary", MPI4PY, "--no-cache-dir", *self.index, "--", req],
