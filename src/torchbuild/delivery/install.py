@@ -228,7 +228,6 @@ class _Step:
     def run(self) -> None:
         started, t0 = datetime.now(timezone.utc), time.monotonic()
         mpi4py = wants_mpi4py(self.spec)
-        # the MPI wrapper is needed only to compile mpi4py: not where the site's wheel is offered
         mpicc = self._mpicc(required=not self._site_wheel_offered()) if mpi4py else ""
         self._make_venv()
         pins = [f"{w.project}=={w.version}" for w in self.req.wheels]
@@ -347,7 +346,8 @@ class _Step:
         )
 
     def _site_wheel_offered(self) -> bool:
-        """Whether a --find-links directory holds the site's mpi4py wheel for the wheels' Python."""
+        """Whether a --find-links directory holds the site's mpi4py wheel for the wheels' Python
+        (then no MPI wrapper need be on PATH: it is needed only to compile mpi4py)."""
         version = self.req.python_version.replace(".", "")
         dirs = [Path(d) for d in self.req.find_links]
         return bool(version) and site_mpi4py_wheel(dirs, mpi4py_requirement(self.spec), f"cp{version}") is not None
