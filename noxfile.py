@@ -76,6 +76,9 @@ def slow(session: nox.Session) -> None:
     from the shared release tarballs (../shared/sources: 2.22.3-1 in the cuda-offline image, then the
     PyTorch 2.6 preflight against it); the Derecho rehearsal on a bookworm stand-in node (Lmod with
     Derecho's module names, NCCL 2.21.5-1 for sm_80 and aws-ofi-nccl 1.6.0 against libfabric 1.17
-    under the Cray prefix, natively; preflight, install, module load)."""
+    under the Cray prefix, natively; preflight, install, module load); the gh200-offline image under
+    qemu with its sm_90 canary and preflight; the ARCHER2 rehearsal (Cray-style cc/CC/ftn drivers, an
+    install over the stand-in cray-python); the real PyTorch preflight on a bare node through the
+    native build venv."""
     session.install("-e", ".[test,report]")
     session.run("pytest", "tests/slow", "-s", *session.posargs)
