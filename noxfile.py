@@ -66,7 +66,8 @@ def integration(session: nox.Session) -> None:
     """Integration tests: the real Docker engine (base and toolchain images, in-container builds,
     real PyTorch preflight) and native builds on this host."""
     session.install("-e", ".[test,report]")
-    session.run("pytest", "tests/integration", *session.posargs)
+    # the 15 slowest tests' times in the log: what to move to `slow` when CI nears its 45 min
+    session.run("pytest", "tests/integration", "--durations=15", *session.posargs)
 
 
 @nox.session(tags=["slow"], default=False)
@@ -79,6 +80,7 @@ def slow(session: nox.Session) -> None:
     under the Cray prefix, natively; preflight, install, module load); the gh200-offline image under
     qemu with its sm_90 canary and preflight; the ARCHER2 rehearsal (Cray-style cc/CC/ftn drivers, an
     install over the stand-in cray-python); the real PyTorch preflight on a bare node through the
-    native build venv."""
+    native build venv; the Alliance's run job with an mpi4py wheel compiled by `invoke wheelhouse
+    --add-mpi4py` (about 5 min)."""
     session.install("-e", ".[test,report]")
     session.run("pytest", "tests/slow", "-s", *session.posargs)

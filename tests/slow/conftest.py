@@ -1,4 +1,4 @@
-"""The slow tests share the integration tests' fixtures (engine, test cache, local bases, sources)."""
+"""The slow tests share the integration tests' fixtures (engine, test cache, local bases, sources, the one-node Slurm)."""
 
 from integration.conftest import (
     arm64_base,
@@ -11,6 +11,7 @@ from integration.conftest import (
     ofi_sources,
     sid_base,
     site_certs,
+    slurm,
     test_cache,
     torch_image,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "ofi_sources",
     "sid_base",
     "site_certs",
+    "slurm",
     "test_cache",
     "torch_image",
 ]
