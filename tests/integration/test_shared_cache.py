@@ -118,7 +118,6 @@ def test_the_second_node_compiles_nothing_and_a_storage_that_is_down_only_slows(
     # nothing compiled on the second node: every object came from the shared storage
     assert b["misses"] == 0 and b["hits"] == a["misses"]
     assert b["remote"]["remote_hits"] == a["misses"] and b["remote"]["url"] == url
-    assert second["profile_hash"] == first["profile_hash"]
     assert WARNING not in second_out
 
     container.stop(timeout=2)  # the storage goes down: a third node builds with its local cache

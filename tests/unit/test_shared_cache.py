@@ -36,7 +36,7 @@ def test_the_remote_cache_is_off_by_default_and_adds_nothing_to_the_environment(
 
 def test_a_remote_cache_stays_behind_the_local_one_and_read_only_is_ccaches_attribute():
     env = build_env(resolve("cpu", [f"ccache_remote={REDIS}"]), cache_root="/cache", jobs=1)
-    assert env["CCACHE_REMOTE_STORAGE"] == REDIS and env["CCACHE_REMOTE_ONLY"] == "false"
+    assert env["CCACHE_REMOTE_STORAGE"] == REDIS and env["CCACHE_NOREMOTE_ONLY"] == "true"
     assert env["CCACHE_DIR"] == "/cache/ccache"  # the local cache is still the first level
     spec = resolve("cpu", ["ccache_remote=http://cache:8080/ccache", "ccache_remote_readonly=true"])
     env = build_env(spec, cache_root="/cache", jobs=1, backend="docker")

@@ -4,7 +4,7 @@ the local cache, from the profile's ccache_remote and ccache_remote_readonly.
     problem        why a ccache_remote URL is refused (None: taken): redis, http or https only,
                    a host, no credentials (profiles are recorded in manifests and image labels),
                    no characters a shell or ccache's `|attribute` syntax would read
-    storage_env    CCACHE_REMOTE_STORAGE (with `|read-only`) and CCACHE_REMOTE_ONLY=false, or {}
+    storage_env    CCACHE_REMOTE_STORAGE (with `|read-only`) and CCACHE_NOREMOTE_ONLY, or {}
     endpoint       (scheme, host, port) the doctor asks
     remote_counts  the remote counters of `ccache --print-stats`, and what one warning says when
                    the storage failed (ccache then goes on with the local cache alone)
@@ -47,13 +47,13 @@ def problem(url: str) -> str | None:
 
 
 def storage_env(url: str, readonly: bool) -> dict[str, str]:
-    """What ccache reads: the storage behind the local cache (CCACHE_REMOTE_ONLY off: the local
+    """What ccache reads: the storage behind the local cache (CCACHE_NOREMOTE_ONLY: the local
     cache stays the first level), read-only when asked; {} without a URL."""
     if not url:
         return {}
     return {
         "CCACHE_REMOTE_STORAGE": url + ("|read-only" if readonly else ""),
-        "CCACHE_REMOTE_ONLY": "false",
+        "CCACHE_NOREMOTE_ONLY": "true",  # ccache refuses CCACHE_REMOTE_ONLY=false
     }
 
 
