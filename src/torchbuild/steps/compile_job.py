@@ -36,6 +36,7 @@ from torchbuild.core.atomic import PARTIAL_PREFIX
 from torchbuild.core.errors import ToolMissing, TorchbuildError, named_os_errors
 from torchbuild.core.process import Finished
 from torchbuild.core.progress import Tee
+from torchbuild.inputs import remote_cache
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import compiler_commands, jobs_env
 from torchbuild.inputs.jobs import HostResources, JobPlan, plan_for, plan_make
@@ -257,7 +258,9 @@ class CompileJob:
 
     def manifest_fields(self) -> dict[str, Any]:
         """What every compile records, as manifest.for_build takes it (which adds torchbuild's
-        version): toolchain, environment, jobs, times and ccache's hit rate."""
+        version): toolchain, environment, jobs, times, ccache's hit rate and, with a remote
+        storage, its counters (one warning on the sink when it failed)."""
+        stats = ccache_stats(self.env)
         return {
             "toolchain": self.toolchain(),
             "environment": self.env_vars,
@@ -265,17 +268,35 @@ class CompileJob:
             "started": self.started,
             "finished": now_utc(),
             "seconds": time.monotonic() - self.t0,
-            "ccache": hit_rate(ccache_stats(self.env)),
+            "ccache": hit_rate(stats),
+            "ccache_remote": self.remote_record(stats),
         }
+
+    def remote_record(self, stats: Mapping[str, int]) -> dict[str, Any] | None:
+        """The remote compile cache's counters (CcacheRemoteRecord's fields), None without one;
+        one warning when it failed (ccache went on with the local cache: slower, not broken)."""
+        if not self.spec.ccache_remote:
+            return None
+        counts = remote_cache.remote_counts(stats)
+        warning = remote_cache.failure_warning(counts)
+        if warning:
+            self.sink.line(warning)
+        return {"url": self.spec.ccache_remote, "read_only": self.spec.ccache_remote_readonly, **counts}
 
     def record(self) -> dict[str, Any]:
         """manifest_fields as plain data, with torchbuild's version (the comms manifest's parts)."""
         fields = self.manifest_fields()
         hits, misses, rate = fields.pop("ccache")
+        remote = fields.pop("ccache_remote")
         fields.pop("environment")
         return {
             "torchbuild_version": __version__,
             **{k: v for k, v in fields.items() if k != "seconds"},
             "duration_s": round(fields["seconds"], 1),
-            "ccache": {"hits": hits, "misses": misses, "hit_rate": round(rate, 4)},
+            "ccache": {
+                "hits": hits,
+                "misses": misses,
+                "hit_rate": round(rate, 4),
+                **({"remote": remote} if remote else {}),
+            },
         }
