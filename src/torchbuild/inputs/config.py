@@ -365,9 +365,11 @@ class BuildSpec:
     env: StrMap
     preflight_targets: tuple[str, ...]
     canaries: tuple[str, ...]
+    heavy_units: tuple[str, ...]
     max_jobs: Union[str, int]
     mem_per_job_gb: float
     mem_per_cuda_job_gb: float
+    mem_per_heavy_job_gb: float
     cache_dir: str
     ccache_size: str
     ccache_remote: str

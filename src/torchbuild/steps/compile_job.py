@@ -232,12 +232,20 @@ class CompileJob:
         what: str,
         watch: Callable[[str], None] | None = None,
         failure: Callable[[Finished], TorchbuildError] | None = None,
+        before: Callable[[int], None] | None = None,
     ) -> float:
-        """cmd_for(jobs) in cwd, resumed with fewer jobs after an out-of-memory kill; seconds spent."""
+        """cmd_for(jobs) in cwd, resumed with fewer jobs after an out-of-memory kill; seconds spent.
+        before(jobs), where given, runs before each attempt (the heavy units' pool follows jobs)."""
+
+        def env_for(n: int) -> dict[str, str]:
+            if before is not None:
+                before(n)
+            return self.env_for(n)
+
         return run_compile(
             cmd_for,
             cwd=cwd,
-            env_for=self.env_for,
+            env_for=env_for,
             sink=self.sink,
             what=what,
             jobs=self.jobs,
