@@ -48,6 +48,8 @@ DIRNAME = "codegen"
 GENERATORS = ("torchgen.gen",)  # the modules whose runs are reused (python -m MODULE ...)
 WRAPPER = "python-codegen"  # the wrapper's name under <cache_root>/codegen/bin
 _LISTED = re.compile(r'"([^"]+)"')  # the paths a generated_T.cmake lists
+# what the key records of the interpreter: its Python's version and PyYAML's (torchgen's parser)
+PROBE = "import sys\ntry:\n import yaml; y = yaml.__version__\nexcept ImportError:\n y = None\nprint(sys.version, y)"
 
 
 def _sha256(path: Path) -> str:
@@ -197,11 +199,15 @@ def _umask() -> int:
 def run(root: Path, python: str, args: Sequence[str], cwd: Path, say: bool = True) -> int:
     """One interpreter command through the cache: a generator's run is restored or run and
     saved; anything else runs as it is. The command's exit code."""
-    if len(args) < 2 or args[0] != "-m" or args[1] not in GENERATORS or outputs_of(args, cwd) is None:
+    if len(args) < 2 or args[0] != "-m" or args[1] not in GENERATORS or _option(args, "--output-dependencies") is None:
         return subprocess.run([python, *args], cwd=cwd, check=False).returncode
     store = Store(root, key_of(python, args, cwd))
-    written = store.restore()
     what = f"{args[1]} --generate {_option(args, '--generate')}{' --dry-run' if '--dry-run' in args else ''}"
+    try:
+        written = store.restore()
+    except OSError as exc:  # the tree refused a file: the generator writes them itself
+        print(f"torchbuild: code generation not reused ({what}): {exc}")
+        written = None
     if written is not None:
         if say:
             print(f"torchbuild: code generation reused ({what}): {written} files written from {store.path}")
@@ -227,9 +233,6 @@ def wrapper_script(root: Path, python: str, step_python: str = sys.executable) -
         f'  *) exec {shlex.quote(python)} "$@" ;;\n'
         "esac\n"
     )
-
-
-PROBE = "import sys\ntry:\n import yaml; y = yaml.__version__\nexcept ImportError:\n y = None\nprint(sys.version, y)"
 
 
 def hook(cache_root: str | Path, python: str, source: str | Path, write: bool = True) -> dict[str, str]:
