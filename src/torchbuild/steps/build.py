@@ -31,7 +31,7 @@ from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import NO_CCACHE, ccache_launcher, compile_env, format_env
 from torchbuild.inputs.jobs import peaks_file, record_measured, record_unit_peaks, units_file
 from torchbuild.inputs.source import sha256_file
-from torchbuild.steps import buildenv, cmakecache, compile_job
+from torchbuild.steps import buildenv, cmakecache, codegen, compile_job
 from torchbuild.steps.compile_job import (
     CompileJob,
     check_wheel_tools,
@@ -366,6 +366,7 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
         tee.line(NO_CCACHE)
     venv = _build_venv(req, python, env_vars, tee)
     python = venv.python if venv else python
+    _codegen(req, python, env_vars, tee)
     path = {"PATH": venv.env(os.environ, False)["PATH"]} if venv else {}
     env = {**os.environ, **env_vars, **path, "TMPDIR": str(tmp)}
     if req.python:
@@ -378,6 +379,19 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     run = Run(req, tee, log, job, tmp)
     run.python, run.epoch_origin, run.venv = python, req.epoch_origin, venv
     return run
+
+
+def _codegen(req: BuildRequest, python: str, env_vars: dict[str, str], tee: Tee) -> None:
+    """Run ATen's code generation through its cache (codegen.py) unless the profile's
+    environment names its own CMAKE_PROJECT_INCLUDE."""
+    if "CMAKE_PROJECT_INCLUDE" in env_vars:
+        if codegen.hook(req.cache_root, python, req.source, write=False):
+            tee.line("torchbuild: code generation: not reused (the environment sets CMAKE_PROJECT_INCLUDE)")
+        return
+    try:
+        env_vars.update(codegen.hook(req.cache_root, python, req.source))
+    except OSError as exc:
+        tee.line(f"torchbuild: code generation: not reused: {exc}")
 
 
 def _build_venv(req: BuildRequest, python: str, env_vars: dict[str, str], tee: Tee) -> buildenv.BuildVenv | None:
