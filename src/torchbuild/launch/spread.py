@@ -17,14 +17,19 @@ script (scheduler.render, with the lines of spread_lines):
 4. stops every daemon when the build ends, fails or the job is cancelled (a trap on EXIT,
    TERM and INT; the scheduler ends the step's processes with the job in any case).
 
-Why distcc, plain mode (not pump mode, not icecream): PyTorch's build generates headers
-during the build (ATen's, torchgen's) that pump mode's include server would have to ship
-and re-validate for every unit, and its many include paths defeat pump's header caching;
-plain mode ships one preprocessed unit (a few MB for ATen's, compressed with LZO) and gets
-the object back, which is what ccache's CCACHE_PREFIX expects. icecream ships the toolchain
-itself and schedules through a central scheduler daemon (icecc-scheduler) that would have to
-run somewhere in the job too; with the SIF on every node the toolchain is already the same,
-so icecream's advantage is moot and its scheduler is one more daemon to bound and secure.
+Why distcc, plain mode (not pump mode, not icecream), measured on PyTorch 2.6's own units
+(this machine's g++ 12, the preflight's flags; 2 loaded cores): c10/core/TensorImpl.cpp
+preprocesses in 1.1 s to 3.2 MB (0.55 MB compressed) and then compiles in 26.4 s; a unit
+including ATen/ATen.h preprocesses in 13.5 s to 11.5 MB (1.3 MB compressed) and compiles in
+52.1 s. Preprocessing, which plain mode keeps on the job's node, is 4 to 26% of a unit's
+compile, and what travels is a few MB compressed (distcc's lzo) per unit: one node
+preprocessing for N compiling ones is worth it up to ~4 to 20 nodes of the same cores. Pump
+mode would move preprocessing too, but it needs its include server around the whole build
+(`pump make`), re-ships the headers torchgen writes during the build, and gains nothing
+behind ccache, which preprocesses every miss here anyway to look it up. icecream ships the
+toolchain itself and schedules through a central scheduler daemon (icecc-scheduler) that
+would have to run in the job too; with the SIF on every node the toolchain is already the
+same, so icecream's advantage is moot and its scheduler is one more daemon to bound and secure.
 """
 
 from __future__ import annotations
