@@ -97,7 +97,8 @@ def _start_lines(scheduler: str, nodes: int, walltime_s: int, daemon: Sequence[s
     if scheduler == "slurm":
         steps = f"--nodes={nodes - 1} --ntasks={nodes - 1} --ntasks-per-node=1 --relative=1"
         return [
-            f'srun --overlap {steps} --kill-on-bad-exit=0 --output="$tb_log" {tail} &',
+            "tb_srun_log=${tb_log//%/%%}  # srun expands %-patterns in --output: the path's own doubled",
+            f'srun --overlap {steps} --kill-on-bad-exit=0 --output="$tb_srun_log" {tail} &',
             "tb_daemons+=($!)",
         ]
     return [
