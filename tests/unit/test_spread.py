@@ -28,8 +28,9 @@ from torchbuild.launch.spread import check_nodes, slots_per_node, spread_jobs, s
 ADDRESSES = {"node1": "10.9.0.1", "node2": "10.9.0.2", "node3": "10.9.0.3"}
 # prints what the build would see of the spread, as JSON
 SHOW_ENV = (
-    "import json, os; print(json.dumps({k: os.environ.get(k, '') for k in "
-    "('DISTCC_HOSTS', 'CCACHE_PREFIX', 'APPTAINERENV_DISTCC_HOSTS', 'APPTAINERENV_CCACHE_PREFIX')}))"
+    "import json, os; print(json.dumps(dict({k: os.environ.get(k, '') for k in "
+    "('DISTCC_HOSTS', 'CCACHE_PREFIX', 'APPTAINERENV_DISTCC_HOSTS', 'APPTAINERENV_CCACHE_PREFIX', 'DISTCC_DIR')}, "
+    "lock_dir=os.path.isdir(os.environ['DISTCC_DIR']))))"
 )
 
 
@@ -108,6 +109,9 @@ def test_slurm_job_starts_one_daemon_per_other_node_allowed_only_the_allocation_
     assert seen["DISTCC_HOSTS"] == f"localhost/4 10.9.0.2:{port}/4,lzo 10.9.0.3:{port}/4,lzo"
     assert seen["CCACHE_PREFIX"] == "distcc"
     assert seen["APPTAINERENV_DISTCC_HOSTS"] == seen["DISTCC_HOSTS"]  # reaches the build in the SIF
+    # distcc makes no directory for its locks: without one it compiles every unit locally
+    assert seen["lock_dir"] and seen["DISTCC_DIR"] == "/tmp/torchbuild-distcc-4242"
+    assert not Path(seen["DISTCC_DIR"]).exists()  # removed with the daemons
     (pid, args), *more = _daemons(stand_ins, "srun").items()
     assert not more  # one srun step starts them all
     assert args[:6] == ["--overlap", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--relative=1",
