@@ -213,3 +213,24 @@ def test_doctor_checks_the_profiles_remote_only_when_it_has_one():
     assert doctor._profile_remote_checks("cpu") == []
     assert remote_cache.endpoint("redis://cache") == ("redis", "cache", 6379)
     assert remote_cache.endpoint("https://cache/x") == ("https", "cache", 443)
+
+
+@pytest.mark.parametrize(
+    ("url", "warned"),
+    [
+        ("redis://127.0.0.1:6379", True),
+        ("redis://localhost", True),
+        ("http://[::1]:8080/cache", True),
+        ("redis://127.8.9.10", True),
+        ("redis://10.0.0.5:6379", False),
+        ("http://ccache.site.example/cache", False),
+        ("", False),
+    ],
+)
+def test_a_loopback_storage_is_named_before_a_container_build(url, warned):
+    """A build container on Docker's bridge has its own loopback: a storage named there would
+    fail every lookup (the build still works, from the local cache alone)."""
+    line = remote_cache.container_warning(url)
+    assert (line is not None) == warned
+    if warned:
+        assert url in line and "loopback" in line and "gateway" in line

@@ -6,12 +6,15 @@ the local cache, from the profile's ccache_remote and ccache_remote_readonly.
                    no characters a shell or ccache's `|attribute` syntax would read
     storage_env    CCACHE_REMOTE_STORAGE (with `|read-only`) and CCACHE_NOREMOTE_ONLY, or {}
     endpoint       (scheme, host, port) the doctor asks
+    container_warning  what to say when a build container cannot reach the URL's host (its
+                   loopback is the container's own), or None
     remote_counts  the remote counters of `ccache --print-stats`, and what one warning says when
                    the storage failed (ccache then goes on with the local cache alone)
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from urllib.parse import urlsplit
@@ -62,6 +65,26 @@ def endpoint(url: str) -> tuple[str, str, int]:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     return scheme, parts.hostname or "", parts.port or SCHEMES[scheme]
+
+
+def container_warning(url: str) -> str | None:
+    """One line when url's host is this machine's loopback (localhost, 127.0.0.0/8, ::1), which
+    a container on Docker's bridge does not share: its ccache would fail every lookup and build
+    from the local cache alone. None for any other host, or without a URL."""
+    if not url:
+        return None
+    host = endpoint(url)[1]
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host.lower() == "localhost" or host.lower().endswith(".localhost")
+    if not loopback:
+        return None
+    return (
+        f"torchbuild: warning: ccache_remote {url} is this machine's loopback, which the build "
+        "container does not share: it will build from its local cache alone. Name the storage by "
+        "an address the container reaches (the host's own, or the Docker bridge's gateway)"
+    )
 
 
 # ccache >= 4.7 --print-stats keys -> the manifest's names
