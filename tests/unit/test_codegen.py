@@ -3,11 +3,13 @@ that writes what the real one declares: <prefix>generated_T.cmake lists and the 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ FAKE_GEN = """
 import argparse, os, pathlib
 ap = argparse.ArgumentParser()
 ap.add_argument("--source-path"); ap.add_argument("--install_dir"); ap.add_argument("--generate")
+ap.add_argument("--aoti-install-dir", default="torch/csrc/inductor/aoti_torch/generated")
 ap.add_argument("--output-dependencies"); ap.add_argument("--dry-run", action="store_true")
 ap.add_argument("--per-operator-headers", action="store_true")
 a = ap.parse_args()
@@ -36,7 +39,17 @@ if not a.dry_run:
     for g in names:
         (out / g).parent.mkdir(parents=True, exist_ok=True)
         (out / g).write_text(f"// {g} from {n} ops, template {(src / 'templates' / 'T.h').read_text()}")
+aoti = pathlib.Path(a.aoti_install_dir)  # as torchgen 2.6: the C shims, in the source tree, unlisted
+aoti.mkdir(parents=True, exist_ok=True)
+if a.generate == "sources" and not a.dry_run:
+    shim = aoti / "c_shim_cpu.cpp"
+    text = f"// shim of {n} ops after {(aoti / 'c_shim_cpu.h').read_text()}"
+    if not shim.exists() or shim.read_text() != text:  # torchgen writes a file only when it changed
+        shim.write_text(text)
 """
+
+
+AOTI = "torch/csrc/inductor/aoti_torch/generated"
 
 
 @pytest.fixture
@@ -51,6 +64,8 @@ def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (aten / "native" / "native_functions.yaml").write_text("add sub mul\n")
     (aten / "native" / "tags.yaml").write_text("core\n")
     (aten / "templates" / "T.h").write_text("v1")
+    (src / AOTI).mkdir(parents=True)
+    (src / AOTI / "c_shim_cpu.h").write_text("checked in")
     monkeypatch.setenv("FAKE_GEN_LOG", str(tmp_path / "gen.log"))
     return src
 
@@ -244,3 +259,126 @@ def test_a_cmake_configure_and_build_run_the_generator_once(tree: Path, tmp_path
 def test_no_hook_for_a_tree_without_codegen(tmp_path: Path) -> None:
     (tmp_path / "setup.py").write_text("")
     assert codegen.hook(tmp_path / "cache", sys.executable, tmp_path) == {}
+
+
+def shim(src: Path) -> Path:
+    return src / AOTI / "c_shim_cpu.cpp"
+
+
+@pytest.mark.parametrize("earlier", [False, True], ids=["new tree", "shim left by an earlier build"])
+def test_the_c_shim_written_into_the_source_tree_comes_back(tree: Path, tmp_path: Path, earlier: bool) -> None:
+    """torchgen's sources run writes c_shim_cpu.cpp into the source tree, unlisted: a fresh
+    checkout restoring the run gets it too, also when the saving tree held it already (torchgen
+    then left it untouched)."""
+    cache = tmp_path / "cache"
+    if earlier:
+        assert subprocess.run([sys.executable, *gen_args(tree, "sources")], cwd=tree, check=False).returncode == 0
+        fresh(tree)
+    for extra in (["--dry-run"], []):
+        codegen.run(cache, sys.executable, gen_args(tree, "sources", *extra), tree)
+    made = shim(tree).read_text()
+    assert made == "// shim of 3 ops after checked in"
+
+    fresh(tree)
+    shim(tree).unlink()  # a fresh checkout: the release tarball has no c_shim_*.cpp
+    for extra in (["--dry-run"], []):
+        assert codegen.run(cache, sys.executable, gen_args(tree, "sources", *extra), tree) == 0
+    assert runs(tree)[-2:] == ["sources dry", "sources"]  # the generator did not run again
+    assert shim(tree).read_text() == made
+
+
+def test_a_changed_checked_in_shim_header_regenerates(tree: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    codegen.run(cache, sys.executable, gen_args(tree, "sources"), tree)
+    (tree / AOTI / "c_shim_cpu.h").write_text("changed upstream")
+    fresh(tree)
+    codegen.run(cache, sys.executable, gen_args(tree, "sources"), tree)
+    assert runs(tree) == ["sources", "sources"]
+    assert shim(tree).read_text().endswith("changed upstream")
+
+
+@pytest.mark.parametrize("fault", ["cache is a file", "disk full"])
+def test_a_cache_that_cannot_be_written_does_not_fail_the_run(
+    tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    cache = tmp_path / "cache"
+    if fault == "cache is a file":
+        cache.write_text("")
+        cache = cache / "codegen"
+    else:
+
+        def full(*args: object, **kwargs: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(codegen.shutil, "copyfile", full)
+    assert codegen.run(cache, sys.executable, gen_args(tree), tree) == 0
+    assert (tree / "build/aten/src/ATen/headers_2.h").is_file()  # the generator's outputs stand
+    lines = [line for line in capsys.readouterr().out.splitlines() if "torchbuild" in line]
+    assert len(lines) == 1 and "not saved" in lines[0] and "could not be written" in lines[0], lines
+
+
+def planted(cache: Path, path: Path) -> None:
+    """The one entry under cache, its first output redirected to path."""
+    (entry,) = (p for p in cache.iterdir() if p.name != "bin")
+    doc = json.loads((entry / "outputs.json").read_text())
+    doc["outputs"][0] = str(path)
+    (entry / "outputs.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("how", ["absolute path elsewhere", "dotdot", "symlink in the build tree"])
+def test_an_entry_naming_a_path_outside_the_run_is_not_restored(
+    tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    cache = tmp_path / "cache"
+    codegen.run(cache, sys.executable, gen_args(tree), tree)
+    victim_dir = tmp_path / "elsewhere"
+    victim_dir.mkdir()
+    install = tree / "build/aten/src/ATen"
+    target = {
+        "absolute path elsewhere": victim_dir / "victim",
+        "dotdot": install / ".." / ".." / ".." / ".." / ".." / "elsewhere" / "victim",
+        "symlink in the build tree": install / "escape" / "victim",
+    }[how]
+    planted(cache, target)
+    fresh(tree)
+    if how == "symlink in the build tree":
+        install.mkdir(parents=True)
+        (install / "escape").symlink_to(victim_dir)
+    capsys.readouterr()
+    assert codegen.run(cache, sys.executable, gen_args(tree), tree) == 0
+    assert not (victim_dir / "victim").exists()
+    assert runs(tree) == ["headers", "headers"]  # the generator ran instead
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if "not reused" in line]
+    assert "outside" in line and "victim" in line
+
+
+def test_the_cache_keeps_the_most_recently_used_entries(
+    tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(codegen, "KEEP", 2)
+    cache = tmp_path / "cache"
+    template = tree / "aten/src/ATen/templates/T.h"
+    for version in ("v1", "v2", "v1", "v3"):  # v1's entry is used again, so v2's is the oldest
+        template.write_text(version)
+        fresh(tree) if (tree / "build").exists() else None
+        codegen.run(cache, sys.executable, gen_args(tree), tree)
+        time.sleep(0.02)
+    assert runs(tree) == ["headers"] * 3
+    assert len([p for p in cache.iterdir()]) == 2
+    for version, reused in (("v1", True), ("v3", True), ("v2", False)):
+        template.write_text(version)
+        fresh(tree)
+        before = len(runs(tree))
+        codegen.run(cache, sys.executable, gen_args(tree), tree)
+        assert (len(runs(tree)) == before) is reused, version
+
+
+def test_a_killed_save_is_removed_once_stale(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    (cache / "bin").mkdir(parents=True)
+    half, recent = cache / ".abc.x1", cache / ".def.x2"
+    half.mkdir()
+    recent.mkdir()
+    os.utime(half, (1, 1))
+    assert codegen.prune(cache) == []
+    assert not half.exists() and recent.exists() and (cache / "bin").exists()
