@@ -1,15 +1,21 @@
 """Under a memory cap where `-j <nproc>` is killed, time the pooled build (the heavy units in a
-ninja pool whose depth follows memory, the light compiles on every core) and today's adaptive
-one (start at nproc, resume with fewer jobs on each out-of-memory kill) against every fixed -j
-that survives the cap without help; print pooled / best fixed (goal: <= 0.6) next to
-adaptive / best fixed, from one run.
+ninja pool whose depth follows memory, the light compiles on every core), today's adaptive
+one (start at nproc, resume with fewer jobs on each out-of-memory kill) and today's planned one
+(every job planned at the heavy units' peak, no pool) against every fixed -j that survives the
+cap without help; print pooled / best fixed (goal: <= 0.6) next to adaptive / best fixed and
+planned / best fixed, from one run.
 
 Usage: python benchmarks/heavy_pool.py [--set key=value ...] [--memory 1300m] [--heavy 4]
 Builds tests/fixtures/minitorch with MINITORCH_HEAVY memory-heavy units (about 0.8 GB and 4.5 s
 each in gcc 14's cc1plus) beside its light ones in the cpu toolchain image (`invoke
-image` with the same --set must have run). ccache is off, so every run compiles everything. The
-pooled build is planned, not told: heavy_units names the heavy sources, mem_per_heavy_job_gb
-their peak and mem_per_job_gb the light ones' (the fixture's light units are small).
+image` with the same --set must have run). ccache is off, so every run compiles everything.
+
+What each arm is told (printed at the start): every arm gets the same profile, KNOWN (which
+sources are heavy, their peak and the light units' peak). The fixed and adaptive arms run with
+--jobs, so the planner uses none of it (a fixed count gets no pool); the planned arm is
+today's planner given the same peaks without a pool (each job planned at the heavy peak); the
+pooled arm plans from KNOWN. Figures measured before the arms were told the same (README) must
+be measured again.
 """
 
 from __future__ import annotations
@@ -25,7 +31,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-POOLED = ["heavy_units=[build/heavy/heavy_*.cpp]", "mem_per_heavy_job_gb=0.9", "mem_per_job_gb=0.15"]
+# the fixture's heavy units (about 0.8 GB in cc1plus) and its small light ones, known to every arm
+KNOWN = ["heavy_units=[build/heavy/heavy_*.cpp]", "mem_per_heavy_job_gb=0.9", "mem_per_job_gb=0.15"]
+# today's planner with the same knowledge and no pool: every job at the heavy peak
+PLANNED = ["heavy_units=[]", "mem_per_job_gb=0.9"]
+TOLD = {
+    "fixed": "--jobs J --no-retry (the profile's peaks unused)",
+    "adaptive": "--jobs NPROC, resumed with fewer on OOM (the profile's peaks unused)",
+    "planned": "auto plan, no pool, every job at the heavy peak (mem_per_job_gb=0.9)",
+    "pooled": "auto plan from KNOWN: heavy pool at 0.9 GB, light jobs at 0.15 GB",
+}
 
 
 def build(work: Path, name: str, sets: list[str], memory: str, jobs: int, retry: bool) -> tuple[bool, float, dict]:
@@ -44,7 +59,7 @@ def build(work: Path, name: str, sets: list[str], memory: str, jobs: int, retry:
     manifests = list(out.glob("*.manifest.json"))
     if res.returncode not in (0, 13):
         sys.exit(f"{name}: unexpected failure (exit {res.returncode}):\n{res.stdout[-3000:]}{res.stderr}")
-    if name == "pooled":
+    if name in ("pooled", "planned"):
         said = [ln for ln in res.stdout.splitlines() if "heavy pool" in ln]
         print("\n".join(f"  {ln.strip()}" for ln in said[:3]), flush=True)
     return res.returncode == 0, took, json.loads(manifests[0].read_text()) if manifests else {}
@@ -59,8 +74,10 @@ def main() -> None:
     nproc = max(2, os.cpu_count() or 1)
     with tempfile.TemporaryDirectory(prefix="tb-heavy-bench-") as tmp:
         work = Path(tmp)
-        sets = [*args.sets, f"env.MINITORCH_HEAVY={args.heavy}",
+        sets = [*args.sets, f"env.MINITORCH_HEAVY={args.heavy}", *KNOWN,
                 "env.CCACHE_DISABLE=1", "patches=none", f"cache_dir={work / 'cache'}"]  # fmt: skip
+        print(f"every arm's profile: {' '.join(KNOWN)}", flush=True)
+        print("\n".join(f"  {arm}: {told}" for arm, told in TOLD.items()), flush=True)
         fixed: dict[int, tuple[bool, float]] = {}
         for j in range(1, nproc + 1):
             ok, took, _ = build(work, f"fixed-{j}", sets, args.memory, j, retry=False)
@@ -70,7 +87,11 @@ def main() -> None:
         if not ok:
             sys.exit("the adaptive build failed")
         print(f"adaptive from -j{nproc}: {adaptive:.1f} s, {len(manifest['jobs']['retries'])} retries", flush=True)
-        ok, pooled, manifest = build(work, "pooled", [*sets, *POOLED], args.memory, 0, retry=False)
+        ok, planned, manifest = build(work, "planned", [*sets, *PLANNED], args.memory, 0, retry=False)
+        if not ok:
+            sys.exit("the planned build was killed: its plan overcommitted memory")
+        print(f"planned: {planned:.1f} s ({manifest['jobs']['reason']})", flush=True)
+        ok, pooled, manifest = build(work, "pooled", sets, args.memory, 0, retry=False)
         if not ok:
             sys.exit("the pooled build was killed: its plan overcommitted memory")
         print(f"pooled: {pooled:.1f} s ({manifest['jobs']['reason']})", flush=True)
@@ -84,6 +105,7 @@ def main() -> None:
     ratio = pooled / best
     print(f"best fixed: -j{best_j}, {best:.1f} s")
     print(f"adaptive / best fixed = {adaptive / best:.2f}")
+    print(f"planned / best fixed = {planned / best:.2f}")
     print(f"pooled / best fixed = {ratio:.2f} ({'within' if ratio <= 0.6 else 'OVER'} 0.6)")
     sys.exit(0 if ratio <= 0.6 else 1)
 

@@ -1,8 +1,9 @@
 """A compile cache shared by two "nodes": a real redis-server in a container the test starts on
 a network it creates, and two builds of the fixture with separate local caches (two cache
 directories, two copies of the tree) through `invoke build --in-container`. The second node
-compiles nothing: everything comes from the remote storage. A storage that is down slows a
-build to local-only with one warning, never fails it.
+compiles nothing: everything comes from the remote storage. A storage that refuses writes
+(redis's min-replicas-to-write with no replica: every SET answered -NOREPLICAS, reads served)
+and one that is down each slow a build to local-only with one warning, never fail it.
 
 The build containers run on Docker's default bridge (the backend's own), so they reach redis
 through a port published on that bridge's gateway address only; the test removes the
@@ -99,6 +100,16 @@ def _build(node: tuple[Path, Path, Path], overrides: list[str], url: str) -> tup
     return res.stdout, manifest_of(res.stdout)
 
 
+def _refuse_writes(container) -> None:
+    """The storage emptied, then refusing every write (no replica can acknowledge one); reads
+    still answer, so a build looks up each unit, misses and fails to store it."""
+    for cmd in (["FLUSHALL"], ["CONFIG", "SET", "min-replicas-to-write", "1"]):
+        code, output = container.exec_run(["redis-cli", *cmd])
+        assert code == 0 and b"OK" in output, output
+    code, output = container.exec_run(["redis-cli", "SET", "probe", "1"])
+    assert b"NOREPLICAS" in output, output
+
+
 def test_the_second_node_compiles_nothing_and_a_storage_that_is_down_only_slows(
     cpu_image, site_overrides, redis_url, tmp_path
 ):
@@ -120,7 +131,13 @@ def test_the_second_node_compiles_nothing_and_a_storage_that_is_down_only_slows(
     assert b["remote"]["remote_hits"] == a["misses"] and b["remote"]["url"] == url
     assert WARNING not in second_out
 
-    container.stop(timeout=2)  # the storage goes down: a third node builds with its local cache
+    _refuse_writes(container)  # the storage refuses writes: a third node compiles everything here
+    refused_out, refused = _build(_node(tmp_path, "node-r"), site_overrides, url)
+    r = refused["ccache"]
+    assert r["misses"] == a["misses"] and r["remote"]["remote_hits"] == 0
+    assert r["remote"]["remote_errors"] > 0 and refused_out.count(WARNING) == 1
+
+    container.stop(timeout=2)  # the storage goes down: a fourth node builds with its local cache
     third_out, third = _build(_node(tmp_path, "node-c"), site_overrides, url)
     c = third["ccache"]
     assert c["misses"] == a["misses"] and c["remote"]["remote_hits"] == 0

@@ -108,15 +108,120 @@ def test_ninja_runs_the_pooled_build_ninja_and_the_depth_follows_the_attempts_jo
     env = {"PATH": "/usr/bin:/bin", "MINITORCH_HEAVY": "2", "MINITORCH_HEAVY_ENTRIES": "5"}
     subprocess.run(["cmake", "-S", tree, "-B", tree / "build", "-G", "Ninja"], env=env, check=True, capture_output=True)
     plan = HeavyPlan(("build/heavy/heavy_*.cpp",), 3, 4, "")
-    said = apply_pool(tree / "build", tree, plan, jobs=2)
-    assert said == "torchbuild: heavy pool: 2 compiles at most 2 at once, the others up to 2 jobs"
+    said, jobs = apply_pool(tree / "build", tree, plan, jobs=2)
+    assert (said, jobs) == ("torchbuild: heavy pool: 2 compiles at most 2 at once, the others up to 2 jobs", 2)
     assert "  depth = 2\n" in (tree / "build" / "build.ninja").read_text()
     dry = subprocess.run(["ninja", "-C", tree / "build", "-n"], capture_output=True, text=True, check=False)
     assert dry.returncode == 0, dry.stderr
     assert "heavy_2.cpp.o" in dry.stdout
-    assert apply_pool(tree / "build", tree, None, 2) == ""
-    missed = apply_pool(tree / "build", tree, HeavyPlan(("aten/*",), 1, 2, ""), jobs=2)
-    assert (
-        missed.startswith("torchbuild: heavy pool: no compile in")
-        and f"pool {POOL}" not in (tree / "build" / "build.ninja").read_text()
+    assert apply_pool(tree / "build", tree, None, 2) == ("", 2)
+    # a glob that misses: the pool is gone and the attempt runs the heavy units' plan, not 2 jobs
+    missed, jobs = apply_pool(tree / "build", tree, HeavyPlan(("aten/*",), 1, 2, "", fallback=1), jobs=2)
+    assert missed.startswith("torchbuild: heavy pool: no compile in") and missed.endswith(
+        ": 1 jobs, each planned at the heavy units' peak"
     )
+    assert jobs == 1 and f"pool {POOL}" not in (tree / "build" / "build.ninja").read_text()
+
+
+def test_nothing_pooled_falls_back_to_the_heavy_peaks_plan(tmp_path):
+    # 8 cores, 8 GiB, heavy units at 2.5 GiB: with a pool 8 jobs; where nothing matches, 8 / 2.5 = 3
+    spec = resolve("cpu", ["heavy_units=[aten/*]", "mem_per_job_gb=0.5", "mem_per_heavy_job_gb=2.5"])
+    plan = plan_for(spec, host(8, 8), tmp_path)
+    assert plan.heavy is not None and (plan.jobs, plan.heavy.fallback) == (8, 3)
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / "build.ninja").write_text(NINJA)  # no aten/ compile in it
+    said, jobs = apply_pool(tmp_path / "build", tmp_path, plan.heavy, plan.jobs)
+    assert jobs == 3 and "no compile in" in said and "3 jobs, each planned at the heavy units' peak" in said
+    # a Make generator's tree has no build.ninja: the same plan
+    said, jobs = apply_pool(tmp_path / "make", tmp_path, plan.heavy, 2)
+    assert jobs == 2 and said.endswith("2 jobs, each planned at the heavy units' peak")
+
+
+def test_a_cmake_pool_in_a_heavy_compile_cannot_override_ours_and_comes_back_without_the_pool():
+    text = NINJA.replace(
+        "  DEFINES = -Dm_EXPORTS\n\nbuild CMakeFiles/m.dir/heavy/heavy_2",
+        "  DEFINES = -Dm_EXPORTS\n  pool = compile\n\nbuild CMakeFiles/m.dir/heavy/heavy_2",
+    )
+    assert text.count("  pool = compile\n") == 1
+    pooled, n = pooled_text(text, ("build/heavy/*",), 2, BUILD, SRC)
+    assert n == 2 and "  pool = compile\n" not in pooled  # the last binding wins in ninja: ours is the only one
+    assert pooled_text(pooled, ("build/heavy/*",), 0, BUILD, SRC) == (text, 0)
+
+
+LAUNCHER = "  LAUNCHER = ccache \n"  # CMake 3.31 binds the launcher per compile, a space after it
+SPREAD_NINJA = (
+    "include CMakeFiles/rules.ninja\n\n"
+    "build CMakeFiles/m.dir/csrc/ops.cpp.o: CXX_COMPILER__m_unscanned_ /src/tree/csrc/ops.cpp\n"
+    f"  DEP_FILE = CMakeFiles/m.dir/csrc/ops.cpp.o.d\n{LAUNCHER}\n"
+    "build CMakeFiles/m.dir/aten/big.cpp.o: CXX_COMPILER__m_unscanned_ /src/tree/aten/big.cpp\n"
+    f"  DEP_FILE = CMakeFiles/m.dir/aten/big.cpp.o.d\n{LAUNCHER}"
+)
+
+
+def test_a_spread_keeps_the_heavy_pool_from_this_nodes_memory_and_compiles_it_here(tmp_path):
+    spec = resolve("cpu", ["heavy_units=[aten/*]", "mem_per_job_gb=0.5", "mem_per_heavy_job_gb=2.5"])
+    # submit --nodes 4 passes --jobs 32 (every node's slots); before, --jobs meant no pool at all
+    plan = plan_for(spec, host(8, 8), tmp_path, jobs=32, spread=True)
+    assert plan.jobs == 32 and plan.heavy is not None and plan.heavy.local
+    assert (plan.heavy.jobs, plan.heavy.depth, plan.heavy.fallback) == (32, 2, 3)  # 8 x 0.5 + 2 x 2 more <= 8 GiB
+    assert plan_for(spec, host(8, 8), tmp_path, jobs=32).heavy is None  # --jobs on one node: as before
+    text, n = pooled_text(SPREAD_NINJA, plan.heavy.patterns, 1, BUILD, SRC, local=True)
+    light, heavy = text.split("build CMakeFiles/m.dir/aten/big.cpp.o")
+    assert n == 1 and "  LAUNCHER = ccache \n" in light  # light units still go through distcc
+    assert "  LAUNCHER = env -u CCACHE_PREFIX ccache \n" in heavy  # the heavy one compiles here
+    assert pooled_text(text, plan.heavy.patterns, 0, BUILD, SRC) == (SPREAD_NINJA, 0)
+
+
+@pytest.mark.skipif(not (shutil.which("ninja") and shutil.which("ccache")), reason="needs ninja and ccache")
+def test_ninja_runs_the_heavy_compile_without_ccaches_prefix(tmp_path):
+    """The rewritten launcher as ninja runs it: the light compile's ccache calls the prefix
+    (a stand-in for distcc that leaves a mark), the heavy one's does not."""
+    (tmp_path / "build").mkdir()
+    prefix = tmp_path / "fake-distcc"
+    prefix.write_text(
+        '#!/bin/sh\ntouch "$MARKS/$(basename "$(echo "$@" | sed \'s/.* -o \\([^ ]*\\).*/\\1/\')")"\nexec "$@"\n'
+    )
+    prefix.chmod(0o755)
+    for name in ("ops", "big"):
+        (tmp_path / f"{name}.cpp").write_text(f"int {name}() {{ return 1; }}\n")
+    rules = "rule CXX_COMPILER__m_unscanned_\n  command = ${LAUNCHER}c++ -c $in -o $out\n\n"
+    ninja = rules + "".join(
+        f"build {name}.o: CXX_COMPILER__m_unscanned_ {tmp_path}/{name}.cpp\n  LAUNCHER = ccache \n\n"
+        for name in ("ops", "big")
+    )
+    (tmp_path / "build" / "build.ninja").write_text(ninja)
+    heavy = HeavyPlan(("big.cpp",), 1, 2, "", fallback=1, local=True)
+    said, _ = apply_pool(tmp_path / "build", tmp_path, heavy, 2)
+    assert said == "torchbuild: heavy pool: 1 compiles at most 1 at once, on this node, the others up to 2 jobs"
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "CCACHE_PREFIX": str(prefix), "CCACHE_DISABLE": "1", "MARKS": str(marks)}
+    done = subprocess.run(["ninja", "-C", tmp_path / "build"], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in marks.iterdir()) == ["ops.o"]
+
+
+class _Sink:
+    def __init__(self, path: Path) -> None:
+        self.lines: list[str] = []
+        self.path = path
+
+    def write(self, text: str) -> None:
+        self.lines.append(text)
+
+    def line(self, text: str = "") -> None:
+        self.lines.append(text)
+
+
+def test_an_attempt_whose_heavy_units_found_no_pool_runs_the_fallbacks_jobs(tmp_path):
+    """The build's before-hook (the pool's rewrite) says 3 where 8 were planned: the compile
+    runs -j3 with MAX_JOBS=3, and the manifest's jobs record ends at 3."""
+    from torchbuild.inputs.jobs import JobPlan
+    from torchbuild.steps.compile_job import CompileJob
+
+    seen = tmp_path / "seen"
+    job = CompileJob(resolve("cpu"), JobPlan(8, "auto"), {}, {"PATH": "/usr/bin:/bin"}, _Sink(tmp_path / "log"))
+    script = f'echo "$1 $MAX_JOBS" > {seen}'
+    job.compile(lambda n: ["sh", "-c", script, "sh", f"-j{n}"], cwd=str(tmp_path), what="t", before=lambda n: 3)
+    assert seen.read_text().split() == ["-j3", "3"]
+    assert job.jobs_record()["final_jobs"] == 3 and job.jobs_record()["max_jobs"] == 8

@@ -58,6 +58,8 @@ def test_the_remote_cache_does_not_change_the_profile_hash():
         ("http://cache/x|read-only", "'|'"),
         ("redis://cache:70000", "malformed"),
         ("redis://", "names no host"),
+        ("redis://cache:0", "port 0"),
+        ("http://cache:0/ccache", "port 0"),
     ],
 )
 def test_bad_remote_urls_are_named_with_what_to_write(url, fragment):
@@ -189,10 +191,15 @@ def test_doctor_says_a_storage_that_is_down_does_not_answer_within_its_bound():
     assert not check.ok and "no answer within 3 s" in check.detail
 
 
-def test_doctor_asks_an_http_storage_with_one_head():
+def _http_check(status_for: Callable[[str], int], path: str = "/ccache") -> tuple[doctor.Check, list[str]]:
+    """doctor's check of an http storage on loopback whose HEAD answers status_for(path); the
+    paths it was asked for."""
+    asked: list[str] = []
+
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_HEAD(self) -> None:
-            self.send_response(404)  # what a storage says of an absent entry: it answers
+            asked.append(self.path)
+            self.send_response(status_for(self.path))
             self.end_headers()
 
         def log_message(self, *args: object) -> None:
@@ -202,11 +209,26 @@ def test_doctor_asks_an_http_storage_with_one_head():
     thread = threading.Thread(target=server.handle_request, daemon=True)
     thread.start()
     try:
-        check = doctor.remote_cache_check(f"http://127.0.0.1:{server.server_port}/ccache")
+        check = doctor.remote_cache_check(f"http://127.0.0.1:{server.server_port}{path}")
     finally:
         thread.join(timeout=5)
         server.server_close()
-    assert check.ok and "answers HTTP 404" in check.detail
+    return check, asked
+
+
+def test_doctor_asks_an_http_storage_for_an_absent_key_with_one_head():
+    # nginx's WebDAV without autoindex: its root is 403, a key that is not there 404
+    check, asked = _http_check(lambda path: 403 if path in ("/ccache", "/ccache/") else 404, "/ccache/")
+    assert check.ok and "answers HTTP 404 for an absent key" in check.detail
+    assert len(asked) == 1 and asked[0].startswith("/ccache/torchbuild-doctor-")
+
+
+def test_doctor_says_an_http_storage_that_refuses_a_key_refuses_with_what_to_do():
+    check, _ = _http_check(lambda path: 401)
+    assert not check.ok and "refuses a key's HEAD (HTTP 401)" in check.detail
+    assert "without credentials" in check.detail and "local cache alone" in check.detail
+    failing, _ = _http_check(lambda path: 503)
+    assert not failing.ok and "HTTP 503 for an absent key (failing)" in failing.detail
 
 
 def test_doctor_checks_the_profiles_remote_only_when_it_has_one():

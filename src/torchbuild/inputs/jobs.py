@@ -276,9 +276,17 @@ def plan_jobs(
     return JobPlan(jobs, reason, threads)
 
 
-def plan_for(spec: BuildSpec, host: HostResources, cache_root: str | Path, jobs: int = 0) -> JobPlan:
+def plan_for(
+    spec: BuildSpec, host: HostResources, cache_root: str | Path, jobs: int = 0, *, spread: bool = False
+) -> JobPlan:
     """The plan a build of spec gets here: --jobs (jobs), else the profile's max_jobs, with the
-    per-job peaks measured on this profile's canaries (under cache_root) where there are some."""
+    per-job peaks measured on this profile's canaries (under cache_root) where there are some.
+    spread (compiles sent to other nodes, CCACHE_PREFIX): --jobs for the light units, and the
+    heavy ones' pool on this node (heavy_for)."""
+    if jobs and spread:
+        heavy = heavy_for(spec, host, cache_root, jobs, spread=True)
+        if heavy.depth:
+            return JobPlan(jobs, f"--jobs {jobs} over the allocation's nodes; {heavy.reason} here", heavy=heavy)
     if jobs:
         return JobPlan(jobs, f"--jobs {jobs}", spec.nvcc_threads)
     heavy = heavy_for(spec, host, cache_root)
@@ -351,12 +359,16 @@ def record_unit_peaks(path: Path, canaries: list[dict[str, object]]) -> dict[str
 @dataclasses.dataclass(frozen=True)
 class HeavyPlan:
     """The heavy units' pool: source globs (relative to the tree), its depth, and the total jobs
-    (MAX_JOBS) the light ones may then run; depth 0: no pool."""
+    (MAX_JOBS) the light ones may then run; depth 0: no pool. fallback: the jobs where no compile
+    matches the globs (every job planned at the heavy peak, as without a pool); local: the heavy
+    compiles stay on this node while the others are spread over the allocation's nodes."""
 
     patterns: tuple[str, ...] = ()
     depth: int = 0
     jobs: int = 0
     reason: str = ""
+    fallback: int = 0
+    local: bool = False
 
 
 def heavy_units(spec_units: tuple[str, ...], unit_peaks: Mapping[str, int], light_peak: int) -> tuple[str, ...]:
@@ -380,21 +392,29 @@ def plan_heavy(host: HostResources, patterns: tuple[str, ...], light_peak: int, 
     if depth < 1:
         depth, jobs = 1, max(1, min(jobs, 1 + max(0, mem - heavy_peak) // light_peak))
     depth = min(depth, jobs)
+    fallback = max(1, min(host.cores, mem // heavy_peak))
     reason = (
         f"heavy pool: {len(patterns)} pattern(s) at {heavy_peak / GiB:.2f} GiB, light jobs at {light_peak / GiB:.2f} GiB, "
         f"{mem / GiB:.1f} GiB ({host.memory_source}) -> {jobs} jobs, {depth} of them heavy at once"
     )
-    return HeavyPlan(patterns, int(depth), int(jobs), reason)
+    return HeavyPlan(patterns, int(depth), int(jobs), reason, int(fallback))
 
 
-def heavy_for(spec: BuildSpec, host: HostResources, cache_root: str | Path, jobs: int = 0) -> HeavyPlan:
+def heavy_for(
+    spec: BuildSpec, host: HostResources, cache_root: str | Path, jobs: int = 0, *, spread: bool = False
+) -> HeavyPlan:
     """The heavy pool a build of spec gets here: none for a fixed jobs count (--jobs, max_jobs)
-    or CUDA builds (their per-job peak is the CUDA one) or where no unit is known to be heavy."""
-    if jobs or spec.max_jobs != "auto" or spec.cuda:
+    or CUDA builds (their per-job peak is the CUDA one) or where no unit is known to be heavy.
+    spread: the compiles go to the allocation's nodes (jobs: their slots), the heavy ones stay
+    here in a pool as deep as this node's memory allows; the fallback is bounded by jobs too."""
+    if spec.cuda or (not spread and (jobs or spec.max_jobs != "auto")):
         return HeavyPlan()
     light = int(spec.mem_per_job_gb * GiB)
     unit_peaks = load_unit_peaks(units_file(cache_root, spec.hash))
     patterns = heavy_units(spec.heavy_units, unit_peaks, light)
     measured = [p for f, p in unit_peaks.items() if f in patterns]
     heavy = int(max(measured) * PEAK_MARGIN) if measured else int(spec.mem_per_heavy_job_gb * GiB)
-    return plan_heavy(host, patterns, light, heavy)
+    plan = plan_heavy(host, patterns, light, heavy)
+    if not spread or not plan.depth:
+        return plan
+    return dataclasses.replace(plan, jobs=jobs, fallback=min(jobs, plan.fallback), local=True)

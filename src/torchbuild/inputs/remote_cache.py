@@ -46,6 +46,8 @@ def problem(url: str) -> str | None:
         return f"{url!r} is malformed ({exc})"
     if not parts.hostname:
         return f"{url!r} names no host"
+    if parts.port == 0:
+        return f"{url!r} names port 0, which no storage listens on"
     return None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -178,9 +179,29 @@ def http_status(url: str, timeout: float = PROBE_TIMEOUT_S) -> int:
         return exc.code
 
 
+def probe_url(url: str) -> str:
+    """A key path under an http storage's URL that no build wrote: the doctor asks for it, as a
+    build asks for an entry (a WebDAV root without autoindex refuses a HEAD of itself: 403)."""
+    return f"{url.rstrip('/')}/torchbuild-doctor-{secrets.token_hex(8)}"
+
+
+def _http_detail(url: str) -> tuple[bool, str]:
+    """Whether an http storage answers a HEAD of a key that is not there (404; 200 or another
+    client status too), and how to say it; 401/403: it refuses the builds' requests."""
+    status = http_status(probe_url(url))
+    if status in (401, 403):
+        return False, (
+            f"refuses a key's HEAD (HTTP {status}): let this node read and write under the URL "
+            "without credentials (ccache's URL carries none here)"
+        )
+    ok = status < 500
+    return ok, f"answers HTTP {status} for an absent key" + ("" if ok else " (failing)")
+
+
 def remote_cache_check(url: str, readonly: bool = False) -> Check:
-    """Whether the profile's ccache_remote answers: redis a PONG, http(s) any status but a
-    server error or a refusal. A storage that does not answer only slows builds (local-only)."""
+    """Whether the profile's ccache_remote answers: redis a PONG, http(s) a HEAD of a random key
+    under the URL with any status but a server error or a refusal (401, 403). A storage that
+    does not answer only slows builds (local-only)."""
     scheme, host, port = remote_cache.endpoint(url)
     shown = url + (" (read-only)" if readonly else "")
     slow = "builds will go on with the local cache alone"
@@ -190,9 +211,7 @@ def remote_cache_check(url: str, readonly: bool = False) -> Check:
             ok = answer.startswith("+PONG")
             detail = "answers PING" if ok else f"answered {answer[:80]!r} to PING (a password or TLS needed?)"
         else:
-            status = http_status(url)
-            ok = status < 500 and status not in (401, 403)
-            detail = f"answers HTTP {status}" + ("" if ok else " (refused or failing)")
+            ok, detail = _http_detail(url)
     except (OSError, ValueError) as exc:
         ok, detail = False, f"no answer within {PROBE_TIMEOUT_S:g} s ({exc})"
     return Check("ccache remote", ok, f"{shown}: {detail}" + ("" if ok else f"; {slow}"))

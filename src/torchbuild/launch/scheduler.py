@@ -785,7 +785,9 @@ def _node_slots(spec: BuildSpec) -> int:
 
 
 def _spread_options(spec: BuildSpec, options: BuildOptions, nodes: int) -> BuildOptions:
-    """The build's options over nodes: MAX_JOBS sized to every node's slots unless --jobs is given."""
+    """The build's options over nodes: MAX_JOBS sized to every node's slots unless --jobs is given.
+    The heavy units keep their pool on the job's node all the same (jobs.plan_for's spread, which
+    the build knows from CCACHE_PREFIX), sized from that node's memory, compiled there."""
     if options.jobs:
         return options
     return dataclasses.replace(options, jobs=min(MAX_JOBS, spread_jobs(nodes, _node_slots(spec))))

@@ -442,11 +442,13 @@ def _preflight(run: Run, watch: ConfigureWatch) -> None:
         tee.line(f"canary peaks recorded for the next plans: {_fmt_peaks(measured)}")
 
 
-def _heavy_pool(run: Run, jobs: int) -> None:
-    """The heavy units' pool in build.ninja (steps/heavy.py), at most jobs deep; said in the log."""
-    said = apply_pool(build_dir(run.req.source), Path(run.req.source), run.job.plan.heavy, jobs)
+def _heavy_pool(run: Run, jobs: int) -> int:
+    """The heavy units' pool in build.ninja (steps/heavy.py), at most jobs deep; said in the log.
+    The jobs the attempt runs: fewer where no compile matched the heavy units."""
+    said, jobs = apply_pool(build_dir(run.req.source), Path(run.req.source), run.job.plan.heavy, jobs)
     if said:
         run.tee.line(said)
+    return jobs
 
 
 def _fmt_peaks(measured: Mapping[str, int]) -> str:

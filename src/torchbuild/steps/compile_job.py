@@ -159,11 +159,13 @@ def plan(spec: BuildSpec, cache_root: str | Path, jobs: int = 0, *, kind: str = 
     """The jobs a compile may run where the step runs (an allocation's cores and memory, a
     container's limits: HostResources.detect); jobs: --jobs (0: plan). kind "": a build that
     takes nvcc --threads (torch, a companion, an editable tree); "cxx" or "cuda": a make of
-    that kind of compile job (NCCL's device code, the plugin's C++)."""
+    that kind of compile job (NCCL's device code, the plugin's C++). Where ccache hands its
+    misses to a distributor (CCACHE_PREFIX: a spread over nodes, launch/spread.py), the heavy
+    units keep their pool on this node (plan_for's spread)."""
     host = HostResources.detect()
     if kind:
         return plan_make(spec, host, cache_root, jobs, kind=kind)
-    return plan_for(spec, host, cache_root, jobs)
+    return plan_for(spec, host, cache_root, jobs, spread=bool(os.environ.get("CCACHE_PREFIX", "").strip()))
 
 
 def open_log(path: Path, out: TextIO, progress: str = "lines", what: str = "writing the build log") -> Tee:
@@ -232,14 +234,15 @@ class CompileJob:
         what: str,
         watch: Callable[[str], None] | None = None,
         failure: Callable[[Finished], TorchbuildError] | None = None,
-        before: Callable[[int], None] | None = None,
+        before: Callable[[int], int] | None = None,
     ) -> float:
         """cmd_for(jobs) in cwd, resumed with fewer jobs after an out-of-memory kill; seconds spent.
-        before(jobs), where given, runs before each attempt (the heavy units' pool follows jobs)."""
+        before(jobs), where given, runs before each attempt (the heavy units' pool follows jobs)
+        and says the jobs the attempt runs (fewer where the heavy units found no pool)."""
 
         def env_for(n: int) -> dict[str, str]:
             if before is not None:
-                before(n)
+                n = self.jobs.current = max(1, min(n, before(n)))
             return self.env_for(n)
 
         return run_compile(
