@@ -174,7 +174,7 @@ def test_the_job_warns_when_the_other_nodes_compiled_nothing(tmp_path, stand_ins
     env = {**os.environ, "SLURM_JOB_NODELIST": "node1,node2", "SLURM_JOB_ID": "32"}
     run = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=60, check=False)
     assert run.returncode == 0, run.stderr
-    assert "warning: the other nodes compiled nothing, every unit was compiled here" in run.stderr
+    assert "warning: the other nodes compiled no unit: every compile ccache missed ran on this node" in run.stderr
 
 
 def test_nodes_that_resolve_to_loopback_get_no_compiles_and_the_first_allows_its_real_address(

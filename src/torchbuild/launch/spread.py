@@ -180,8 +180,8 @@ _STOP = [
     '    if [ "$tb_ok" -gt 0 ]; then',
     '      echo "torchbuild: the other nodes compiled $tb_ok units (distccd\'s log: $tb_log)"',
     "    else",
-    '      echo "torchbuild: warning: the other nodes compiled nothing, every unit was compiled here'
-    " (distccd's log: $tb_log)\" >&2",
+    '      echo "torchbuild: warning: the other nodes compiled no unit: every compile ccache missed ran'
+    " on this node (distccd's log: $tb_log)\" >&2",
     "    fi",
     "  fi",
     '  [ -z "${tb_distcc_dir:-}" ] || rm -rf "$tb_distcc_dir"',
