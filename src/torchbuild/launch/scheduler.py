@@ -962,14 +962,23 @@ class PbsNodes(Pbs):
 
 
 class SlurmSpread(SlurmNodes):
-    """A build's job over N nodes, one task each (the daemons' step): the build's own comment."""
+    """A build's job over N nodes, one task each (the daemons' step): the build's own comment.
+    Whole nodes: distccd has no per-user authentication, and another user's job on an allowed
+    node could run compilers (and so code) as this job's user through it."""
+
+    def directives(self, job: Job) -> list[str]:
+        return [*super().directives(job), "#SBATCH --exclusive"]
 
     def render(self, job: Job) -> str:
         return Slurm.render(self, job)
 
 
 class PbsSpread(PbsNodes):
-    """A build's job over N PBS chunks (nodes), one rank each: the build's own comment."""
+    """A build's job over N PBS chunks (nodes), one rank each: the build's own comment. Whole
+    nodes, one chunk on each (scatter: select=N alone may put chunks on one host), as SlurmSpread."""
+
+    def directives(self, job: Job) -> list[str]:
+        return [*super().directives(job), "#PBS -l place=scatter:excl"]
 
     def render(self, job: Job) -> str:
         return Pbs.render(self, job)
