@@ -106,7 +106,11 @@ def make_wheel(
     wheel = directory / f"{dist}-{tag}.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
         for path, text in files.items():
-            zf.writestr(path, text)
+            # a fixed date: two calls with the same arguments give the same bytes, however far
+            # apart (writestr of a name stamps the current time, at 2 s granularity)
+            info = zipfile.ZipInfo(path, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o600 << 16  # what writestr gives a name
+            zf.writestr(info, text)
     return wheel
 
 
