@@ -5,9 +5,11 @@ one (start at nproc, resume with fewer jobs on each out-of-memory kill) and toda
 cap without help; print pooled / best fixed (goal: <= 0.6) next to adaptive / best fixed and
 planned / best fixed, from one run.
 
-Usage: python benchmarks/heavy_pool.py [--set key=value ...] [--memory 1300m] [--heavy 4]
+Usage: python benchmarks/heavy_pool.py [--set key=value ...] [--memory 1300m] [--heavy 4] [--light 80]
 Builds tests/fixtures/minitorch with MINITORCH_HEAVY memory-heavy units (about 0.8 GB and 4.5 s
-each in gcc 14's cc1plus) beside its light ones in the cpu toolchain image (`invoke
+each in gcc 14's cc1plus) and MINITORCH_LIGHT light units with real work (about 0.12 GB and 1.2 s
+each: PyTorch's mix, many light units and a few heavy ones; without them the fixture's light
+kernels compile in a fraction of a second and no arm has anything to overlap) beside its own ones in the cpu toolchain image (`invoke
 image` with the same --set must have run). ccache is off, so every run compiles everything.
 
 What each arm is told (printed at the start): every arm gets the same profile, KNOWN (which
@@ -70,11 +72,12 @@ def main() -> None:
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--memory", default="1300m")
     ap.add_argument("--heavy", type=int, default=4)
+    ap.add_argument("--light", type=int, default=80)
     args = ap.parse_args()
     nproc = max(2, os.cpu_count() or 1)
     with tempfile.TemporaryDirectory(prefix="tb-heavy-bench-") as tmp:
         work = Path(tmp)
-        sets = [*args.sets, f"env.MINITORCH_HEAVY={args.heavy}", *KNOWN,
+        sets = [*args.sets, f"env.MINITORCH_HEAVY={args.heavy}", f"env.MINITORCH_LIGHT={args.light}", *KNOWN,
                 "env.CCACHE_DISABLE=1", "patches=none", f"cache_dir={work / 'cache'}"]  # fmt: skip
         print(f"every arm's profile: {' '.join(KNOWN)}", flush=True)
         print("\n".join(f"  {arm}: {told}" for arm, told in TOLD.items()), flush=True)

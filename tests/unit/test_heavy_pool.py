@@ -105,12 +105,16 @@ def test_ninja_runs_the_pooled_build_ninja_and_the_depth_follows_the_attempts_jo
     fixture = Path(__file__).parents[1] / "fixtures" / "minitorch"
     tree = tmp_path / "tree"
     shutil.copytree(fixture, tree, ignore=shutil.ignore_patterns("build"))
-    env = {"PATH": "/usr/bin:/bin", "MINITORCH_HEAVY": "2", "MINITORCH_HEAVY_ENTRIES": "5"}
+    env = {"PATH": "/usr/bin:/bin", "MINITORCH_HEAVY": "2", "MINITORCH_HEAVY_ENTRIES": "5", "MINITORCH_LIGHT": "3"}
     subprocess.run(["cmake", "-S", tree, "-B", tree / "build", "-G", "Ninja"], env=env, check=True, capture_output=True)
     plan = HeavyPlan(("build/heavy/heavy_*.cpp",), 3, 4, "")
     said, jobs = apply_pool(tree / "build", tree, plan, jobs=2)
     assert (said, jobs) == ("torchbuild: heavy pool: 2 compiles at most 2 at once, the others up to 2 jobs", 2)
-    assert "  depth = 2\n" in (tree / "build" / "build.ninja").read_text()
+    ninja = (tree / "build" / "build.ninja").read_text()
+    assert "  depth = 2\n" in ninja
+    # the benchmark's light units (MINITORCH_LIGHT) are in the build and outside the pool
+    light = [blk for blk in ninja.split("\n\n") if "/light/light_" in blk.split(":", 1)[0]]
+    assert len(light) == 3 and not any(f"pool = {POOL}" in blk for blk in light), light
     dry = subprocess.run(["ninja", "-C", tree / "build", "-n"], capture_output=True, text=True, check=False)
     assert dry.returncode == 0, dry.stderr
     assert "heavy_2.cpp.o" in dry.stdout
