@@ -2,7 +2,7 @@
 storage) and the second's (its own empty local cache, everything in the shared storage), and
 print second / first (goal: <= 0.1) with the ccache counters both manifests record.
 
-Usage: python benchmarks/shared_cache.py [--set key=value ...] [--heavy 12]
+Usage: python benchmarks/shared_cache.py [--set key=value ...] [--heavy 12] [--light 80]
 Starts Debian's redis-server (the image tests/integration/test_shared_cache.py builds from the
 local trixie base: torchbuild-test/redis:trixie, built here too if missing) in a container on a
 Docker network it creates, its port published on that network's gateway address only; the
@@ -11,13 +11,14 @@ each built natively (`invoke build`, the host's g++, cmake, ninja and ccache >= 
 redis-storage) with the profile's ccache_remote pointing at the redis. The container and the
 network are removed at the end, also on Ctrl-C or a failure.
 
-The fixture's light units compile in well under a second each, so configure, packaging and
-verify would dominate and the ratio would measure them, not the cache. The fixture has two
+The fixture's own light kernels compile in well under a second each, so configure, packaging and
+verify would dominate and the ratio would measure them, not the cache. The fixture has three
 knobs that reach CMake from the environment: MINITORCH_HEAVY=N adds N memory-heavy units
 (each a 2,000-entry std::map initializer at -O2: about 4.5 s and 0.8 GB in cc1plus) and
-MINITORCH_SLOW_SECONDS a sleep that no cache can skip. This uses MINITORCH_HEAVY (default 12:
-a minute or two of compiles on two cores, under 2 GB with both compiling), the closest the
-fixture comes to PyTorch's units (compile-bound, tens of seconds of cc1plus in all). Wheel
+MINITORCH_SLOW_SECONDS a sleep that no cache can skip; MINITORCH_LIGHT=N adds N light units
+with real work (each a 300-entry map: about 1.2 s and 0.12 GB). This uses 12 heavy and 80 light
+units by default, PyTorch's mix of many light units and a few heavy ones (a few minutes of
+compiles on two cores). Wheel
 verification is left out of both builds (--no-verify): it is the same on both nodes and no
 compile. The ratio is still bounded by what every build does besides compiling (the build
 venv check, CMake's configure, the links, the wheel), which a real PyTorch build's ~1,500
@@ -126,13 +127,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--heavy", type=int, default=12, help="MINITORCH_HEAVY: the fixture's memory-heavy units")
+    ap.add_argument("--light", type=int, default=80, help="MINITORCH_LIGHT: light units with real work (~1.2 s each)")
     args = ap.parse_args()
     missing = [t for t in ("g++", "cmake", "ninja", "ccache") if not shutil.which(t)]
     if missing:
         sys.exit(f"native builds need {', '.join(missing)} on PATH")
     client = Engine.connect().client
     with tempfile.TemporaryDirectory(prefix="tb-cache-bench-") as tmp, redis(client) as url:
-        sets = [*args.sets, "patches=none", f"env.MINITORCH_HEAVY={args.heavy}", f"ccache_remote={url}"]
+        sets = [
+            *args.sets,
+            "patches=none",
+            f"env.MINITORCH_HEAVY={args.heavy}",
+            f"env.MINITORCH_LIGHT={args.light}",
+            f"ccache_remote={url}",
+        ]
         print(f"shared storage: {url} (redis-server in a container on its own network)", flush=True)
         first, a = build(Path(tmp), "node-a", sets)
         print(f"first node (cold):            {first:6.1f} s  ({counters(a)})", flush=True)
