@@ -82,8 +82,8 @@ def test_two_node_build_compiles_on_the_other_node_and_gives_the_one_node_wheel(
     (two,) = (s / "out-two").glob("minitorch-*.whl")
     (one,) = (s / "out-one").glob("minitorch-*.whl")
     assert two.name == one.name and two.read_bytes() == one.read_bytes()
-    # the daemons ended with the job: no distccd left on either node (a defunct one aside: the
-    # node container's PID 1 is slurmd, which, unlike a real node's init, reaps no orphan)
+    # the daemons ended with the job: no distccd left on either node (a defunct one not yet reaped
+    # by the node container's docker-init aside: that is the kernel's bookkeeping, not a daemon)
     for node in ("node1", "node2"):
         ps = cluster.containers[node].exec_run(["ps", "-C", "distccd", "-o", "pid=,stat="]).output.decode()
         alive = [line for line in ps.splitlines() if line.split() and "Z" not in line.split()[1]]
