@@ -6,9 +6,19 @@ from __future__ import annotations
 import io
 import re
 
+import pytest
+
 from torchbuild.core.progress import MODES, Progress
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+@pytest.fixture(autouse=True)
+def _a_capable_terminal(monkeypatch):
+    """These tests read the frames a cursor-moving terminal gets. rich draws only the last frame
+    for TERM=dumb or unknown, and sudo sets TERM=unknown where it was unset: .ci/run's `sudo bash
+    .ci/run` in a GitHub runner (found by running ci.yml's integration row under act)."""
+    monkeypatch.setenv("TERM", "xterm-256color")
 
 
 class _Clock:
