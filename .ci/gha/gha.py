@@ -47,6 +47,10 @@ ACTIONS = {
 }
 
 
+# actions whose code is not available here: local stand-ins (see their action.yml)
+STAND_INS = {"actions/upload-artifact@v6": ROOT / ".ci" / "gha" / "upload-artifact"}
+
+
 class GhaError(Exception):
     """A failure with one line on what to do; main() prints it without a traceback."""
 
@@ -88,6 +92,7 @@ class Job:
     matrix: tuple[str, ...] = ()  # act --matrix key:value filters (a row of the job's matrix)
     inputs: tuple[tuple[str, str], ...] = ()  # workflow_dispatch inputs
     source: str = ""  # a source tree in the checkout, copied to the shared scratch for the `source` input
+    out: str = ""  # where the job leaves its artifacts in the checkout (bound: the host's own directory)
     docker: bool = False  # drives the host's engine: the socket and the workdir at its host path
     phase: int = 1  # 2: not run by this phase's default selection
 
@@ -104,6 +109,7 @@ JOBS = {
             "wheel",
             inputs=(("profile", ".ci/gha/gha-cpu.yaml"), ("arch", "x86_64")),
             source="tests/fixtures/minitorch",
+            out="out",
             docker=True,
         ),
         Job("integration", CI, "push", "matrix", matrix=("session:integration",), docker=True, phase=2),
@@ -130,6 +136,14 @@ JOBS = {
         ),
     )
 }
+
+
+def check_no_earlier_output(job: Job, root: Path = ROOT) -> None:
+    """The job writes its artifacts into the checkout's out/ (bound, not copied) and checks
+    them there: files from an earlier run would pass that check, so they must go first."""
+    out = root / job.out if job.out else None
+    if out is not None and out.is_dir() and any(out.iterdir()):
+        raise GhaError(f"{out} is not empty: the {job.name} job writes and checks its artifacts there; move it away")
 
 
 def select_jobs(names: Sequence[str]) -> list[Job]:
@@ -436,11 +450,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> int:
     jobs = select_jobs(args.jobs)
     archives = verified_archives(args.actions)
+    for job in jobs:
+        check_no_earlier_output(job)
     engine = Engine.connect()
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="torchbuild-gha-"))
     scratch.mkdir(parents=True, exist_ok=True)
+    had_volume = TOOLCACHE_VOLUME in {v.name for v in engine.client.volumes.list()}
     try:
-        actions = unpack_actions(archives, scratch)
+        actions = {**unpack_actions(archives, scratch), **STAND_INS}
         for label in dict.fromkeys(r for j in jobs for r in j.runners):
             ensure_runner(engine, RUNNERS[label], scratch, args.cpu_shares)
             seed_toolcache(engine, RUNNERS[label])
@@ -451,6 +468,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if args.scratch is None:
             shutil.rmtree(scratch, ignore_errors=True)
+        if not had_volume:  # act's tool cache volume was made for this run: it goes with it
+            for volume in engine.client.volumes.list(filters={"name": TOOLCACHE_VOLUME}):
+                if volume.name == TOOLCACHE_VOLUME:
+                    volume.remove()
     left = leftovers(engine)
     print(summary(outcomes))
     if left:

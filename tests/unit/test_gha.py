@@ -211,3 +211,14 @@ def test_event_file_is_json_the_act_run_reads(tmp_path):
     path = tmp_path / "e.json"
     path.write_text(json.dumps(gha.event_json(job, {"profile": "cpu"})))
     assert json.loads(path.read_text())["inputs"]["profile"] == "cpu"
+
+
+def test_the_wheel_job_refuses_an_out_directory_with_earlier_artifacts(tmp_path):
+    job = gha.JOBS["wheel"]
+    gha.check_no_earlier_output(job, tmp_path)  # no out/: fine
+    (tmp_path / "out").mkdir()
+    gha.check_no_earlier_output(job, tmp_path)  # empty: fine
+    (tmp_path / "out" / "old.whl").write_bytes(b"")
+    with pytest.raises(gha.GhaError, match=r"out is not empty: the wheel job writes and checks its artifacts there"):
+        gha.check_no_earlier_output(job, tmp_path)
+    gha.check_no_earlier_output(gha.JOBS["lint"], tmp_path)  # the lint job leaves no artifacts
