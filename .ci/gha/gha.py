@@ -31,6 +31,9 @@ from torchbuild.core.errors import TorchbuildError
 from torchbuild.inputs.baseimage import make_base_image
 from torchbuild.inputs.engine import Engine
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from disk import Sampler
+
 ROOT = Path(__file__).resolve().parents[2]
 RUNNER_DOCKERFILE = Path(".ci/gha/runner.Dockerfile")
 LABEL = "org.torchbuild.gha"
@@ -95,9 +98,29 @@ class Job:
     out: str = ""  # where the job leaves its artifacts in the checkout (bound: the host's own directory)
     docker: bool = False  # drives the host's engine: the socket and the workdir at its host path
     phase: int = 1  # 2: not run by this phase's default selection
+    mounts: tuple[str, ...] = ()  # host directories bound at their own path (the paths it hands to docker run -v)
+    devices: tuple[str, ...] = ()  # host devices the job uses (--device)
+    caps: tuple[str, ...] = ()  # capabilities the job needs (--cap-add; --privileged fails here)
+    disk: bool = False  # sample the engine's and the file systems' disk use beside it (the peak)
+    runnable: str = ""  # why it cannot run on this host (empty: it can)
+    # (ref, local image): a registry image the job's build starts from, tagged from a local one
+    # for the run (torchbuild uses a present image of that name without pulling)
+    base_tag: tuple[str, str] | None = None
 
 
 CI, WHEEL = ".github/workflows/ci.yml", ".github/workflows/wheel.yml"
+# The integration row's .ci/run runs under sudo: HOME is /root there, so the profiles' cache_dir
+# (~/.cache/torchbuild) is this path, which it hands to `docker run -v` like the tests' tmp_path
+# and tempfile directories under /tmp; the host's engine resolves them on the host, so the job
+# sees the host's directories at the same paths. SYS_ADMIN lets .ci/run mount binfmt_misc (the
+# host's qemu-aarch64 entry, which torchbuild reads to allow arm64 builds); /dev/fuse is for the
+# Apptainer container the SIF tests start.
+JOB_CACHE = "/root/.cache/torchbuild"
+NO_NVIDIA = "its base image nvidia/cuda:* comes from a registry, and none is reachable here"
+NO_PORTS = (
+    "the ubuntu-24.04-arm runner image and the row's ubuntu:24.04 arm64 base are Ubuntu noble arm64,"
+    " from ports.ubuntu.com, which does not resolve here"
+)
 JOBS = {
     j.name: j
     for j in (
@@ -112,7 +135,19 @@ JOBS = {
             out="out",
             docker=True,
         ),
-        Job("integration", CI, "push", "matrix", matrix=("session:integration",), docker=True, phase=2),
+        Job(
+            "integration",
+            CI,
+            "push",
+            "matrix",
+            matrix=("session:integration",),
+            docker=True,
+            phase=2,
+            mounts=("/tmp", JOB_CACHE),
+            devices=("/dev/fuse",),
+            caps=("SYS_ADMIN",),
+            disk=True,
+        ),
         Job(
             "image-cpu-aarch64",
             CI,
@@ -122,8 +157,19 @@ JOBS = {
             ("profile:cpu", "arch:aarch64"),
             docker=True,
             phase=2,
+            base_tag=("ubuntu:24.04", "torchbuild/base:noble-aarch64"),
+            runnable=NO_PORTS,
         ),
-        Job("image-cuda-x86_64", CI, "push", "matrix", matrix=("profile:cuda", "arch:x86_64"), docker=True, phase=2),
+        Job(
+            "image-cuda-x86_64",
+            CI,
+            "push",
+            "matrix",
+            matrix=("profile:cuda", "arch:x86_64"),
+            docker=True,
+            phase=2,
+            runnable=NO_NVIDIA,
+        ),
         Job(
             "image-gh200-aarch64",
             CI,
@@ -133,6 +179,7 @@ JOBS = {
             ("profile:gh200", "arch:aarch64"),
             docker=True,
             phase=2,
+            runnable=f"{NO_NVIDIA}; and {NO_PORTS}",
         ),
     )
 }
@@ -147,12 +194,16 @@ def check_no_earlier_output(job: Job, root: Path = ROOT) -> None:
 
 
 def select_jobs(names: Sequence[str]) -> list[Job]:
-    """The jobs named (in the order given), or the default ones (phase 1) when none is named."""
+    """The jobs named (in the order given), or the default ones (phase 1) when none is named;
+    a job that cannot run here is refused with the reason."""
     if not names:
         return [j for j in JOBS.values() if j.phase == 1]
     unknown = [n for n in names if n not in JOBS]
     if unknown:
         raise GhaError(f"unknown job {', '.join(unknown)}: choose from {', '.join(JOBS)}")
+    blocked = [JOBS[n] for n in names if JOBS[n].runnable]
+    if blocked:
+        raise GhaError(f"{blocked[0].name} cannot run on this host: {blocked[0].runnable}")
     return [JOBS[n] for n in dict.fromkeys(names)]
 
 
@@ -219,6 +270,7 @@ class ActOptions:
     mounts: tuple[str, ...] = ()  # host directories bound at the same path in the job container
     artifacts: str = ""  # a directory: act's artifact server (unused while upload-artifact is skipped)
     verbose: bool = False
+    dryrun: bool = False  # act -n: the plan, each step listed, nothing run
 
 
 def dispatch_inputs(job: Job, shared: Path, certs: Sequence[str]) -> dict[str, str]:
@@ -256,7 +308,8 @@ def act_argv(job: Job, actions: Mapping[str, Path], event_file: Path, opts: ActO
         argv += ["--matrix", cell]
     argv += ["--action-offline-mode", "--pull=false", "--rm"]
     options = [f"--cpu-shares {opts.cpu_shares}"] if opts.cpu_shares else []
-    options += [f"-v {m}:{m}" for m in opts.mounts] if job.docker else []
+    options += [f"-v {m}:{m}" for m in (*opts.mounts, *job.mounts)] if job.docker else []
+    options += [f"--device {d}" for d in job.devices] + [f"--cap-add {c}" for c in job.caps]
     if job.docker:
         # the job's `docker run -v PATH` is resolved by the host's engine: the workdir must be at
         # the same path inside the job as on the host (--bind), and so must its temporary files
@@ -269,6 +322,8 @@ def act_argv(job: Job, actions: Mapping[str, Path], event_file: Path, opts: ActO
         argv += ["--artifact-server-path", opts.artifacts]
     if opts.verbose:
         argv.append("--verbose")
+    if opts.dryrun:
+        argv.append("--dryrun")
     return argv
 
 
@@ -408,7 +463,26 @@ def leftovers(engine: Engine) -> list[str]:
     return [c.name for c in engine.client.containers.list(all=True) if c.name.startswith("act-")]
 
 
-def run_job(job: Job, actions: Mapping[str, Path], scratch: Path, opts: ActOptions) -> Outcome:
+@contextlib.contextmanager
+def base_tagged(engine: Engine, job: Job) -> Iterator[None]:
+    """The job's registry base (ubuntu:24.04) as a tag of a local image for the run, when the
+    engine has no image of that name (none is pulled here: torchbuild uses a present image of
+    that name without pulling); the tag goes afterwards when this made it."""
+    if job.base_tag is None or engine.image_attrs(job.base_tag[0]) is not None:
+        yield
+        return
+    ref, local = job.base_tag
+    image = engine.client.images.get(local)  # ensure_runner made it (the runner's own base)
+    repo, _, tag = ref.partition(":")
+    image.tag(repo, tag)
+    print(f"{ref}: tagged from {local} for {job.name} (no registry here; removed afterwards)", flush=True)
+    try:
+        yield
+    finally:
+        engine.client.images.remove(ref, noprune=True)
+
+
+def run_job(job: Job, actions: Mapping[str, Path], scratch: Path, opts: ActOptions, engine: Engine) -> Outcome:
     shared = scratch / "shared"
     if job.source:
         dest = shared / Path(job.source).name
@@ -419,9 +493,17 @@ def run_job(job: Job, actions: Mapping[str, Path], scratch: Path, opts: ActOptio
     event.write_text(json.dumps(event_json(job, dispatch_inputs(job, shared, certs))))
     shared.mkdir(parents=True, exist_ok=True)
     argv = act_argv(job, actions, event, dataclasses.replace(opts, mounts=(str(shared),)))
+    for m in job.mounts:  # the engine would make a missing one, root-owned, on the host
+        Path(m).mkdir(parents=True, exist_ok=True)
     print(f"== {job.name}: {' '.join(argv)}", flush=True)
+    sampler = Sampler(engine.client).start() if job.disk and not opts.dryrun else None
     start = time.monotonic()
-    proc = subprocess.run(argv, cwd=ROOT, check=False)
+    try:
+        with contextlib.nullcontext() if opts.dryrun else base_tagged(engine, job):
+            proc = subprocess.run(argv, cwd=ROOT, check=False)
+    finally:
+        if sampler is not None:
+            print("\n".join(sampler.stop()), flush=True)
     return Outcome(job.name, time.monotonic() - start, proc.returncode)
 
 
@@ -444,6 +526,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--images-only", action="store_true", help="build the runner images, run no job")
     p.add_argument("--list", action="store_true", help="list the jobs and exit")
     p.add_argument("--verbose", action="store_true", help="act --verbose")
+    p.add_argument("--dryrun", action="store_true", help="act --dryrun: each job's plan, nothing run, no disk samples")
     return p.parse_args(argv)
 
 
@@ -463,8 +546,8 @@ def run(args: argparse.Namespace) -> int:
             seed_toolcache(engine, RUNNERS[label])
         if args.images_only:
             return 0
-        opts = ActOptions(act=args.act, cpu_shares=args.cpu_shares, verbose=args.verbose)
-        outcomes = [run_job(job, actions, scratch, opts) for job in jobs]
+        opts = ActOptions(act=args.act, cpu_shares=args.cpu_shares, verbose=args.verbose, dryrun=args.dryrun)
+        outcomes = [run_job(job, actions, scratch, opts, engine) for job in jobs]
     finally:
         if args.scratch is None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -484,6 +567,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.list:
         for j in JOBS.values():
             state = "default" if j.phase == 1 else f"phase {j.phase}"
+            state = f"not runnable here: {j.runnable}" if j.runnable else state
             print(f"{j.name:<20} {j.workflow} {j.event} -j {j.job} {' '.join(j.matrix)} ({state})")
         return 0
     try:

@@ -45,6 +45,11 @@ RUN version="$(python3.12 -c 'import platform; print(platform.python_version())'
     && "${dir}/bin/python" -m pip install --no-cache-dir --disable-pip-version-check --upgrade pip \
     && touch "${dir}.complete"
 
+# services are not started in the job container (a hosted runner's VM has systemd; this has no
+# init): .ci/run installs docker.io there for its client, and the host's engine answers on the
+# socket; munged and slurmd are started by the tests in their own directory
+RUN printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 0755 /usr/sbin/policy-rc.d
+
 # the hosted runner's user: runner, with password-less sudo (jobs run as root under act)
 RUN useradd --create-home --shell /bin/bash runner \
     && echo 'runner ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/runner \

@@ -222,3 +222,87 @@ def test_the_wheel_job_refuses_an_out_directory_with_earlier_artifacts(tmp_path)
     with pytest.raises(gha.GhaError, match=r"out is not empty: the wheel job writes and checks its artifacts there"):
         gha.check_no_earlier_output(job, tmp_path)
     gha.check_no_earlier_output(gha.JOBS["lint"], tmp_path)  # the lint job leaves no artifacts
+
+
+def test_the_integration_row_sees_the_hosts_tmp_cache_fuse_and_binfmt_at_the_same_paths():
+    # the suite hands tmp_path, tempfile directories and ~/.cache/torchbuild (HOME is /root under
+    # the row's sudo) to `docker run -v`, resolved on the host: the job must see the same paths
+    argv = _argv("integration", cpu_shares=64, mounts=("/tmp/x-shared",))
+    assert "--bind" in argv and _pairs(argv, "--container-daemon-socket") == ["unix:///var/run/docker.sock"]
+    options = _pairs(argv, "--container-options")[0].split()
+    assert options[:2] == ["--cpu-shares", "64"]
+    pairs = list(zip(options[::2], options[1::2]))
+    assert ("-v", "/tmp:/tmp") in pairs and ("-v", "/root/.cache/torchbuild:/root/.cache/torchbuild") in pairs
+    assert ("--device", "/dev/fuse") in pairs and ("--cap-add", "SYS_ADMIN") in pairs
+    assert "--privileged" not in options  # it fails here
+
+
+def test_jobs_that_only_drive_no_engine_get_no_devices_or_capabilities():
+    for name in ("lint", "wheel"):
+        options = " ".join(_pairs(_argv(name), "--container-options"))
+        assert "--device" not in options and "--cap-add" not in options and "/tmp:/tmp" not in options
+
+
+def test_the_nvidia_rows_are_refused_with_the_reason_and_listed_as_not_runnable(capsys):
+    for name in ("image-cuda-x86_64", "image-gh200-aarch64"):
+        with pytest.raises(gha.GhaError) as err:
+            gha.select_jobs(["lint", name])
+        assert name in str(err.value) and "nvidia/cuda" in str(err.value) and "registry" in str(err.value)
+    assert gha.main(["--list"]) == 0
+    listed = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "not runnable here" in listed["image-cuda-x86_64"] and "not runnable" not in listed["integration"]
+
+
+def test_the_cpu_image_row_starts_from_a_local_ubuntu_2404_of_its_arch_and_says_why_not_here():
+    job = gha.JOBS["image-cpu-aarch64"]
+    assert job.base_tag == ("ubuntu:24.04", gha.RUNNERS["ubuntu-24.04-arm"].base)
+    assert "ports.ubuntu.com" in job.runnable
+    profile = (ROOT / "configs" / "profiles" / "cpu.yaml").read_text()
+    assert "base_image: ubuntu:24.04" in profile
+
+
+def test_the_disk_is_sampled_beside_the_integration_row_only():
+    assert [j.name for j in gha.JOBS.values() if j.disk] == ["integration"]
+
+
+def test_dryrun_asks_act_for_the_plan_only():
+    assert "--dryrun" in _argv("integration", dryrun=True) and "--dryrun" not in _argv("integration")
+
+
+class _Images:
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def get(self, ref: str):
+        log = self.log
+
+        class _Image:
+            def tag(self, repo: str, tag: str) -> None:
+                log.append(f"tag {ref} {repo}:{tag}")
+
+        return _Image()
+
+    def remove(self, ref: str, noprune: bool) -> None:
+        self.log.append(f"remove {ref} noprune={noprune}")
+
+
+class _Engine:
+    def __init__(self, present: set[str]) -> None:
+        self.present, self.log = present, []
+        self.client = type("C", (), {"images": _Images(self.log)})()
+
+    def image_attrs(self, ref: str):
+        return {"Id": ref} if ref in self.present else None
+
+
+def test_the_rows_base_is_tagged_from_the_local_one_for_the_run_and_untagged_after(capsys):
+    job = gha.JOBS["image-cpu-aarch64"]
+    engine = _Engine(present={"torchbuild/base:noble-aarch64"})
+    with gha.base_tagged(engine, job):
+        assert engine.log == ["tag torchbuild/base:noble-aarch64 ubuntu:24.04"]
+    assert engine.log[-1] == "remove ubuntu:24.04 noprune=True"
+    assert "ubuntu:24.04: tagged from torchbuild/base:noble-aarch64" in capsys.readouterr().out
+    kept = _Engine(present={"ubuntu:24.04"})  # an engine that has one keeps it untouched
+    with gha.base_tagged(kept, job):
+        pass
+    assert kept.log == []
