@@ -123,6 +123,7 @@ class SlurmNodes:
             },
             environment={"SLURM_CONF": str(self.shared / "slurm.conf"), "HOME": "/tmp", "PYTHONPATH": "/src/src"},
             shm_size="256m",
+            init=True,  # docker-init as PID 1 reaps the daemons' exited children (distccd forks per job)
             detach=True,
         )
 

@@ -181,12 +181,17 @@ def test_real_pytorch_preflight_and_ccache_reuse(engine, local_base, site_certs,
     ran = re.search(r"CMake checks: none seeded \(none saved .*\), (\d+) probes ran", first_out)
     saved = re.search(r"CMake checks: saved (\d+) for the next fresh tree: /cache/cmake-checks/\w+\.json", first_out)
     assert ran and saved and int(ran[1]) >= 30 and int(saved[1]) >= 30, first_out[-5000:]
+    # ATen's code generation (3 dry runs in the configure, 3 runs before c10) ran and was saved
+    assert first_out.count("torchbuild: code generation saved (torchgen.gen") == 6, first_out[-5000:]
     first = configure_result(tree / "build")
 
     second_out, m2 = preflight_ok(profile, debian_dsc, tmp_path / "out", sets, "--clean")
     # the fresh tree started from them: no probe ran again, and CMake decided the same
     assert f"CMake checks: {saved[1]} seeded, 0 probes ran" in second_out, second_out[-5000:]
     assert configure_result(tree / "build") == first
+    # and none of it ran again: all six restored from /cache/codegen
+    assert second_out.count("torchbuild: code generation reused (torchgen.gen") == 6, second_out[-5000:]
+    assert "code generation saved" not in second_out
     assert m2["patches"]["already_applied"] == ["01-cuda-aware-mpi-fallback.patch"]
     assert m2["patches"]["applied_now"] == []
     assert m2["ccache"]["hit_rate"] >= 0.90, m2["ccache"]

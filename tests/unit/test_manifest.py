@@ -305,8 +305,9 @@ def test_a_bad_manifest_file_is_a_named_error(tmp_path, content, error, message)
 
 
 def test_a_newer_schema_says_to_upgrade(tmp_path):
-    path = saved(tmp_path, {**OLD_WHEEL, "torchbuild_version": "9.0", "schema_version": 7})
-    with pytest.raises(mf.ManifestError, match=r"written by torchbuild 9\.0 with manifest schema 7") as caught:
+    newer = mf.SCHEMA_VERSION + 1
+    path = saved(tmp_path, {**OLD_WHEEL, "torchbuild_version": "9.0", "schema_version": newer})
+    with pytest.raises(mf.ManifestError, match=rf"written by torchbuild 9\.0 with manifest schema {newer}") as caught:
         mf.read(path)
     assert "upgrade torchbuild" in caught.value.hint
 

@@ -47,7 +47,8 @@ if typing.TYPE_CHECKING:
 # 4: `reproducibility` (SOURCE_DATE_EPOCH and its origin, ccache's base dir, the Python, the zip rewrite)
 # 5: `packages` (the toolchain image's installed list: its sha256, and the copy in <out>/logs)
 # 6: `build_venv` (a native build's venv from PyPI: its key, made or reused, cmake/ninja/mkl versions)
-SCHEMA_VERSION = 6
+# 7: `ccache.remote` (ccache's remote storage, profile ccache_remote: its local and remote hits, misses, errors)
+SCHEMA_VERSION = 7
 SUFFIX = ".manifest.json"
 ENGINES = ("native", "docker", "apptainer")
 KINDS = ("wheel", "preflight")
@@ -148,10 +149,28 @@ class JobsRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class CcacheRemoteRecord:
+    """ccache's remote storage behind the local cache (the profile's ccache_remote) during the
+    compile: hits served by the local cache and by the remote one, remote misses, and the
+    errors and timeouts after which ccache went on with the local cache alone."""
+
+    url: str
+    read_only: bool
+    local_hits: int
+    remote_hits: int
+    remote_misses: int
+    remote_errors: int
+    remote_timeouts: int
+
+
+@dataclasses.dataclass(frozen=True)
 class CcacheRecord:
+    omit_if_none: ClassVar[tuple[str, ...]] = ("remote",)
+
     hits: int
     misses: int
     hit_rate: float
+    remote: Optional[CcacheRemoteRecord] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -446,7 +465,12 @@ def _structure_image(data: Any, cls: type[ImageRecord]) -> ImageRecord:
     return record
 
 
-for _cls in (CommsRecord, Manifest, InstallManifest):  # CommsRecord first: Manifest's hook takes the hook of its fields
+for _cls in (
+    CcacheRecord,
+    CommsRecord,
+    Manifest,
+    InstallManifest,
+):  # CcacheRecord and CommsRecord first: Manifest's hook takes the hook of its fields
     records.converter.register_unstructure_hook(_cls, _omitting_none(_cls))
 records.converter.register_structure_hook(ImageRecord, _structure_image)
 
@@ -496,6 +520,7 @@ def for_build(
     preflight: Mapping[str, Any] | None = None,
     companion: Mapping[str, Any] | None = None,
     reproducibility: Mapping[str, Any] | None = None,
+    ccache_remote: Mapping[str, Any] | None = None,
 ) -> Manifest:
     """The manifest of a build that just finished, from what the build knows.
 
@@ -503,7 +528,8 @@ def for_build(
     (each key optional; engine defaults to native); jobs: {"max_jobs", "final_jobs", "reason",
     "nvcc_threads", "retries": [retry dicts]}; wheel: the finished wheel (name, sha256 and size
     are read here); preflight: {"targets", "canaries": [{"file", "seconds", "peak_rss_bytes"}],
-    "configure_s", "targets_s"}. Exactly one of wheel and preflight.
+    "configure_s", "targets_s"}. Exactly one of wheel and preflight. ccache_remote: the
+    CcacheRemoteRecord's fields, when the profile has a ccache_remote.
     """
     data: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -521,7 +547,12 @@ def for_build(
         "started": started,
         "finished": finished,
         "duration_s": round(seconds, 1),
-        "ccache": {"hits": ccache[0], "misses": ccache[1], "hit_rate": round(ccache[2], 4)},
+        "ccache": {
+            "hits": ccache[0],
+            "misses": ccache[1],
+            "hit_rate": round(ccache[2], 4),
+            **({"remote": dict(ccache_remote)} if ccache_remote else {}),
+        },
         "log": log,
         "report": dict(report) if report else None,
         "wheel": records.to_dict(WheelRecord.of(wheel)) if wheel is not None else None,
@@ -775,6 +806,17 @@ def _result_tables(m: Manifest) -> list[str]:
     return out
 
 
+def _remote_rows(r: CcacheRemoteRecord | None) -> list[tuple[str, Any]]:
+    """The remote compile cache's rows of the jobs table (none without one)."""
+    if r is None:
+        return []
+    failed = f", {r.remote_errors} errors, {r.remote_timeouts} timeouts" if r.remote_errors or r.remote_timeouts else ""
+    return [
+        ("ccache remote", r.url + (" (read-only)" if r.read_only else "")),
+        ("hits local/remote", f"{r.local_hits} / {r.remote_hits} ({r.remote_misses} remote misses{failed})"),
+    ]
+
+
 def _jobs_tables(m: Manifest) -> list[str]:
     j, c = m.jobs, m.ccache
     out = [
@@ -786,6 +828,7 @@ def _jobs_tables(m: Manifest) -> list[str]:
                 ("nvcc threads", j.nvcc_threads or "nvcc's default"),
                 ("OOM retries", len(j.retries)),
                 ("ccache", f"{c.hit_rate:.0%} ({c.hits} hits, {c.misses} misses)"),
+                *_remote_rows(c.remote),
             ],
         )
     ]

@@ -29,6 +29,7 @@ from torchbuild.core import records
 from torchbuild.core.arch import Arch, host_machine
 from torchbuild.core.errors import ProfileError, UsageError
 from torchbuild.core.safeio import PROFILE_LIMIT, not_an_option, read_text, user_path
+from torchbuild.inputs import remote_cache
 from torchbuild.inputs.companion_table import REPOS as COMPANION_REPOS
 from torchbuild.inputs.companion_table import default_ref, is_development, minor, pairing_problem
 from torchbuild.inputs.nccl_arch import nccl_cannot_target
@@ -364,11 +365,15 @@ class BuildSpec:
     env: StrMap
     preflight_targets: tuple[str, ...]
     canaries: tuple[str, ...]
+    heavy_units: tuple[str, ...]
     max_jobs: Union[str, int]
     mem_per_job_gb: float
     mem_per_cuda_job_gb: float
+    mem_per_heavy_job_gb: float
     cache_dir: str
     ccache_size: str
+    ccache_remote: str
+    ccache_remote_readonly: bool
     build_venv: bool
     scheduler: str
     account: str
@@ -443,9 +448,10 @@ class BuildSpec:
     @property
     def hash(self) -> str:
         """sha256 of the resolved profile's build keys; recorded in image labels and manifests.
-        The job keys (scope: job) say how a batch job asks for a node, and the runtime keys
-        (scope: runtime) how the result is installed and run, not what is built: a build
-        submitted with another account, or installed with other runtime settings, is the same build."""
+        The job keys (scope: job) say how a job runs (how a batch job asks for a node, which shared
+        compile cache it reads), and the runtime keys (scope: runtime) how the result is installed
+        and run, not what is built: a build submitted with another account, through another cache,
+        or installed with other runtime settings, is the same build."""
         keys = schema()
         data = {k: v for k, v in self.to_dict().items() if k not in keys or keys[k].scope == "build"}
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
@@ -1113,6 +1119,14 @@ def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], arch: Arch
     _check_companions(values, where)
     _check_not_options(values, where)
     _check_libraries(values, where, arch)
+    _check_ccache_remote(values, where)
+
+
+def _check_ccache_remote(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
+    problem = remote_cache.problem(values["ccache_remote"])
+    if problem:
+        hint = "write redis://HOST[:PORT] or http(s)://HOST[:PORT]/PATH, or '' for the local cache alone"
+        _fail(where, "ccache_remote", problem, hint)
 
 
 def _check_cuda_and_nccl(values: Mapping[str, Any], where: Mapping[str, str]) -> None:

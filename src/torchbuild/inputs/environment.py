@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from torchbuild.inputs import remote_cache
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.jobs import JobPlan
 
@@ -231,6 +232,7 @@ def _compile_env(
             "PIP_CACHE_DIR": f"{cache_root}/pip",
         }
     )
+    env.update(remote_cache.storage_env(spec.ccache_remote, spec.ccache_remote_readonly))
     env.update(spec.switches)  # explicit switches win over derived values
     env.update(spec.env)
     return env

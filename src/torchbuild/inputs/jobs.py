@@ -7,7 +7,9 @@ container's, or a Slurm or PBS job's under cgroup confinement) and the Slurm all
 bounded by the allocation's cores (SLURM_CPUS_ON_NODE; PBS's NCPUS; Torque's PBS_NUM_PPN).
 Per-job peaks start from the profile (mem_per_job_gb for C++, mem_per_cuda_job_gb for CUDA
 builds, where flash-attention kernels need about 5 GB) and are replaced by the peaks measured
-on preflight canaries once there are some (`Peaks`).
+on preflight canaries once there are some (`Peaks`). Where some units are known to be heavy
+(heavy_units, or canaries that measured above mem_per_job_gb), they get a pool of their own
+(`plan_heavy`: its depth from memory) and the light jobs the cores (`HeavyPlan`).
 """
 
 from __future__ import annotations
@@ -233,6 +235,7 @@ class JobPlan:
     jobs: int
     reason: str
     nvcc_threads: int = 0  # 0: leave nvcc's default
+    heavy: HeavyPlan | None = None  # the heavy units' pool, where there is one
 
 
 def plan_jobs(
@@ -273,11 +276,22 @@ def plan_jobs(
     return JobPlan(jobs, reason, threads)
 
 
-def plan_for(spec: BuildSpec, host: HostResources, cache_root: str | Path, jobs: int = 0) -> JobPlan:
+def plan_for(
+    spec: BuildSpec, host: HostResources, cache_root: str | Path, jobs: int = 0, *, spread: bool = False
+) -> JobPlan:
     """The plan a build of spec gets here: --jobs (jobs), else the profile's max_jobs, with the
-    per-job peaks measured on this profile's canaries (under cache_root) where there are some."""
+    per-job peaks measured on this profile's canaries (under cache_root) where there are some.
+    spread (compiles sent to other nodes, CCACHE_PREFIX): --jobs for the light units, and the
+    heavy ones' pool on this node (heavy_for)."""
+    if jobs and spread:
+        heavy = heavy_for(spec, host, cache_root, jobs, spread=True)
+        if heavy.depth:
+            return JobPlan(jobs, f"--jobs {jobs} over the allocation's nodes; {heavy.reason} here", heavy=heavy)
     if jobs:
         return JobPlan(jobs, f"--jobs {jobs}", spec.nvcc_threads)
+    heavy = heavy_for(spec, host, cache_root)
+    if heavy.depth:
+        return JobPlan(heavy.jobs, f"auto: {host.cores} cores ({host.cores_source}); {heavy.reason}", heavy=heavy)
     peaks = Peaks.defaults(spec.mem_per_job_gb, spec.mem_per_cuda_job_gb).with_measured(
         load_measured(peaks_file(cache_root, spec.hash))
     )
@@ -305,3 +319,102 @@ def plan_make(spec: BuildSpec, host: HostResources, cache_root: str | Path, jobs
     # nvcc_threads=1: a fixed count adds nothing to the plan, and such a make is given none
     plan = plan_jobs(spec.max_jobs, spec.mem_per_job_gb, host, cuda=kind == "cuda", peaks=peaks, nvcc_threads=1)
     return JobPlan(plan.jobs, plan.reason)
+
+
+# --------------------------------------------------------------------------- heavy units
+# A few translation units (PyTorch's big operator files, the fixture's MINITORCH_HEAVY units)
+# need several times the memory of the rest; planning every job for them caps the whole build
+# at memory / heavy peak. With a heavy pool they alone are limited (a ninja pool, steps/heavy.py)
+# and the light jobs use the cores.
+
+
+def units_file(cache_root: str | Path, profile_hash: str) -> Path:
+    """Peak memory per canary file (bytes), as this profile's preflights measured them."""
+    return Path(cache_root) / "peaks" / f"{profile_hash[:16]}.units.json"
+
+
+def load_unit_peaks(path: Path) -> dict[str, int]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): v for k, v in data.items() if isinstance(v, int) and v > 0}
+
+
+def record_unit_peaks(path: Path, canaries: list[dict[str, object]]) -> dict[str, int]:
+    """Keep each canary's largest peak (and earlier ones') for the heavy pool of later builds."""
+    peaks = load_unit_peaks(path)
+    for c in canaries:
+        file, peak = str(c["file"]), c.get("peak_rss_bytes")
+        if isinstance(peak, int) and peak > peaks.get(file, 0):
+            peaks[file] = peak
+    if peaks:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(peaks, indent=2, sort_keys=True))
+    return peaks
+
+
+@dataclasses.dataclass(frozen=True)
+class HeavyPlan:
+    """The heavy units' pool: source globs (relative to the tree), its depth, and the total jobs
+    (MAX_JOBS) the light ones may then run; depth 0: no pool. fallback: the jobs where no compile
+    matches the globs (every job planned at the heavy peak, as without a pool); local: the heavy
+    compiles stay on this node while the others are spread over the allocation's nodes."""
+
+    patterns: tuple[str, ...] = ()
+    depth: int = 0
+    jobs: int = 0
+    reason: str = ""
+    fallback: int = 0
+    local: bool = False
+
+
+def heavy_units(spec_units: tuple[str, ...], unit_peaks: Mapping[str, int], light_peak: int) -> tuple[str, ...]:
+    """The profile's heavy_units and every measured unit whose peak (with PEAK_MARGIN) is above
+    the light per-job peak."""
+    measured = sorted(f for f, p in unit_peaks.items() if p * PEAK_MARGIN > light_peak and f not in spec_units)
+    return (*spec_units, *measured)
+
+
+def plan_heavy(host: HostResources, patterns: tuple[str, ...], light_peak: int, heavy_peak: int) -> HeavyPlan:
+    """The largest pool depth d (1 at least) and total jobs n (cores at most) with
+    d x heavy + (n - d) x light <= memory: light jobs first take the cores memory allows, the heavy
+    pool gets what is left; where not even one heavy job fits beside them, n shrinks for it."""
+    if not patterns:
+        return HeavyPlan()
+    light_peak, heavy_peak = max(1, light_peak), max(light_peak, heavy_peak)
+    mem = host.memory_bytes
+    jobs = max(1, min(host.cores, mem // light_peak))
+    # a heavy job in place of a light one adds heavy - light
+    depth = (mem - jobs * light_peak) // (heavy_peak - light_peak) if heavy_peak > light_peak else jobs
+    if depth < 1:
+        depth, jobs = 1, max(1, min(jobs, 1 + max(0, mem - heavy_peak) // light_peak))
+    depth = min(depth, jobs)
+    fallback = max(1, min(host.cores, mem // heavy_peak))
+    reason = (
+        f"heavy pool: {len(patterns)} pattern(s) at {heavy_peak / GiB:.2f} GiB, light jobs at {light_peak / GiB:.2f} GiB, "
+        f"{mem / GiB:.1f} GiB ({host.memory_source}) -> {jobs} jobs, {depth} of them heavy at once"
+    )
+    return HeavyPlan(patterns, int(depth), int(jobs), reason, int(fallback))
+
+
+def heavy_for(
+    spec: BuildSpec, host: HostResources, cache_root: str | Path, jobs: int = 0, *, spread: bool = False
+) -> HeavyPlan:
+    """The heavy pool a build of spec gets here: none for a fixed jobs count (--jobs, max_jobs)
+    or CUDA builds (their per-job peak is the CUDA one) or where no unit is known to be heavy.
+    spread: the compiles go to the allocation's nodes (jobs: their slots), the heavy ones stay
+    here in a pool as deep as this node's memory allows; the fallback is bounded by jobs too."""
+    if spec.cuda or (not spread and (jobs or spec.max_jobs != "auto")):
+        return HeavyPlan()
+    light = int(spec.mem_per_job_gb * GiB)
+    unit_peaks = load_unit_peaks(units_file(cache_root, spec.hash))
+    patterns = heavy_units(spec.heavy_units, unit_peaks, light)
+    measured = [p for f, p in unit_peaks.items() if f in patterns]
+    heavy = int(max(measured) * PEAK_MARGIN) if measured else int(spec.mem_per_heavy_job_gb * GiB)
+    plan = plan_heavy(host, patterns, light, heavy)
+    if not spread or not plan.depth:
+        return plan
+    return dataclasses.replace(plan, jobs=jobs, fallback=min(jobs, plan.fallback), local=True)

@@ -5,8 +5,12 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import secrets
 import shutil
+import socket
 import subprocess
+import urllib.error
+import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -14,6 +18,7 @@ from torchbuild.core.arch import Arch, binfmt_ready, host_machine
 from torchbuild.core.console import table
 from torchbuild.core.errors import EngineUnavailable, TorchbuildError
 from torchbuild.core.safeio import user_path
+from torchbuild.inputs import remote_cache
 from torchbuild.inputs.config import DEFAULT_PROFILE, resolve
 from torchbuild.inputs.engine import HOST_CA_DIRS, Engine, engine_address, host_ca_files
 from torchbuild.inputs.jobs import GiB, HostResources
@@ -151,6 +156,76 @@ def _profile_ca_check(ca_dirs: Sequence[Path], profile: str) -> Check:
     return ca_check(ca_dirs, profile, listed)
 
 
+PROBE_TIMEOUT_S = 3.0  # each storage probe: one connection, one request, one short answer
+
+
+def redis_answer(host: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> str:
+    """A redis server's answer to one PING (`+PONG`, or `-NOAUTH ...`); OSError when none
+    comes in time. Reads at most one short line."""
+    with socket.create_connection((host, port), timeout=timeout) as conn:
+        conn.settimeout(timeout)
+        conn.sendall(b"*1\r\n$4\r\nPING\r\n")
+        return conn.recv(256).decode(errors="replace").strip()
+
+
+def http_status(url: str, timeout: float = PROBE_TIMEOUT_S) -> int:
+    """The HTTP status of one HEAD of url, straight to it (ccache does not use a proxy either);
+    OSError when nothing answers."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(urllib.request.Request(url, method="HEAD"), timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:  # an answer: 404 is what a storage says of an absent entry
+        return exc.code
+
+
+def probe_url(url: str) -> str:
+    """A key path under an http storage's URL that no build wrote: the doctor asks for it, as a
+    build asks for an entry (a WebDAV root without autoindex refuses a HEAD of itself: 403)."""
+    return f"{url.rstrip('/')}/torchbuild-doctor-{secrets.token_hex(8)}"
+
+
+def _http_detail(url: str) -> tuple[bool, str]:
+    """Whether an http storage answers a HEAD of a key that is not there (404; 200 or another
+    client status too), and how to say it; 401/403: it refuses the builds' requests."""
+    status = http_status(probe_url(url))
+    if status in (401, 403):
+        return False, (
+            f"refuses a key's HEAD (HTTP {status}): let this node read and write under the URL "
+            "without credentials (ccache's URL carries none here)"
+        )
+    ok = status < 500
+    return ok, f"answers HTTP {status} for an absent key" + ("" if ok else " (failing)")
+
+
+def remote_cache_check(url: str, readonly: bool = False) -> Check:
+    """Whether the profile's ccache_remote answers: redis a PONG, http(s) a HEAD of a random key
+    under the URL with any status but a server error or a refusal (401, 403). A storage that
+    does not answer only slows builds (local-only)."""
+    scheme, host, port = remote_cache.endpoint(url)
+    shown = url + (" (read-only)" if readonly else "")
+    slow = "builds will go on with the local cache alone"
+    try:
+        if scheme == "redis":
+            answer = redis_answer(host, port)
+            ok = answer.startswith("+PONG")
+            detail = "answers PING" if ok else f"answered {answer[:80]!r} to PING (a password or TLS needed?)"
+        else:
+            ok, detail = _http_detail(url)
+    except (OSError, ValueError) as exc:
+        ok, detail = False, f"no answer within {PROBE_TIMEOUT_S:g} s ({exc})"
+    return Check("ccache remote", ok, f"{shown}: {detail}" + ("" if ok else f"; {slow}"))
+
+
+def _profile_remote_checks(profile: str) -> list[Check]:
+    """The profile's ccache_remote check, when it has one."""
+    try:
+        spec = resolve(profile)
+    except TorchbuildError:
+        return []  # the CA check names the profile's problem
+    return [remote_cache_check(spec.ccache_remote, spec.ccache_remote_readonly)] if spec.ccache_remote else []
+
+
 def _verdicts(h: _Host) -> list[Verdict]:
     engine_why = "engine reachable" if h.engine_ok else "needs a Docker engine"
     base_ok = h.engine_ok and h.debootstrap is not None and h.root
@@ -222,7 +297,7 @@ def run_checks(
     cache_dir: Path, *, ca_dirs: Sequence[Path] = HOST_CA_DIRS, profile: str = DEFAULT_PROFILE
 ) -> tuple[list[Check], list[Verdict]]:
     """Every check of this host, and a verdict per task; ca_dirs are where added CAs are looked
-    for, profile the one whose ca_certificates is compared with them."""
+    for, profile the one whose ca_certificates is compared with them and whose ccache_remote is asked."""
     host = Arch.host_or_none()
     engine_checks, engine_ok = _engine_checks()
     compiler = _version_of(["g++", "--version"]) or _version_of(["clang++", "--version"])
@@ -246,6 +321,7 @@ def run_checks(
         *_tool_checks(h),
         *_resource_checks(cache_dir, compiler),
         _profile_ca_check(ca_dirs, profile),
+        *_profile_remote_checks(profile),
     ]
     return checks, _verdicts(h)
 

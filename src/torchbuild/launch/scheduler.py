@@ -48,6 +48,7 @@ from torchbuild.core.errors import (
 from torchbuild.core.safeio import user_path
 from torchbuild.inputs.config import BuildSpec, check_value, profile_text, requirement_of
 from torchbuild.inputs.config import wanted as comms_wanted
+from torchbuild.launch.spread import check_nodes, slots_per_node, spread_jobs, spread_lines
 
 if TYPE_CHECKING:
     from torchbuild.launch.runner import BuildOptions
@@ -87,6 +88,9 @@ class Job:
     dependency: str = ""  # run after this job id succeeded
     # argvs run first, in order, each stopping the job when it fails (`torchbuild comms`)
     first: tuple[tuple[str, ...], ...] = ()
+    # shell lines run before the command (spread.spread_lines: daemons on the other nodes, stopped
+    # by their trap when the script exits, so the command is not exec'd)
+    spread: tuple[str, ...] = ()
 
     @property
     def logs(self) -> Path:
@@ -137,7 +141,8 @@ class Scheduler(abc.ABC):
             lines.append("module list 2>&1")
         lines.append(f"cd {shlex.quote(str(job.workdir))}")
         lines += [" \\\n  ".join(_arg_lines(command)) for command in job.first]
-        lines.append("exec " + " \\\n  ".join(_arg_lines(job.command)))
+        lines += job.spread
+        lines.append(("" if job.spread else "exec ") + " \\\n  ".join(_arg_lines(job.command)))
         return "\n".join(lines) + "\n"
 
     @property
@@ -727,14 +732,20 @@ def submit_build(
     dry_run: bool = False,
     wait: bool = False,
     pythons: Sequence[str] = (),
+    nodes: int = 1,
     out: TextIO = sys.stdout,
 ) -> Submitted | None:
     """`invoke submit`: check everything, get a git source here (compute nodes are often
-    offline), then write and submit the job (or print it, --dry-run), and follow it (--wait)."""
+    offline), then write and submit the job (or print it, --dry-run), and follow it (--wait).
+    nodes > 1: the job holds that many nodes and spreads its compiles over them (spread.py)."""
     from torchbuild.inputs.source import looks_like_url
 
+    check_nodes(nodes, runtime.engine, runtime.apptainer)
     scheduler, account = _check_job_request(spec, options, dependency)
     engine_args = runtime.args(spec)
+    if nodes > 1:
+        scheduler = spread_scheduler_for(spec.scheduler, nodes)
+        options = _spread_options(spec, options, nodes)
     outp = user_path(out_dir or "out").absolute()
     _directive_path(outp / "logs", scheduler.name)  # before anything is fetched
     git = not source or looks_like_url(source)
@@ -750,6 +761,8 @@ def submit_build(
         job_source = _git_job_source(spec, source, ref, fetch=not dry_run, out=out)
     request = _JobRequest(spec, runtime, options, verify, tuple(pythons), job_source, outp, tuple(engine_args))
     job, profile_file = _make_job(request, account, dependency)
+    if nodes > 1:
+        job = dataclasses.replace(job, spread=_spread(scheduler, job, nodes, engine_args))
     if str(user_path(spec.cache_dir)).startswith("/tmp/"):
         print(
             f"warning: cache_dir {spec.cache_dir} is node-local on most clusters: ccache will not be shared", file=out
@@ -765,6 +778,34 @@ def submit_build(
     if wait:
         follow(scheduler, submitted, out)
     return submitted
+
+
+def _node_slots(spec: BuildSpec) -> int:
+    return slots_per_node(spec, memory_mb(spec.mem) if spec.mem else 0)
+
+
+def _spread_options(spec: BuildSpec, options: BuildOptions, nodes: int) -> BuildOptions:
+    """The build's options over nodes: MAX_JOBS sized to every node's slots unless --jobs is given.
+    The heavy units keep their pool on the job's node all the same (jobs.plan_for's spread, which
+    the build knows from CCACHE_PREFIX), sized from that node's memory, compiled there."""
+    if options.jobs:
+        return options
+    return dataclasses.replace(options, jobs=min(MAX_JOBS, spread_jobs(nodes, _node_slots(spec))))
+
+
+def _spread(scheduler: Scheduler, job: Job, nodes: int, engine_args: Sequence[str]) -> tuple[str, ...]:
+    """The job script's lines that start and stop the daemons (spread.spread_lines)."""
+    sif = engine_args[engine_args.index("--sif") + 1] if "--sif" in engine_args else ""
+    lines = spread_lines(
+        scheduler.name,
+        nodes,
+        slots=_node_slots(job.spec),
+        walltime_s=walltime_seconds(job.spec.walltime),
+        sif=sif,
+        log_dir=str(job.logs),
+        id_variable=scheduler.id_variable,
+    )
+    return tuple(lines)
 
 
 def _check_job_request(spec: BuildSpec, options: BuildOptions, dependency: str) -> tuple[Scheduler, str]:
@@ -918,6 +959,36 @@ class PbsNodes(Pbs):
 
     def render(self, job: Job) -> str:
         return _check_script(super().render(job))
+
+
+class SlurmSpread(SlurmNodes):
+    """A build's job over N nodes, one task each (the daemons' step): the build's own comment.
+    Whole nodes: distccd has no per-user authentication, and another user's job on an allowed
+    node could run compilers (and so code) as this job's user through it."""
+
+    def directives(self, job: Job) -> list[str]:
+        return [*super().directives(job), "#SBATCH --exclusive"]
+
+    def render(self, job: Job) -> str:
+        return Slurm.render(self, job)
+
+
+class PbsSpread(PbsNodes):
+    """A build's job over N PBS chunks (nodes), one rank each: the build's own comment. Whole
+    nodes, one chunk on each (scatter: select=N alone may put chunks on one host), as SlurmSpread."""
+
+    def directives(self, job: Job) -> list[str]:
+        return [*super().directives(job), "#PBS -l place=scatter:excl"]
+
+    def render(self, job: Job) -> str:
+        return Pbs.render(self, job)
+
+
+def spread_scheduler_for(name: str, nodes: int) -> Scheduler:
+    """The profile's scheduler, its build job holding `nodes` nodes (spread.py)."""
+    kinds: dict[str, type[SlurmSpread] | type[PbsSpread]] = {"slurm": SlurmSpread, "pbs": PbsSpread}
+    scheduler_for(name)
+    return kinds[name](nodes, 1)
 
 
 def nodes_scheduler_for(name: str, nodes: int, tasks_per_node: int) -> Scheduler:

@@ -29,9 +29,9 @@ from torchbuild.delivery import manifest
 from torchbuild.delivery.pipenv import interpreter
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import NO_CCACHE, ccache_launcher, compile_env, format_env
-from torchbuild.inputs.jobs import peaks_file, record_measured
+from torchbuild.inputs.jobs import peaks_file, record_measured, record_unit_peaks, units_file
 from torchbuild.inputs.source import sha256_file
-from torchbuild.steps import buildenv, cmakecache, compile_job
+from torchbuild.steps import buildenv, cmakecache, codegen, compile_job
 from torchbuild.steps.compile_job import (
     CompileJob,
     check_wheel_tools,
@@ -42,6 +42,7 @@ from torchbuild.steps.compile_job import (
     path_independent,
     pip_wheel,
 )
+from torchbuild.steps.heavy import apply_pool
 from torchbuild.steps.oom import run_watched
 from torchbuild.steps.report import LogMark, mark, write_report
 from torchbuild.steps.repro import normalize_wheel
@@ -365,6 +366,7 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
         tee.line(NO_CCACHE)
     venv = _build_venv(req, python, env_vars, tee)
     python = venv.python if venv else python
+    _codegen(req, python, env_vars, tee)
     path = {"PATH": venv.env(os.environ, False)["PATH"]} if venv else {}
     env = {**os.environ, **env_vars, **path, "TMPDIR": str(tmp)}
     if req.python:
@@ -377,6 +379,19 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     run = Run(req, tee, log, job, tmp)
     run.python, run.epoch_origin, run.venv = python, req.epoch_origin, venv
     return run
+
+
+def _codegen(req: BuildRequest, python: str, env_vars: dict[str, str], tee: Tee) -> None:
+    """Run ATen's code generation through its cache (codegen.py) unless the profile's
+    environment names its own CMAKE_PROJECT_INCLUDE."""
+    if "CMAKE_PROJECT_INCLUDE" in env_vars:
+        if codegen.hook(req.cache_root, python, req.source, write=False):
+            tee.line("torchbuild: code generation: not reused (the environment sets CMAKE_PROJECT_INCLUDE)")
+        return
+    try:
+        env_vars.update(codegen.hook(req.cache_root, python, req.source))
+    except OSError as exc:
+        tee.line(f"torchbuild: code generation: not reused: {exc}")
 
 
 def _build_venv(req: BuildRequest, python: str, env_vars: dict[str, str], tee: Tee) -> buildenv.BuildVenv | None:
@@ -408,6 +423,7 @@ def _preflight(run: Run, watch: ConfigureWatch) -> None:
             lambda n: ["cmake", "--build", build, "--target", *targets, "--", f"-j{n}"],
             cwd=req.source,
             what=f"building {' '.join(targets)}",
+            before=lambda n: _heavy_pool(run, n),
         )
         run.phases["targets_s"] = round(seconds, 1)
     for canary in req.canaries or req.spec.canaries:
@@ -421,8 +437,18 @@ def _preflight(run: Run, watch: ConfigureWatch) -> None:
         )
         run.canaries.append({"file": canary, "seconds": round(done.seconds, 2), "peak_rss_bytes": done.peak_rss})
     if run.canaries:
+        record_unit_peaks(units_file(req.cache_root, req.spec.hash), run.canaries)
         measured = record_measured(peaks_file(req.cache_root, req.spec.hash), run.canaries)
         tee.line(f"canary peaks recorded for the next plans: {_fmt_peaks(measured)}")
+
+
+def _heavy_pool(run: Run, jobs: int) -> int:
+    """The heavy units' pool in build.ninja (steps/heavy.py), at most jobs deep; said in the log.
+    The jobs the attempt runs: fewer where no compile matched the heavy units."""
+    said, jobs = apply_pool(build_dir(run.req.source), Path(run.req.source), run.job.plan.heavy, jobs)
+    if said:
+        run.tee.line(said)
+    return jobs
 
 
 def _fmt_peaks(measured: Mapping[str, int]) -> str:
@@ -435,13 +461,20 @@ def _build_wheel(run: Run, watch: ConfigureWatch) -> Path:
     req = run.req
     check_wheel_tools(req.source, run.python)
     out_dir = Path(req.out_dir)
+    if run.job.plan.heavy is not None and not (build_dir(req.source) / "build.ninja").is_file():
+        # the pool goes into build.ninja, which setup.py reuses: configure first, as a preflight does
+        with_checks(run, watch, lambda w: configure(req.source, run.env, run.tee, w, python=run.python))
     partial = partial_dir(out_dir, req.run_id, "the wheel")
     try:
         with_checks(
             run,
             watch,
             lambda w: run.job.compile(
-                lambda n: pip_wheel(partial, req.source, run.python), cwd=req.source, what="pip wheel", watch=w
+                lambda n: pip_wheel(partial, req.source, run.python),
+                cwd=req.source,
+                what="pip wheel",
+                watch=w,
+                before=lambda n: _heavy_pool(run, n),
             ),
         )
         wheels = sorted(partial.glob("*.whl"))

@@ -36,6 +36,7 @@ from torchbuild.core.atomic import PARTIAL_PREFIX
 from torchbuild.core.errors import ToolMissing, TorchbuildError, named_os_errors
 from torchbuild.core.process import Finished
 from torchbuild.core.progress import Tee
+from torchbuild.inputs import remote_cache
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import compiler_commands, jobs_env
 from torchbuild.inputs.jobs import HostResources, JobPlan, plan_for, plan_make
@@ -158,11 +159,13 @@ def plan(spec: BuildSpec, cache_root: str | Path, jobs: int = 0, *, kind: str = 
     """The jobs a compile may run where the step runs (an allocation's cores and memory, a
     container's limits: HostResources.detect); jobs: --jobs (0: plan). kind "": a build that
     takes nvcc --threads (torch, a companion, an editable tree); "cxx" or "cuda": a make of
-    that kind of compile job (NCCL's device code, the plugin's C++)."""
+    that kind of compile job (NCCL's device code, the plugin's C++). Where ccache hands its
+    misses to a distributor (CCACHE_PREFIX: a spread over nodes, launch/spread.py), the heavy
+    units keep their pool on this node (plan_for's spread)."""
     host = HostResources.detect()
     if kind:
         return plan_make(spec, host, cache_root, jobs, kind=kind)
-    return plan_for(spec, host, cache_root, jobs)
+    return plan_for(spec, host, cache_root, jobs, spread=bool(os.environ.get("CCACHE_PREFIX", "").strip()))
 
 
 def open_log(path: Path, out: TextIO, progress: str = "lines", what: str = "writing the build log") -> Tee:
@@ -231,12 +234,21 @@ class CompileJob:
         what: str,
         watch: Callable[[str], None] | None = None,
         failure: Callable[[Finished], TorchbuildError] | None = None,
+        before: Callable[[int], int] | None = None,
     ) -> float:
-        """cmd_for(jobs) in cwd, resumed with fewer jobs after an out-of-memory kill; seconds spent."""
+        """cmd_for(jobs) in cwd, resumed with fewer jobs after an out-of-memory kill; seconds spent.
+        before(jobs), where given, runs before each attempt (the heavy units' pool follows jobs)
+        and says the jobs the attempt runs (fewer where the heavy units found no pool)."""
+
+        def env_for(n: int) -> dict[str, str]:
+            if before is not None:
+                n = self.jobs.current = max(1, min(n, before(n)))
+            return self.env_for(n)
+
         return run_compile(
             cmd_for,
             cwd=cwd,
-            env_for=self.env_for,
+            env_for=env_for,
             sink=self.sink,
             what=what,
             jobs=self.jobs,
@@ -257,7 +269,9 @@ class CompileJob:
 
     def manifest_fields(self) -> dict[str, Any]:
         """What every compile records, as manifest.for_build takes it (which adds torchbuild's
-        version): toolchain, environment, jobs, times and ccache's hit rate."""
+        version): toolchain, environment, jobs, times, ccache's hit rate and, with a remote
+        storage, its counters (one warning on the sink when it failed)."""
+        stats = ccache_stats(self.env)
         return {
             "toolchain": self.toolchain(),
             "environment": self.env_vars,
@@ -265,17 +279,35 @@ class CompileJob:
             "started": self.started,
             "finished": now_utc(),
             "seconds": time.monotonic() - self.t0,
-            "ccache": hit_rate(ccache_stats(self.env)),
+            "ccache": hit_rate(stats),
+            "ccache_remote": self.remote_record(stats),
         }
+
+    def remote_record(self, stats: Mapping[str, int]) -> dict[str, Any] | None:
+        """The remote compile cache's counters (CcacheRemoteRecord's fields), None without one;
+        one warning when it failed (ccache went on with the local cache: slower, not broken)."""
+        if not self.spec.ccache_remote:
+            return None
+        counts = remote_cache.remote_counts(stats)
+        warning = remote_cache.failure_warning(counts)
+        if warning:
+            self.sink.line(warning)
+        return {"url": self.spec.ccache_remote, "read_only": self.spec.ccache_remote_readonly, **counts}
 
     def record(self) -> dict[str, Any]:
         """manifest_fields as plain data, with torchbuild's version (the comms manifest's parts)."""
         fields = self.manifest_fields()
         hits, misses, rate = fields.pop("ccache")
+        remote = fields.pop("ccache_remote")
         fields.pop("environment")
         return {
             "torchbuild_version": __version__,
             **{k: v for k, v in fields.items() if k != "seconds"},
             "duration_s": round(fields["seconds"], 1),
-            "ccache": {"hits": hits, "misses": misses, "hit_rate": round(rate, 4)},
+            "ccache": {
+                "hits": hits,
+                "misses": misses,
+                "hit_rate": round(rate, 4),
+                **({"remote": remote} if remote else {}),
+            },
         }

@@ -6,11 +6,17 @@ from invoke.context import Context
 
 from torchbuild.core.safeio import user_path
 from torchbuild.launch.doctor import render, run_checks
-from torchbuild.tasks.common import handles_errors, task
+from torchbuild.tasks.common import HELP, handles_errors, profile_name, task
 
 
-@task(help={"cache_dir": "cache directory whose free space is reported (default ~/.cache/torchbuild)"})
+@task(
+    help={
+        "cache_dir": "cache directory whose free space is reported (default ~/.cache/torchbuild)",
+        "profile": HELP["profile"] + "; its ca_certificates and ccache_remote are checked",
+    }
+)
 @handles_errors
-def doctor(c: Context, cache_dir: str = "~/.cache/torchbuild") -> None:
-    """Report engine, BuildKit, Apptainer, qemu binfmt, cores, memory, disk, GPU and added host CAs; a verdict per task."""
-    print(render(*run_checks(user_path(cache_dir))))
+def doctor(c: Context, cache_dir: str = "~/.cache/torchbuild", profile: str = "") -> None:
+    """Report engine, BuildKit, Apptainer, qemu binfmt, cores, memory, disk, GPU, added host CAs and the
+    profile's shared compile cache (ccache_remote); a verdict per task."""
+    print(render(*run_checks(user_path(cache_dir), profile=profile_name(profile))))

@@ -62,6 +62,8 @@ JOB_OPTIONS = ("scheduler", "account", "partition", "qos", "walltime", "cpus", "
         "no_retry": "fail at the first out-of-memory kill instead of resuming with fewer jobs",
         "no_verify": "skip verifying the wheel in the job",
         "python": "X.Y[,X.Y...] or all: a wheel per Python in the one job (as invoke build --python)",
+        "nodes": "nodes for the build (default 1): over 2 or more, distccd on the others compiles with the job's "
+        "node (ccache first), MAX_JOBS sized to them all; the daemons stop with the build",
         "dependency": "start only after this job id finished successfully (afterok)",
         "dry_run": "print the script and the submit command; write and submit nothing",
         "wait": "follow the job's log until it ends, then exit with the build's exit code",
@@ -106,6 +108,7 @@ def submit(
     jobs: str = "",
     no_retry: bool = False,
     no_verify: bool = False,
+    nodes: int = 1,
     dependency: str = "",
     dry_run: bool = False,
     wait: bool = False,
@@ -146,6 +149,7 @@ def _submit_build(spec: BuildSpec, given: Mapping[str, Any]) -> None:
         dry_run=g["dry_run"],
         wait=g["wait"],
         pythons=pythons_option(spec, g["python"]),
+        nodes=g["nodes"],
     )
 
 
@@ -173,6 +177,8 @@ _BUILD_ONLY = (
     "python",
     "sif",
 )
+# a run job's --nodes is not a spread build's: refused with the build-only options
+_BUILD_ONLY_NUMBERS = {"nodes": 1}
 
 
 def _check_run_options(given: Mapping[str, Any]) -> None:
@@ -180,6 +186,7 @@ def _check_run_options(given: Mapping[str, Any]) -> None:
     if not given["run"]:
         raise UsageError("--wheelhouse, --package and --arg belong to a run job", hint="add --run SCRIPT")
     used = [f"--{k.replace('_', '-')}" for k in _BUILD_ONLY if given[k]]
+    used += [f"--{k}" for k, default in _BUILD_ONLY_NUMBERS.items() if given[k] != default]
     if given["engine"] != "apptainer" or given["apptainer"] != "auto":
         used.append("--engine/--apptainer")
     if used:

@@ -15,6 +15,7 @@ from torchbuild.delivery.manifest import ImageRecord
 from torchbuild.inputs.engine import Engine
 from torchbuild.inputs.environment import allocation_env, launch_env
 from torchbuild.inputs.image import require_image
+from torchbuild.inputs.remote_cache import container_warning
 from torchbuild.launch.backends.base import Backend, Binds, container_view
 
 
@@ -47,6 +48,9 @@ class DockerBackend(Backend):
         image_env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)  # type: ignore[attr-defined]
         self.image_library_path = image_env.get("LD_LIBRARY_PATH", "")
         record = ImageRecord.from_labels(labels, tag=self.spec.image_tag, image_id=str(attrs.get("Id")))
+        warning = container_warning(self.spec.ccache_remote)
+        if warning:
+            print(warning, file=self.out)
         return dataclasses.asdict(record)
 
     def view(self, binds: Binds) -> Binds:

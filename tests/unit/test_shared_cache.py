@@ -1,0 +1,258 @@
+"""The shared compile cache (ccache's remote storage): the profile keys, the build's environment,
+the manifest's remote counters and warning, and `invoke doctor`'s check against a tiny server
+on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import socket
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from torchbuild.core.errors import ProfileError
+from torchbuild.delivery import manifest as mf
+from torchbuild.inputs import remote_cache
+from torchbuild.inputs.config import resolve
+from torchbuild.inputs.environment import build_env
+from torchbuild.inputs.jobs import JobPlan
+from torchbuild.launch import doctor
+from torchbuild.steps.compile_job import CompileJob
+
+REDIS = "redis://cache.site.example:6379"
+
+
+# --------------------------------------------------------------------------- profile keys
+
+
+def test_the_remote_cache_is_off_by_default_and_adds_nothing_to_the_environment():
+    spec = resolve("cpu")
+    assert spec.ccache_remote == "" and spec.ccache_remote_readonly is False
+    env = build_env(spec, cache_root="/cache", jobs=1)
+    assert not any(k.startswith("CCACHE_REMOTE") for k in env)
+
+
+def test_a_remote_cache_stays_behind_the_local_one_and_read_only_is_ccaches_attribute():
+    env = build_env(resolve("cpu", [f"ccache_remote={REDIS}"]), cache_root="/cache", jobs=1)
+    assert env["CCACHE_REMOTE_STORAGE"] == REDIS and env["CCACHE_NOREMOTE_ONLY"] == "true"
+    assert env["CCACHE_DIR"] == "/cache/ccache"  # the local cache is still the first level
+    spec = resolve("cpu", ["ccache_remote=http://cache:8080/ccache", "ccache_remote_readonly=true"])
+    env = build_env(spec, cache_root="/cache", jobs=1, backend="docker")
+    assert env["CCACHE_REMOTE_STORAGE"] == "http://cache:8080/ccache|read-only"
+
+
+def test_the_remote_cache_does_not_change_the_profile_hash():
+    plain = resolve("cpu")
+    assert resolve("cpu", [f"ccache_remote={REDIS}", "ccache_remote_readonly=true"]).hash == plain.hash
+    assert resolve("cpu", ["ccache_size=5G"]).hash != plain.hash  # a build key still does
+
+
+@pytest.mark.parametrize(
+    ("url", "fragment"),
+    [
+        ("ftp://cache/x", "is not a redis://, http:// or https:// URL"),
+        ("redis://user:secret@cache:6379", "carries credentials"),
+        ("redis://cache:6379;rm -rf ~", "which a URL for ccache may not"),
+        ("http://cache/x|read-only", "'|'"),
+        ("redis://cache:70000", "malformed"),
+        ("redis://", "names no host"),
+        ("redis://cache:0", "port 0"),
+        ("http://cache:0/ccache", "port 0"),
+    ],
+)
+def test_bad_remote_urls_are_named_with_what_to_write(url, fragment):
+    with pytest.raises(ProfileError) as info:
+        resolve("cpu", [f"ccache_remote={url}"])
+    assert "'ccache_remote'" in info.value.message and fragment in info.value.message
+    assert "redis://HOST" in (info.value.hint or "")
+    assert "secret" not in info.value.message  # credentials are never echoed
+
+
+# --------------------------------------------------------------------------- manifest
+
+
+class _Lines:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def line(self, text: str = "") -> None:
+        self.lines.append(text)
+
+    def write(self, text: str) -> None:  # pragma: no cover - Sink's other half
+        self.lines.append(text)
+
+
+# ccache 4.11's `--print-stats` after a build on a second node: everything from the remote
+STATS = {
+    "direct_cache_hit": 7,
+    "preprocessed_cache_hit": 0,
+    "cache_miss": 0,
+    "local_storage_hit": 7,
+    "remote_storage_hit": 7,
+    "remote_storage_miss": 0,
+    "remote_storage_error": 0,
+    "remote_storage_timeout": 0,
+}
+
+
+def _job(sets: list[str]) -> tuple[CompileJob, _Lines]:
+    sink = _Lines()
+    return CompileJob(resolve("cpu", sets), JobPlan(2, "test"), {}, {}, sink), sink  # type: ignore[arg-type]
+
+
+def test_remote_hits_are_recorded_apart_from_local_ones_and_rendered():
+    job, sink = _job([f"ccache_remote={REDIS}"])
+    record = job.remote_record(STATS)
+    assert record == {
+        "url": REDIS,
+        "read_only": False,
+        "local_hits": 7,
+        "remote_hits": 7,
+        "remote_misses": 0,
+        "remote_errors": 0,
+        "remote_timeouts": 0,
+    }
+    assert sink.lines == []  # nothing failed: no warning
+    cc = mf.CcacheRecord(hits=7, misses=0, hit_rate=1.0, remote=mf.CcacheRemoteRecord(**record))
+    data = mf.records.to_dict(cc)
+    assert data["remote"]["remote_hits"] == 7 and mf.records.converter.structure(data, mf.CcacheRecord) == cc
+    rows = dict(mf._remote_rows(cc.remote))
+    assert rows["ccache remote"] == REDIS and rows["hits local/remote"].startswith("7 / 7")
+
+
+def test_without_a_remote_the_manifest_keeps_its_ccache_record_as_it_was():
+    job, _ = _job([])
+    assert job.remote_record(STATS) is None
+    assert mf.records.to_dict(mf.CcacheRecord(hits=1, misses=2, hit_rate=0.33)) == {
+        "hits": 1,
+        "misses": 2,
+        "hit_rate": 0.33,
+    }
+
+
+def test_a_storage_that_failed_gives_one_warning_and_the_build_goes_on():
+    job, sink = _job([f"ccache_remote={REDIS}"])
+    down = {**STATS, "local_storage_hit": 0, "remote_storage_hit": 0, "remote_storage_error": 5, "cache_miss": 7}
+    record = job.remote_record(down)
+    assert record is not None and record["remote_errors"] == 5
+    assert len(sink.lines) == 1
+    assert "warning: the remote compile cache (ccache_remote) failed 5 time(s)" in sink.lines[0]
+    assert "local cache alone" in sink.lines[0]
+
+
+# --------------------------------------------------------------------------- doctor
+
+
+@contextlib.contextmanager
+def _tcp_server(answer: Callable[[bytes], bytes]) -> Iterator[int]:
+    """One-connection-at-a-time server on loopback answering what answer() says; stops itself."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(5)
+    port = server.getsockname()[1]
+    seen: list[bytes] = []
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = server.accept()
+            with conn:
+                conn.settimeout(5)
+                data = conn.recv(256)
+                seen.append(data)
+                conn.sendall(answer(data))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield port
+    finally:
+        server.close()
+        thread.join(timeout=6)
+
+
+def test_doctor_says_a_redis_storage_answers_ping():
+    with _tcp_server(lambda data: b"+PONG\r\n" if b"PING" in data else b"-ERR\r\n") as port:
+        check = doctor.remote_cache_check(f"redis://127.0.0.1:{port}")
+    assert check.ok and check.name == "ccache remote" and check.detail.endswith("answers PING")
+
+
+def test_doctor_says_a_storage_that_wants_a_password_does_not_answer():
+    with _tcp_server(lambda _: b"-NOAUTH Authentication required.\r\n") as port:
+        check = doctor.remote_cache_check(f"redis://127.0.0.1:{port}", readonly=True)
+    assert not check.ok and "NOAUTH" in check.detail and "(read-only)" in check.detail
+    assert "local cache alone" in check.detail
+
+
+def test_doctor_says_a_storage_that_is_down_does_not_answer_within_its_bound():
+    with socket.create_server(("127.0.0.1", 0)) as s:  # a port nothing listens on once closed
+        port = s.getsockname()[1]
+    check = doctor.remote_cache_check(f"redis://127.0.0.1:{port}")
+    assert not check.ok and "no answer within 3 s" in check.detail
+
+
+def _http_check(status_for: Callable[[str], int], path: str = "/ccache") -> tuple[doctor.Check, list[str]]:
+    """doctor's check of an http storage on loopback whose HEAD answers status_for(path); the
+    paths it was asked for."""
+    asked: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            asked.append(self.path)
+            self.send_response(status_for(self.path))
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.handle_request, daemon=True)
+    thread.start()
+    try:
+        check = doctor.remote_cache_check(f"http://127.0.0.1:{server.server_port}{path}")
+    finally:
+        thread.join(timeout=5)
+        server.server_close()
+    return check, asked
+
+
+def test_doctor_asks_an_http_storage_for_an_absent_key_with_one_head():
+    # nginx's WebDAV without autoindex: its root is 403, a key that is not there 404
+    check, asked = _http_check(lambda path: 403 if path in ("/ccache", "/ccache/") else 404, "/ccache/")
+    assert check.ok and "answers HTTP 404 for an absent key" in check.detail
+    assert len(asked) == 1 and asked[0].startswith("/ccache/torchbuild-doctor-")
+
+
+def test_doctor_says_an_http_storage_that_refuses_a_key_refuses_with_what_to_do():
+    check, _ = _http_check(lambda path: 401)
+    assert not check.ok and "refuses a key's HEAD (HTTP 401)" in check.detail
+    assert "without credentials" in check.detail and "local cache alone" in check.detail
+    failing, _ = _http_check(lambda path: 503)
+    assert not failing.ok and "HTTP 503 for an absent key (failing)" in failing.detail
+
+
+def test_doctor_checks_the_profiles_remote_only_when_it_has_one():
+    assert doctor._profile_remote_checks("cpu") == []
+    assert remote_cache.endpoint("redis://cache") == ("redis", "cache", 6379)
+    assert remote_cache.endpoint("https://cache/x") == ("https", "cache", 443)
+
+
+@pytest.mark.parametrize(
+    ("url", "warned"),
+    [
+        ("redis://127.0.0.1:6379", True),
+        ("redis://localhost", True),
+        ("http://[::1]:8080/cache", True),
+        ("redis://127.8.9.10", True),
+        ("redis://10.0.0.5:6379", False),
+        ("http://ccache.site.example/cache", False),
+        ("", False),
+    ],
+)
+def test_a_loopback_storage_is_named_before_a_container_build(url, warned):
+    """A build container on Docker's bridge has its own loopback: a storage named there would
+    fail every lookup (the build still works, from the local cache alone)."""
+    line = remote_cache.container_warning(url)
+    assert (line is not None) == warned
+    if warned:
+        assert url in line and "loopback" in line and "gateway" in line
