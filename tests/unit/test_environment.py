@@ -6,7 +6,8 @@ from torchbuild.inputs.environment import build_env, ccache_launcher, compilers,
 
 
 def test_cpu_env_has_no_cuda_and_uses_ccache():
-    env = build_env(resolve("cpu"), cache_root="/cache", jobs=3)
+    # in the image (which always has ccache): natively, ccache is used only where it is on PATH
+    env = build_env(resolve("cpu"), cache_root="/cache", jobs=3, backend="docker")
     assert env["USE_CUDA"] == "0"
     assert "TORCH_CUDA_ARCH_LIST" not in env and "CMAKE_CUDA_COMPILER_LAUNCHER" not in env
     assert env["CMAKE_C_COMPILER_LAUNCHER"] == env["CMAKE_CXX_COMPILER_LAUNCHER"] == "ccache"
@@ -18,7 +19,7 @@ def test_cpu_env_has_no_cuda_and_uses_ccache():
 
 def test_cuda_env_carries_arch_list_nvcc_flags_and_launcher():
     spec = resolve("cuda", ["nvcc_threads=4", "local_version="])
-    env = build_env(spec, cache_root="/c", jobs=1)
+    env = build_env(spec, cache_root="/c", jobs=1, backend="docker")
     assert env["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0"
     assert env["TORCH_NVCC_FLAGS"] == "-Xfatbin -compress-all --threads 4"
     assert env["CMAKE_CUDA_COMPILER_LAUNCHER"] == "ccache"

@@ -1,0 +1,581 @@
+"""Run the GitHub workflows' jobs locally with act (`nox -s gha -- [JOB ...]`).
+
+The runner labels map to images made here (no registry): torchbuild/base:noble-<arch> by
+debootstrap from Ubuntu's archive (torchbuild's own make_base_image), then the runner image
+of .ci/gha/runner.Dockerfile on it. The actions the workflows use come from release tarballs
+(../shared/actions, checked against its SHA256SUMS) through act's --local-repository, so
+nothing is fetched from GitHub. Each job is one act run; a summary line per job gives its
+name, wall time and result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+from torchbuild.core.arch import Arch
+from torchbuild.core.errors import TorchbuildError
+from torchbuild.inputs.baseimage import make_base_image
+from torchbuild.inputs.engine import Engine
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from disk import Sampler
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNNER_DOCKERFILE = Path(".ci/gha/runner.Dockerfile")
+LABEL = "org.torchbuild.gha"
+SUITE = "noble"
+# act mounts this named volume over /opt/hostedtoolcache in every job container
+TOOLCACHE_VOLUME = "act-toolcache"
+# debootstrap 1.0.128 (Debian 12) has no noble script and the host no Ubuntu keyring: both come
+# from here (the keyring package over TLS from Ubuntu's archive; it then checks the Release file)
+KEYRING_DEB = "https://archive.ubuntu.com/ubuntu/pool/main/u/ubuntu-keyring/ubuntu-keyring_2023.11.28.1_all.deb"
+KEYRING_PATH = "usr/share/keyrings/ubuntu-archive-keyring.gpg"
+ACTIONS = {
+    "actions/checkout@v5": "actions-checkout-v5.tar.gz",
+    "actions/setup-python@v6": "actions-setup-python-v6.tar.gz",
+}
+
+
+# actions whose code is not available here: local stand-ins (see their action.yml)
+STAND_INS = {"actions/upload-artifact@v6": ROOT / ".ci" / "gha" / "upload-artifact"}
+
+
+class GhaError(Exception):
+    """A failure with one line on what to do; main() prints it without a traceback."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Runner:
+    label: str  # runs-on
+    arch: str  # torchbuild's Arch value
+    mirror: str
+    toolcache_arch: str
+
+    @property
+    def tag(self) -> str:
+        return f"torchbuild-gha/runner:{self.label}"
+
+    @property
+    def base(self) -> str:
+        return f"torchbuild/base:{SUITE}-{self.arch}"
+
+
+RUNNERS = {
+    r.label: r
+    for r in (
+        Runner("ubuntu-24.04", "x86_64", "http://archive.ubuntu.com/ubuntu", "x64"),
+        Runner("ubuntu-24.04-arm", "aarch64", "http://ports.ubuntu.com/ubuntu-ports", "arm64"),
+    )
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One act run: a workflow's job (or a matrix row of it) for one event."""
+
+    name: str
+    workflow: str
+    event: str
+    job: str
+    runners: tuple[str, ...] = ("ubuntu-24.04",)
+    matrix: tuple[str, ...] = ()  # act --matrix key:value filters (a row of the job's matrix)
+    inputs: tuple[tuple[str, str], ...] = ()  # workflow_dispatch inputs
+    source: str = ""  # a source tree in the checkout, copied to the shared scratch for the `source` input
+    out: str = ""  # where the job leaves its artifacts in the checkout (bound: the host's own directory)
+    docker: bool = False  # drives the host's engine: the socket and the workdir at its host path
+    phase: int = 1  # 2: not run by this phase's default selection
+    mounts: tuple[str, ...] = ()  # host directories bound at their own path (the paths it hands to docker run -v)
+    devices: tuple[str, ...] = ()  # host devices the job uses (--device)
+    caps: tuple[str, ...] = ()  # capabilities the job needs (--cap-add; --privileged fails here)
+    disk: bool = False  # sample the engine's and the file systems' disk use beside it (the peak)
+    runnable: str = ""  # why it cannot run on this host (empty: it can)
+    # (ref, local image): a registry image the job's build starts from, tagged from a local one
+    # for the run (torchbuild uses a present image of that name without pulling)
+    base_tag: tuple[str, str] | None = None
+
+
+CI, WHEEL = ".github/workflows/ci.yml", ".github/workflows/wheel.yml"
+# The integration row's .ci/run runs under sudo: HOME is /root there, so the profiles' cache_dir
+# (~/.cache/torchbuild) is this path, which it hands to `docker run -v` like the tests' tmp_path
+# and tempfile directories under /tmp; the host's engine resolves them on the host, so the job
+# sees the host's directories at the same paths. SYS_ADMIN lets .ci/run mount binfmt_misc (the
+# host's qemu-aarch64 entry, which torchbuild reads to allow arm64 builds); /dev/fuse is for the
+# Apptainer container the SIF tests start.
+JOB_CACHE = "/root/.cache/torchbuild"
+NO_NVIDIA = "its base image nvidia/cuda:* comes from a registry, and none is reachable here"
+NO_PORTS = (
+    "the ubuntu-24.04-arm runner image and the row's ubuntu:24.04 arm64 base are Ubuntu noble arm64,"
+    " from ports.ubuntu.com, which does not resolve here"
+)
+JOBS = {
+    j.name: j
+    for j in (
+        Job("lint", CI, "push", "lint"),
+        Job(
+            "wheel",
+            WHEEL,
+            "workflow_dispatch",
+            "wheel",
+            inputs=(("profile", ".ci/gha/gha-cpu.yaml"), ("arch", "x86_64")),
+            source="tests/fixtures/minitorch",
+            out="out",
+            docker=True,
+        ),
+        Job(
+            "integration",
+            CI,
+            "push",
+            "matrix",
+            matrix=("session:integration",),
+            docker=True,
+            phase=2,
+            mounts=("/tmp", JOB_CACHE),
+            devices=("/dev/fuse",),
+            caps=("SYS_ADMIN",),
+            disk=True,
+        ),
+        Job(
+            "image-cpu-aarch64",
+            CI,
+            "push",
+            "matrix",
+            ("ubuntu-24.04-arm",),
+            ("profile:cpu", "arch:aarch64"),
+            docker=True,
+            phase=2,
+            base_tag=("ubuntu:24.04", "torchbuild/base:noble-aarch64"),
+            runnable=NO_PORTS,
+        ),
+        Job(
+            "image-cuda-x86_64",
+            CI,
+            "push",
+            "matrix",
+            matrix=("profile:cuda", "arch:x86_64"),
+            docker=True,
+            phase=2,
+            runnable=NO_NVIDIA,
+        ),
+        Job(
+            "image-gh200-aarch64",
+            CI,
+            "push",
+            "matrix",
+            ("ubuntu-24.04-arm",),
+            ("profile:gh200", "arch:aarch64"),
+            docker=True,
+            phase=2,
+            runnable=f"{NO_NVIDIA}; and {NO_PORTS}",
+        ),
+    )
+}
+
+
+def check_no_earlier_output(job: Job, root: Path = ROOT) -> None:
+    """The job writes its artifacts into the checkout's out/ (bound, not copied) and checks
+    them there: files from an earlier run would pass that check, so they must go first."""
+    out = root / job.out if job.out else None
+    if out is not None and out.is_dir() and any(out.iterdir()):
+        raise GhaError(f"{out} is not empty: the {job.name} job writes and checks its artifacts there; move it away")
+
+
+def select_jobs(names: Sequence[str]) -> list[Job]:
+    """The jobs named (in the order given), or the default ones (phase 1) when none is named;
+    a job that cannot run here is refused with the reason."""
+    if not names:
+        return [j for j in JOBS.values() if j.phase == 1]
+    unknown = [n for n in names if n not in JOBS]
+    if unknown:
+        raise GhaError(f"unknown job {', '.join(unknown)}: choose from {', '.join(JOBS)}")
+    blocked = [JOBS[n] for n in names if JOBS[n].runnable]
+    if blocked:
+        raise GhaError(f"{blocked[0].name} cannot run on this host: {blocked[0].runnable}")
+    return [JOBS[n] for n in dict.fromkeys(names)]
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_sums(sums: Path) -> dict[str, str]:
+    """SHA256SUMS (`<hex>  <name>` lines, `*name` for binary mode) as {name: hex}."""
+    if not sums.is_file():
+        raise GhaError(f"{sums} is missing: the actions' sha256 sums must be beside their tarballs")
+    out: dict[str, str] = {}
+    for line in sums.read_text().splitlines():
+        if line.strip():
+            digest, _, name = line.strip().partition(" ")
+            out[name.strip().lstrip("*")] = digest.lower()
+    return out
+
+
+def verified_archives(actions_dir: Path) -> dict[str, Path]:
+    """{action ref: tarball}, each tarball present and matching SHA256SUMS; GhaError naming the
+    first that is missing, unlisted or different."""
+    sums = read_sums(actions_dir / "SHA256SUMS")
+    out: dict[str, Path] = {}
+    for ref, name in ACTIONS.items():
+        path = actions_dir / name
+        if not path.is_file():
+            raise GhaError(f"{path} is missing: {ref} runs from it (no GitHub here)")
+        if name not in sums:
+            raise GhaError(f"{name} has no line in {actions_dir / 'SHA256SUMS'}")
+        got = sha256_file(path)
+        if got != sums[name]:
+            raise GhaError(f"{path} has sha256 {got}, SHA256SUMS says {sums[name]}: fetch it again")
+        out[ref] = path
+    return out
+
+
+def unpack_actions(archives: Mapping[str, Path], scratch: Path) -> dict[str, Path]:
+    """Each action's tarball into its own directory under scratch: {ref: directory}."""
+    out: dict[str, Path] = {}
+    for ref, archive in archives.items():
+        dest = scratch / "actions" / ref.replace("/", "-").replace("@", "-")
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        with tarfile.open(archive) as tar:
+            if hasattr(tarfile, "data_filter"):  # Python 3.12 and the 3.9-3.11 security releases
+                tar.extractall(dest, filter="data")
+            else:
+                tar.extractall(dest)
+        if not (dest / "action.yml").is_file():
+            raise GhaError(f"{archive} holds no action.yml at its top: not an action's release tree")
+        out[ref] = dest
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ActOptions:
+    act: str = "act"
+    cpu_shares: int = 0  # the job containers' --cpu-shares (0: the engine's default)
+    mounts: tuple[str, ...] = ()  # host directories bound at the same path in the job container
+    artifacts: str = ""  # a directory: act's artifact server (unused while upload-artifact is skipped)
+    verbose: bool = False
+    dryrun: bool = False  # act -n: the plan, each step listed, nothing run
+
+
+def dispatch_inputs(job: Job, shared: Path, certs: Sequence[str]) -> dict[str, str]:
+    """A workflow_dispatch job's inputs: its own, the source copied under shared, and the profile
+    overrides for this host: a cache directory under shared (the engine resolves the paths the
+    job mounts on the host, so they must exist there at the same path) and the host's local CAs
+    (the runner image has them at the same paths)."""
+    if job.event != "workflow_dispatch":
+        return {}
+    inputs = dict(job.inputs)
+    if job.source:
+        inputs["source"] = str(shared / Path(job.source).name)
+    sets = [f"cache_dir={shared / 'cache'}"]
+    if certs:
+        sets.append("ca_certificates=" + ",".join(certs))
+    inputs["set"] = " ".join(sets)
+    return inputs
+
+
+def event_json(job: Job, inputs: Mapping[str, str]) -> dict[str, object]:
+    """The event payload act reads (-e): workflow_dispatch carries the inputs."""
+    if job.event == "workflow_dispatch":
+        return {"inputs": dict(inputs)}
+    return {}
+
+
+def act_argv(job: Job, actions: Mapping[str, Path], event_file: Path, opts: ActOptions) -> list[str]:
+    """The act command line for one job: local actions, the runner images, no pulls."""
+    argv = [opts.act, job.event, "-W", job.workflow, "-j", job.job, "-e", str(event_file)]
+    for ref, path in actions.items():
+        argv += ["--local-repository", f"{ref}={path}"]
+    for label in job.runners:
+        argv += ["-P", f"{label}={RUNNERS[label].tag}"]
+    for cell in job.matrix:
+        argv += ["--matrix", cell]
+    argv += ["--action-offline-mode", "--pull=false", "--rm"]
+    options = [f"--cpu-shares {opts.cpu_shares}"] if opts.cpu_shares else []
+    options += [f"-v {m}:{m}" for m in (*opts.mounts, *job.mounts)] if job.docker else []
+    options += [f"--device {d}" for d in job.devices] + [f"--cap-add {c}" for c in job.caps]
+    if job.docker:
+        # the job's `docker run -v PATH` is resolved by the host's engine: the workdir must be at
+        # the same path inside the job as on the host (--bind), and so must its temporary files
+        argv += ["--bind", "--container-daemon-socket", "unix:///var/run/docker.sock"]
+    else:
+        argv += ["--container-daemon-socket", "-"]
+    if options:
+        argv += ["--container-options", " ".join(options)]
+    if opts.artifacts:
+        argv += ["--artifact-server-path", opts.artifacts]
+    if opts.verbose:
+        argv.append("--verbose")
+    if opts.dryrun:
+        argv.append("--dryrun")
+    return argv
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    job: str
+    seconds: float
+    returncode: int
+
+    @property
+    def result(self) -> str:
+        return "success" if self.returncode == 0 else f"failure (act exit {self.returncode})"
+
+
+def summary(outcomes: Sequence[Outcome]) -> str:
+    width = max((len(o.job) for o in outcomes), default=3)
+    lines = [f"{'job':<{width}}  {'wall':>7}  result"]
+    lines += [f"{o.job:<{width}}  {o.seconds:>6.0f}s  {o.result}" for o in outcomes]
+    return "\n".join(lines)
+
+
+# ---- images ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def debootstrap_dir(scratch: Path, keyring: Path) -> Iterator[Path]:
+    """A copy of debootstrap's scripts with a noble script (gutsy's, as newer debootstraps link
+    it) that checks the Release file against keyring; DEBOOTSTRAP_DIR points debootstrap at it."""
+    dest = scratch / "debootstrap"
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree("/usr/share/debootstrap", dest, symlinks=True)
+    script = (dest / "scripts" / "gutsy").read_text()
+    script = script.replace("/usr/share/keyrings/ubuntu-archive-keyring.gpg", str(keyring))
+    (dest / "scripts" / SUITE).write_text(script)
+    old = os.environ.get("DEBOOTSTRAP_DIR")
+    os.environ["DEBOOTSTRAP_DIR"] = str(dest)
+    try:
+        yield dest
+    finally:
+        if old is None:
+            os.environ.pop("DEBOOTSTRAP_DIR", None)
+        else:
+            os.environ["DEBOOTSTRAP_DIR"] = old
+
+
+def ubuntu_keyring(scratch: Path) -> Path:
+    """Ubuntu's archive keyring, from its package in Ubuntu's archive (fetched over TLS)."""
+    deb = scratch / "ubuntu-keyring.deb"
+    try:
+        with urllib.request.urlopen(KEYRING_DEB, timeout=120) as resp:
+            deb.write_bytes(resp.read())
+    except OSError as exc:
+        raise GhaError(f"cannot fetch Ubuntu's keyring from {KEYRING_DEB}: {exc}") from exc
+    root = scratch / "ubuntu-keyring"
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+    return root / KEYRING_PATH
+
+
+def ensure_base(engine: Engine, runner: Runner, scratch: Path) -> None:
+    """torchbuild/base:noble-<arch> by make_base_image (debootstrap as root), unless present."""
+    if engine.image_attrs(runner.base) is not None:
+        print(f"{runner.base}: present", flush=True)
+        return
+    keyring = ubuntu_keyring(scratch)
+    with debootstrap_dir(scratch, keyring):
+        make_base_image(
+            engine,
+            suite=SUITE,
+            arch=Arch(runner.arch),
+            work_dir=scratch / "rootfs",
+            mirror=runner.mirror,
+            components=("main", "universe"),
+        )
+
+
+def runner_context(scratch: Path, ca_dir: Path = Path("/usr/local/share/ca-certificates")) -> Path:
+    """The runner image's build context: its Dockerfile and certs/ (this host's local CAs)."""
+    ctx = scratch / "runner-context"
+    shutil.rmtree(ctx, ignore_errors=True)
+    (ctx / "certs").mkdir(parents=True)
+    shutil.copy(ROOT / RUNNER_DOCKERFILE, ctx / "Dockerfile")
+    for crt in sorted(ca_dir.glob("*.crt")):
+        shutil.copy(crt, ctx / "certs" / crt.name)
+    return ctx
+
+
+def runner_labels(runner: Runner) -> dict[str, str]:
+    recipe = (ROOT / RUNNER_DOCKERFILE).read_bytes()
+    return {f"{LABEL}.runner": runner.label, f"{LABEL}.recipe-sha256": hashlib.sha256(recipe).hexdigest()}
+
+
+def ensure_runner(engine: Engine, runner: Runner, scratch: Path, cpu_shares: int) -> None:
+    """The runner image, built when missing or made from another version of the Dockerfile."""
+    attrs = engine.image_attrs(runner.tag)
+    want = runner_labels(runner)
+    have = ((attrs or {}).get("Config") or {}).get("Labels") or {}
+    if attrs is not None and all(have.get(k) == v for k, v in want.items()):
+        print(f"{runner.tag}: present", flush=True)
+        return
+    ensure_base(engine, runner, scratch)
+    ctx = runner_context(scratch)
+    print(f"building {runner.tag} on {runner.base}", flush=True)
+    args = {"BASE": runner.base, "TOOLCACHE_ARCH": runner.toolcache_arch}
+    limits = {"cpushares": cpu_shares} if cpu_shares else None
+    stream = engine.client.api.build(
+        path=str(ctx), tag=runner.tag, buildargs=args, labels=want, platform=f"linux/{_docker_arch(runner)}",
+        container_limits=limits, rm=True, forcerm=True, pull=False, decode=True,
+    )  # fmt: skip
+    for chunk in stream:
+        if "error" in chunk:
+            raise GhaError(f"building {runner.tag} failed: {chunk['error'].strip()}")
+        text = chunk.get("stream", "")
+        if text.strip():
+            print(text.rstrip(), flush=True)
+
+
+def _docker_arch(runner: Runner) -> str:
+    return {"x86_64": "amd64", "aarch64": "arm64"}[runner.arch]
+
+
+def seed_toolcache(engine: Engine, runner: Runner) -> None:
+    """act mounts the named volume act-toolcache over /opt/hostedtoolcache; Docker fills a new
+    volume from the first image mounting it, never again: copy this runner's entries into it."""
+    engine.client.containers.run(
+        runner.tag,
+        ["bash", "-c", "cp -a /opt/hostedtoolcache/. /seed/"],
+        volumes={TOOLCACHE_VOLUME: {"bind": "/seed", "mode": "rw"}},
+        remove=True,
+    )
+
+
+# ---- running --------------------------------------------------------------------------------
+
+
+def leftovers(engine: Engine) -> list[str]:
+    """Names of act's job containers still present (act names them act-<workflow>-<job>-...)."""
+    return [c.name for c in engine.client.containers.list(all=True) if c.name.startswith("act-")]
+
+
+@contextlib.contextmanager
+def base_tagged(engine: Engine, job: Job) -> Iterator[None]:
+    """The job's registry base (ubuntu:24.04) as a tag of a local image for the run, when the
+    engine has no image of that name (none is pulled here: torchbuild uses a present image of
+    that name without pulling); the tag goes afterwards when this made it."""
+    if job.base_tag is None or engine.image_attrs(job.base_tag[0]) is not None:
+        yield
+        return
+    ref, local = job.base_tag
+    image = engine.client.images.get(local)  # ensure_runner made it (the runner's own base)
+    repo, _, tag = ref.partition(":")
+    image.tag(repo, tag)
+    print(f"{ref}: tagged from {local} for {job.name} (no registry here; removed afterwards)", flush=True)
+    try:
+        yield
+    finally:
+        engine.client.images.remove(ref, noprune=True)
+
+
+def run_job(job: Job, actions: Mapping[str, Path], scratch: Path, opts: ActOptions, engine: Engine) -> Outcome:
+    shared = scratch / "shared"
+    if job.source:
+        dest = shared / Path(job.source).name
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(ROOT / job.source, dest, ignore=shutil.ignore_patterns("build", "*.so", "_version.py"))
+    certs = [str(p) for p in sorted(Path("/usr/local/share/ca-certificates").glob("*.crt"))]
+    event = scratch / f"event-{job.name}.json"
+    event.write_text(json.dumps(event_json(job, dispatch_inputs(job, shared, certs))))
+    shared.mkdir(parents=True, exist_ok=True)
+    argv = act_argv(job, actions, event, dataclasses.replace(opts, mounts=(str(shared),)))
+    for m in job.mounts:  # the engine would make a missing one, root-owned, on the host
+        Path(m).mkdir(parents=True, exist_ok=True)
+    print(f"== {job.name}: {' '.join(argv)}", flush=True)
+    sampler = Sampler(engine.client).start() if job.disk and not opts.dryrun else None
+    start = time.monotonic()
+    try:
+        with contextlib.nullcontext() if opts.dryrun else base_tagged(engine, job):
+            proc = subprocess.run(argv, cwd=ROOT, check=False)
+    finally:
+        if sampler is not None:
+            print("\n".join(sampler.stop()), flush=True)
+    return Outcome(job.name, time.monotonic() - start, proc.returncode)
+
+
+def default_actions_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """$TORCHBUILD_GHA_ACTIONS, else the project's shared/actions beside the checkout (or beside
+    the main checkout, for a git worktree under /work/wt)."""
+    if env.get("TORCHBUILD_GHA_ACTIONS"):
+        return Path(env["TORCHBUILD_GHA_ACTIONS"])
+    candidates = [ROOT.parent / "shared" / "actions", ROOT.parent.parent / "shared" / "actions"]
+    return next((c for c in candidates if c.is_dir()), candidates[0])
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="nox -s gha --", description=__doc__.splitlines()[0])
+    p.add_argument("jobs", nargs="*", help=f"jobs to run (default: the phase-1 ones); all: {', '.join(JOBS)}")
+    p.add_argument("--actions", type=Path, default=default_actions_dir(), help="the actions' tarballs and SHA256SUMS")
+    p.add_argument("--scratch", type=Path, default=None, help="scratch directory (default: a new one under /tmp)")
+    p.add_argument("--act", default=shutil.which("act") or "act", help="the act binary")
+    p.add_argument("--cpu-shares", type=int, default=0, help="--cpu-shares for image builds and job containers")
+    p.add_argument("--images-only", action="store_true", help="build the runner images, run no job")
+    p.add_argument("--list", action="store_true", help="list the jobs and exit")
+    p.add_argument("--verbose", action="store_true", help="act --verbose")
+    p.add_argument("--dryrun", action="store_true", help="act --dryrun: each job's plan, nothing run, no disk samples")
+    return p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    jobs = select_jobs(args.jobs)
+    archives = verified_archives(args.actions)
+    for job in jobs:
+        check_no_earlier_output(job)
+    engine = Engine.connect()
+    scratch = args.scratch or Path(tempfile.mkdtemp(prefix="torchbuild-gha-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    had_volume = TOOLCACHE_VOLUME in {v.name for v in engine.client.volumes.list()}
+    try:
+        actions = {**unpack_actions(archives, scratch), **STAND_INS}
+        for label in dict.fromkeys(r for j in jobs for r in j.runners):
+            ensure_runner(engine, RUNNERS[label], scratch, args.cpu_shares)
+            seed_toolcache(engine, RUNNERS[label])
+        if args.images_only:
+            return 0
+        opts = ActOptions(act=args.act, cpu_shares=args.cpu_shares, verbose=args.verbose, dryrun=args.dryrun)
+        outcomes = [run_job(job, actions, scratch, opts, engine) for job in jobs]
+    finally:
+        if args.scratch is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+        if not had_volume:  # act's tool cache volume was made for this run: it goes with it
+            for volume in engine.client.volumes.list(filters={"name": TOOLCACHE_VOLUME}):
+                if volume.name == TOOLCACHE_VOLUME:
+                    volume.remove()
+    left = leftovers(engine)
+    print(summary(outcomes))
+    if left:
+        print(f"act left containers behind: {', '.join(left)}")
+    return 0 if all(o.returncode == 0 for o in outcomes) and not left else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.list:
+        for j in JOBS.values():
+            state = "default" if j.phase == 1 else f"phase {j.phase}"
+            state = f"not runnable here: {j.runnable}" if j.runnable else state
+            print(f"{j.name:<20} {j.workflow} {j.event} -j {j.job} {' '.join(j.matrix)} ({state})")
+        return 0
+    try:
+        return run(args)
+    except (GhaError, TorchbuildError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

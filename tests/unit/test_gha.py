@@ -1,0 +1,308 @@
+"""`nox -s gha` (.ci/gha/gha.py): the actions' tarballs checked against SHA256SUMS, the act
+command line for each job, the job selection and the summary (no engine, no act run here)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("gha", ROOT / ".ci" / "gha" / "gha.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gha"] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+gha = _load()
+
+
+def _action_tarball(path: Path, files: dict[str, bytes]) -> str:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def actions_dir(tmp_path: Path) -> Path:
+    """Two action release trees as tarballs, with their SHA256SUMS (as in ../shared/actions)."""
+    d = tmp_path / "actions"
+    d.mkdir()
+    lines = []
+    for name in gha.ACTIONS.values():
+        digest = _action_tarball(d / name, {"action.yml": b"runs:\n  using: node24\n", "dist/index.js": b"//\n"})
+        lines.append(f"{digest}  {name}")
+    (d / "SHA256SUMS").write_text("\n".join(lines) + "\n")
+    return d
+
+
+def test_verified_archives_accepts_matching_tarballs_and_unpacks_each_action(actions_dir, tmp_path):
+    archives = gha.verified_archives(actions_dir)
+    assert set(archives) == {"actions/checkout@v5", "actions/setup-python@v6"}
+    dirs = gha.unpack_actions(archives, tmp_path / "scratch")
+    for ref, d in dirs.items():
+        assert (d / "action.yml").is_file() and (d / "dist" / "index.js").is_file(), ref
+    assert len({d for d in dirs.values()}) == 2
+
+
+def test_a_changed_tarball_is_named_with_both_digests(actions_dir):
+    target = actions_dir / "actions-setup-python-v6.tar.gz"
+    target.write_bytes(target.read_bytes() + b"tampered")
+    with pytest.raises(gha.GhaError) as err:
+        gha.verified_archives(actions_dir)
+    message = str(err.value)
+    assert str(target) in message and "SHA256SUMS says" in message and "\n" not in message
+
+
+def test_a_missing_tarball_or_sums_file_is_named(actions_dir):
+    (actions_dir / "actions-checkout-v5.tar.gz").unlink()
+    with pytest.raises(gha.GhaError, match=r"actions-checkout-v5\.tar\.gz is missing"):
+        gha.verified_archives(actions_dir)
+    (actions_dir / "SHA256SUMS").unlink()
+    with pytest.raises(gha.GhaError, match=r"SHA256SUMS is missing"):
+        gha.verified_archives(actions_dir)
+
+
+def test_a_tarball_without_a_line_in_the_sums_is_refused(actions_dir):
+    sums = actions_dir / "SHA256SUMS"
+    sums.write_text("".join(line + "\n" for line in sums.read_text().splitlines() if "checkout" not in line))
+    with pytest.raises(gha.GhaError, match=r"actions-checkout-v5\.tar\.gz has no line in"):
+        gha.verified_archives(actions_dir)
+
+
+def test_a_tarball_that_is_not_an_action_tree_is_refused(tmp_path):
+    bad = tmp_path / "x.tar.gz"
+    _action_tarball(bad, {"README.md": b"no action here"})
+    with pytest.raises(gha.GhaError, match=r"no action\.yml"):
+        gha.unpack_actions({"actions/checkout@v5": bad}, tmp_path / "scratch")
+
+
+def test_binary_mode_sums_lines_are_read(tmp_path):
+    sums = tmp_path / "SHA256SUMS"
+    sums.write_text("ABC123 *a.tar.gz\ndef456  b.tar.gz\n\n")
+    assert gha.read_sums(sums) == {"a.tar.gz": "abc123", "b.tar.gz": "def456"}
+
+
+def _argv(job_name: str, **opts: object) -> list[str]:
+    actions = {"actions/checkout@v5": Path("/s/co"), "actions/setup-python@v6": Path("/s/sp")}
+    return gha.act_argv(gha.JOBS[job_name], actions, Path("/s/event.json"), gha.ActOptions(act="/v/act", **opts))
+
+
+def _pairs(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
+
+
+def test_the_lint_job_runs_offline_on_the_local_runner_image_without_the_docker_socket():
+    argv = _argv("lint", cpu_shares=64)
+    assert argv[:8] == ["/v/act", "push", "-W", ".github/workflows/ci.yml", "-j", "lint", "-e", "/s/event.json"]
+    assert _pairs(argv, "--local-repository") == ["actions/checkout@v5=/s/co", "actions/setup-python@v6=/s/sp"]
+    assert _pairs(argv, "-P") == ["ubuntu-24.04=torchbuild-gha/runner:ubuntu-24.04"]
+    assert {"--action-offline-mode", "--pull=false", "--rm"} <= set(argv)
+    assert _pairs(argv, "--container-daemon-socket") == ["-"] and "--bind" not in argv
+    assert _pairs(argv, "--container-options") == ["--cpu-shares 64"]
+
+
+def test_the_wheel_job_gets_the_host_socket_its_workdir_at_the_host_path_and_shared_mounts():
+    argv = _argv("wheel", mounts=("/tmp/x-shared",))
+    assert argv[1] == "workflow_dispatch" and _pairs(argv, "-W") == [".github/workflows/wheel.yml"]
+    assert "--bind" in argv
+    assert _pairs(argv, "--container-daemon-socket") == ["unix:///var/run/docker.sock"]
+    assert _pairs(argv, "--container-options") == ["-v /tmp/x-shared:/tmp/x-shared"]
+
+
+def test_matrix_rows_pick_their_row_and_arm_rows_map_the_arm_label():
+    argv = _argv("image-gh200-aarch64")
+    assert _pairs(argv, "-j") == ["matrix"]
+    assert _pairs(argv, "--matrix") == ["profile:gh200", "arch:aarch64"]
+    assert _pairs(argv, "-P") == ["ubuntu-24.04-arm=torchbuild-gha/runner:ubuntu-24.04-arm"]
+    assert _pairs(_argv("integration"), "--matrix") == ["session:integration"]
+
+
+def test_no_cpu_shares_no_container_options_for_the_lint_job():
+    assert "--container-options" not in _argv("lint")
+
+
+def test_the_default_selection_is_the_lint_job_and_the_wheel_workflow():
+    assert [j.name for j in gha.select_jobs([])] == ["lint", "wheel"]
+
+
+def test_named_jobs_run_in_the_order_given_once_each():
+    assert [j.name for j in gha.select_jobs(["wheel", "lint", "wheel"])] == ["wheel", "lint"]
+    assert [j.name for j in gha.select_jobs(["integration"])] == ["integration"]
+
+
+def test_an_unknown_job_is_one_line_naming_the_known_ones():
+    with pytest.raises(gha.GhaError) as err:
+        gha.select_jobs(["lint", "lnit"])
+    assert "lnit" in str(err.value) and "image-cuda-x86_64" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_every_job_names_a_workflow_job_and_runner_that_exist():
+    import yaml
+
+    for job in gha.JOBS.values():
+        workflow = yaml.safe_load((ROOT / job.workflow).read_text())
+        assert job.job in workflow["jobs"], job
+        events = workflow[True]  # YAML 1.1 reads the `on:` key as True
+        assert job.event in events, job
+        assert all(label in gha.RUNNERS for label in job.runners), job
+        for cell in job.matrix:
+            key, _, value = cell.partition(":")
+            rows = workflow["jobs"][job.job]["strategy"]["matrix"]["include"]
+            assert any(str(row.get(key)) == value for row in rows), (job, cell)
+
+
+def test_workflow_dispatch_inputs_go_into_the_event_and_must_be_declared(tmp_path):
+    import yaml
+
+    job = gha.JOBS["wheel"]
+    inputs = gha.dispatch_inputs(job, tmp_path, ["/usr/local/share/ca-certificates/a.crt"])
+    assert gha.event_json(job, inputs) == {"inputs": inputs}
+    declared = yaml.safe_load((ROOT / job.workflow).read_text())[True]["workflow_dispatch"]["inputs"]
+    assert set(inputs) <= set(declared)
+    assert inputs["source"] == str(tmp_path / "minitorch")
+    assert "ca_certificates=/usr/local/share/ca-certificates/a.crt" in inputs["set"].split()
+    assert f"cache_dir={tmp_path / 'cache'}" in inputs["set"].split()
+    assert gha.event_json(gha.JOBS["lint"], {}) == {}
+
+
+def test_the_summary_gives_each_job_its_time_and_result():
+    text = gha.summary([gha.Outcome("lint", 312.4, 0), gha.Outcome("wheel", 901.0, 1)])
+    lines = text.splitlines()
+    assert lines[1].split() == ["lint", "312s", "success"]
+    assert lines[2].startswith("wheel") and "901s" in lines[2] and "failure (act exit 1)" in lines[2]
+
+
+def test_list_prints_every_job_and_which_are_run_by_default(capsys):
+    assert gha.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    assert "lint" in out and "(default)" in out and "integration" in out and "(phase 2)" in out
+
+
+def test_a_bad_job_name_exits_2_with_one_line(capsys, actions_dir):
+    assert gha.main(["--actions", str(actions_dir), "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown job nope") and err.count("\n") == 1
+
+
+def test_the_runner_images_are_labelled_with_their_recipe_hash():
+    labels = gha.runner_labels(gha.RUNNERS["ubuntu-24.04"])
+    recipe = (ROOT / ".ci" / "gha" / "runner.Dockerfile").read_bytes()
+    assert labels["org.torchbuild.gha.recipe-sha256"] == hashlib.sha256(recipe).hexdigest()
+    assert labels["org.torchbuild.gha.runner"] == "ubuntu-24.04"
+
+
+def test_event_file_is_json_the_act_run_reads(tmp_path):
+    job = gha.JOBS["wheel"]
+    path = tmp_path / "e.json"
+    path.write_text(json.dumps(gha.event_json(job, {"profile": "cpu"})))
+    assert json.loads(path.read_text())["inputs"]["profile"] == "cpu"
+
+
+def test_the_wheel_job_refuses_an_out_directory_with_earlier_artifacts(tmp_path):
+    job = gha.JOBS["wheel"]
+    gha.check_no_earlier_output(job, tmp_path)  # no out/: fine
+    (tmp_path / "out").mkdir()
+    gha.check_no_earlier_output(job, tmp_path)  # empty: fine
+    (tmp_path / "out" / "old.whl").write_bytes(b"")
+    with pytest.raises(gha.GhaError, match=r"out is not empty: the wheel job writes and checks its artifacts there"):
+        gha.check_no_earlier_output(job, tmp_path)
+    gha.check_no_earlier_output(gha.JOBS["lint"], tmp_path)  # the lint job leaves no artifacts
+
+
+def test_the_integration_row_sees_the_hosts_tmp_cache_fuse_and_binfmt_at_the_same_paths():
+    # the suite hands tmp_path, tempfile directories and ~/.cache/torchbuild (HOME is /root under
+    # the row's sudo) to `docker run -v`, resolved on the host: the job must see the same paths
+    argv = _argv("integration", cpu_shares=64, mounts=("/tmp/x-shared",))
+    assert "--bind" in argv and _pairs(argv, "--container-daemon-socket") == ["unix:///var/run/docker.sock"]
+    options = _pairs(argv, "--container-options")[0].split()
+    assert options[:2] == ["--cpu-shares", "64"]
+    pairs = list(zip(options[::2], options[1::2]))
+    assert ("-v", "/tmp:/tmp") in pairs and ("-v", "/root/.cache/torchbuild:/root/.cache/torchbuild") in pairs
+    assert ("--device", "/dev/fuse") in pairs and ("--cap-add", "SYS_ADMIN") in pairs
+    assert "--privileged" not in options  # it fails here
+
+
+def test_jobs_that_only_drive_no_engine_get_no_devices_or_capabilities():
+    for name in ("lint", "wheel"):
+        options = " ".join(_pairs(_argv(name), "--container-options"))
+        assert "--device" not in options and "--cap-add" not in options and "/tmp:/tmp" not in options
+
+
+def test_the_nvidia_rows_are_refused_with_the_reason_and_listed_as_not_runnable(capsys):
+    for name in ("image-cuda-x86_64", "image-gh200-aarch64"):
+        with pytest.raises(gha.GhaError) as err:
+            gha.select_jobs(["lint", name])
+        assert name in str(err.value) and "nvidia/cuda" in str(err.value) and "registry" in str(err.value)
+    assert gha.main(["--list"]) == 0
+    listed = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "not runnable here" in listed["image-cuda-x86_64"] and "not runnable" not in listed["integration"]
+
+
+def test_the_cpu_image_row_starts_from_a_local_ubuntu_2404_of_its_arch_and_says_why_not_here():
+    job = gha.JOBS["image-cpu-aarch64"]
+    assert job.base_tag == ("ubuntu:24.04", gha.RUNNERS["ubuntu-24.04-arm"].base)
+    assert "ports.ubuntu.com" in job.runnable
+    profile = (ROOT / "configs" / "profiles" / "cpu.yaml").read_text()
+    assert "base_image: ubuntu:24.04" in profile
+
+
+def test_the_disk_is_sampled_beside_the_integration_row_only():
+    assert [j.name for j in gha.JOBS.values() if j.disk] == ["integration"]
+
+
+def test_dryrun_asks_act_for_the_plan_only():
+    assert "--dryrun" in _argv("integration", dryrun=True) and "--dryrun" not in _argv("integration")
+
+
+class _Images:
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def get(self, ref: str):
+        log = self.log
+
+        class _Image:
+            def tag(self, repo: str, tag: str) -> None:
+                log.append(f"tag {ref} {repo}:{tag}")
+
+        return _Image()
+
+    def remove(self, ref: str, noprune: bool) -> None:
+        self.log.append(f"remove {ref} noprune={noprune}")
+
+
+class _Engine:
+    def __init__(self, present: set[str]) -> None:
+        self.present, self.log = present, []
+        self.client = type("C", (), {"images": _Images(self.log)})()
+
+    def image_attrs(self, ref: str):
+        return {"Id": ref} if ref in self.present else None
+
+
+def test_the_rows_base_is_tagged_from_the_local_one_for_the_run_and_untagged_after(capsys):
+    job = gha.JOBS["image-cpu-aarch64"]
+    engine = _Engine(present={"torchbuild/base:noble-aarch64"})
+    with gha.base_tagged(engine, job):
+        assert engine.log == ["tag torchbuild/base:noble-aarch64 ubuntu:24.04"]
+    assert engine.log[-1] == "remove ubuntu:24.04 noprune=True"
+    assert "ubuntu:24.04: tagged from torchbuild/base:noble-aarch64" in capsys.readouterr().out
+    kept = _Engine(present={"ubuntu:24.04"})  # an engine that has one keeps it untouched
+    with gha.base_tagged(kept, job):
+        pass
+    assert kept.log == []
