@@ -102,6 +102,7 @@ class Job:
     devices: tuple[str, ...] = ()  # host devices the job uses (--device)
     caps: tuple[str, ...] = ()  # capabilities the job needs (--cap-add; --privileged fails here)
     disk: bool = False  # sample the engine's and the file systems' disk use beside it (the peak)
+    sources: bool = False  # it reads the shared release tarballs (../shared/sources: NCCL, aws-ofi-nccl)
     runnable: str = ""  # why it cannot run on this host (empty: it can)
     # (ref, local image): a registry image the job's build starts from, tagged from a local one
     # for the run (torchbuild uses a present image of that name without pulling)
@@ -147,6 +148,7 @@ JOBS = {
             devices=("/dev/fuse",),
             caps=("SYS_ADMIN",),
             disk=True,
+            sources=True,
         ),
         Job(
             "image-cpu-aarch64",
@@ -271,6 +273,9 @@ class ActOptions:
     artifacts: str = ""  # a directory: act's artifact server (unused while upload-artifact is skipped)
     verbose: bool = False
     dryrun: bool = False  # act -n: the plan, each step listed, nothing run
+    # the host's shared release tarballs (../shared/sources), bound read-only at the same path for
+    # a job that reads them (the suite's comms tests look there); empty: none on this host
+    sources: str = ""
 
 
 def dispatch_inputs(job: Job, shared: Path, certs: Sequence[str]) -> dict[str, str]:
@@ -310,6 +315,8 @@ def act_argv(job: Job, actions: Mapping[str, Path], event_file: Path, opts: ActO
     options = [f"--cpu-shares {opts.cpu_shares}"] if opts.cpu_shares else []
     options += [f"-v {m}:{m}" for m in (*opts.mounts, *job.mounts)] if job.docker else []
     options += [f"--device {d}" for d in job.devices] + [f"--cap-add {c}" for c in job.caps]
+    if job.sources and opts.sources:  # the comms tests' tarballs, read-only where the host has them
+        options.append(f"-v {opts.sources}:{opts.sources}:ro")
     if job.docker:
         # the job's `docker run -v PATH` is resolved by the host's engine: the workdir must be at
         # the same path inside the job as on the host (--bind), and so must its temporary files
@@ -546,7 +553,14 @@ def run(args: argparse.Namespace) -> int:
             seed_toolcache(engine, RUNNERS[label])
         if args.images_only:
             return 0
-        opts = ActOptions(act=args.act, cpu_shares=args.cpu_shares, verbose=args.verbose, dryrun=args.dryrun)
+        sources = args.actions.parent / "sources"  # beside shared/actions: the release tarballs
+        opts = ActOptions(
+            act=args.act,
+            cpu_shares=args.cpu_shares,
+            verbose=args.verbose,
+            dryrun=args.dryrun,
+            sources=str(sources) if (sources / "SHA256SUMS").is_file() else "",
+        )
         outcomes = [run_job(job, actions, scratch, opts, engine) for job in jobs]
     finally:
         if args.scratch is None:

@@ -237,6 +237,16 @@ def test_the_integration_row_sees_the_hosts_tmp_cache_fuse_and_binfmt_at_the_sam
     assert "--privileged" not in options  # it fails here
 
 
+def test_the_integration_row_reads_the_hosts_release_tarballs_read_only_at_their_path():
+    # the comms tests read ../shared/sources (NCCL, aws-ofi-nccl): the first act run of the row
+    # errored in all 8 of them without it
+    options = " ".join(_pairs(_argv("integration", sources="/w/shared/sources"), "--container-options"))
+    assert "-v /w/shared/sources:/w/shared/sources:ro" in options
+    assert ":ro" not in " ".join(_pairs(_argv("integration"), "--container-options"))  # none on this host: no bind
+    for name in ("lint", "wheel"):  # jobs that read none
+        assert "shared/sources" not in " ".join(_pairs(_argv(name, sources="/w/shared/sources"), "--container-options"))
+
+
 def test_jobs_that_only_drive_no_engine_get_no_devices_or_capabilities():
     for name in ("lint", "wheel"):
         options = " ".join(_pairs(_argv(name), "--container-options"))
