@@ -30,6 +30,7 @@ from torchbuild.core.arch import Arch
 from torchbuild.core.errors import TorchbuildError
 from torchbuild.inputs.baseimage import make_base_image
 from torchbuild.inputs.engine import Engine
+from torchbuild.inputs.source import sha256_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from disk import Sampler
@@ -207,14 +208,6 @@ def select_jobs(names: Sequence[str]) -> list[Job]:
     if blocked:
         raise GhaError(f"{blocked[0].name} cannot run on this host: {blocked[0].runnable}")
     return [JOBS[n] for n in dict.fromkeys(names)]
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_sums(sums: Path) -> dict[str, str]:
