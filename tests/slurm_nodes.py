@@ -35,6 +35,9 @@ RUN apt-get -o Acquire::Check-Valid-Until=false update -qq \\
 RUN python3 -m pip install -q "invoke>=2.2" "jsonschema>=4" "pyyaml>=6" "packaging>=23" "cattrs>=23.2" \\
     "docker>=7.0" "spython>=0.3" "rich>=13"
 """
+# ReturnToService=1: a node that was DOWN only for not responding comes back when its slurmd
+# registers; one set DOWN by an admin stays down. With 2, slurmctld's next ping brought node2
+# back within the 15 s test_verify_nodes waits, and the job ran (the stop's CI and the act run).
 CONF = """ClusterName=torchbuildnodes
 SlurmctldHost={controller}
 SlurmUser=root
@@ -51,7 +54,7 @@ PropagateResourceLimits=NONE
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=pmix
-ReturnToService=2
+ReturnToService=1
 MinJobAge=600
 KillWait=5
 SlurmdTimeout=30

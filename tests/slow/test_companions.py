@@ -1,8 +1,8 @@
 """torchvision 0.21.0 and torchaudio 2.6.0 together, from Debian trixie's real sources, built by
 `invoke companions` against Debian's torch 2.6 in the debian-torch-installed image, each checked
 beside that torch (nms; forced_align), then both installed in a fresh venv whose pip log shows
-torch neither downloaded nor replaced. The build times are printed for the closing note (the CI
-suite builds torchaudio alone: tests/integration/test_developer_loop.py)."""
+torch neither downloaded nor replaced. The build times are printed for the closing note (the
+helpers live in tests/integration/test_developer_loop.py)."""
 
 from __future__ import annotations
 
