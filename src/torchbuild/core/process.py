@@ -45,11 +45,42 @@ def interrupts_unwind() -> Iterator[None]:
             signal.signal(sig, old)
 
 
+def _only_zombies(pgid: int) -> bool:
+    """Whether every process left in the group has exited and waits to be reaped by a parent
+    that is not us (kill(2) still finds a zombie). In a container whose PID 1 reaps nothing (a
+    CI job container's `tail -f /dev/null`), orphans stay zombies for good. False where /proc
+    cannot tell (not readable, or showing none of the group: another PID namespace's)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return False
+    zombies = 0
+    for pid in filter(str.isdigit, entries):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read(4096).rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile, or not ours to read
+        if len(fields) > 2 and int(fields[2]) == pgid:
+            if fields[0] != b"Z":
+                return False
+            zombies += 1
+    return zombies > 0
+
+
+def _group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return _only_zombies(pgid)
+
+
 def stop_group(pgid: int, grace: float = GRACE_S, leader: subprocess.Popen[bytes] | None = None) -> None:
     """SIGTERM to the process group, then SIGKILL to whatever is left after `grace` seconds.
-    The leader (our child) is reaped as it exits: a zombie still counts as a group member, and
+    The leader (our child) is reaped as it exits, and a group that holds only zombies is gone:
     a batch system that signals every process of the job at once SIGKILLs us after its own
-    grace (Slurm's KillWait) if we wait on a group that holds only a zombie."""
+    grace (Slurm's KillWait), before we say why, if we wait on processes that already exited."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
         try:
             os.killpg(pgid, sig)
@@ -59,9 +90,7 @@ def stop_group(pgid: int, grace: float = GRACE_S, leader: subprocess.Popen[bytes
         while time.monotonic() < deadline:
             if leader is not None:
                 leader.poll()
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
+            if _group_gone(pgid):
                 return
             time.sleep(0.1)
 
