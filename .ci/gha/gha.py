@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -108,6 +109,9 @@ class Job:
     # (ref, local image): a registry image the job's build starts from, tagged from a local one
     # for the run (torchbuild uses a present image of that name without pulling)
     base_tag: tuple[str, str] | None = None
+    # (step, text): the job runs up to this step, which cannot work here and must fail saying
+    # text; every step before it must succeed (the edge reached, not a failure of its own)
+    edge: tuple[str, ...] = ()
 
 
 CI, WHEEL = ".github/workflows/ci.yml", ".github/workflows/wheel.yml"
@@ -119,9 +123,11 @@ CI, WHEEL = ".github/workflows/ci.yml", ".github/workflows/wheel.yml"
 # Apptainer container the SIF tests start.
 JOB_CACHE = "/root/.cache/torchbuild"
 NO_NVIDIA = "its base image nvidia/cuda:* comes from a registry, and none is reachable here"
+CUDA_BASE = "nvidia/cuda:12.6.3-cudnn-devel-ubuntu24.04"  # configs/profiles/cuda.yaml's base_image
 NO_PORTS = (
     "the ubuntu-24.04-arm runner image and the row's ubuntu:24.04 arm64 base are Ubuntu noble arm64,"
-    " from ports.ubuntu.com, which does not resolve here"
+    " from ports.ubuntu.com, which does not resolve here (nor would a Debian arm64 runner stand in:"
+    " setup-python's Python 3.12 for arm64 is in no archive reachable here; Debian has 3.11 and 3.13)"
 )
 JOBS = {
     j.name: j
@@ -171,7 +177,7 @@ JOBS = {
             matrix=("profile:cuda", "arch:x86_64"),
             docker=True,
             phase=2,
-            runnable=NO_NVIDIA,
+            edge=("toolchain image for cuda", f"error: ImageBuildFailed: cannot pull {CUDA_BASE}"),
         ),
         Job(
             "image-gh200-aarch64",
@@ -332,10 +338,35 @@ class Outcome:
     job: str
     seconds: float
     returncode: int
+    edge: str = ""  # a job run to its edge: what was found there ("" for other jobs)
+    edge_ok: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.edge_ok if self.edge else self.returncode == 0
 
     @property
     def result(self) -> str:
+        if self.edge:
+            return f"{'edge reached' if self.edge_ok else 'failure'}: {self.edge}"
         return "success" if self.returncode == 0 else f"failure (act exit {self.returncode})"
+
+
+STEP_RESULT = re.compile(r"^\[[^\]]+\]\s+\S+\s+(Success|Failure) - Main (.+?)(?: \[[^\]]*\])?$")
+
+
+def edge_verdict(lines: Sequence[str], edge: tuple[str, ...], returncode: int) -> tuple[bool, str]:
+    """Whether a job run to its edge got there: act failed, the step named by the edge is the
+    one step that failed, every step act ran before it succeeded, and the log says the text."""
+    step, text = edge
+    results = [(m[1], m[2]) for m in map(STEP_RESULT.match, lines) if m]
+    failed = [name for result, name in results if result == "Failure"]
+    if returncode == 0 or failed != [step]:
+        return False, f"expected step {step!r} alone to fail, got {failed or 'none'} (act exit {returncode})"
+    before = [name for _, name in results[: [n for _, n in results].index(step)]]
+    if not any(text in line for line in lines):
+        return False, f"step {step!r} failed without saying {text!r}"
+    return True, f"{step!r} failed as expected ({text}) after {len(before)} steps succeeded: {', '.join(before)}"
 
 
 def summary(outcomes: Sequence[Outcome]) -> str:
@@ -500,11 +531,28 @@ def run_job(job: Job, actions: Mapping[str, Path], scratch: Path, opts: ActOptio
     start = time.monotonic()
     try:
         with contextlib.nullcontext() if opts.dryrun else base_tagged(engine, job):
-            proc = subprocess.run(argv, cwd=ROOT, check=False)
+            returncode, lines = run_act(argv, keep=bool(job.edge))
     finally:
         if sampler is not None:
             print("\n".join(sampler.stop()), flush=True)
-    return Outcome(job.name, time.monotonic() - start, proc.returncode)
+    seconds = time.monotonic() - start
+    if not job.edge or opts.dryrun:
+        return Outcome(job.name, seconds, returncode)
+    ok, found = edge_verdict(lines, job.edge, returncode)
+    return Outcome(job.name, seconds, returncode, edge=found, edge_ok=ok)
+
+
+def run_act(argv: Sequence[str], keep: bool) -> tuple[int, list[str]]:
+    """act's exit code; its output goes to ours as it comes and, with keep, is kept as lines."""
+    if not keep:
+        return subprocess.run(argv, cwd=ROOT, check=False).returncode, []
+    lines: list[str] = []
+    with subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            lines.append(line.rstrip("\n"))
+    return proc.returncode, lines
 
 
 def default_actions_dir(env: Mapping[str, str] = os.environ) -> Path:
@@ -566,7 +614,7 @@ def run(args: argparse.Namespace) -> int:
     print(summary(outcomes))
     if left:
         print(f"act left containers behind: {', '.join(left)}")
-    return 0 if all(o.returncode == 0 for o in outcomes) and not left else 1
+    return 0 if all(o.ok for o in outcomes) and not left else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -574,6 +622,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.list:
         for j in JOBS.values():
             state = "default" if j.phase == 1 else f"phase {j.phase}"
+            state = f"{state}, run to its edge: step {j.edge[0]!r} must fail saying {j.edge[1]!r}" if j.edge else state
             state = f"not runnable here: {j.runnable}" if j.runnable else state
             print(f"{j.name:<20} {j.workflow} {j.event} -j {j.job} {' '.join(j.matrix)} ({state})")
         return 0

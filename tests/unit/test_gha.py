@@ -253,14 +253,66 @@ def test_jobs_that_only_drive_no_engine_get_no_devices_or_capabilities():
         assert "--device" not in options and "--cap-add" not in options and "/tmp:/tmp" not in options
 
 
-def test_the_nvidia_rows_are_refused_with_the_reason_and_listed_as_not_runnable(capsys):
-    for name in ("image-cuda-x86_64", "image-gh200-aarch64"):
-        with pytest.raises(gha.GhaError) as err:
-            gha.select_jobs(["lint", name])
-        assert name in str(err.value) and "nvidia/cuda" in str(err.value) and "registry" in str(err.value)
+def test_the_gh200_row_is_refused_with_the_reason_and_listed_as_not_runnable(capsys):
+    with pytest.raises(gha.GhaError) as err:
+        gha.select_jobs(["lint", "image-gh200-aarch64"])
+    assert "image-gh200-aarch64" in str(err.value) and "nvidia/cuda" in str(err.value) and "registry" in str(err.value)
     assert gha.main(["--list"]) == 0
     listed = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
-    assert "not runnable here" in listed["image-cuda-x86_64"] and "not runnable" not in listed["integration"]
+    assert "not runnable here" in listed["image-gh200-aarch64"] and "not runnable" not in listed["integration"]
+    assert "run to its edge" in listed["image-cuda-x86_64"] and "not runnable" not in listed["image-cuda-x86_64"]
+
+
+def test_the_cuda_row_runs_to_the_pull_of_the_profiles_own_base():
+    job = gha.JOBS["image-cuda-x86_64"]
+    assert gha.select_jobs([job.name]) == [job] and not job.runnable and job.phase == 2
+    step, text = job.edge
+    workflow = (ROOT / ".github" / "workflows" / "ci.yml").read_text()
+    assert f"- name: {step.replace('cuda', '${{ matrix.profile }}')}" in workflow
+    profile = (ROOT / "configs" / "profiles" / "cuda.yaml").read_text()
+    assert f"base_image: {gha.CUDA_BASE}" in profile and gha.CUDA_BASE in text
+
+
+def _act_log(image_step: str, *extra: str) -> list[str]:
+    """act's step lines for the lint job, then the cuda row, its image step as given."""
+    lines = [
+        "[ci/lint]   ✅  Success - Main actions/checkout@v5 [1.6ms]",
+        "[ci/lint]   ✅  Success - Main lint and unit tests [5m21.7s]",
+        "[ci/cuda on x86_64]   ✅  Success - Set up job",
+        "[ci/cuda on x86_64]   ✅  Success - Main actions/checkout@v5 [1.8ms]",
+        "[ci/cuda on x86_64]   ✅  Success - Main actions/setup-python@v6 [554.8ms]",
+        *extra,
+        f"[ci/cuda on x86_64]   {image_step} - Main toolchain image for cuda [41.2s]",
+        "[ci/cuda on x86_64]   ✅  Success - Complete job",
+    ]
+    return lines
+
+
+EDGE = ("toolchain image for cuda", "error: ImageBuildFailed: cannot pull nvidia/cuda:12.6.3")
+SAID = "[ci/cuda on x86_64]   | error: ImageBuildFailed: cannot pull nvidia/cuda:12.6.3-cudnn-devel-ubuntu24.04: 500"
+
+
+def test_the_edge_is_reached_when_that_step_alone_fails_saying_its_text():
+    ok, found = gha.edge_verdict(_act_log("❌  Failure", SAID), EDGE, 1)
+    assert ok and "after 4 steps succeeded" in found and "actions/setup-python@v6" in found
+
+
+def test_the_edge_is_not_reached_by_a_failure_elsewhere_or_another_error_or_a_success():
+    early = _act_log("❌  Failure", SAID)
+    early[4] = early[4].replace("✅  Success", "❌  Failure")  # setup-python failed first
+    assert not gha.edge_verdict(early, EDGE, 1)[0]
+    other = _act_log("❌  Failure", "[ci/cuda on x86_64]   | error: ToolMissing: docker")
+    ok, found = gha.edge_verdict(other, EDGE, 1)
+    assert not ok and "without saying" in found
+    ok, found = gha.edge_verdict(_act_log("✅  Success", SAID), EDGE, 0)
+    assert not ok and "got none" in found
+
+
+def test_an_edge_outcome_counts_as_passed_only_when_reached():
+    reached = gha.Outcome("image-cuda-x86_64", 60.0, 1, edge="'x' failed as expected", edge_ok=True)
+    missed = gha.Outcome("image-cuda-x86_64", 60.0, 1, edge="expected step 'x' alone to fail", edge_ok=False)
+    assert reached.ok and not missed.ok and not gha.Outcome("lint", 1.0, 1).ok
+    assert "edge reached" in gha.summary([reached]) and "failure" in gha.summary([missed])
 
 
 def test_the_cpu_image_row_starts_from_a_local_ubuntu_2404_of_its_arch_and_says_why_not_here():
