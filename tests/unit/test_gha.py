@@ -7,11 +7,15 @@ import hashlib
 import importlib.util
 import io
 import json
+import re
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
+
+from torchbuild.steps import comms
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -368,3 +372,24 @@ def test_the_rows_base_is_tagged_from_the_local_one_for_the_run_and_untagged_aft
     with gha.base_tagged(kept, job):
         pass
     assert kept.log == []
+
+
+def test_a_hosted_runner_fetches_the_comms_tarballs_the_product_pins_and_act_uses_the_hosts():
+    """ci.yml's integration row fetches ../shared/sources on GitHub (skipped under act, where
+    gha.py binds the host's copy): each file it fetches has a sum, checked by sha256sum -c, and
+    the plugin's sums are the ones torchbuild's comms step pins for those releases."""
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "ci.yml").read_text())
+    (step,) = [
+        s for s in workflow["jobs"]["matrix"]["steps"] if s.get("name") == "release tarballs for the comms tests"
+    ]
+    assert "!env.ACT" in step["if"] and "matrix.session == 'integration'" in step["if"]
+    fetched = re.findall(r"^fetch (\S+) (\S+)$", step["run"], re.M)
+    sums = dict(reversed(line.split()) for line in re.findall(r"^[0-9a-f]{64}  \S+$", step["run"], re.M))
+    assert {name for name, _ in fetched} == set(sums) and len(fetched) == 4
+    assert step["run"].rstrip().endswith("sha256sum -c SHA256SUMS")
+    for version, pin in comms.OFI_PINS.items():
+        assert sums[f"aws-ofi-nccl-{version}.tar.gz"] == pin
+        assert (f"aws-ofi-nccl-{version}.tar.gz", comms.OFI_ARCHIVE.format(version=version)) in fetched
+    for name, url in fetched:
+        if name.startswith("nccl-"):
+            assert url == comms.NCCL_ARCHIVE.format(version=name.removeprefix("nccl-").removesuffix(".tar.gz"))
