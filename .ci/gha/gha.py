@@ -99,7 +99,6 @@ class Job:
     source: str = ""  # a source tree in the checkout, copied to the shared scratch for the `source` input
     out: str = ""  # where the job leaves its artifacts in the checkout (bound: the host's own directory)
     docker: bool = False  # drives the host's engine: the socket and the workdir at its host path
-    phase: int = 1  # 2: not run by this phase's default selection
     mounts: tuple[str, ...] = ()  # host directories bound at their own path (the paths it hands to docker run -v)
     devices: tuple[str, ...] = ()  # host devices the job uses (--device)
     caps: tuple[str, ...] = ()  # capabilities the job needs (--cap-add; --privileged fails here)
@@ -150,7 +149,6 @@ JOBS = {
             "matrix",
             matrix=("session:integration",),
             docker=True,
-            phase=2,
             mounts=("/tmp", JOB_CACHE),
             devices=("/dev/fuse",),
             caps=("SYS_ADMIN",),
@@ -165,7 +163,6 @@ JOBS = {
             ("ubuntu-24.04-arm",),
             ("profile:cpu", "arch:aarch64"),
             docker=True,
-            phase=2,
             base_tag=("ubuntu:24.04", "torchbuild/base:noble-aarch64"),
             runnable=NO_PORTS,
         ),
@@ -176,7 +173,6 @@ JOBS = {
             "matrix",
             matrix=("profile:cuda", "arch:x86_64"),
             docker=True,
-            phase=2,
             edge=("toolchain image for cuda", f"error: ImageBuildFailed: cannot pull {CUDA_BASE}"),
         ),
         Job(
@@ -187,7 +183,6 @@ JOBS = {
             ("ubuntu-24.04-arm",),
             ("profile:gh200", "arch:aarch64"),
             docker=True,
-            phase=2,
             runnable=f"{NO_NVIDIA}; and {NO_PORTS}",
         ),
     )
@@ -203,10 +198,10 @@ def check_no_earlier_output(job: Job, root: Path = ROOT) -> None:
 
 
 def select_jobs(names: Sequence[str]) -> list[Job]:
-    """The jobs named (in the order given), or the default ones (phase 1) when none is named;
+    """The jobs named (in the order given), or every job that can run here when none is named;
     a job that cannot run here is refused with the reason."""
     if not names:
-        return [j for j in JOBS.values() if j.phase == 1]
+        return [j for j in JOBS.values() if not j.runnable]
     unknown = [n for n in names if n not in JOBS]
     if unknown:
         raise GhaError(f"unknown job {', '.join(unknown)}: choose from {', '.join(JOBS)}")
@@ -566,7 +561,7 @@ def default_actions_dir(env: Mapping[str, str] = os.environ) -> Path:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="nox -s gha --", description=__doc__.splitlines()[0])
-    p.add_argument("jobs", nargs="*", help=f"jobs to run (default: the phase-1 ones); all: {', '.join(JOBS)}")
+    p.add_argument("jobs", nargs="*", help=f"jobs to run (default: all that can run here): {', '.join(JOBS)}")
     p.add_argument("--actions", type=Path, default=default_actions_dir(), help="the actions' tarballs and SHA256SUMS")
     p.add_argument("--scratch", type=Path, default=None, help="scratch directory (default: a new one under /tmp)")
     p.add_argument("--act", default=shutil.which("act") or "act", help="the act binary")
@@ -621,8 +616,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.list:
         for j in JOBS.values():
-            state = "default" if j.phase == 1 else f"phase {j.phase}"
-            state = f"{state}, run to its edge: step {j.edge[0]!r} must fail saying {j.edge[1]!r}" if j.edge else state
+            state = "run"
+            state = f"{state} to its edge: step {j.edge[0]!r} must fail saying {j.edge[1]!r}" if j.edge else state
             state = f"not runnable here: {j.runnable}" if j.runnable else state
             print(f"{j.name:<20} {j.workflow} {j.event} -j {j.job} {' '.join(j.matrix)} ({state})")
         return 0

@@ -140,8 +140,8 @@ def test_no_cpu_shares_no_container_options_for_the_lint_job():
     assert "--container-options" not in _argv("lint")
 
 
-def test_the_default_selection_is_the_lint_job_and_the_wheel_workflow():
-    assert [j.name for j in gha.select_jobs([])] == ["lint", "wheel"]
+def test_the_default_selection_is_every_job_that_can_run_here():
+    assert [j.name for j in gha.select_jobs([])] == ["lint", "wheel", "integration", "image-cuda-x86_64"]
 
 
 def test_named_jobs_run_in_the_order_given_once_each():
@@ -191,10 +191,11 @@ def test_the_summary_gives_each_job_its_time_and_result():
     assert lines[2].startswith("wheel") and "901s" in lines[2] and "failure (act exit 1)" in lines[2]
 
 
-def test_list_prints_every_job_and_which_are_run_by_default(capsys):
+def test_list_prints_every_job_and_how_it_runs(capsys):
     assert gha.main(["--list"]) == 0
     out = capsys.readouterr().out
-    assert "lint" in out and "(default)" in out and "integration" in out and "(phase 2)" in out
+    listed = {line.split()[0]: line for line in out.splitlines()}
+    assert set(listed) == set(gha.JOBS) and listed["integration"].endswith("(run)")
 
 
 def test_a_bad_job_name_exits_2_with_one_line(capsys, actions_dir):
@@ -269,7 +270,7 @@ def test_the_gh200_row_is_refused_with_the_reason_and_listed_as_not_runnable(cap
 
 def test_the_cuda_row_runs_to_the_pull_of_the_profiles_own_base():
     job = gha.JOBS["image-cuda-x86_64"]
-    assert gha.select_jobs([job.name]) == [job] and not job.runnable and job.phase == 2
+    assert gha.select_jobs([job.name]) == [job] and not job.runnable
     step, text = job.edge
     workflow = (ROOT / ".github" / "workflows" / "ci.yml").read_text()
     assert f"- name: {step.replace('cuda', '${{ matrix.profile }}')}" in workflow
