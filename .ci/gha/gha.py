@@ -46,6 +46,9 @@ TOOLCACHE_VOLUME = "act-toolcache"
 # from here (the keyring package over TLS from Ubuntu's archive; it then checks the Release file)
 KEYRING_DEB = "https://archive.ubuntu.com/ubuntu/pool/main/u/ubuntu-keyring/ubuntu-keyring_2023.11.28.1_all.deb"
 KEYRING_PATH = "usr/share/keyrings/ubuntu-archive-keyring.gpg"
+# the package's sha256 (as fetched on 2026-11-25, 11,124 bytes): a changed file is refused
+KEYRING_SHA256 = "36de43b15853ccae0028e9a767613770c704833f82586f28eb262f0311adb8a8"
+KEYRING_MAX = 1 << 20  # the read is bounded: the package is 11 KB
 ACTIONS = {
     "actions/checkout@v5": "actions-checkout-v5.tar.gz",
     "actions/setup-python@v6": "actions-setup-python-v6.tar.gz",
@@ -395,14 +398,25 @@ def debootstrap_dir(scratch: Path, keyring: Path) -> Iterator[Path]:
             os.environ["DEBOOTSTRAP_DIR"] = old
 
 
+def check_keyring(data: bytes) -> None:
+    """The keyring package as pinned: no larger than KEYRING_MAX, with KEYRING_SHA256."""
+    if len(data) > KEYRING_MAX:
+        raise GhaError(f"{KEYRING_DEB} is over {KEYRING_MAX} bytes: not Ubuntu's keyring package; check the URL")
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != KEYRING_SHA256:
+        raise GhaError(f"{KEYRING_DEB} has sha256 {digest}, not the pinned {KEYRING_SHA256}: check the download")
+
+
 def ubuntu_keyring(scratch: Path) -> Path:
     """Ubuntu's archive keyring, from its package in Ubuntu's archive (fetched over TLS)."""
     deb = scratch / "ubuntu-keyring.deb"
     try:
         with urllib.request.urlopen(KEYRING_DEB, timeout=120) as resp:
-            deb.write_bytes(resp.read())
+            data = resp.read(KEYRING_MAX + 1)
     except OSError as exc:
         raise GhaError(f"cannot fetch Ubuntu's keyring from {KEYRING_DEB}: {exc}") from exc
+    check_keyring(data)
+    deb.write_bytes(data)
     root = scratch / "ubuntu-keyring"
     subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
     return root / KEYRING_PATH

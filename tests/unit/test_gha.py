@@ -394,3 +394,10 @@ def test_a_hosted_runner_fetches_the_comms_tarballs_the_product_pins_and_act_use
     for name, url in fetched:
         if name.startswith("nccl-"):
             assert url == comms.NCCL_ARCHIVE.format(version=name.removeprefix("nccl-").removesuffix(".tar.gz"))
+
+
+def test_the_ubuntu_keyring_is_the_pinned_package_and_its_read_is_bounded(tmp_path):
+    with pytest.raises(gha.GhaError, match="not the pinned"):
+        gha.check_keyring(b"!<arch>\n a different package")
+    with pytest.raises(gha.GhaError, match="over 1048576 bytes"):
+        gha.check_keyring(b"\0" * (gha.KEYRING_MAX + 1))
