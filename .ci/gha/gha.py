@@ -29,7 +29,9 @@ from pathlib import Path
 
 from torchbuild.core.arch import Arch
 from torchbuild.core.errors import TorchbuildError
+from torchbuild.core.process import run_streamed
 from torchbuild.inputs.baseimage import make_base_image
+from torchbuild.inputs.config import resolve
 from torchbuild.inputs.engine import Engine
 from torchbuild.inputs.source import sha256_file
 
@@ -125,7 +127,7 @@ CI, WHEEL = ".github/workflows/ci.yml", ".github/workflows/wheel.yml"
 # Apptainer container the SIF tests start.
 JOB_CACHE = "/root/.cache/torchbuild"
 NO_NVIDIA = "its base image nvidia/cuda:* comes from a registry, and none is reachable here"
-CUDA_BASE = "nvidia/cuda:12.6.3-cudnn-devel-ubuntu24.04"  # configs/profiles/cuda.yaml's base_image
+CUDA_BASE = resolve("cuda", arch="x86_64").base_image  # the row's profile's own base (nvidia/cuda)
 NO_PORTS = (
     "the ubuntu-24.04-arm runner image and the row's ubuntu:24.04 arm64 base are Ubuntu noble arm64,"
     " from ports.ubuntu.com, which does not resolve here (nor would a Debian arm64 runner stand in:"
@@ -552,16 +554,17 @@ def run_job(job: Job, actions: Mapping[str, Path], scratch: Path, opts: ActOptio
 
 
 def run_act(argv: Sequence[str], keep: bool) -> tuple[int, list[str]]:
-    """act's exit code; its output goes to ours as it comes and, with keep, is kept as lines."""
-    if not keep:
-        return subprocess.run(argv, cwd=ROOT, check=False).returncode, []
+    """act's exit code; its output goes to ours as it comes and, with keep, is kept as lines
+    (torchbuild's run_streamed: act and what it started are stopped on Ctrl-C too)."""
     lines: list[str] = []
-    with subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stdout.write(line)
+
+    def on_line(line: str) -> None:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        if keep:
             lines.append(line.rstrip("\n"))
-    return proc.returncode, lines
+
+    return run_streamed(argv, on_line=on_line, cwd=str(ROOT)).returncode, lines
 
 
 def default_actions_dir(env: Mapping[str, str] = os.environ) -> Path:

@@ -401,3 +401,10 @@ def test_the_ubuntu_keyring_is_the_pinned_package_and_its_read_is_bounded(tmp_pa
         gha.check_keyring(b"!<arch>\n a different package")
     with pytest.raises(gha.GhaError, match="over 1048576 bytes"):
         gha.check_keyring(b"\0" * (gha.KEYRING_MAX + 1))
+
+
+def test_act_output_is_passed_through_and_kept_only_for_an_edge_job(capsys):
+    argv = ["sh", "-c", "echo '[ci/x]   ✅  Success - Main a'; echo oops >&2; exit 3"]
+    assert gha.run_act(argv, keep=True) == (3, ["[ci/x]   ✅  Success - Main a", "oops"])
+    assert gha.run_act(argv, keep=False) == (3, [])
+    assert capsys.readouterr().out.count("oops") == 2
