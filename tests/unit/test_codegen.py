@@ -382,3 +382,42 @@ def test_a_killed_save_is_removed_once_stale(tmp_path: Path) -> None:
     os.utime(half, (1, 1))
     assert codegen.prune(cache) == []
     assert not half.exists() and recent.exists() and (cache / "bin").exists()
+
+
+def test_a_damaged_entry_naming_an_unresolvable_path_runs_the_generator(
+    tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cache = tmp_path / "cache"
+    codegen.run(cache, sys.executable, gen_args(tree), tree)
+    planted(cache, tree / "build" / "bad\x00name")  # a NUL byte: Path.resolve raises ValueError
+    fresh(tree)
+    capsys.readouterr()
+    assert codegen.run(cache, sys.executable, gen_args(tree), tree) == 0
+    assert runs(tree) == ["headers", "headers"]
+    assert any("not reused" in line for line in capsys.readouterr().out.splitlines())
+
+
+@pytest.mark.parametrize("spelling", ["-s", "--source-path=", "default"])
+def test_the_source_path_in_any_spelling_is_in_the_key(tree: Path, spelling: str) -> None:
+    """torchgen.gen reads native_functions.yaml under -s/--source-path (aten/src/ATen by
+    default, from the working directory): a change there is another key however it is named."""
+    args = gen_args(tree)
+    i = args.index("--source-path")
+    if spelling == "default":
+        del args[i : i + 2]  # the tree (the working directory) has aten/src/ATen
+    else:
+        args[i : i + 2] = ["-s", args[i + 1]] if spelling == "-s" else [f"--source-path={args[i + 1]}"]
+    before = codegen.key_of(sys.executable, args, tree)
+    (tree / "aten/src/ATen/native/native_functions.yaml").write_text("add sub mul div\n")
+    assert codegen.key_of(sys.executable, args, tree) != before
+
+
+def test_only_a_real_sources_run_counts_the_aoti_dir(tree: Path) -> None:
+    """ninja runs the headers and sources generators at once: a headers run must not save the
+    C shim the sources run is writing beside it."""
+    aoti = tree / AOTI
+    before = codegen.snapshot(aoti)
+    (aoti / "c_shim_cpu.cpp").write_text("being written by the sources run")
+    assert codegen.unlisted_outputs(gen_args(tree, "headers"), tree, before) == []
+    assert codegen.unlisted_outputs(gen_args(tree, "sources", "--dry-run"), tree, before) == []
+    assert codegen.unlisted_outputs(gen_args(tree, "sources"), tree, before) == [aoti / "c_shim_cpu.cpp"]

@@ -63,6 +63,7 @@ GENERATORS = ("torchgen.gen",)  # the modules whose runs are reused (python -m M
 WRAPPER = "python-codegen"  # the wrapper's name under <cache_root>/codegen/bin
 KEEP = 24  # entries kept, the most recently used: four sets of inputs of a build's six runs
 STALE_S = 3600  # a half-saved entry's directory (.<key>.*) this old was left by a killed run
+DEPS = ("--output-dependencies", "-o")  # torchgen.gen's spellings of the lists' path
 AOTI_DIR = "torch/csrc/inductor/aoti_torch/generated"  # torchgen.gen's --aoti-install-dir default
 KINDS = ("headers", "sources", "declarations_yaml")  # torchgen.gen's --generate choices (all by default)
 _LISTED = re.compile(r'"([^"]+)"')  # the paths a generated_T.cmake lists
@@ -99,6 +100,12 @@ def _generates(args: Sequence[str]) -> set[str]:
     return set(KINDS)
 
 
+def source_dir(args: Sequence[str], cwd: Path) -> Path:
+    """Where the run reads native_functions.yaml, tags.yaml and the templates (torchgen.gen's
+    -s/--source-path, aten/src/ATen by default)."""
+    return cwd / (_option(args, "--source-path", "-s") or "aten/src/ATen")
+
+
 def install_dir(args: Sequence[str], cwd: Path) -> Path:
     return cwd / (_option(args, "--install_dir", "--install-dir", "-d") or "build/aten/src/ATen")
 
@@ -111,15 +118,19 @@ def aoti_dir(args: Sequence[str], cwd: Path) -> Path:
 def writable(args: Sequence[str], cwd: Path) -> list[Path]:
     """The directories the run writes to, resolved: its install dir, the lists' and the aoti dir."""
     dirs = [install_dir(args, cwd), aoti_dir(args, cwd)]
-    deps = _option(args, "--output-dependencies")
+    deps = _option(args, *DEPS)
     if deps is not None:
         dirs.append((cwd / deps).parent)
     return [d.resolve() for d in dirs]
 
 
 def _inside(path: Path, dirs: Sequence[Path]) -> bool:
-    """path is absolute and, symlinks resolved, under one of dirs (resolved)."""
-    return path.is_absolute() and any(path.resolve().is_relative_to(d) for d in dirs)
+    """path is absolute and, symlinks resolved, under one of dirs (resolved); False for a path
+    that cannot be resolved (a NUL byte in a damaged entry, a symlink loop)."""
+    try:
+        return path.is_absolute() and any(path.resolve().is_relative_to(d) for d in dirs)
+    except (OSError, ValueError, RuntimeError):
+        return False
 
 
 def _tree(root: Path) -> Iterable[Path]:
@@ -130,11 +141,9 @@ def _tree(root: Path) -> Iterable[Path]:
 def inputs_of(args: Sequence[str], cwd: Path) -> dict[str, str]:
     """{path: sha256} of everything the generator reads (see the module's docstring)."""
     files: list[Path] = [*_tree(cwd / "torchgen"), *sorted(aoti_dir(args, cwd).glob("c_shim_*.h"))]
-    source = _option(args, "--source-path")
-    if source is not None:
-        src = cwd / source
-        files += [*_tree(src / "templates"), src / "native" / "native_functions.yaml", src / "native" / "tags.yaml"]
-    written = [str(install_dir(args, cwd)), *(str(cwd / v) for v in [_option(args, "--output-dependencies")] if v)]
+    src = source_dir(args, cwd)
+    files += [*_tree(src / "templates"), src / "native" / "native_functions.yaml", src / "native" / "tags.yaml"]
+    written = [str(install_dir(args, cwd)), *(str(cwd / v) for v in [_option(args, *DEPS)] if v)]
     for arg in args:  # other files the command names (an op selection yaml), never its outputs
         value = arg.partition("=")[2] if arg.startswith("--") else arg
         path = cwd / value
@@ -168,7 +177,7 @@ def key_of(python: str, args: Sequence[str], cwd: Path) -> str:
 def outputs_of(args: Sequence[str], cwd: Path) -> list[Path] | None:
     """The files the run wrote: the <prefix>generated_T.cmake lists beside --output-dependencies
     and, unless it was a dry run, the files they list; None without --output-dependencies."""
-    deps = _option(args, "--output-dependencies")
+    deps = _option(args, *DEPS)
     if deps is None:
         return None
     dep = cwd / deps
@@ -200,10 +209,12 @@ def unlisted_outputs(args: Sequence[str], cwd: Path, before: Mapping[Path, tuple
     there, yet a fresh checkout restoring the entry needs them. Only the aoti dir is compared:
     ninja runs the headers and the sources at once in the same install dir, where a snapshot
     would catch the other run's files, half-written perhaps."""
+    if "--dry-run" in args or "sources" not in _generates(args):
+        return []  # only a real sources run writes there (gen_source_files): another run's
+        # snapshot would catch the sources run's shims, half-written perhaps
     root = aoti_dir(args, cwd)
     found = {p for p, stat in snapshot(root).items() if before.get(p) != stat}
-    if "--dry-run" not in args and "sources" in _generates(args):
-        found.update(p for p in root.glob("c_shim_*.cpp") if p.is_file())
+    found.update(p for p in root.glob("c_shim_*.cpp") if p.is_file())
     return sorted(found)
 
 
@@ -317,7 +328,7 @@ def _umask() -> int:
 def run(root: Path, python: str, args: Sequence[str], cwd: Path, say: bool = True) -> int:
     """One interpreter command through the cache: a generator's run is restored or run and
     saved; anything else runs as it is. The command's exit code."""
-    if len(args) < 2 or args[0] != "-m" or args[1] not in GENERATORS or _option(args, "--output-dependencies") is None:
+    if len(args) < 2 or args[0] != "-m" or args[1] not in GENERATORS or _option(args, *DEPS) is None:
         return subprocess.run([python, *args], cwd=cwd, check=False).returncode
     store = Store(root, key_of(python, args, cwd))
     what = f"{args[1]} --generate {_option(args, '--generate')}{' --dry-run' if '--dry-run' in args else ''}"
