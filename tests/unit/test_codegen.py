@@ -421,3 +421,18 @@ def test_only_a_real_sources_run_counts_the_aoti_dir(tree: Path) -> None:
     assert codegen.unlisted_outputs(gen_args(tree, "headers"), tree, before) == []
     assert codegen.unlisted_outputs(gen_args(tree, "sources", "--dry-run"), tree, before) == []
     assert codegen.unlisted_outputs(gen_args(tree, "sources"), tree, before) == [aoti / "c_shim_cpu.cpp"]
+
+
+def test_a_restore_into_a_fresh_tree_leaves_plain_files_and_no_temporary_ones(tree: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    codegen.run(cache, sys.executable, gen_args(tree), tree)
+    first = outputs(tree)
+    fresh(tree)
+    old = os.umask(0o027)
+    try:
+        assert codegen.run(cache, sys.executable, gen_args(tree), tree) == 0
+    finally:
+        os.umask(old)
+    assert outputs(tree) == first  # every file whole, no `.name.*` temporary left beside them
+    modes = {p.stat().st_mode & 0o777 for p in (tree / "build").rglob("*") if p.is_file()}
+    assert modes == {0o640}

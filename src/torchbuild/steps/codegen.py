@@ -240,13 +240,18 @@ class Store:
     def write(self, blobs: Sequence[tuple[Path, bytes]]) -> int:
         """Write what `load` read where the run wrote it (only the changed files): how many were
         written. The entry's time becomes now: `prune` keeps the most recently used."""
-        written = 0
+        written, made = 0, set()
         for path, blob in blobs:
             try:
                 if path.read_bytes() == blob:
                     continue
             except OSError:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                if path.parent not in made:  # thousands of files in a few directories
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    made.add(path.parent)
+                if _create(path, blob):
+                    written += 1
+                    continue
             _replace(path, blob)
             written += 1
         with contextlib.suppress(OSError):  # a read-only cache: restored all the same
@@ -303,6 +308,25 @@ def prune(root: Path, keep: int | None = None) -> list[str]:
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
     return gone
+
+
+def _create(path: Path, blob: bytes) -> bool:
+    """Write blob to path where no file is (O_EXCL: never through a symlink planted there);
+    False where something is. One file made instead of a temporary one renamed: a fresh tree's
+    restore makes thousands, and half its time went to the temporary files. A restore killed
+    mid-file leaves that file short, as a killed torchgen does: the generator's ninja step did
+    not finish, so the next build runs it again and the restore rewrites what differs."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    except FileExistsError:
+        return False
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return True
 
 
 def _replace(path: Path, blob: bytes) -> None:
