@@ -408,3 +408,28 @@ def test_act_output_is_passed_through_and_kept_only_for_an_edge_job(capsys):
     assert gha.run_act(argv, keep=True) == (3, ["[ci/x]   ✅  Success - Main a", "oops"])
     assert gha.run_act(argv, keep=False) == (3, [])
     assert capsys.readouterr().out.count("oops") == 2
+
+
+def _run_scripts(doc: object) -> list[str]:
+    """Every `run:` script in a workflow or action file (steps at any depth)."""
+    if isinstance(doc, dict):
+        own = [doc["run"]] if isinstance(doc.get("run"), str) else []
+        return own + [s for v in doc.values() for s in _run_scripts(v)]
+    if isinstance(doc, list):
+        return [s for v in doc for s in _run_scripts(v)]
+    return []
+
+
+def test_no_expression_is_interpolated_into_a_run_script():
+    # wheel.yml's profile is a free-text workflow_dispatch input: `"${{ inputs.profile }}"` in a
+    # script runs whatever it holds; inputs and matrix values reach the scripts through env
+    files = [
+        *sorted((ROOT / ".github" / "workflows").glob("*.yml")),
+        ROOT / ".ci" / "gha" / "upload-artifact" / "action.yml",
+    ]
+    scripts = [(f.name, s) for f in files for s in _run_scripts(yaml.safe_load(f.read_text()))]
+    assert len(scripts) > 5
+    assert [(name, s) for name, s in scripts if "${{" in s] == []
+    wheel = yaml.safe_load((ROOT / ".github" / "workflows" / "wheel.yml").read_text())["jobs"]["wheel"]
+    assert wheel["env"]["PROFILE"] == "${{ inputs.profile }}" and wheel["env"]["ARCH"] == "${{ inputs.arch }}"
+    assert sum('--profile "$PROFILE" --arch "$ARCH"' in s for s in _run_scripts(wheel)) == 3
