@@ -433,3 +433,48 @@ def test_no_expression_is_interpolated_into_a_run_script():
     wheel = yaml.safe_load((ROOT / ".github" / "workflows" / "wheel.yml").read_text())["jobs"]["wheel"]
     assert wheel["env"]["PROFILE"] == "${{ inputs.profile }}" and wheel["env"]["ARCH"] == "${{ inputs.arch }}"
     assert sum('--profile "$PROFILE" --arch "$ARCH"' in s for s in _run_scripts(wheel)) == 3
+
+
+class _BuildEngine:
+    """An engine that has only the images named, and records the labels of each build."""
+
+    def __init__(self, present: dict[str, str]) -> None:
+        self.present, self.built = present, {}
+
+    def image_attrs(self, ref: str):
+        return {"Id": self.present[ref]} if ref in self.present else None
+
+    def build(self, ctx, *, tag, labels, **_):
+        self.built[tag] = dict(labels)
+        return "sha256:new"
+
+
+def test_ci_run_prunes_only_the_dangling_images_torchbuild_makes(monkeypatch, tmp_path):
+    # under act .ci/run drives the host's engine: an unfiltered `docker image prune -f` removed
+    # every dangling image there. Each filter must match an image kind torchbuild builds
+    # (toolchain, apptainer-builder, debootstrapped base), and every kind one filter.
+    from torchbuild.core.arch import Arch
+    from torchbuild.inputs import baseimage, config, image, sif
+
+    script = (ROOT / ".ci" / "run").read_text()
+    prunes = [line for line in script.splitlines() if "docker image prune" in line]
+    assert prunes and all('--filter "label=$label"' in line for line in prunes), prunes
+    (loop,) = re.findall(r"^for label in (.+); do$", script, re.M)
+    filters = loop.split()
+
+    spec = config.resolve("cpu", arch="x86_64")
+    kinds = {"toolchain": image.labels(spec, "digest", "sha256:base")}
+    engine = _BuildEngine({spec.sif_builder_base: "sha256:sid"})
+    monkeypatch.setattr(sif, "cache_dir", lambda _spec: tmp_path / "cache")
+    kinds["apptainer-builder"] = engine.built[sif.ensure_builder(spec, engine, out=io.StringIO())]
+    monkeypatch.setattr(baseimage, "_preflight", lambda arch: "debootstrap")
+    monkeypatch.setattr(baseimage, "_debootstrap", lambda *a: (a[3] / "etc").mkdir(parents=True))
+    monkeypatch.setattr(baseimage, "check_platform", lambda *a: None)
+    tag, made = baseimage.make_base_image(
+        engine, suite="trixie", arch=Arch("x86_64"), work_dir=tmp_path / "w", out=io.StringIO()
+    )
+    assert made
+    kinds["base"] = engine.built[tag]
+    for kind, labels in kinds.items():
+        assert any(f in labels for f in filters), (kind, sorted(labels))
+    assert all(f.startswith("org.torchbuild.") for f in filters)
