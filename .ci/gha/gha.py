@@ -486,15 +486,67 @@ def _docker_arch(runner: Runner) -> str:
     return {"x86_64": "amd64", "aarch64": "arm64"}[runner.arch]
 
 
-def seed_toolcache(engine: Engine, runner: Runner) -> None:
+# Copy each tool cache entry (<tool>/<version>/<arch>, and its <arch>.complete) of $1 into $2
+# unless $2 has that entry or its marker already (an act-toolcache volume made elsewhere: its
+# entries are left as they are). One line per change: `dir D` for a directory made on the way,
+# `entry E` for an entry copied.
+SEED_SCRIPT = r"""
+set -euo pipefail
+cd "$1"
+shopt -s nullglob
+for entry in */*/*/; do
+  entry="${entry%/}"
+  if [ -e "$2/$entry" ] || [ -e "$2/$entry.complete" ]; then continue; fi
+  for d in "${entry%%/*}" "${entry%/*}"; do
+    if [ ! -e "$2/$d" ]; then mkdir "$2/$d"; echo "dir $d"; fi
+  done
+  cp -a "$entry" "$2/$entry"
+  if [ -e "$entry.complete" ]; then cp -a "$entry.complete" "$2/$entry.complete"; fi
+  echo "entry $entry"
+done
+"""
+# Undo SEED_SCRIPT's lines (given as the arguments after $1, the volume): each entry and its
+# marker go, then each directory it made, last first, where it is empty.
+UNSEED_SCRIPT = r"""
+set -euo pipefail
+root="$1"; shift
+dirs=()
+for line in "$@"; do
+  kind="${line%% *}"; path="${line#* }"
+  case "$path" in /*|*..*|"") echo "refused: $line" >&2; exit 1 ;; esac
+  if [ "$kind" = entry ]; then rm -rf "${root:?}/$path" "${root:?}/$path.complete"; else dirs=("$path" "${dirs[@]}"); fi
+done
+for d in "${dirs[@]}"; do rmdir --ignore-fail-on-non-empty "$root/$d"; done
+"""
+
+
+def seed_toolcache(engine: Engine, runner: Runner) -> list[str]:
     """act mounts the named volume act-toolcache over /opt/hostedtoolcache; Docker fills a new
-    volume from the first image mounting it, never again: copy this runner's entries into it."""
-    engine.client.containers.run(
+    volume from the first image mounting it, never again: copy this runner's entries into it,
+    each one the volume does not have already. Returns what was added (SEED_SCRIPT's lines)."""
+    out = engine.client.containers.run(
         runner.tag,
-        ["bash", "-c", "cp -a /opt/hostedtoolcache/. /seed/"],
+        ["bash", "-c", SEED_SCRIPT, "seed", "/opt/hostedtoolcache", "/seed"],
         volumes={TOOLCACHE_VOLUME: {"bind": "/seed", "mode": "rw"}},
         remove=True,
     )
+    return seeded_lines(out)
+
+
+def seeded_lines(out: bytes | str) -> list[str]:
+    text = out.decode() if isinstance(out, bytes) else out
+    return [line for line in text.splitlines() if line.startswith(("dir ", "entry "))]
+
+
+def unseed_toolcache(engine: Engine, image: str, added: Sequence[str]) -> None:
+    """Remove from act-toolcache what seed_toolcache added (a volume this run did not make)."""
+    if added:
+        engine.client.containers.run(
+            image,
+            ["bash", "-c", UNSEED_SCRIPT, "unseed", "/seed", *added],
+            volumes={TOOLCACHE_VOLUME: {"bind": "/seed", "mode": "rw"}},
+            remove=True,
+        )
 
 
 # ---- running --------------------------------------------------------------------------------
@@ -599,11 +651,12 @@ def run(args: argparse.Namespace) -> int:
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="torchbuild-gha-"))
     scratch.mkdir(parents=True, exist_ok=True)
     had_volume = TOOLCACHE_VOLUME in {v.name for v in engine.client.volumes.list()}
+    seeded: list[str] = []  # what this run added to act-toolcache
     try:
         actions = {**unpack_actions(archives, scratch), **STAND_INS}
         for label in dict.fromkeys(r for j in jobs for r in j.runners):
             ensure_runner(engine, RUNNERS[label], scratch, args.cpu_shares)
-            seed_toolcache(engine, RUNNERS[label])
+            seeded += seed_toolcache(engine, RUNNERS[label])
         if args.images_only:
             return 0
         sources = args.actions.parent / "sources"  # beside shared/actions: the release tarballs
@@ -622,6 +675,8 @@ def run(args: argparse.Namespace) -> int:
             for volume in engine.client.volumes.list(filters={"name": TOOLCACHE_VOLUME}):
                 if volume.name == TOOLCACHE_VOLUME:
                     volume.remove()
+        else:  # one made elsewhere (the user's act cache): only what this run added goes
+            unseed_toolcache(engine, RUNNERS[jobs[0].runners[0]].tag, seeded)
     left = leftovers(engine)
     print(summary(outcomes))
     if left:

@@ -478,3 +478,74 @@ def test_ci_run_prunes_only_the_dangling_images_torchbuild_makes(monkeypatch, tm
     for kind, labels in kinds.items():
         assert any(f in labels for f in filters), (kind, sorted(labels))
     assert all(f.startswith("org.torchbuild.") for f in filters)
+
+
+def _toolcache(root: Path, entries: dict[str, str]) -> Path:
+    """A tool cache: each <tool>/<version>/<arch> entry holding one file, with its .complete."""
+    for entry, text in entries.items():
+        (root / entry).mkdir(parents=True)
+        (root / entry / "python").write_text(text)
+        (root / f"{entry}.complete").write_text("")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text() if p.is_file() else "/" for p in sorted(root.rglob("*"))}
+
+
+def _bash(script: str, *args: str) -> str:
+    import subprocess
+
+    return subprocess.run(["bash", "-c", script, "x", *args], check=True, capture_output=True, text=True).stdout
+
+
+def test_seeding_a_volume_made_elsewhere_keeps_its_entries_and_undoes_only_its_own(tmp_path):
+    # act-toolcache may be the user's own act cache: an entry there is never overwritten, and
+    # what this run added goes afterwards, leaving the volume as it was
+    image = _toolcache(tmp_path / "image", {"Python/3.12.3/x64": "runner's venv", "node/24.0.0/x64": "node"})
+    volume = _toolcache(tmp_path / "volume", {"Python/3.12.3/x64": "the user's", "Python/3.11.9/x64": "3.11"})
+    (volume / "CodeQL").mkdir()
+    before = _tree(volume)
+    added = gha.seeded_lines(_bash(gha.SEED_SCRIPT, str(image), str(volume)))
+    assert added == ["dir node", "dir node/24.0.0", "entry node/24.0.0/x64"]
+    assert (volume / "Python/3.12.3/x64/python").read_text() == "the user's"
+    assert (volume / "node/24.0.0/x64/python").is_file() and (volume / "node/24.0.0/x64.complete").is_file()
+    _bash(gha.UNSEED_SCRIPT, str(volume), *added)
+    assert _tree(volume) == before
+
+
+def test_an_entry_present_without_its_marker_or_only_as_a_marker_is_kept(tmp_path):
+    image = _toolcache(tmp_path / "image", {"Python/3.12.3/x64": "runner's venv", "Python/3.12.3/arm64": "arm"})
+    volume = tmp_path / "volume"
+    (volume / "Python/3.12.3").mkdir(parents=True)
+    (volume / "Python/3.12.3/x64.complete").write_text("")
+    added = gha.seeded_lines(_bash(gha.SEED_SCRIPT, str(image), str(volume)))
+    assert added == ["entry Python/3.12.3/arm64"] and not (volume / "Python/3.12.3/x64").exists()
+    _bash(gha.UNSEED_SCRIPT, str(volume), *added)
+    assert _tree(volume) == {"Python": "/", "Python/3.12.3": "/", "Python/3.12.3/x64.complete": ""}
+
+
+def test_a_new_volume_gets_every_entry_and_unseeding_refuses_paths_outside_it(tmp_path):
+    image = _toolcache(tmp_path / "image", {"Python/3.12.3/x64": "runner's venv"})
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    added = gha.seeded_lines(_bash(gha.SEED_SCRIPT, str(image), str(volume)))
+    assert added == ["dir Python", "dir Python/3.12.3", "entry Python/3.12.3/x64"]
+    assert _tree(volume) == {**_tree(image)}
+    import subprocess
+
+    with pytest.raises(subprocess.CalledProcessError):
+        _bash(gha.UNSEED_SCRIPT, str(volume), "entry ../image")
+    assert _tree(image) != {}
+    _bash(gha.UNSEED_SCRIPT, str(volume), *added)
+    assert _tree(volume) == {}
+
+
+def test_the_free_disk_step_removes_nothing_under_act():
+    # under act /opt/hostedtoolcache is the act-toolcache volume, possibly the user's own, and
+    # the engine is the host's: the step's rm -rf and image prune must not run there
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "ci.yml").read_text())
+    (step,) = [s for s in workflow["jobs"]["matrix"]["steps"] if s.get("name") == "free disk space"]
+    assert "!env.ACT" in step["if"] and "matrix.session == 'integration'" in step["if"]
+    assert "/opt/hostedtoolcache/CodeQL" in step["run"]
