@@ -552,9 +552,15 @@ def unseed_toolcache(engine: Engine, image: str, added: Sequence[str]) -> None:
 # ---- running --------------------------------------------------------------------------------
 
 
-def leftovers(engine: Engine) -> list[str]:
-    """Names of act's job containers still present (act names them act-<workflow>-<job>-...)."""
-    return [c.name for c in engine.client.containers.list(all=True) if c.name.startswith("act-")]
+def act_containers(engine: Engine) -> dict[str, str]:
+    """act's job containers present now (act names them act-<workflow>-<job>-...): {id: name}."""
+    return {c.id: c.name for c in engine.client.containers.list(all=True) if c.name.startswith("act-")}
+
+
+def leftovers(engine: Engine, before: Mapping[str, str]) -> list[str]:
+    """Names of act's job containers still present that were not there before this run (an
+    earlier or another act run's, e.g. with --reuse, are not this run's to count)."""
+    return [name for cid, name in act_containers(engine).items() if cid not in before]
 
 
 @contextlib.contextmanager
@@ -652,6 +658,7 @@ def run(args: argparse.Namespace) -> int:
     scratch.mkdir(parents=True, exist_ok=True)
     had_volume = TOOLCACHE_VOLUME in {v.name for v in engine.client.volumes.list()}
     seeded: list[str] = []  # what this run added to act-toolcache
+    earlier = act_containers(engine)  # act containers of other runs: not this run's leftovers
     try:
         actions = {**unpack_actions(archives, scratch), **STAND_INS}
         for label in dict.fromkeys(r for j in jobs for r in j.runners):
@@ -677,7 +684,7 @@ def run(args: argparse.Namespace) -> int:
                     volume.remove()
         else:  # one made elsewhere (the user's act cache): only what this run added goes
             unseed_toolcache(engine, RUNNERS[jobs[0].runners[0]].tag, seeded)
-    left = leftovers(engine)
+    left = leftovers(engine, earlier)
     print(summary(outcomes))
     if left:
         print(f"act left containers behind: {', '.join(left)}")

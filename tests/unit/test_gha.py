@@ -549,3 +549,25 @@ def test_the_free_disk_step_removes_nothing_under_act():
     (step,) = [s for s in workflow["jobs"]["matrix"]["steps"] if s.get("name") == "free disk space"]
     assert "!env.ACT" in step["if"] and "matrix.session == 'integration'" in step["if"]
     assert "/opt/hostedtoolcache/CodeQL" in step["run"]
+
+
+class _Container:
+    def __init__(self, cid: str, name: str) -> None:
+        self.id, self.name = cid, name
+
+
+def _containers_engine(containers: list[_Container]):
+    listing = type("L", (), {"list": lambda self, all=False: list(containers)})()
+    return type("E", (), {"client": type("C", (), {"containers": listing})()})()
+
+
+def test_only_act_containers_that_appeared_during_the_run_are_leftovers():
+    present = [_Container("a1", "act-ci-lint-old"), _Container("x1", "torchbuild-1"), _Container("a2", "act-other")]
+    engine = _containers_engine(present)
+    before = gha.act_containers(engine)
+    assert before == {"a1": "act-ci-lint-old", "a2": "act-other"}
+    assert gha.leftovers(engine, before) == []  # another act run's (or --reuse) containers
+    present += [_Container("a3", "act-wheel-wheel-abc"), _Container("x2", "something-else")]
+    assert gha.leftovers(engine, before) == ["act-wheel-wheel-abc"]
+    present[0] = _Container("a4", "act-ci-lint-old")  # a new container under an old name is this run's
+    assert gha.leftovers(engine, before) == ["act-ci-lint-old", "act-wheel-wheel-abc"]
