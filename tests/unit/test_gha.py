@@ -571,3 +571,115 @@ def test_only_act_containers_that_appeared_during_the_run_are_leftovers():
     assert gha.leftovers(engine, before) == ["act-wheel-wheel-abc"]
     present[0] = _Container("a4", "act-ci-lint-old")  # a new container under an old name is this run's
     assert gha.leftovers(engine, before) == ["act-ci-lint-old", "act-wheel-wheel-abc"]
+
+
+def _docker_errors():
+    import docker.errors
+
+    return docker.errors
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (
+            lambda: _docker_errors().ImageNotFound("No such image: torchbuild-gha/runner:x"),
+            "error: Docker engine: ImageNotFound: No such image",
+        ),
+        (
+            lambda: _docker_errors().DockerException("Error while fetching server API version\nmore"),
+            "error: Docker engine: DockerException: Error while fetching",
+        ),
+        (
+            lambda: __import__("subprocess").CalledProcessError(2, ["dpkg-deb", "-x"]),
+            "error: CalledProcessError: Command '['dpkg-deb', '-x']' returned non-zero exit status 2.",
+        ),
+        (
+            lambda: FileNotFoundError(2, "No such file or directory", "debootstrap"),
+            "error: FileNotFoundError: [Errno 2] No such file or directory: 'debootstrap'",
+        ),
+    ],
+)
+def test_engine_and_command_failures_are_one_named_line_not_a_traceback(monkeypatch, capsys, error, said):
+    def fail(args):
+        raise error()
+
+    monkeypatch.setattr(gha, "run", fail)
+    assert gha.main(["lint"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(said) and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_missing_dpkg_deb_or_act_is_named(monkeypatch, tmp_path):
+    class _Resp(io.BytesIO):
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(gha.urllib.request, "urlopen", lambda url, timeout: _Resp(b"deb"))
+    monkeypatch.setattr(gha, "check_keyring", lambda data: None)
+
+    def missing(*a, **k):
+        raise FileNotFoundError(2, "No such file or directory", "dpkg-deb")
+
+    monkeypatch.setattr(gha.subprocess, "run", missing)
+    with pytest.raises(gha.GhaError, match="dpkg-deb is not installed"):
+        gha.ubuntu_keyring(tmp_path)
+    with pytest.raises(gha.GhaError, match=r"/nonexistent/act not found: install act"):
+        gha.run_act(["/nonexistent/act", "push"], keep=False)
+
+
+class _Volume:
+    name = gha.TOOLCACHE_VOLUME
+
+    def remove(self):
+        raise _docker_errors().APIError("409 Client Error: volume is in use")
+
+
+class _RunEngine:
+    """An engine for run(): no act-toolcache before the run, one after that cannot be removed."""
+
+    def __init__(self) -> None:
+        self.volumes_listed = 0
+        volumes = type("V", (), {"list": lambda _, filters=None: self._volumes()})()
+        containers = type("Cs", (), {"list": lambda _, all=False: []})()
+        self.client = type("C", (), {"volumes": volumes, "containers": containers})()
+
+    def _volumes(self):
+        self.volumes_listed += 1
+        return [] if self.volumes_listed == 1 else [_Volume()]
+
+
+def _fake_run(monkeypatch, run_job):
+    engine = _RunEngine()
+    monkeypatch.setattr(gha, "verified_archives", lambda d: {})
+    monkeypatch.setattr(gha.Engine, "connect", staticmethod(lambda: engine))
+    monkeypatch.setattr(gha, "ensure_runner", lambda *a: None)
+    monkeypatch.setattr(gha, "seed_toolcache", lambda *a: ["entry Python/3.12.3/x64"])
+    monkeypatch.setattr(gha, "run_job", run_job)
+
+
+def test_a_failed_cleanup_is_reported_without_hiding_the_summary(monkeypatch, capsys, tmp_path):
+    _fake_run(monkeypatch, lambda job, *a: gha.Outcome(job.name, 1.0, 0))
+    assert gha.main(["--scratch", str(tmp_path), "lint"]) == 1  # every job passed, the cleanup did not
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1].split() == ["lint", "1s", "success"]
+    assert err == "cleanup failed: removing the volume act-toolcache: APIError: 409 Client Error: volume is in use\n"
+
+
+def test_a_failed_cleanup_never_replaces_the_runs_own_error(monkeypatch, capsys, tmp_path):
+    def run_job(job, *a):
+        if job.name == "wheel":
+            raise gha.GhaError("the wheel job's own error")
+        return gha.Outcome(job.name, 2.0, 0)
+
+    _fake_run(monkeypatch, run_job)
+    monkeypatch.setattr(gha, "check_no_earlier_output", lambda job: None)
+    assert gha.main(["--scratch", str(tmp_path), "lint", "wheel"]) == 2
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1].split() == ["lint", "2s", "success"]  # the jobs that ended first
+    lines = err.splitlines()
+    assert lines[0].startswith("cleanup failed: removing the volume act-toolcache: APIError")
+    assert lines[1] == "error: the wheel job's own error" and len(lines) == 2
