@@ -655,7 +655,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--list", action="store_true", help="list the jobs and exit")
     p.add_argument("--verbose", action="store_true", help="act --verbose")
     p.add_argument("--dryrun", action="store_true", help="act --dryrun: each job's plan, nothing run, no disk samples")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    # act runs in the checkout (cwd ROOT) and docker reads a relative `-v x:x` as a named volume:
+    # relative paths are the caller's, so they are made absolute here
+    args.actions = args.actions.absolute()
+    args.scratch = args.scratch.absolute() if args.scratch is not None else None
+    if os.sep in args.act and not os.path.isabs(args.act):  # a path, not a name looked up in PATH
+        args.act = os.path.abspath(args.act)
+    return args
 
 
 def one_line(exc: BaseException) -> str:

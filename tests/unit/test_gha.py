@@ -683,3 +683,16 @@ def test_a_failed_cleanup_never_replaces_the_runs_own_error(monkeypatch, capsys,
     lines = err.splitlines()
     assert lines[0].startswith("cleanup failed: removing the volume act-toolcache: APIError")
     assert lines[1] == "error: the wheel job's own error" and len(lines) == 2
+
+
+def test_relative_paths_are_the_callers_made_absolute(monkeypatch, tmp_path):
+    # act runs in the checkout, not the caller's directory, and docker reads a relative
+    # `-v scratch/shared:scratch/shared` as a named volume
+    monkeypatch.chdir(tmp_path)
+    args = gha.parse_args(["--scratch", "s", "--actions", "../a", "--act", "bin/act", "lint"])
+    assert args.scratch == tmp_path / "s" and args.actions == tmp_path / ".." / "a"
+    assert args.act == str(tmp_path / "bin" / "act")
+    args = gha.parse_args(["--act", "act", "lint"])
+    assert args.act == "act" and args.scratch is None and args.actions.is_absolute()
+    monkeypatch.setenv("TORCHBUILD_GHA_ACTIONS", "rel/actions")
+    assert gha.parse_args(["lint"]).actions == tmp_path / "rel" / "actions"
