@@ -32,7 +32,7 @@ import docker.errors  # docker-py: torchbuild's Engine is built on it
 from torchbuild.core.arch import Arch
 from torchbuild.core.errors import TorchbuildError
 from torchbuild.core.process import run_streamed
-from torchbuild.inputs.baseimage import make_base_image
+from torchbuild.inputs.baseimage import BASE_REPO, base_tag, make_base_image
 from torchbuild.inputs.config import resolve
 from torchbuild.inputs.engine import Engine
 from torchbuild.inputs.source import sha256_file
@@ -448,6 +448,40 @@ def ensure_base(engine: Engine, runner: Runner, scratch: Path) -> None:
         )
 
 
+def profile_bases(job: Job) -> list[tuple[str, Arch]]:
+    """(suite, arch) of each torchbuild/base:<suite>-<arch> image a dispatch job's profile builds
+    from (base_image, sif_builder_base): torchbuild makes these by debootstrap, no registry has
+    them. A registry image the profile names is not this script's to make."""
+    inputs = dict(job.inputs)
+    if not inputs.get("profile"):
+        return []
+    profile = inputs["profile"]
+    spec = resolve(str(ROOT / profile) if profile.endswith((".yaml", ".yml")) else profile, arch=inputs.get("arch"))
+    arches = "|".join(re.escape(a.value) for a in Arch)
+    out = []
+    for ref in dict.fromkeys((spec.base_image, spec.sif_builder_base)):
+        m = re.fullmatch(rf"{re.escape(BASE_REPO)}:([a-z0-9]+)-({arches})", ref)
+        if m:
+            out.append((m[1], Arch(m[2])))
+    return out
+
+
+def ensure_job_bases(engine: Engine, job: Job, scratch: Path) -> None:
+    """The local base images the job's profile needs (the wheel job: trixie for the toolchain
+    image, sid for the apptainer-builder), made when missing by make_base_image as the
+    integration suite's fixtures make them (so either run's image serves the other)."""
+    for suite, arch in profile_bases(job):
+        tag = base_tag(suite, arch)
+        if engine.image_attrs(tag) is not None:
+            print(f"{tag}: present", flush=True)
+            continue
+        if suite == SUITE:  # noble: Ubuntu's keyring and debootstrap script, as for the runner
+            ensure_base(engine, next(r for r in RUNNERS.values() if r.arch == arch.value), scratch)
+            continue
+        print(f"{tag}: missing, made for the {job.name} job (debootstrap {suite})", flush=True)
+        make_base_image(engine, suite=suite, arch=arch, work_dir=scratch / "rootfs", ignore_valid_until=True)
+
+
 def runner_context(scratch: Path, ca_dir: Path = Path("/usr/local/share/ca-certificates")) -> Path:
     """The runner image's build context: its Dockerfile and certs/ (this host's local CAs)."""
     ctx = scratch / "runner-context"
@@ -706,6 +740,8 @@ def run(args: argparse.Namespace) -> int:
         for label in dict.fromkeys(r for j in jobs for r in j.runners):
             ensure_runner(engine, RUNNERS[label], scratch, args.cpu_shares)
             seeded += seed_toolcache(engine, RUNNERS[label])
+        for job in jobs:  # the images a job's profile starts from, before any job runs
+            ensure_job_bases(engine, job, scratch)
         sources = args.actions.parent / "sources"  # beside shared/actions: the release tarballs
         opts = ActOptions(
             act=args.act,

@@ -658,6 +658,7 @@ def _fake_run(monkeypatch, run_job):
     monkeypatch.setattr(gha.Engine, "connect", staticmethod(lambda: engine))
     monkeypatch.setattr(gha, "ensure_runner", lambda *a: None)
     monkeypatch.setattr(gha, "seed_toolcache", lambda *a: ["entry Python/3.12.3/x64"])
+    monkeypatch.setattr(gha, "ensure_job_bases", lambda *a: None)
     monkeypatch.setattr(gha, "run_job", run_job)
 
 
@@ -696,3 +697,31 @@ def test_relative_paths_are_the_callers_made_absolute(monkeypatch, tmp_path):
     assert args.act == "act" and args.scratch is None and args.actions.is_absolute()
     monkeypatch.setenv("TORCHBUILD_GHA_ACTIONS", "rel/actions")
     assert gha.parse_args(["lint"]).actions == tmp_path / "rel" / "actions"
+
+
+def test_the_wheel_jobs_local_bases_are_made_when_missing_before_any_job(monkeypatch, tmp_path, capsys):
+    # gha-cpu.yaml builds on torchbuild/base:trixie-x86_64 and its SIF on torchbuild/base:sid-x86_64;
+    # only the integration suite made them, and after the wheel job in the default order
+    from torchbuild.core.arch import Arch
+
+    wheel = gha.JOBS["wheel"]
+    assert gha.profile_bases(wheel) == [("trixie", Arch.X86_64), ("sid", Arch.X86_64)]
+    assert gha.profile_bases(gha.JOBS["lint"]) == [] and gha.profile_bases(gha.JOBS["integration"]) == []
+    made = []
+    monkeypatch.setattr(gha, "make_base_image", lambda engine, **kw: made.append(kw))
+    gha.ensure_job_bases(_Engine(present={"torchbuild/base:sid-x86_64"}), wheel, tmp_path)
+    assert made == [
+        {"suite": "trixie", "arch": Arch.X86_64, "work_dir": tmp_path / "rootfs", "ignore_valid_until": True}
+    ]
+    out = capsys.readouterr().out
+    assert "torchbuild/base:trixie-x86_64: missing, made for the wheel job" in out
+    assert "torchbuild/base:sid-x86_64: present" in out
+
+
+def test_run_makes_the_jobs_bases_before_the_first_job(monkeypatch, tmp_path):
+    calls = []
+    _fake_run(monkeypatch, lambda job, *a: calls.append(f"run {job.name}") or gha.Outcome(job.name, 1.0, 0))
+    monkeypatch.setattr(gha, "ensure_job_bases", lambda engine, job, scratch: calls.append(f"bases {job.name}"))
+    monkeypatch.setattr(gha, "check_no_earlier_output", lambda job: None)
+    gha.main(["--scratch", str(tmp_path), "lint", "wheel"])
+    assert calls == ["bases lint", "bases wheel", "run lint", "run wheel"]
