@@ -604,6 +604,40 @@ def leftovers(engine: Engine, before: Mapping[str, str]) -> list[str]:
     return [name for cid, name in act_containers(engine).items() if cid not in before]
 
 
+# the containers torchbuild's Engine.run starts: named torchbuild-<12 hex>, labelled so
+TORCHBUILD_CONTAINER = re.compile(r"torchbuild-[0-9a-f]{12}")
+RUN_LABEL = "org.torchbuild.run=1"
+
+
+def torchbuild_containers(engine: Engine) -> dict[str, tuple[str, int]]:
+    """The containers torchbuild's Engine.run started that are present now: {id: (name, created
+    as epoch seconds)}."""
+    found = {}
+    for c in engine.client.api.containers(all=True, filters={"label": RUN_LABEL}):
+        name = (c.get("Names") or ["/"])[0].lstrip("/")
+        if TORCHBUILD_CONTAINER.fullmatch(name):
+            found[c["Id"]] = (name, int(c.get("Created", 0)))
+    return found
+
+
+def remove_job_containers(engine: Engine, before: Mapping[str, object], since: float) -> list[str]:
+    """After a job that drove the host's engine ended by Ctrl-C or failure: act force-removed the
+    job container, so torchbuild inside it never removed the containers it had started on the
+    host's engine (its builds, its SIF's). Those are removed: torchbuild's own (name and label),
+    created since the job started and not present before it. Returns their names. (A torchbuild
+    run of someone else's started on the same engine during the job would match too.)"""
+    gone = []
+    for cid, (name, created) in torchbuild_containers(engine).items():
+        if cid in before or created < int(since):
+            continue
+        with contextlib.suppress(docker.errors.NotFound):
+            engine.client.api.remove_container(cid, force=True)
+        gone.append(name)
+    if gone:
+        print(f"removed what torchbuild left running on the engine: {', '.join(gone)}", flush=True)
+    return gone
+
+
 @contextlib.contextmanager
 def base_tagged(engine: Engine, job: Job) -> Iterator[None]:
     """The job's registry base (ubuntu:24.04) as a tag of a local image for the run, when the
@@ -637,14 +671,22 @@ def run_job(job: Job, actions: Mapping[str, Path], scratch: Path, opts: ActOptio
     for m in job.mounts:  # the engine would make a missing one, root-owned, on the host
         Path(m).mkdir(parents=True, exist_ok=True)
     print(f"== {job.name}: {' '.join(argv)}", flush=True)
+    # torchbuild's containers on the host's engine before the job (a job that drives it)
+    before = torchbuild_containers(engine) if job.docker and not opts.dryrun else None
     sampler = Sampler(engine.client).start() if job.disk and not opts.dryrun else None
-    start = time.monotonic()
+    start, started = time.monotonic(), time.time()
+    returncode = None
     try:
         with contextlib.nullcontext() if opts.dryrun else base_tagged(engine, job):
             returncode, lines = run_act(argv, keep=bool(job.edge))
     finally:
         if sampler is not None:
             print("\n".join(sampler.stop()), flush=True)
+        if before is not None and returncode != 0:  # Ctrl-C, an error, or the job failed
+            attempt(
+                f"removing the containers the {job.name} job left",
+                lambda: remove_job_containers(engine, before, started),
+            )
     seconds = time.monotonic() - start
     if not job.edge or opts.dryrun:
         return Outcome(job.name, seconds, returncode)

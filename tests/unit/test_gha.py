@@ -725,3 +725,75 @@ def test_run_makes_the_jobs_bases_before_the_first_job(monkeypatch, tmp_path):
     monkeypatch.setattr(gha, "check_no_earlier_output", lambda job: None)
     gha.main(["--scratch", str(tmp_path), "lint", "wheel"])
     assert calls == ["bases lint", "bases wheel", "run lint", "run wheel"]
+
+
+class _Api:
+    """docker-py's low-level API as far as the job-container cleanup uses it."""
+
+    def __init__(self, containers: list[dict]) -> None:
+        self.listed, self.removed = containers, []
+
+    def containers(self, all=False, filters=None):
+        assert all and filters == {"label": "org.torchbuild.run=1"}
+        return [c for c in self.listed if c.get("Labels", {}).get("org.torchbuild.run") == "1"]
+
+    def remove_container(self, cid, force=False):
+        assert force
+        self.removed.append(cid)
+
+
+def _c(cid: str, name: str, created: int, label: bool = True) -> dict:
+    return {
+        "Id": cid,
+        "Names": [f"/{name}"],
+        "Created": created,
+        "Labels": {"org.torchbuild.run": "1"} if label else {},
+    }
+
+
+def test_only_torchbuild_containers_new_since_the_job_started_are_removed_after_it(capsys):
+    # act force-removes the job container on Ctrl-C: torchbuild inside never removes the build
+    # and SIF containers it started on the host's engine
+    api = _Api([_c("old", "torchbuild-0123456789ab", 900)])
+    engine = type("E", (), {"client": type("C", (), {"api": api})()})()
+    before = gha.torchbuild_containers(engine)
+    api.listed += [
+        _c("new", "torchbuild-aaaaaaaaaaaa", 1001),  # the job's: removed
+        _c("early", "torchbuild-bbbbbbbbbbbb", 990),  # created before the job started
+        _c("user", "my-torchbuild-cccccccccccc", 1002),  # not a name torchbuild gives
+        _c("nolabel", "torchbuild-dddddddddddd", 1003, label=False),  # not labelled by torchbuild
+        _c("act", "act-wheel-wheel-1", 1004),
+    ]
+    assert gha.remove_job_containers(engine, before, 1000.5) == ["torchbuild-aaaaaaaaaaaa"]
+    assert api.removed == ["new"]
+    assert "torchbuild-aaaaaaaaaaaa" in capsys.readouterr().out
+
+
+def test_the_cleanup_runs_after_a_failed_or_interrupted_job_that_drove_the_engine_only(monkeypatch, tmp_path):
+    swept = []
+    monkeypatch.setattr(gha, "torchbuild_containers", lambda engine: {})
+    monkeypatch.setattr(gha, "remove_job_containers", lambda engine, before, since: swept.append(since))
+    opts = gha.ActOptions(act="act")
+    engine = _Engine(present=set())
+    for job, result, expect in [
+        ("wheel", 0, 0),
+        ("wheel", 1, 1),
+        ("lint", 1, 0),  # drives no engine
+        ("wheel", KeyboardInterrupt(), 1),
+    ]:
+        swept.clear()
+
+        def act(argv, keep, result=result):
+            if isinstance(result, BaseException):
+                raise result
+            return result, []
+
+        monkeypatch.setattr(gha, "run_act", act)
+        monkeypatch.setattr(gha, "ROOT", tmp_path)
+        (tmp_path / "tests" / "fixtures" / "minitorch").mkdir(parents=True, exist_ok=True)
+        if isinstance(result, BaseException):
+            with pytest.raises(KeyboardInterrupt):
+                gha.run_job(gha.JOBS[job], {}, tmp_path, opts, engine)
+        else:
+            gha.run_job(gha.JOBS[job], {}, tmp_path, opts, engine)
+        assert len(swept) == expect, (job, result)
