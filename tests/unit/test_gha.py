@@ -408,3 +408,392 @@ def test_act_output_is_passed_through_and_kept_only_for_an_edge_job(capsys):
     assert gha.run_act(argv, keep=True) == (3, ["[ci/x]   ✅  Success - Main a", "oops"])
     assert gha.run_act(argv, keep=False) == (3, [])
     assert capsys.readouterr().out.count("oops") == 2
+
+
+def _run_scripts(doc: object) -> list[str]:
+    """Every `run:` script in a workflow or action file (steps at any depth)."""
+    if isinstance(doc, dict):
+        own = [doc["run"]] if isinstance(doc.get("run"), str) else []
+        return own + [s for v in doc.values() for s in _run_scripts(v)]
+    if isinstance(doc, list):
+        return [s for v in doc for s in _run_scripts(v)]
+    return []
+
+
+def test_no_expression_is_interpolated_into_a_run_script():
+    # wheel.yml's profile is a free-text workflow_dispatch input: `"${{ inputs.profile }}"` in a
+    # script runs whatever it holds; inputs and matrix values reach the scripts through env
+    files = [
+        *sorted((ROOT / ".github" / "workflows").glob("*.yml")),
+        ROOT / ".ci" / "gha" / "upload-artifact" / "action.yml",
+    ]
+    scripts = [(f.name, s) for f in files for s in _run_scripts(yaml.safe_load(f.read_text()))]
+    assert len(scripts) > 5
+    assert [(name, s) for name, s in scripts if "${{" in s] == []
+    wheel = yaml.safe_load((ROOT / ".github" / "workflows" / "wheel.yml").read_text())["jobs"]["wheel"]
+    assert wheel["env"]["PROFILE"] == "${{ inputs.profile }}" and wheel["env"]["ARCH"] == "${{ inputs.arch }}"
+    assert sum('--profile "$PROFILE" --arch "$ARCH"' in s for s in _run_scripts(wheel)) == 3
+
+
+class _BuildEngine:
+    """An engine that has only the images named, and records the labels of each build."""
+
+    def __init__(self, present: dict[str, str]) -> None:
+        self.present, self.built = present, {}
+
+    def image_attrs(self, ref: str):
+        return {"Id": self.present[ref]} if ref in self.present else None
+
+    def build(self, ctx, *, tag, labels, **_):
+        self.built[tag] = dict(labels)
+        return "sha256:new"
+
+
+def test_ci_run_prunes_only_the_dangling_images_torchbuild_makes(monkeypatch, tmp_path):
+    # under act .ci/run drives the host's engine: an unfiltered `docker image prune -f` removed
+    # every dangling image there. Each filter must match an image kind torchbuild builds
+    # (toolchain, apptainer-builder, debootstrapped base), and every kind one filter.
+    from torchbuild.core.arch import Arch
+    from torchbuild.inputs import baseimage, config, image, sif
+
+    script = (ROOT / ".ci" / "run").read_text()
+    prunes = [line for line in script.splitlines() if "docker image prune" in line]
+    assert prunes and all('--filter "label=$label"' in line for line in prunes), prunes
+    (loop,) = re.findall(r"^for label in (.+); do$", script, re.M)
+    filters = loop.split()
+
+    spec = config.resolve("cpu", arch="x86_64")
+    kinds = {"toolchain": image.labels(spec, "digest", "sha256:base")}
+    engine = _BuildEngine({spec.sif_builder_base: "sha256:sid"})
+    monkeypatch.setattr(sif, "cache_dir", lambda _spec: tmp_path / "cache")
+    kinds["apptainer-builder"] = engine.built[sif.ensure_builder(spec, engine, out=io.StringIO())]
+    monkeypatch.setattr(baseimage, "_preflight", lambda arch: "debootstrap")
+    monkeypatch.setattr(baseimage, "_debootstrap", lambda *a: (a[3] / "etc").mkdir(parents=True))
+    monkeypatch.setattr(baseimage, "check_platform", lambda *a: None)
+    tag, made = baseimage.make_base_image(
+        engine, suite="trixie", arch=Arch("x86_64"), work_dir=tmp_path / "w", out=io.StringIO()
+    )
+    assert made
+    kinds["base"] = engine.built[tag]
+    for kind, labels in kinds.items():
+        assert any(f in labels for f in filters), (kind, sorted(labels))
+    assert all(f.startswith("org.torchbuild.") for f in filters)
+
+
+def _toolcache(root: Path, entries: dict[str, str]) -> Path:
+    """A tool cache: each <tool>/<version>/<arch> entry holding one file, with its .complete."""
+    for entry, text in entries.items():
+        (root / entry).mkdir(parents=True)
+        (root / entry / "python").write_text(text)
+        (root / f"{entry}.complete").write_text("")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text() if p.is_file() else "/" for p in sorted(root.rglob("*"))}
+
+
+def _bash(script: str, *args: str) -> str:
+    import subprocess
+
+    return subprocess.run(["bash", "-c", script, "x", *args], check=True, capture_output=True, text=True).stdout
+
+
+def test_seeding_a_volume_made_elsewhere_keeps_its_entries_and_undoes_only_its_own(tmp_path):
+    # act-toolcache may be the user's own act cache: an entry there is never overwritten, and
+    # what this run added goes afterwards, leaving the volume as it was
+    image = _toolcache(tmp_path / "image", {"Python/3.12.3/x64": "runner's venv", "node/24.0.0/x64": "node"})
+    volume = _toolcache(tmp_path / "volume", {"Python/3.12.3/x64": "the user's", "Python/3.11.9/x64": "3.11"})
+    (volume / "CodeQL").mkdir()
+    before = _tree(volume)
+    added = gha.seeded_lines(_bash(gha.SEED_SCRIPT, str(image), str(volume)))
+    assert added == ["dir node", "dir node/24.0.0", "entry node/24.0.0/x64"]
+    assert (volume / "Python/3.12.3/x64/python").read_text() == "the user's"
+    assert (volume / "node/24.0.0/x64/python").is_file() and (volume / "node/24.0.0/x64.complete").is_file()
+    _bash(gha.UNSEED_SCRIPT, str(volume), *added)
+    assert _tree(volume) == before
+
+
+def test_an_entry_present_without_its_marker_or_only_as_a_marker_is_kept(tmp_path):
+    image = _toolcache(tmp_path / "image", {"Python/3.12.3/x64": "runner's venv", "Python/3.12.3/arm64": "arm"})
+    volume = tmp_path / "volume"
+    (volume / "Python/3.12.3").mkdir(parents=True)
+    (volume / "Python/3.12.3/x64.complete").write_text("")
+    added = gha.seeded_lines(_bash(gha.SEED_SCRIPT, str(image), str(volume)))
+    assert added == ["entry Python/3.12.3/arm64"] and not (volume / "Python/3.12.3/x64").exists()
+    _bash(gha.UNSEED_SCRIPT, str(volume), *added)
+    assert _tree(volume) == {"Python": "/", "Python/3.12.3": "/", "Python/3.12.3/x64.complete": ""}
+
+
+def test_a_new_volume_gets_every_entry_and_unseeding_refuses_paths_outside_it(tmp_path):
+    image = _toolcache(tmp_path / "image", {"Python/3.12.3/x64": "runner's venv"})
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    added = gha.seeded_lines(_bash(gha.SEED_SCRIPT, str(image), str(volume)))
+    assert added == ["dir Python", "dir Python/3.12.3", "entry Python/3.12.3/x64"]
+    assert _tree(volume) == {**_tree(image)}
+    import subprocess
+
+    with pytest.raises(subprocess.CalledProcessError):
+        _bash(gha.UNSEED_SCRIPT, str(volume), "entry ../image")
+    assert _tree(image) != {}
+    _bash(gha.UNSEED_SCRIPT, str(volume), *added)
+    assert _tree(volume) == {}
+
+
+def test_the_free_disk_step_removes_nothing_under_act():
+    # under act /opt/hostedtoolcache is the act-toolcache volume, possibly the user's own, and
+    # the engine is the host's: the step's rm -rf and image prune must not run there
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "ci.yml").read_text())
+    (step,) = [s for s in workflow["jobs"]["matrix"]["steps"] if s.get("name") == "free disk space"]
+    assert "!env.ACT" in step["if"] and "matrix.session == 'integration'" in step["if"]
+    assert "/opt/hostedtoolcache/CodeQL" in step["run"]
+
+
+class _Container:
+    def __init__(self, cid: str, name: str) -> None:
+        self.id, self.name = cid, name
+
+
+def _containers_engine(containers: list[_Container]):
+    listing = type("L", (), {"list": lambda self, all=False: list(containers)})()
+    return type("E", (), {"client": type("C", (), {"containers": listing})()})()
+
+
+def test_only_act_containers_that_appeared_during_the_run_are_leftovers():
+    present = [_Container("a1", "act-ci-lint-old"), _Container("x1", "torchbuild-1"), _Container("a2", "act-other")]
+    engine = _containers_engine(present)
+    before = gha.act_containers(engine)
+    assert before == {"a1": "act-ci-lint-old", "a2": "act-other"}
+    assert gha.leftovers(engine, before) == []  # another act run's (or --reuse) containers
+    present += [_Container("a3", "act-wheel-wheel-abc"), _Container("x2", "something-else")]
+    assert gha.leftovers(engine, before) == ["act-wheel-wheel-abc"]
+    present[0] = _Container("a4", "act-ci-lint-old")  # a new container under an old name is this run's
+    assert gha.leftovers(engine, before) == ["act-ci-lint-old", "act-wheel-wheel-abc"]
+
+
+def _docker_errors():
+    import docker.errors
+
+    return docker.errors
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (
+            lambda: _docker_errors().ImageNotFound("No such image: torchbuild-gha/runner:x"),
+            "error: Docker engine: ImageNotFound: No such image",
+        ),
+        (
+            lambda: _docker_errors().DockerException("Error while fetching server API version\nmore"),
+            "error: Docker engine: DockerException: Error while fetching",
+        ),
+        (
+            lambda: __import__("subprocess").CalledProcessError(2, ["dpkg-deb", "-x"]),
+            "error: CalledProcessError: Command '['dpkg-deb', '-x']' returned non-zero exit status 2.",
+        ),
+        (
+            lambda: FileNotFoundError(2, "No such file or directory", "debootstrap"),
+            "error: FileNotFoundError: [Errno 2] No such file or directory: 'debootstrap'",
+        ),
+    ],
+)
+def test_engine_and_command_failures_are_one_named_line_not_a_traceback(monkeypatch, capsys, error, said):
+    def fail(args):
+        raise error()
+
+    monkeypatch.setattr(gha, "run", fail)
+    assert gha.main(["lint"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(said) and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_missing_dpkg_deb_or_act_is_named(monkeypatch, tmp_path):
+    class _Resp(io.BytesIO):
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(gha.urllib.request, "urlopen", lambda url, timeout: _Resp(b"deb"))
+    monkeypatch.setattr(gha, "check_keyring", lambda data: None)
+
+    def missing(*a, **k):
+        raise FileNotFoundError(2, "No such file or directory", "dpkg-deb")
+
+    monkeypatch.setattr(gha.subprocess, "run", missing)
+    with pytest.raises(gha.GhaError, match="dpkg-deb is not installed"):
+        gha.ubuntu_keyring(tmp_path)
+    with pytest.raises(gha.GhaError, match=r"/nonexistent/act not found: install act"):
+        gha.run_act(["/nonexistent/act", "push"], keep=False)
+
+
+class _Volume:
+    name = gha.TOOLCACHE_VOLUME
+
+    def remove(self):
+        raise _docker_errors().APIError("409 Client Error: volume is in use")
+
+
+class _RunEngine:
+    """An engine for run(): no act-toolcache before the run, one after that cannot be removed."""
+
+    def __init__(self) -> None:
+        self.volumes_listed = 0
+        volumes = type("V", (), {"list": lambda _, filters=None: self._volumes()})()
+        containers = type("Cs", (), {"list": lambda _, all=False: []})()
+        self.client = type("C", (), {"volumes": volumes, "containers": containers})()
+
+    def _volumes(self):
+        self.volumes_listed += 1
+        return [] if self.volumes_listed == 1 else [_Volume()]
+
+
+def _fake_run(monkeypatch, run_job):
+    engine = _RunEngine()
+    monkeypatch.setattr(gha, "verified_archives", lambda d: {})
+    monkeypatch.setattr(gha.Engine, "connect", staticmethod(lambda: engine))
+    monkeypatch.setattr(gha, "ensure_runner", lambda *a: None)
+    monkeypatch.setattr(gha, "seed_toolcache", lambda *a: ["entry Python/3.12.3/x64"])
+    monkeypatch.setattr(gha, "ensure_job_bases", lambda *a: None)
+    monkeypatch.setattr(gha, "run_job", run_job)
+
+
+def test_a_failed_cleanup_is_reported_without_hiding_the_summary(monkeypatch, capsys, tmp_path):
+    _fake_run(monkeypatch, lambda job, *a: gha.Outcome(job.name, 1.0, 0))
+    assert gha.main(["--scratch", str(tmp_path), "lint"]) == 1  # every job passed, the cleanup did not
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1].split() == ["lint", "1s", "success"]
+    assert err == "cleanup failed: removing the volume act-toolcache: APIError: 409 Client Error: volume is in use\n"
+
+
+def test_a_failed_cleanup_never_replaces_the_runs_own_error(monkeypatch, capsys, tmp_path):
+    def run_job(job, *a):
+        if job.name == "wheel":
+            raise gha.GhaError("the wheel job's own error")
+        return gha.Outcome(job.name, 2.0, 0)
+
+    _fake_run(monkeypatch, run_job)
+    monkeypatch.setattr(gha, "check_no_earlier_output", lambda job: None)
+    assert gha.main(["--scratch", str(tmp_path), "lint", "wheel"]) == 2
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1].split() == ["lint", "2s", "success"]  # the jobs that ended first
+    lines = err.splitlines()
+    assert lines[0].startswith("cleanup failed: removing the volume act-toolcache: APIError")
+    assert lines[1] == "error: the wheel job's own error" and len(lines) == 2
+
+
+def test_relative_paths_are_the_callers_made_absolute(monkeypatch, tmp_path):
+    # act runs in the checkout, not the caller's directory, and docker reads a relative
+    # `-v scratch/shared:scratch/shared` as a named volume
+    monkeypatch.chdir(tmp_path)
+    args = gha.parse_args(["--scratch", "s", "--actions", "../a", "--act", "bin/act", "lint"])
+    assert args.scratch == tmp_path / "s" and args.actions == tmp_path / ".." / "a"
+    assert args.act == str(tmp_path / "bin" / "act")
+    args = gha.parse_args(["--act", "act", "lint"])
+    assert args.act == "act" and args.scratch is None and args.actions.is_absolute()
+    monkeypatch.setenv("TORCHBUILD_GHA_ACTIONS", "rel/actions")
+    assert gha.parse_args(["lint"]).actions == tmp_path / "rel" / "actions"
+
+
+def test_the_wheel_jobs_local_bases_are_made_when_missing_before_any_job(monkeypatch, tmp_path, capsys):
+    # gha-cpu.yaml builds on torchbuild/base:trixie-x86_64 and its SIF on torchbuild/base:sid-x86_64;
+    # only the integration suite made them, and after the wheel job in the default order
+    from torchbuild.core.arch import Arch
+
+    wheel = gha.JOBS["wheel"]
+    assert gha.profile_bases(wheel) == [("trixie", Arch.X86_64), ("sid", Arch.X86_64)]
+    assert gha.profile_bases(gha.JOBS["lint"]) == [] and gha.profile_bases(gha.JOBS["integration"]) == []
+    made = []
+    monkeypatch.setattr(gha, "make_base_image", lambda engine, **kw: made.append(kw))
+    gha.ensure_job_bases(_Engine(present={"torchbuild/base:sid-x86_64"}), wheel, tmp_path)
+    assert made == [
+        {"suite": "trixie", "arch": Arch.X86_64, "work_dir": tmp_path / "rootfs", "ignore_valid_until": True}
+    ]
+    out = capsys.readouterr().out
+    assert "torchbuild/base:trixie-x86_64: missing, made for the wheel job" in out
+    assert "torchbuild/base:sid-x86_64: present" in out
+
+
+def test_run_makes_the_jobs_bases_before_the_first_job(monkeypatch, tmp_path):
+    calls = []
+    _fake_run(monkeypatch, lambda job, *a: calls.append(f"run {job.name}") or gha.Outcome(job.name, 1.0, 0))
+    monkeypatch.setattr(gha, "ensure_job_bases", lambda engine, job, scratch: calls.append(f"bases {job.name}"))
+    monkeypatch.setattr(gha, "check_no_earlier_output", lambda job: None)
+    gha.main(["--scratch", str(tmp_path), "lint", "wheel"])
+    assert calls == ["bases lint", "bases wheel", "run lint", "run wheel"]
+
+
+class _Api:
+    """docker-py's low-level API as far as the job-container cleanup uses it."""
+
+    def __init__(self, containers: list[dict]) -> None:
+        self.listed, self.removed = containers, []
+
+    def containers(self, all=False, filters=None):
+        assert all and filters == {"label": "org.torchbuild.run=1"}
+        return [c for c in self.listed if c.get("Labels", {}).get("org.torchbuild.run") == "1"]
+
+    def remove_container(self, cid, force=False):
+        assert force
+        self.removed.append(cid)
+
+
+def _c(cid: str, name: str, created: int, label: bool = True) -> dict:
+    return {
+        "Id": cid,
+        "Names": [f"/{name}"],
+        "Created": created,
+        "Labels": {"org.torchbuild.run": "1"} if label else {},
+    }
+
+
+def test_only_torchbuild_containers_new_since_the_job_started_are_removed_after_it(capsys):
+    # act force-removes the job container on Ctrl-C: torchbuild inside never removes the build
+    # and SIF containers it started on the host's engine
+    api = _Api([_c("old", "torchbuild-0123456789ab", 900)])
+    engine = type("E", (), {"client": type("C", (), {"api": api})()})()
+    before = gha.torchbuild_containers(engine)
+    api.listed += [
+        _c("new", "torchbuild-aaaaaaaaaaaa", 1001),  # the job's: removed
+        _c("early", "torchbuild-bbbbbbbbbbbb", 990),  # created before the job started
+        _c("user", "my-torchbuild-cccccccccccc", 1002),  # not a name torchbuild gives
+        _c("nolabel", "torchbuild-dddddddddddd", 1003, label=False),  # not labelled by torchbuild
+        _c("act", "act-wheel-wheel-1", 1004),
+    ]
+    assert gha.remove_job_containers(engine, before, 1000.5) == ["torchbuild-aaaaaaaaaaaa"]
+    assert api.removed == ["new"]
+    assert "torchbuild-aaaaaaaaaaaa" in capsys.readouterr().out
+
+
+def test_the_cleanup_runs_after_a_failed_or_interrupted_job_that_drove_the_engine_only(monkeypatch, tmp_path):
+    swept = []
+    monkeypatch.setattr(gha, "torchbuild_containers", lambda engine: {})
+    monkeypatch.setattr(gha, "remove_job_containers", lambda engine, before, since: swept.append(since))
+    opts = gha.ActOptions(act="act")
+    engine = _Engine(present=set())
+    for job, result, expect in [
+        ("wheel", 0, 0),
+        ("wheel", 1, 1),
+        ("lint", 1, 0),  # drives no engine
+        ("wheel", KeyboardInterrupt(), 1),
+    ]:
+        swept.clear()
+
+        def act(argv, keep, result=result):
+            if isinstance(result, BaseException):
+                raise result
+            return result, []
+
+        monkeypatch.setattr(gha, "run_act", act)
+        monkeypatch.setattr(gha, "ROOT", tmp_path)
+        (tmp_path / "tests" / "fixtures" / "minitorch").mkdir(parents=True, exist_ok=True)
+        if isinstance(result, BaseException):
+            with pytest.raises(KeyboardInterrupt):
+                gha.run_job(gha.JOBS[job], {}, tmp_path, opts, engine)
+        else:
+            gha.run_job(gha.JOBS[job], {}, tmp_path, opts, engine)
+        assert len(swept) == expect, (job, result)
