@@ -134,8 +134,8 @@ def test_slurm_job_starts_one_daemon_per_other_node_allowed_only_the_allocation_
     assert not Path(seen["DISTCC_DIR"]).exists()  # removed with the daemons
     (pid, args), *more = _daemons(stand_ins, "srun").items()
     assert not more  # one srun step starts them all
-    assert args[:6] == ["--overlap", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=node2,node3",
-                        "--cpus-per-task=6"]  # fmt: skip
+    assert args[:7] == ["--overlap", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=node2,node3",
+                        "--export=ALL", "--cpus-per-task=6"]  # fmt: skip
     allowed = [args[i + 1] for i, a in enumerate(args) if a == "--allow"]
     assert allowed == ["10.9.0.1/32", "10.9.0.2/32", "10.9.0.3/32"]  # the allocation's nodes, no other
     assert _daemon_argv(args)[:3] == ["timeout", "--kill-after=30", "3600"]  # bounded by the walltime
@@ -155,6 +155,17 @@ def test_srun_steps_ask_for_the_job_cpus_per_task_again(tmp_path, stand_ins):
     assert subprocess.run(["bash", str(script)], env=env, timeout=60, check=False).returncode == 0
     [args] = _daemons(stand_ins, "srun").values()
     assert "--cpus-per-task=16" in args[: args.index("timeout")]
+
+
+def test_srun_steps_get_the_script_environment_under_export_none(tmp_path, stand_ins):
+    """sbatch --export=NONE (export_env false) leaves SLURM_EXPORT_ENV=NONE in the job, which
+    srun takes as its own --export: the step must ask for the script's environment (PATH, the
+    module loads) itself."""
+    script = _script(tmp_path, "slurm", 2, _after_daemons(stand_ins, 1, "true"))
+    env = {**os.environ, "SLURM_JOB_NODELIST": "node1,node2", "SLURM_JOB_ID": "13", "SLURM_EXPORT_ENV": "NONE"}
+    assert subprocess.run(["bash", str(script)], env=env, timeout=60, check=False).returncode == 0
+    [args] = _daemons(stand_ins, "srun").values()
+    assert "--export=ALL" in args[: args.index("timeout")]
 
 
 def test_the_job_says_how_many_units_the_other_nodes_compiled(tmp_path, stand_ins):

@@ -119,8 +119,11 @@ def _start_lines(scheduler: str, walltime_s: int, daemon: Sequence[str], slots: 
     rest = f'{_words(args)} --port "$tb_port" "${{tb_allow[@]}}"'
     if scheduler == "slurm":
         # -c: srun does not pass the job's --cpus-per-task on to a step (Slurm 22.05 to 23.02), and
-        # with ConstrainCores each daemon's compiles would share one core
+        # with ConstrainCores each daemon's compiles would share one core; --export=ALL: under
+        # sbatch --export=NONE (export_env false) the job has SLURM_EXPORT_ENV=NONE, which srun
+        # takes as its own --export, and the step would lack the script's PATH and module loads
         steps = '--nodes="${#tb_nodes[@]}" --ntasks="${#tb_nodes[@]}" --ntasks-per-node=1 --nodelist="$tb_list"'
+        steps += " --export=ALL"
         return [
             'if [ "${#tb_nodes[@]}" -gt 0 ]; then',
             '  tb_list=$(IFS=,; echo "${tb_nodes[*]}")',
