@@ -64,7 +64,14 @@ def _script(tmp_path: Path, scheduler: str, nodes: int, command: tuple[str, ...]
     out = tmp_path / "out"
     (out / "logs").mkdir(parents=True, exist_ok=True)
     lines = spread_lines(
-        scheduler, nodes, slots=4, walltime_s=3600, sif=sif, log_dir=str(out / "logs"), id_variable=sched.id_variable
+        scheduler,
+        nodes,
+        local_slots=4,
+        remote_slots=4,
+        walltime_s=3600,
+        sif=sif,
+        log_dir=str(out / "logs"),
+        id_variable=sched.id_variable,
     )
     job = Job("torchbuild-spread-test", command, tmp_path, out, spec, "", spread=tuple(lines))
     script = tmp_path / f"job-{scheduler}.sh"
@@ -333,15 +340,31 @@ def test_slots_follow_cores_unless_memory_allows_fewer():
     assert slots_per_node(_spec("cpus=16", "mem_per_job_gb=2"), 64 * 1024) == 16
     assert slots_per_node(_spec("cpus=16", "mem_per_job_gb=4"), 32 * 1024) == 8
     assert slots_per_node(_spec("cpus=16"), 0) == 16  # no memory asked for: the cores
-    assert spread_jobs(4, 8) == 32
+    assert spread_jobs(4, 8, 8) == 32
+    assert spread_jobs(3, 2, 8) == 18  # the build's node's own slots, then each other's
 
 
-def _dry(tmp_path: Path, nodes: int, *sets: str, jobs: int = 0, runtime: Runtime | None = None) -> str:
+def test_a_cuda_spread_sizes_the_build_node_for_nvcc_and_the_others_for_cxx(tmp_path):
+    """nvcc's .cu units never leave the build's node: 64 cores, 256 GiB, CUDA peak 5 GiB gives
+    it 51 slots (as the one-node plan), not 64 (320 GiB); the other node keeps 64 at 1.5 GiB."""
+    spec = _spec("cpus=64", "mem=256G", "mem_per_job_gb=1.5", "mem_per_cuda_job_gb=5", profile="cuda")
+    assert slots_per_node(spec, 256 * 1024, local=True) == 51
+    assert slots_per_node(spec, 256 * 1024) == 64
+    cpu = _spec("cpus=64", "mem=256G", "mem_per_job_gb=1.5", "mem_per_cuda_job_gb=5")
+    assert slots_per_node(cpu, 256 * 1024, local=True) == 64  # no nvcc: the C++ peak everywhere
+    script = _dry(tmp_path, 2, "scheduler=slurm", "cpus=64", "mem=256G", "mem_per_cuda_job_gb=5", profile="cuda")
+    assert "--jobs 115" in script  # 51 here + 64 on the other node
+    assert 'DISTCC_HOSTS="localhost/51 ' in script and "/64,lzo" in script and "--jobs 64 --log-stderr" in script
+
+
+def _dry(
+    tmp_path: Path, nodes: int, *sets: str, jobs: int = 0, runtime: Runtime | None = None, profile: str = "cpu"
+) -> str:
     src = tmp_path / "src"
     src.mkdir(exist_ok=True)
     out = io.StringIO()
     submit_build(
-        _spec(*sets), runtime or Runtime("native"), source=str(src), ref="", out_dir=str(tmp_path / "out"),
+        _spec(*sets, profile=profile), runtime or Runtime("native"), source=str(src), ref="", out_dir=str(tmp_path / "out"),
         options=BuildOptions(jobs=jobs), verify=True, dry_run=True, nodes=nodes, out=out,
     )  # fmt: skip
     text = out.getvalue().split("# dry run:", 1)[0]

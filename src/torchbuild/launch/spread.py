@@ -62,17 +62,22 @@ def hosts_command(scheduler: str) -> str:
     return "awk '!seen[$0]++' \"$PBS_NODEFILE\""  # PBS lists a node once per rank: unique, in order
 
 
-def slots_per_node(spec: BuildSpec, mem_mb: float) -> int:
+def slots_per_node(spec: BuildSpec, mem_mb: float, *, local: bool = False) -> int:
     """Compiles one node runs at once: its cores (the profile's cpus), fewer where its memory
-    (mem_mb; 0: not asked for) over the profile's per-job peak allows fewer."""
-    if mem_mb <= 0 or spec.mem_per_job_gb <= 0:
+    (mem_mb; 0: not asked for) over the per-job peak allows fewer. local: the build's own node,
+    where a CUDA build's nvcc units stay (distcc cannot ship them), so its peak is the CUDA one
+    where that is larger, as the one-node plan takes it; the other nodes get light C++ only."""
+    peak = spec.mem_per_job_gb
+    if local and spec.cuda:
+        peak = max(peak, spec.mem_per_cuda_job_gb)
+    if mem_mb <= 0 or peak <= 0:
         return max(1, spec.cpus)
-    return max(1, min(spec.cpus, int(mem_mb / (spec.mem_per_job_gb * GIB_MB))))
+    return max(1, min(spec.cpus, int(mem_mb / (peak * GIB_MB))))
 
 
-def spread_jobs(nodes: int, slots: int) -> int:
-    """MAX_JOBS for the build over the allocation: every node's slots (the local one's too)."""
-    return nodes * slots
+def spread_jobs(nodes: int, local_slots: int, remote_slots: int) -> int:
+    """MAX_JOBS for the build over the allocation: the build's node's slots and every other's."""
+    return local_slots + (nodes - 1) * remote_slots
 
 
 def check_nodes(nodes: int, engine: str, apptainer: str) -> None:
@@ -141,7 +146,7 @@ def _start_lines(scheduler: str, walltime_s: int, daemon: Sequence[str], slots: 
     ]
 
 
-def _address_lines(scheduler: str, nodes: int, slots: int) -> list[str]:
+def _address_lines(scheduler: str, nodes: int, remote_slots: int) -> list[str]:
     """The allocation's nodes resolved to IPv4 addresses once, here: every address the daemons
     accept (tb_allow; this node's own where its name maps to loopback, as Debian's /etc/hosts
     does: its other addresses) and the other nodes a daemon starts on (tb_nodes, their index
@@ -167,7 +172,7 @@ def _address_lines(scheduler: str, nodes: int, slots: int) -> list[str]:
         '    tb_allow+=(--allow "$tb_a/32")',
         '    [ "$tb_i" -eq 0 ] && continue',
         '    tb_nodes+=("$tb_h") tb_index+=("$tb_i") tb_pairs+=("$tb_h=$tb_a")',
-        f'    tb_remote+=("$tb_a:$tb_port/{slots},lzo")',
+        f'    tb_remote+=("$tb_a:$tb_port/{remote_slots},lzo")',
         "  fi",
         "done",
     ]
@@ -203,10 +208,11 @@ _RUNTIME = [
 ]
 
 
-def _environment_lines(sif: str, slots: int) -> list[str]:
-    """The build's distcc settings, passed into the SIF by the runtime's own prefix."""
+def _environment_lines(sif: str, local_slots: int) -> list[str]:
+    """The build's distcc settings (local_slots: its own node's), passed into the SIF by the
+    runtime's own prefix."""
     lines = [
-        f'export DISTCC_HOSTS="localhost/{slots} ${{tb_remote[*]}}" CCACHE_PREFIX={DISTRIBUTOR}',
+        f'export DISTCC_HOSTS="localhost/{local_slots} ${{tb_remote[*]}}" CCACHE_PREFIX={DISTRIBUTOR}',
         # distcc's locks, node-local and this job's own; without the directory it compiles locally
         "tb_distcc_dir=$(mktemp -d /tmp/torchbuild-distcc-XXXXXXXX)",
         'export DISTCC_DIR="$tb_distcc_dir" DISTCC_BACKOFF_PERIOD=0',
@@ -234,18 +240,27 @@ def job_id_lines(id_variable: str) -> list[str]:
 
 
 def spread_lines(
-    scheduler: str, nodes: int, *, slots: int, walltime_s: int, sif: str, log_dir: str, id_variable: str
+    scheduler: str,
+    nodes: int,
+    *,
+    local_slots: int,
+    remote_slots: int,
+    walltime_s: int,
+    sif: str,
+    log_dir: str,
+    id_variable: str,
 ) -> list[str]:
-    """The job script's lines that start the daemons on nodes 2..N, point the build at them,
-    and stop them when the script exits (the build's command follows, not exec'd)."""
+    """The job script's lines that start the daemons on nodes 2..N (remote_slots compiles each),
+    point the build at them (local_slots on its own node), and stop them when the script exits
+    (the build's command follows, not exec'd)."""
     return [
         f"# the compiles spread over the allocation's {nodes} nodes (distcc; README: invoke submit --nodes)",
         *job_id_lines(id_variable),
         f'tb_log={shlex.quote(log_dir)}/{DISTRIBUTOR}-"$tb_id"-daemons.log',
-        *_address_lines(scheduler, nodes, slots),
+        *_address_lines(scheduler, nodes, remote_slots),
         *(_RUNTIME if sif else []),
         *_STOP,
-        *_start_lines(scheduler, walltime_s, daemon_argv(sif), slots),
-        *_environment_lines(sif, slots),
+        *_start_lines(scheduler, walltime_s, daemon_argv(sif), remote_slots),
+        *_environment_lines(sif, local_slots),
         'echo "torchbuild: distccd on ${tb_remote[*]:-no other node}; DISTCC_HOSTS=$DISTCC_HOSTS"',
     ]
