@@ -344,6 +344,15 @@ def test_slots_follow_cores_unless_memory_allows_fewer():
     assert spread_jobs(3, 2, 8) == 18  # the build's node's own slots, then each other's
 
 
+def test_a_numeric_max_jobs_caps_each_nodes_slots(tmp_path):
+    """Without --nodes max_jobs caps the build; with them it caps every node's slots (16 each
+    on 64 cores), where it was ignored (MAX_JOBS was nodes x cores)."""
+    assert slots_per_node(_spec("cpus=64", "max_jobs=16"), 0) == 16
+    assert slots_per_node(_spec("cpus=8", "max_jobs=16"), 0) == 8  # the cores stay a bound
+    script = _dry(tmp_path, 3, "scheduler=slurm", "cpus=64", "mem=256G", "max_jobs=16")
+    assert "--jobs 48" in script and 'DISTCC_HOSTS="localhost/16 ' in script and "/16,lzo" in script
+
+
 def test_a_cuda_spread_sizes_the_build_node_for_nvcc_and_the_others_for_cxx(tmp_path):
     """nvcc's .cu units never leave the build's node: 64 cores, 256 GiB, CUDA peak 5 GiB gives
     it 51 slots (as the one-node plan), not 64 (320 GiB); the other node keeps 64 at 1.5 GiB."""

@@ -66,13 +66,15 @@ def slots_per_node(spec: BuildSpec, mem_mb: float, *, local: bool = False) -> in
     """Compiles one node runs at once: its cores (the profile's cpus), fewer where its memory
     (mem_mb; 0: not asked for) over the per-job peak allows fewer. local: the build's own node,
     where a CUDA build's nvcc units stay (distcc cannot ship them), so its peak is the CUDA one
-    where that is larger, as the one-node plan takes it; the other nodes get light C++ only."""
+    where that is larger, as the one-node plan takes it; the other nodes get light C++ only.
+    A numeric max_jobs caps each node's slots (it caps a one-node build's jobs)."""
     peak = spec.mem_per_job_gb
     if local and spec.cuda:
         peak = max(peak, spec.mem_per_cuda_job_gb)
-    if mem_mb <= 0 or peak <= 0:
-        return max(1, spec.cpus)
-    return max(1, min(spec.cpus, int(mem_mb / (peak * GIB_MB))))
+    slots = spec.cpus if mem_mb <= 0 or peak <= 0 else min(spec.cpus, int(mem_mb / (peak * GIB_MB)))
+    if spec.max_jobs != "auto":
+        slots = min(slots, int(spec.max_jobs))
+    return max(1, slots)
 
 
 def spread_jobs(nodes: int, local_slots: int, remote_slots: int) -> int:
