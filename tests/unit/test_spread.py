@@ -283,8 +283,9 @@ def test_pbs_job_reads_the_node_file_once_per_node_and_starts_a_daemon_on_each_o
     assert run.returncode == 0, run.stdout + run.stderr
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     assert seen["DISTCC_HOSTS"] == "localhost/4 10.9.0.2:20077/4,lzo 10.9.0.3:20077/4,lzo"
-    assert (tmp_path / "out" / "logs" / "distcc-77-daemons.log").exists()  # the id's number names the log
+    log = str(tmp_path / "out" / "logs" / "distcc-77-daemons.log")  # the id's number names the log
     daemons = _daemons(stand_ins, "pbsdsh")
+    assert all(args[args.index("timeout") - 1] == log for args in daemons.values())  # each task writes it
     assert sorted(args[:2] for args in daemons.values()) == [["-n", "1"], ["-n", "2"]]
     for pid, args in daemons.items():
         assert [args[i + 1] for i, a in enumerate(args) if a == "--allow"] == [
@@ -292,6 +293,32 @@ def test_pbs_job_reads_the_node_file_once_per_node_and_starts_a_daemon_on_each_o
         assert not _alive(pid)
         argv = _run_on_node(args, tmp_path)  # pbsdsh's task: its own node's address, as an argument
         assert argv[argv.index("--listen") + 1] == {"1": "10.9.0.2", "2": "10.9.0.3"}[args[1]]
+
+
+def test_pbs_tasks_write_their_daemons_output_into_the_log_and_find_the_runtime_without_the_path(tmp_path, stand_ins):
+    """pbsdsh passes none of a task's output back and gives it the job's starting environment,
+    not the script's module-loaded PATH: its stand-in here runs the task so, and each daemon
+    (in the SIF, through a runtime only the script's PATH has) still logs its compile."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "out" / "logs" / "distcc-78-daemons.log"
+    record = f'printf "%s\\n" "$@" > {stand_ins}/pbsdsh-$$.args\n'
+    # -n I --, then the task, without the script's PATH and with its output dropped
+    _executable(
+        bin_dir / "pbsdsh", f'#!/bin/bash\n{record}shift 3\nexec env -i PATH=/usr/bin:/bin "$@" >/dev/null 2>&1\n'
+    )
+    daemon = 'echo "distccd[1] (dcc_job_summary) client: 10.9.0.1:1 COMPILE_OK exit:0" >&2; exec sleep 300'
+    _executable(bin_dir / "apptainer", f"#!/bin/bash\n{daemon}\n")
+    wait = (
+        f'for _ in $(seq 200); do [ "$(grep -c COMPILE_OK {shlex.quote(str(log))})" -ge 2 ] && break; sleep 0.05; done'
+    )
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("node1\nnode2\nnode3\n")
+    script = _script(tmp_path, "pbs", 3, ("bash", "-c", wait), sif="/shared/torch.sif")
+    _lint(script)
+    env = {**os.environ, "PBS_NODEFILE": str(nodefile), "PBS_JOBID": "78.pbs01"}
+    run = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"the other nodes compiled 2 units (distccd's log: {log})" in run.stdout, run.stderr
+    assert not any(_alive(pid) for pid in _daemons(stand_ins, "pbsdsh"))
 
 
 def test_an_allocation_with_fewer_nodes_than_asked_stops_before_the_build(tmp_path, stand_ins):
@@ -314,7 +341,8 @@ def test_the_daemons_run_in_the_sif_through_the_runtime_the_node_has(tmp_path, s
     assert run.returncode == 0, run.stderr
     [args] = _daemons(stand_ins, "srun").values()
     start = args.index("-c") + 4  # after bash -c's script, its $0 and the nodes' addresses
-    assert args[start : start + 5] == [runtime, "exec", "--cleanenv", "/shared/torch.sif", "distccd"]
+    found = str(tmp_path / "bin" / runtime)  # its path: a PBS task lacks the script's module-loaded PATH
+    assert args[start : start + 5] == [found, "exec", "--cleanenv", "/shared/torch.sif", "distccd"]
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     other = "SINGULARITYENV" if prefix == "APPTAINERENV" else "APPTAINERENV"
     assert seen[f"{prefix}_DISTCC_HOSTS"] == seen["DISTCC_HOSTS"]  # reaches the build in the SIF

@@ -15,7 +15,9 @@ script (scheduler.render, with the lines of spread_lines):
    first node resolved for it only, accepts only the allocation's addresses (--allow ADDR/32
    each), on a port derived from the job id's number, and lives at most the job's walltime
    (`timeout`). distccd has no per-user authentication: the job asks for whole nodes (Slurm
-   --exclusive, PBS place=scatter:excl), so no other user's process shares an allowed address;
+   --exclusive, PBS place=scatter:excl), so no other user's process shares an allowed address.
+   A pbsdsh task appends its own output to the daemons' log (pbsdsh passes none back) and finds
+   the runtime by the path resolved on the first node (it gets the job's starting PATH);
 3. runs the build with ccache in front of distcc (CCACHE_PREFIX=distcc: a cache hit never
    leaves the node, a miss is preprocessed here and compiled on a free slot), DISTCC_HOSTS
    naming localhost and each node with its slots, and MAX_JOBS sized to all of them (--jobs);
@@ -102,7 +104,7 @@ def daemon_argv(sif: str) -> list[str]:
     return ["distccd"]
 
 
-RUNTIME = "$tb_runtime"  # in daemon_argv: apptainer or singularity, as the script found it
+RUNTIME = "$tb_runtime"  # in daemon_argv: apptainer or singularity's path, as the script found it
 
 # run on each other node: $1 is "name=addr ...", the addresses resolved once on the build's node;
 # a Slurm task takes its own node's (SLURMD_NODENAME), a pbsdsh one its one pair
@@ -112,6 +114,9 @@ _LISTEN = (
     'if [ -z "$tb_me" ]; then echo "torchbuild: no address for node $(hostname) in: $1" >&2; exit 1; fi; '
     'shift; exec "$@" --listen "$tb_me"'
 )
+# a pbsdsh task's own output into the daemons' log ($1): pbsdsh passes none of it back (it only
+# spawns and waits), so a redirection of pbsdsh's would capture nothing
+_TO_LOG = 'exec >>"$1" 2>&1; shift; exec "$@"'
 
 
 def _words(argv: Sequence[str]) -> str:
@@ -140,9 +145,10 @@ def _start_lines(scheduler: str, walltime_s: int, daemon: Sequence[str], slots: 
             "  tb_daemons+=($!)",
             "fi",
         ]
+    logged = _words(["bash", "-c", _TO_LOG, DISTRIBUTOR])
     return [
         'for tb_k in "${!tb_nodes[@]}"; do',
-        f'  pbsdsh -n "${{tb_index[tb_k]}}" -- {bounded} "${{tb_pairs[tb_k]}}" {rest} >>"$tb_log" 2>&1 &',
+        f'  pbsdsh -n "${{tb_index[tb_k]}}" -- {logged} "$tb_log" {bounded} "${{tb_pairs[tb_k]}}" {rest} &',
         "  tb_daemons+=($!)",
         "done",
     ]
@@ -201,11 +207,13 @@ _STOP = [
     "trap 'tb_stop; exit 143' TERM INT",
 ]
 
-# the container runtime the build will use (as sif.host_apptainer: apptainer, else singularity)
+# the container runtime the build will use (as sif.host_apptainer: apptainer, else singularity),
+# as its path here: a pbsdsh task gets the job's starting environment, not this script's
+# module-loaded PATH
 _RUNTIME = [
-    "if command -v apptainer >/dev/null; then tb_runtime=apptainer",
-    "elif command -v singularity >/dev/null; then tb_runtime=singularity",
-    'else echo "torchbuild: neither apptainer nor singularity is on PATH on $(hostname): load its module" >&2; exit 1',
+    'tb_runtime=$(command -v apptainer || command -v singularity) || tb_runtime=""',
+    'if [ -z "$tb_runtime" ]; then',
+    '  echo "torchbuild: neither apptainer nor singularity is on PATH on $(hostname): load its module" >&2; exit 1',
     "fi",
 ]
 
@@ -222,7 +230,7 @@ def _environment_lines(sif: str, local_slots: int) -> list[str]:
     if sif:
         for prefix, runtime in (("APPTAINERENV", "apptainer"), ("SINGULARITYENV", "singularity")):
             lines += [
-                f'if [ "$tb_runtime" = {runtime} ]; then',
+                f'if [ "${{tb_runtime##*/}}" = {runtime} ]; then',
                 f'  export {prefix}_DISTCC_HOSTS="$DISTCC_HOSTS" {prefix}_CCACHE_PREFIX="$CCACHE_PREFIX"',
                 f'  export {prefix}_DISTCC_DIR="$DISTCC_DIR" {prefix}_DISTCC_BACKOFF_PERIOD=0',
                 "fi",
