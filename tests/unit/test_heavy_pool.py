@@ -14,12 +14,14 @@ from torchbuild.inputs.jobs import (
     GiB,
     HeavyPlan,
     HostResources,
+    distcc_local_slots,
     heavy_units,
     plan_for,
     plan_heavy,
     record_unit_peaks,
     units_file,
 )
+from torchbuild.steps import compile_job
 from torchbuild.steps.heavy import POOL, apply_pool, pooled_text
 
 SRC = Path("/src/tree")
@@ -167,13 +169,33 @@ def test_a_spread_keeps_the_heavy_pool_from_this_nodes_memory_and_compiles_it_he
     # submit --nodes 4 passes --jobs 32 (every node's slots); before, --jobs meant no pool at all
     plan = plan_for(spec, host(8, 8), tmp_path, jobs=32, spread=True)
     assert plan.jobs == 32 and plan.heavy is not None and plan.heavy.local
-    assert (plan.heavy.jobs, plan.heavy.depth, plan.heavy.fallback) == (32, 2, 3)  # 8 x 0.5 + 2 x 2 more <= 8 GiB
+    # no DISTCC_HOSTS: distcc's 8 local slots (8 x 0.5 GiB) leave 4 GiB, one heavy job's 2.5
+    assert (plan.heavy.jobs, plan.heavy.depth, plan.heavy.fallback) == (32, 1, 3)
     assert plan_for(spec, host(8, 8), tmp_path, jobs=32).heavy is None  # --jobs on one node: as before
     text, n = pooled_text(SPREAD_NINJA, plan.heavy.patterns, 1, BUILD, SRC, local=True)
     light, heavy = text.split("build CMakeFiles/m.dir/aten/big.cpp.o")
     assert n == 1 and "  LAUNCHER = ccache \n" in light  # light units still go through distcc
     assert "  LAUNCHER = env -u CCACHE_PREFIX ccache \n" in heavy  # the heavy one compiles here
     assert pooled_text(text, plan.heavy.patterns, 0, BUILD, SRC) == (SPREAD_NINJA, 0)
+
+
+def test_a_spread_sizes_the_heavy_pool_beside_distccs_local_slots(tmp_path, monkeypatch):
+    """The heavy compiles bypass distcc, whose localhost/S light compiles fill this node too:
+    64 cores, 256 GiB, light 1.5, heavy 4: localhost/64 leaves 160 GiB, 40 heavy (not 64, which
+    with the 64 light ones would want 352 GiB); localhost/16 leaves 232 GiB, 58."""
+    spec = resolve("cpu", ["heavy_units=[aten/*]", "mem_per_job_gb=1.5", "mem_per_heavy_job_gb=4"])
+    monkeypatch.setattr(HostResources, "detect", classmethod(lambda cls: host(64, 256)))
+    monkeypatch.setenv("CCACHE_PREFIX", "distcc")
+    for hosts, depth in (("localhost/64 10.0.0.2:20001/64,lzo", 40), ("10.0.0.2/64 localhost/16", 58), ("", 40)):
+        monkeypatch.setenv("DISTCC_HOSTS", hosts)
+        plan = compile_job.plan(spec, tmp_path, 128)
+        assert plan.jobs == 128 and plan.heavy is not None and plan.heavy.local
+        assert plan.heavy.depth == depth, hosts
+        assert plan.heavy.depth * 4 + distcc_local_slots(hosts or "localhost/64") * 1.5 <= 256
+    assert "beside distcc's 64 local slot(s)" in plan.reason
+    tight = plan_for(spec, host(64, 64), tmp_path, 128, spread=True, local_slots=64)
+    assert tight.heavy is not None and tight.heavy.depth == 1  # at least one, or nothing heavy would run
+    assert distcc_local_slots("localhost 10.0.0.2/4") == 0  # no count named: planned from memory
 
 
 @pytest.mark.skipif(not (shutil.which("ninja") and shutil.which("ccache")), reason="needs ninja and ccache")

@@ -231,6 +231,15 @@ def test_doctor_says_an_http_storage_that_refuses_a_key_refuses_with_what_to_do(
     assert not failing.ok and "HTTP 503 for an absent key (failing)" in failing.detail
 
 
+def test_doctor_says_an_http_url_whose_server_does_not_speak_http_is_no_http_storage():
+    """A redis port named with http:// answers a HEAD with a redis error, not a status line:
+    http.client's BadStatusLine is no OSError, and once got past the check as a traceback."""
+    with _tcp_server(lambda _: b"-ERR unknown command 'HEAD'\r\n") as port:
+        check = doctor.remote_cache_check(f"http://127.0.0.1:{port}/cache")
+    assert not check.ok and "not an HTTP storage" in check.detail
+    assert "local cache alone" in check.detail
+
+
 def test_doctor_checks_the_profiles_remote_only_when_it_has_one():
     assert doctor._profile_remote_checks("cpu") == []
     assert remote_cache.endpoint("redis://cache") == ("redis", "cache", 6379)

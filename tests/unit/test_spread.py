@@ -64,7 +64,14 @@ def _script(tmp_path: Path, scheduler: str, nodes: int, command: tuple[str, ...]
     out = tmp_path / "out"
     (out / "logs").mkdir(parents=True, exist_ok=True)
     lines = spread_lines(
-        scheduler, nodes, slots=4, walltime_s=3600, sif=sif, log_dir=str(out / "logs"), id_variable=sched.id_variable
+        scheduler,
+        nodes,
+        local_slots=4,
+        remote_slots=4,
+        walltime_s=3600,
+        sif=sif,
+        log_dir=str(out / "logs"),
+        id_variable=sched.id_variable,
     )
     job = Job("torchbuild-spread-test", command, tmp_path, out, spec, "", spread=tuple(lines))
     script = tmp_path / f"job-{scheduler}.sh"
@@ -134,8 +141,8 @@ def test_slurm_job_starts_one_daemon_per_other_node_allowed_only_the_allocation_
     assert not Path(seen["DISTCC_DIR"]).exists()  # removed with the daemons
     (pid, args), *more = _daemons(stand_ins, "srun").items()
     assert not more  # one srun step starts them all
-    assert args[:6] == ["--overlap", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=node2,node3",
-                        "--cpus-per-task=6"]  # fmt: skip
+    assert args[:7] == ["--overlap", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=node2,node3",
+                        "--export=ALL", "--cpus-per-task=6"]  # fmt: skip
     allowed = [args[i + 1] for i, a in enumerate(args) if a == "--allow"]
     assert allowed == ["10.9.0.1/32", "10.9.0.2/32", "10.9.0.3/32"]  # the allocation's nodes, no other
     assert _daemon_argv(args)[:3] == ["timeout", "--kill-after=30", "3600"]  # bounded by the walltime
@@ -155,6 +162,17 @@ def test_srun_steps_ask_for_the_job_cpus_per_task_again(tmp_path, stand_ins):
     assert subprocess.run(["bash", str(script)], env=env, timeout=60, check=False).returncode == 0
     [args] = _daemons(stand_ins, "srun").values()
     assert "--cpus-per-task=16" in args[: args.index("timeout")]
+
+
+def test_srun_steps_get_the_script_environment_under_export_none(tmp_path, stand_ins):
+    """sbatch --export=NONE (export_env false) leaves SLURM_EXPORT_ENV=NONE in the job, which
+    srun takes as its own --export: the step must ask for the script's environment (PATH, the
+    module loads) itself."""
+    script = _script(tmp_path, "slurm", 2, _after_daemons(stand_ins, 1, "true"))
+    env = {**os.environ, "SLURM_JOB_NODELIST": "node1,node2", "SLURM_JOB_ID": "13", "SLURM_EXPORT_ENV": "NONE"}
+    assert subprocess.run(["bash", str(script)], env=env, timeout=60, check=False).returncode == 0
+    [args] = _daemons(stand_ins, "srun").values()
+    assert "--export=ALL" in args[: args.index("timeout")]
 
 
 def test_the_job_says_how_many_units_the_other_nodes_compiled(tmp_path, stand_ins):
@@ -265,8 +283,9 @@ def test_pbs_job_reads_the_node_file_once_per_node_and_starts_a_daemon_on_each_o
     assert run.returncode == 0, run.stdout + run.stderr
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     assert seen["DISTCC_HOSTS"] == "localhost/4 10.9.0.2:20077/4,lzo 10.9.0.3:20077/4,lzo"
-    assert (tmp_path / "out" / "logs" / "distcc-77-daemons.log").exists()  # the id's number names the log
+    log = str(tmp_path / "out" / "logs" / "distcc-77-daemons.log")  # the id's number names the log
     daemons = _daemons(stand_ins, "pbsdsh")
+    assert all(args[args.index("timeout") - 1] == log for args in daemons.values())  # each task writes it
     assert sorted(args[:2] for args in daemons.values()) == [["-n", "1"], ["-n", "2"]]
     for pid, args in daemons.items():
         assert [args[i + 1] for i, a in enumerate(args) if a == "--allow"] == [
@@ -274,6 +293,32 @@ def test_pbs_job_reads_the_node_file_once_per_node_and_starts_a_daemon_on_each_o
         assert not _alive(pid)
         argv = _run_on_node(args, tmp_path)  # pbsdsh's task: its own node's address, as an argument
         assert argv[argv.index("--listen") + 1] == {"1": "10.9.0.2", "2": "10.9.0.3"}[args[1]]
+
+
+def test_pbs_tasks_write_their_daemons_output_into_the_log_and_find_the_runtime_without_the_path(tmp_path, stand_ins):
+    """pbsdsh passes none of a task's output back and gives it the job's starting environment,
+    not the script's module-loaded PATH: its stand-in here runs the task so, and each daemon
+    (in the SIF, through a runtime only the script's PATH has) still logs its compile."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "out" / "logs" / "distcc-78-daemons.log"
+    record = f'printf "%s\\n" "$@" > {stand_ins}/pbsdsh-$$.args\n'
+    # -n I --, then the task, without the script's PATH and with its output dropped
+    _executable(
+        bin_dir / "pbsdsh", f'#!/bin/bash\n{record}shift 3\nexec env -i PATH=/usr/bin:/bin "$@" >/dev/null 2>&1\n'
+    )
+    daemon = 'echo "distccd[1] (dcc_job_summary) client: 10.9.0.1:1 COMPILE_OK exit:0" >&2; exec sleep 300'
+    _executable(bin_dir / "apptainer", f"#!/bin/bash\n{daemon}\n")
+    wait = (
+        f'for _ in $(seq 200); do [ "$(grep -c COMPILE_OK {shlex.quote(str(log))})" -ge 2 ] && break; sleep 0.05; done'
+    )
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("node1\nnode2\nnode3\n")
+    script = _script(tmp_path, "pbs", 3, ("bash", "-c", wait), sif="/shared/torch.sif")
+    _lint(script)
+    env = {**os.environ, "PBS_NODEFILE": str(nodefile), "PBS_JOBID": "78.pbs01"}
+    run = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"the other nodes compiled 2 units (distccd's log: {log})" in run.stdout, run.stderr
+    assert not any(_alive(pid) for pid in _daemons(stand_ins, "pbsdsh"))
 
 
 def test_an_allocation_with_fewer_nodes_than_asked_stops_before_the_build(tmp_path, stand_ins):
@@ -296,7 +341,8 @@ def test_the_daemons_run_in_the_sif_through_the_runtime_the_node_has(tmp_path, s
     assert run.returncode == 0, run.stderr
     [args] = _daemons(stand_ins, "srun").values()
     start = args.index("-c") + 4  # after bash -c's script, its $0 and the nodes' addresses
-    assert args[start : start + 5] == [runtime, "exec", "--cleanenv", "/shared/torch.sif", "distccd"]
+    found = str(tmp_path / "bin" / runtime)  # its path: a PBS task lacks the script's module-loaded PATH
+    assert args[start : start + 5] == [found, "exec", "--cleanenv", "/shared/torch.sif", "distccd"]
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     other = "SINGULARITYENV" if prefix == "APPTAINERENV" else "APPTAINERENV"
     assert seen[f"{prefix}_DISTCC_HOSTS"] == seen["DISTCC_HOSTS"]  # reaches the build in the SIF
@@ -322,15 +368,40 @@ def test_slots_follow_cores_unless_memory_allows_fewer():
     assert slots_per_node(_spec("cpus=16", "mem_per_job_gb=2"), 64 * 1024) == 16
     assert slots_per_node(_spec("cpus=16", "mem_per_job_gb=4"), 32 * 1024) == 8
     assert slots_per_node(_spec("cpus=16"), 0) == 16  # no memory asked for: the cores
-    assert spread_jobs(4, 8) == 32
+    assert spread_jobs(4, 8, 8) == 32
+    assert spread_jobs(3, 2, 8) == 18  # the build's node's own slots, then each other's
 
 
-def _dry(tmp_path: Path, nodes: int, *sets: str, jobs: int = 0, runtime: Runtime | None = None) -> str:
+def test_a_numeric_max_jobs_caps_each_nodes_slots(tmp_path):
+    """Without --nodes max_jobs caps the build; with them it caps every node's slots (16 each
+    on 64 cores), where it was ignored (MAX_JOBS was nodes x cores)."""
+    assert slots_per_node(_spec("cpus=64", "max_jobs=16"), 0) == 16
+    assert slots_per_node(_spec("cpus=8", "max_jobs=16"), 0) == 8  # the cores stay a bound
+    script = _dry(tmp_path, 3, "scheduler=slurm", "cpus=64", "mem=256G", "max_jobs=16")
+    assert "--jobs 48" in script and 'DISTCC_HOSTS="localhost/16 ' in script and "/16,lzo" in script
+
+
+def test_a_cuda_spread_sizes_the_build_node_for_nvcc_and_the_others_for_cxx(tmp_path):
+    """nvcc's .cu units never leave the build's node: 64 cores, 256 GiB, CUDA peak 5 GiB gives
+    it 51 slots (as the one-node plan), not 64 (320 GiB); the other node keeps 64 at 1.5 GiB."""
+    spec = _spec("cpus=64", "mem=256G", "mem_per_job_gb=1.5", "mem_per_cuda_job_gb=5", profile="cuda")
+    assert slots_per_node(spec, 256 * 1024, local=True) == 51
+    assert slots_per_node(spec, 256 * 1024) == 64
+    cpu = _spec("cpus=64", "mem=256G", "mem_per_job_gb=1.5", "mem_per_cuda_job_gb=5")
+    assert slots_per_node(cpu, 256 * 1024, local=True) == 64  # no nvcc: the C++ peak everywhere
+    script = _dry(tmp_path, 2, "scheduler=slurm", "cpus=64", "mem=256G", "mem_per_cuda_job_gb=5", profile="cuda")
+    assert "--jobs 115" in script  # 51 here + 64 on the other node
+    assert 'DISTCC_HOSTS="localhost/51 ' in script and "/64,lzo" in script and "--jobs 64 --log-stderr" in script
+
+
+def _dry(
+    tmp_path: Path, nodes: int, *sets: str, jobs: int = 0, runtime: Runtime | None = None, profile: str = "cpu"
+) -> str:
     src = tmp_path / "src"
     src.mkdir(exist_ok=True)
     out = io.StringIO()
     submit_build(
-        _spec(*sets), runtime or Runtime("native"), source=str(src), ref="", out_dir=str(tmp_path / "out"),
+        _spec(*sets, profile=profile), runtime or Runtime("native"), source=str(src), ref="", out_dir=str(tmp_path / "out"),
         options=BuildOptions(jobs=jobs), verify=True, dry_run=True, nodes=nodes, out=out,
     )  # fmt: skip
     text = out.getvalue().split("# dry run:", 1)[0]

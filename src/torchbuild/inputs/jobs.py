@@ -277,14 +277,20 @@ def plan_jobs(
 
 
 def plan_for(
-    spec: BuildSpec, host: HostResources, cache_root: str | Path, jobs: int = 0, *, spread: bool = False
+    spec: BuildSpec,
+    host: HostResources,
+    cache_root: str | Path,
+    jobs: int = 0,
+    *,
+    spread: bool = False,
+    local_slots: int = 0,
 ) -> JobPlan:
     """The plan a build of spec gets here: --jobs (jobs), else the profile's max_jobs, with the
     per-job peaks measured on this profile's canaries (under cache_root) where there are some.
     spread (compiles sent to other nodes, CCACHE_PREFIX): --jobs for the light units, and the
-    heavy ones' pool on this node (heavy_for)."""
+    heavy ones' pool on this node beside distcc's local_slots (heavy_for)."""
     if jobs and spread:
-        heavy = heavy_for(spec, host, cache_root, jobs, spread=True)
+        heavy = heavy_for(spec, host, cache_root, jobs, spread=True, local_slots=local_slots)
         if heavy.depth:
             return JobPlan(jobs, f"--jobs {jobs} over the allocation's nodes; {heavy.reason} here", heavy=heavy)
     if jobs:
@@ -400,13 +406,50 @@ def plan_heavy(host: HostResources, patterns: tuple[str, ...], light_peak: int, 
     return HeavyPlan(patterns, int(depth), int(jobs), reason, int(fallback))
 
 
+def distcc_local_slots(hosts: str) -> int:
+    """The compiles distcc runs on this node by DISTCC_HOSTS's value (its `localhost/N`); 0 where
+    it names no such count."""
+    for host in hosts.split():
+        name, _, limit = host.partition("/")
+        if name == "localhost" and limit.isdigit():
+            return int(limit)
+    return 0
+
+
+def spread_heavy(
+    plan: HeavyPlan, host: HostResources, light: int, heavy: int, jobs: int, local_slots: int
+) -> HeavyPlan:
+    """plan in a spread over nodes (jobs: every node's slots): the heavy compiles bypass distcc
+    (env -u CCACHE_PREFIX) and so run beside its local slots' light ones, which fill this node
+    first, not in their place: depth = (memory - slots x light) // heavy, 1 at least, jobs at
+    most. local_slots 0 (DISTCC_HOSTS names none): the slots this node's memory allows."""
+    light, heavy = max(1, light), max(light, heavy)
+    mem = host.memory_bytes
+    slots = local_slots or max(1, min(host.cores, mem // light))
+    depth = max(1, min(jobs, (mem - slots * light) // heavy))
+    reason = (
+        f"heavy pool: {len(plan.patterns)} pattern(s) at {heavy / GiB:.2f} GiB beside distcc's {slots} local "
+        f"slot(s) at {light / GiB:.2f} GiB, {mem / GiB:.1f} GiB ({host.memory_source}) -> {depth} heavy at once"
+    )
+    return dataclasses.replace(
+        plan, depth=int(depth), jobs=jobs, reason=reason, fallback=min(jobs, plan.fallback), local=True
+    )
+
+
 def heavy_for(
-    spec: BuildSpec, host: HostResources, cache_root: str | Path, jobs: int = 0, *, spread: bool = False
+    spec: BuildSpec,
+    host: HostResources,
+    cache_root: str | Path,
+    jobs: int = 0,
+    *,
+    spread: bool = False,
+    local_slots: int = 0,
 ) -> HeavyPlan:
     """The heavy pool a build of spec gets here: none for a fixed jobs count (--jobs, max_jobs)
     or CUDA builds (their per-job peak is the CUDA one) or where no unit is known to be heavy.
     spread: the compiles go to the allocation's nodes (jobs: their slots), the heavy ones stay
-    here in a pool as deep as this node's memory allows; the fallback is bounded by jobs too."""
+    here in a pool as deep as this node's memory beside distcc's local_slots allows
+    (spread_heavy); the fallback is bounded by jobs too."""
     if spec.cuda or (not spread and (jobs or spec.max_jobs != "auto")):
         return HeavyPlan()
     light = int(spec.mem_per_job_gb * GiB)
@@ -417,4 +460,4 @@ def heavy_for(
     plan = plan_heavy(host, patterns, light, heavy)
     if not spread or not plan.depth:
         return plan
-    return dataclasses.replace(plan, jobs=jobs, fallback=min(jobs, plan.fallback), local=True)
+    return spread_heavy(plan, host, light, heavy, jobs, local_slots)

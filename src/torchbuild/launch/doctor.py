@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import importlib.util
 import os
 import secrets
@@ -201,7 +202,7 @@ def _http_detail(url: str) -> tuple[bool, str]:
 def remote_cache_check(url: str, readonly: bool = False) -> Check:
     """Whether the profile's ccache_remote answers: redis a PONG, http(s) a HEAD of a random key
     under the URL with any status but a server error or a refusal (401, 403). A storage that
-    does not answer only slows builds (local-only)."""
+    does not answer, or answers no HTTP, only slows builds (local-only)."""
     scheme, host, port = remote_cache.endpoint(url)
     shown = url + (" (read-only)" if readonly else "")
     slow = "builds will go on with the local cache alone"
@@ -214,6 +215,8 @@ def remote_cache_check(url: str, readonly: bool = False) -> Check:
             ok, detail = _http_detail(url)
     except (OSError, ValueError) as exc:
         ok, detail = False, f"no answer within {PROBE_TIMEOUT_S:g} s ({exc})"
+    except http.client.HTTPException as exc:  # e.g. BadStatusLine: no OSError, the server spoke no HTTP
+        ok, detail = False, f"not an HTTP storage: no HTTP answer to a HEAD ({type(exc).__name__}: {exc})"
     return Check("ccache remote", ok, f"{shown}: {detail}" + ("" if ok else f"; {slow}"))
 
 

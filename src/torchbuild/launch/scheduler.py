@@ -780,8 +780,11 @@ def submit_build(
     return submitted
 
 
-def _node_slots(spec: BuildSpec) -> int:
-    return slots_per_node(spec, memory_mb(spec.mem) if spec.mem else 0)
+def _node_slots(spec: BuildSpec) -> tuple[int, int]:
+    """The compiles the build's node runs at once (a CUDA build's nvcc units among them) and
+    each other node's."""
+    mem_mb = memory_mb(spec.mem) if spec.mem else 0
+    return slots_per_node(spec, mem_mb, local=True), slots_per_node(spec, mem_mb)
 
 
 def _spread_options(spec: BuildSpec, options: BuildOptions, nodes: int) -> BuildOptions:
@@ -790,16 +793,18 @@ def _spread_options(spec: BuildSpec, options: BuildOptions, nodes: int) -> Build
     the build knows from CCACHE_PREFIX), sized from that node's memory, compiled there."""
     if options.jobs:
         return options
-    return dataclasses.replace(options, jobs=min(MAX_JOBS, spread_jobs(nodes, _node_slots(spec))))
+    return dataclasses.replace(options, jobs=min(MAX_JOBS, spread_jobs(nodes, *_node_slots(spec))))
 
 
 def _spread(scheduler: Scheduler, job: Job, nodes: int, engine_args: Sequence[str]) -> tuple[str, ...]:
     """The job script's lines that start and stop the daemons (spread.spread_lines)."""
     sif = engine_args[engine_args.index("--sif") + 1] if "--sif" in engine_args else ""
+    local_slots, remote_slots = _node_slots(job.spec)
     lines = spread_lines(
         scheduler.name,
         nodes,
-        slots=_node_slots(job.spec),
+        local_slots=local_slots,
+        remote_slots=remote_slots,
         walltime_s=walltime_seconds(job.spec.walltime),
         sif=sif,
         log_dir=str(job.logs),

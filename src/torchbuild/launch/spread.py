@@ -15,7 +15,9 @@ script (scheduler.render, with the lines of spread_lines):
    first node resolved for it only, accepts only the allocation's addresses (--allow ADDR/32
    each), on a port derived from the job id's number, and lives at most the job's walltime
    (`timeout`). distccd has no per-user authentication: the job asks for whole nodes (Slurm
-   --exclusive, PBS place=scatter:excl), so no other user's process shares an allowed address;
+   --exclusive, PBS place=scatter:excl), so no other user's process shares an allowed address.
+   A pbsdsh task appends its own output to the daemons' log (pbsdsh passes none back) and finds
+   the runtime by the path resolved on the first node (it gets the job's starting PATH);
 3. runs the build with ccache in front of distcc (CCACHE_PREFIX=distcc: a cache hit never
    leaves the node, a miss is preprocessed here and compiled on a free slot), DISTCC_HOSTS
    naming localhost and each node with its slots, and MAX_JOBS sized to all of them (--jobs);
@@ -62,17 +64,24 @@ def hosts_command(scheduler: str) -> str:
     return "awk '!seen[$0]++' \"$PBS_NODEFILE\""  # PBS lists a node once per rank: unique, in order
 
 
-def slots_per_node(spec: BuildSpec, mem_mb: float) -> int:
+def slots_per_node(spec: BuildSpec, mem_mb: float, *, local: bool = False) -> int:
     """Compiles one node runs at once: its cores (the profile's cpus), fewer where its memory
-    (mem_mb; 0: not asked for) over the profile's per-job peak allows fewer."""
-    if mem_mb <= 0 or spec.mem_per_job_gb <= 0:
-        return max(1, spec.cpus)
-    return max(1, min(spec.cpus, int(mem_mb / (spec.mem_per_job_gb * GIB_MB))))
+    (mem_mb; 0: not asked for) over the per-job peak allows fewer. local: the build's own node,
+    where a CUDA build's nvcc units stay (distcc cannot ship them), so its peak is the CUDA one
+    where that is larger, as the one-node plan takes it; the other nodes get light C++ only.
+    A numeric max_jobs caps each node's slots (it caps a one-node build's jobs)."""
+    peak = spec.mem_per_job_gb
+    if local and spec.cuda:
+        peak = max(peak, spec.mem_per_cuda_job_gb)
+    slots = spec.cpus if mem_mb <= 0 or peak <= 0 else min(spec.cpus, int(mem_mb / (peak * GIB_MB)))
+    if spec.max_jobs != "auto":
+        slots = min(slots, int(spec.max_jobs))
+    return max(1, slots)
 
 
-def spread_jobs(nodes: int, slots: int) -> int:
-    """MAX_JOBS for the build over the allocation: every node's slots (the local one's too)."""
-    return nodes * slots
+def spread_jobs(nodes: int, local_slots: int, remote_slots: int) -> int:
+    """MAX_JOBS for the build over the allocation: the build's node's slots and every other's."""
+    return local_slots + (nodes - 1) * remote_slots
 
 
 def check_nodes(nodes: int, engine: str, apptainer: str) -> None:
@@ -95,7 +104,7 @@ def daemon_argv(sif: str) -> list[str]:
     return ["distccd"]
 
 
-RUNTIME = "$tb_runtime"  # in daemon_argv: apptainer or singularity, as the script found it
+RUNTIME = "$tb_runtime"  # in daemon_argv: apptainer or singularity's path, as the script found it
 
 # run on each other node: $1 is "name=addr ...", the addresses resolved once on the build's node;
 # a Slurm task takes its own node's (SLURMD_NODENAME), a pbsdsh one its one pair
@@ -105,6 +114,9 @@ _LISTEN = (
     'if [ -z "$tb_me" ]; then echo "torchbuild: no address for node $(hostname) in: $1" >&2; exit 1; fi; '
     'shift; exec "$@" --listen "$tb_me"'
 )
+# a pbsdsh task's own output into the daemons' log ($1): pbsdsh passes none of it back (it only
+# spawns and waits), so a redirection of pbsdsh's would capture nothing
+_TO_LOG = 'exec >>"$1" 2>&1; shift; exec "$@"'
 
 
 def _words(argv: Sequence[str]) -> str:
@@ -119,8 +131,11 @@ def _start_lines(scheduler: str, walltime_s: int, daemon: Sequence[str], slots: 
     rest = f'{_words(args)} --port "$tb_port" "${{tb_allow[@]}}"'
     if scheduler == "slurm":
         # -c: srun does not pass the job's --cpus-per-task on to a step (Slurm 22.05 to 23.02), and
-        # with ConstrainCores each daemon's compiles would share one core
+        # with ConstrainCores each daemon's compiles would share one core; --export=ALL: under
+        # sbatch --export=NONE (export_env false) the job has SLURM_EXPORT_ENV=NONE, which srun
+        # takes as its own --export, and the step would lack the script's PATH and module loads
         steps = '--nodes="${#tb_nodes[@]}" --ntasks="${#tb_nodes[@]}" --ntasks-per-node=1 --nodelist="$tb_list"'
+        steps += " --export=ALL"
         return [
             'if [ "${#tb_nodes[@]}" -gt 0 ]; then',
             '  tb_list=$(IFS=,; echo "${tb_nodes[*]}")',
@@ -130,15 +145,16 @@ def _start_lines(scheduler: str, walltime_s: int, daemon: Sequence[str], slots: 
             "  tb_daemons+=($!)",
             "fi",
         ]
+    logged = _words(["bash", "-c", _TO_LOG, DISTRIBUTOR])
     return [
         'for tb_k in "${!tb_nodes[@]}"; do',
-        f'  pbsdsh -n "${{tb_index[tb_k]}}" -- {bounded} "${{tb_pairs[tb_k]}}" {rest} >>"$tb_log" 2>&1 &',
+        f'  pbsdsh -n "${{tb_index[tb_k]}}" -- {logged} "$tb_log" {bounded} "${{tb_pairs[tb_k]}}" {rest} &',
         "  tb_daemons+=($!)",
         "done",
     ]
 
 
-def _address_lines(scheduler: str, nodes: int, slots: int) -> list[str]:
+def _address_lines(scheduler: str, nodes: int, remote_slots: int) -> list[str]:
     """The allocation's nodes resolved to IPv4 addresses once, here: every address the daemons
     accept (tb_allow; this node's own where its name maps to loopback, as Debian's /etc/hosts
     does: its other addresses) and the other nodes a daemon starts on (tb_nodes, their index
@@ -164,7 +180,7 @@ def _address_lines(scheduler: str, nodes: int, slots: int) -> list[str]:
         '    tb_allow+=(--allow "$tb_a/32")',
         '    [ "$tb_i" -eq 0 ] && continue',
         '    tb_nodes+=("$tb_h") tb_index+=("$tb_i") tb_pairs+=("$tb_h=$tb_a")',
-        f'    tb_remote+=("$tb_a:$tb_port/{slots},lzo")',
+        f'    tb_remote+=("$tb_a:$tb_port/{remote_slots},lzo")',
         "  fi",
         "done",
     ]
@@ -191,19 +207,22 @@ _STOP = [
     "trap 'tb_stop; exit 143' TERM INT",
 ]
 
-# the container runtime the build will use (as sif.host_apptainer: apptainer, else singularity)
+# the container runtime the build will use (as sif.host_apptainer: apptainer, else singularity),
+# as its path here: a pbsdsh task gets the job's starting environment, not this script's
+# module-loaded PATH
 _RUNTIME = [
-    "if command -v apptainer >/dev/null; then tb_runtime=apptainer",
-    "elif command -v singularity >/dev/null; then tb_runtime=singularity",
-    'else echo "torchbuild: neither apptainer nor singularity is on PATH on $(hostname): load its module" >&2; exit 1',
+    'tb_runtime=$(command -v apptainer || command -v singularity) || tb_runtime=""',
+    'if [ -z "$tb_runtime" ]; then',
+    '  echo "torchbuild: neither apptainer nor singularity is on PATH on $(hostname): load its module" >&2; exit 1',
     "fi",
 ]
 
 
-def _environment_lines(sif: str, slots: int) -> list[str]:
-    """The build's distcc settings, passed into the SIF by the runtime's own prefix."""
+def _environment_lines(sif: str, local_slots: int) -> list[str]:
+    """The build's distcc settings (local_slots: its own node's), passed into the SIF by the
+    runtime's own prefix."""
     lines = [
-        f'export DISTCC_HOSTS="localhost/{slots} ${{tb_remote[*]}}" CCACHE_PREFIX={DISTRIBUTOR}',
+        f'export DISTCC_HOSTS="localhost/{local_slots} ${{tb_remote[*]}}" CCACHE_PREFIX={DISTRIBUTOR}',
         # distcc's locks, node-local and this job's own; without the directory it compiles locally
         "tb_distcc_dir=$(mktemp -d /tmp/torchbuild-distcc-XXXXXXXX)",
         'export DISTCC_DIR="$tb_distcc_dir" DISTCC_BACKOFF_PERIOD=0',
@@ -211,7 +230,7 @@ def _environment_lines(sif: str, slots: int) -> list[str]:
     if sif:
         for prefix, runtime in (("APPTAINERENV", "apptainer"), ("SINGULARITYENV", "singularity")):
             lines += [
-                f'if [ "$tb_runtime" = {runtime} ]; then',
+                f'if [ "${{tb_runtime##*/}}" = {runtime} ]; then',
                 f'  export {prefix}_DISTCC_HOSTS="$DISTCC_HOSTS" {prefix}_CCACHE_PREFIX="$CCACHE_PREFIX"',
                 f'  export {prefix}_DISTCC_DIR="$DISTCC_DIR" {prefix}_DISTCC_BACKOFF_PERIOD=0',
                 "fi",
@@ -231,18 +250,27 @@ def job_id_lines(id_variable: str) -> list[str]:
 
 
 def spread_lines(
-    scheduler: str, nodes: int, *, slots: int, walltime_s: int, sif: str, log_dir: str, id_variable: str
+    scheduler: str,
+    nodes: int,
+    *,
+    local_slots: int,
+    remote_slots: int,
+    walltime_s: int,
+    sif: str,
+    log_dir: str,
+    id_variable: str,
 ) -> list[str]:
-    """The job script's lines that start the daemons on nodes 2..N, point the build at them,
-    and stop them when the script exits (the build's command follows, not exec'd)."""
+    """The job script's lines that start the daemons on nodes 2..N (remote_slots compiles each),
+    point the build at them (local_slots on its own node), and stop them when the script exits
+    (the build's command follows, not exec'd)."""
     return [
         f"# the compiles spread over the allocation's {nodes} nodes (distcc; README: invoke submit --nodes)",
         *job_id_lines(id_variable),
         f'tb_log={shlex.quote(log_dir)}/{DISTRIBUTOR}-"$tb_id"-daemons.log',
-        *_address_lines(scheduler, nodes, slots),
+        *_address_lines(scheduler, nodes, remote_slots),
         *(_RUNTIME if sif else []),
         *_STOP,
-        *_start_lines(scheduler, walltime_s, daemon_argv(sif), slots),
-        *_environment_lines(sif, slots),
+        *_start_lines(scheduler, walltime_s, daemon_argv(sif), remote_slots),
+        *_environment_lines(sif, local_slots),
         'echo "torchbuild: distccd on ${tb_remote[*]:-no other node}; DISTCC_HOSTS=$DISTCC_HOSTS"',
     ]

@@ -39,7 +39,7 @@ from torchbuild.core.progress import Tee
 from torchbuild.inputs import remote_cache
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import compiler_commands, jobs_env
-from torchbuild.inputs.jobs import HostResources, JobPlan, plan_for, plan_make
+from torchbuild.inputs.jobs import HostResources, JobPlan, distcc_local_slots, plan_for, plan_make
 from torchbuild.steps.oom import JobsUsed, Sink, run_compile
 
 
@@ -161,11 +161,13 @@ def plan(spec: BuildSpec, cache_root: str | Path, jobs: int = 0, *, kind: str = 
     takes nvcc --threads (torch, a companion, an editable tree); "cxx" or "cuda": a make of
     that kind of compile job (NCCL's device code, the plugin's C++). Where ccache hands its
     misses to a distributor (CCACHE_PREFIX: a spread over nodes, launch/spread.py), the heavy
-    units keep their pool on this node (plan_for's spread)."""
+    units keep their pool on this node, beside distcc's own slots here (DISTCC_HOSTS's localhost/N)."""
     host = HostResources.detect()
     if kind:
         return plan_make(spec, host, cache_root, jobs, kind=kind)
-    return plan_for(spec, host, cache_root, jobs, spread=bool(os.environ.get("CCACHE_PREFIX", "").strip()))
+    spread = bool(os.environ.get("CCACHE_PREFIX", "").strip())
+    local_slots = distcc_local_slots(os.environ.get("DISTCC_HOSTS", ""))
+    return plan_for(spec, host, cache_root, jobs, spread=spread, local_slots=local_slots)
 
 
 def open_log(path: Path, out: TextIO, progress: str = "lines", what: str = "writing the build log") -> Tee:
