@@ -44,6 +44,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from helpers import bridge_gateway  # noqa: E402
 
 from torchbuild.inputs.engine import Engine  # noqa: E402
 
@@ -74,7 +77,7 @@ def redis(client: Any) -> Iterator[str]:
     container = None
     try:
         network.reload()
-        gateway = network.attrs["IPAM"]["Config"][0]["Gateway"]
+        gateway = bridge_gateway(network.attrs)
         container = client.containers.run(
             image,
             ["redis-server", "--protected-mode", "no", "--save", "", "--appendonly", "no"],

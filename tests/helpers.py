@@ -204,3 +204,16 @@ def fake_sif(path: Path) -> Path:
     for torchbuild's check that --sif names a SIF; Apptainer itself would refuse it."""
     path.write_bytes(b"#!/usr/bin/env run-singularity\n".ljust(32, b"\0") + b"SIF_MAGIC\x0001\x00" + bytes(100))
     return path
+
+
+def bridge_gateway(network_attrs: dict) -> str:
+    """The host's address on a Docker bridge network (its gateway), from the network's attrs.
+    IPAM lists a Gateway for networks made with `docker network create`, but a freshly started
+    Docker 28 leaves it out for the default bridge ({"Subnet": "172.17.0.0/16"} alone): the
+    engine then gives docker0 the subnet's first address."""
+    import ipaddress
+
+    config = network_attrs["IPAM"]["Config"][0]
+    if config.get("Gateway"):
+        return str(config["Gateway"])
+    return str(next(ipaddress.ip_network(config["Subnet"]).hosts()))

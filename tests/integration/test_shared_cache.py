@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, manifest_of, run_invoke, set_args
+from helpers import FIXTURES, bridge_gateway, manifest_of, run_invoke, set_args
 
 pytestmark = pytest.mark.docker
 
@@ -48,7 +48,7 @@ def redis_url(engine, local_base):
     yields (url, container); the container and the network are removed afterwards."""
     client = engine.client
     image = _redis_image(engine, local_base)
-    gateway = client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
+    gateway = bridge_gateway(client.networks.get("bridge").attrs)
     network = client.networks.create(f"tb-shared-cache-{uuid.uuid4().hex[:8]}", driver="bridge")
     container = None
     try:

@@ -265,3 +265,13 @@ def test_a_loopback_storage_is_named_before_a_container_build(url, warned):
     assert (line is not None) == warned
     if warned:
         assert url in line and "loopback" in line and "gateway" in line
+
+
+def test_the_bridge_gateway_of_a_fresh_engine_comes_from_the_subnet() -> None:
+    """The integration test and the benchmark publish redis on the bridge's gateway: a freshly
+    started Docker 28 lists no Gateway for its default bridge (test_shared_cache's KeyError)."""
+    from helpers import bridge_gateway
+
+    assert bridge_gateway({"IPAM": {"Config": [{"Subnet": "172.17.0.0/16"}]}}) == "172.17.0.1"
+    made = {"IPAM": {"Config": [{"Subnet": "172.20.0.0/16", "Gateway": "172.20.0.254"}]}}
+    assert bridge_gateway(made) == "172.20.0.254"
