@@ -69,3 +69,14 @@ def test_a_group_member_still_running_is_not_taken_for_a_zombie():
         proc.kill()
         proc.wait()
     assert not process._only_zombies(proc.pid)  # reaped: none of the group is left to show
+
+
+def test_nice_prefix_carries_the_callers_priority_into_a_container_step():
+    """`nice -n 19 invoke build --in-container`: the engine's daemon starts the step, so the
+    docker backend prefixes its command with the caller's niceness (none at priority 0)."""
+    code = "from torchbuild.core.process import nice_prefix; print(nice_prefix())"
+    normal = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    low = subprocess.run(["nice", "-n", "19", sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    own = os.getpriority(os.PRIO_PROCESS, 0)  # the suite itself may run under nice
+    assert normal.stdout.strip() == ("[]" if own == 0 else f"['nice', '-n', '{own}', '--']")
+    assert low.stdout.strip() == "['nice', '-n', '19', '--']"

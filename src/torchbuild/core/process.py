@@ -28,6 +28,16 @@ class Finished:
     peak_rss: int  # bytes, of the largest process the command ran (compilers included)
 
 
+def nice_prefix() -> list[str]:
+    """`nice -n N --` when this process runs below the normal priority, else nothing.
+
+    A step in a container is started by the engine's daemon, not by this process, so it would
+    lose the priority a user gave the build (`nice -n 19 invoke build --in-container` on a
+    login node or beside other work): the backends prefix the step's command with this."""
+    level = os.getpriority(os.PRIO_PROCESS, 0)
+    return ["nice", "-n", str(level), "--"] if level > 0 else []
+
+
 @contextlib.contextmanager
 def interrupts_unwind() -> Iterator[None]:
     """SIGINT and SIGTERM (Ctrl-C, a batch system ending the job) unwind as KeyboardInterrupt,

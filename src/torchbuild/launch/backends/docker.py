@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from torchbuild.core.atomic import EXCHANGE
+from torchbuild.core.process import nice_prefix
 from torchbuild.delivery.manifest import ImageRecord
 from torchbuild.inputs.engine import Engine
 from torchbuild.inputs.environment import allocation_env, launch_env
@@ -81,7 +82,8 @@ class DockerBackend(Backend):
         view = self.view(binds)
         return self.docker.run(
             self.spec.image_tag,
-            ["torchbuild", "inside.step", step, request_file],
+            # the caller's priority (nice -n 19 invoke build ...) holds in the container too
+            [*nice_prefix(), "torchbuild", "inside.step", step, request_file],
             mounts={str(host): inside for host, inside in binds.mounts(view).items()},
             read_only={d: d for d in (*self.options.host_mpi, *map(str, binds.read_only))},
             user=self.user,
