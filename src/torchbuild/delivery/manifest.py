@@ -174,12 +174,33 @@ class CcacheRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class EfficiencyRecord:
+    """How close the build came to its cores' limit (steps/bound.py): the lower bound of its ninja
+    part on `jobs` jobs (the larger of the work over the jobs and the longest dependency chain),
+    and the ninja and whole-build wall times over it."""
+
+    jobs: int
+    bound_s: float
+    work_s: float
+    chain_s: float
+    limited_by: str
+    ninja_wall_s: float
+    build_wall_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.build_wall_s / self.bound_s if self.bound_s > 0 else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class ReportRecord:
-    """File names (in the log directory) of the compile report."""
+    """File names (in the log directory) of the compile report, and the build's efficiency."""
 
     text: str
     png: Optional[str] = None
     trace: Optional[str] = None  # Chrome trace (Perfetto)
+    efficiency: Optional[EfficiencyRecord] = None
+    omit_if_none: ClassVar[tuple[str, ...]] = ("efficiency",)  # manifests before it keep their bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -468,9 +489,10 @@ def _structure_image(data: Any, cls: type[ImageRecord]) -> ImageRecord:
 for _cls in (
     CcacheRecord,
     CommsRecord,
+    ReportRecord,
     Manifest,
     InstallManifest,
-):  # CcacheRecord and CommsRecord first: Manifest's hook takes the hook of its fields
+):  # the records first: Manifest's hook takes the hook of its fields
     records.converter.register_unstructure_hook(_cls, _omitting_none(_cls))
 records.converter.register_structure_hook(ImageRecord, _structure_image)
 
@@ -515,7 +537,7 @@ def for_build(
     seconds: float,
     ccache: tuple[int, int, float],
     log: str,
-    report: Mapping[str, str] | None,
+    report: Mapping[str, Any] | None,
     wheel: Path | None = None,
     preflight: Mapping[str, Any] | None = None,
     companion: Mapping[str, Any] | None = None,
@@ -749,7 +771,16 @@ def _build_rows(m: Manifest) -> list[tuple[str, Any]]:
         ("log", m.log),
     ]
     if m.report is not None:
-        rows += [(f"report {k}", v) for k, v in records.to_dict(m.report).items() if v]
+        rows += [(f"report {k}", v) for k, v in records.to_dict(m.report).items() if v and k != "efficiency"]
+        e = m.report.efficiency
+        if e is not None:
+            rows.append(
+                (
+                    "efficiency",
+                    f"wall {e.build_wall_s:.0f} s = {e.ratio:.2f} x the bound {e.bound_s:.0f} s on {e.jobs} jobs "
+                    f"(limited by {e.limited_by}; ninja {e.ninja_wall_s:.0f} s)",
+                )
+            )
     return rows
 
 

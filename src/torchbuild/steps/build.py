@@ -32,6 +32,7 @@ from torchbuild.inputs.environment import NO_CCACHE, ccache_launcher, compile_en
 from torchbuild.inputs.jobs import peaks_file, record_measured, record_unit_peaks, units_file
 from torchbuild.inputs.source import sha256_file
 from torchbuild.steps import buildenv, cmakecache, codegen, compile_job
+from torchbuild.steps.bound import bound_of, efficiency_record, ninja_graph, parse_graph, render_bound
 from torchbuild.steps.compile_job import (
     CompileJob,
     check_wheel_tools,
@@ -44,7 +45,7 @@ from torchbuild.steps.compile_job import (
 )
 from torchbuild.steps.heavy import apply_pool
 from torchbuild.steps.oom import run_watched
-from torchbuild.steps.report import LogMark, mark, write_report
+from torchbuild.steps.report import LogMark, Report, Step, mark, write_report
 from torchbuild.steps.repro import normalize_wheel
 
 
@@ -501,27 +502,52 @@ def _finish(run: Run, wheel: Path | None) -> Outcome:
     return Outcome(wheel, manifest, run.log)
 
 
-def _report(run: Run) -> dict[str, str] | None:
+def _report(run: Run) -> dict[str, Any] | None:
     """The build report next to the log, from what this build added to the tree's .ninja_log
-    (text, Chrome trace, picture). A report that cannot be written is a note, not a failure."""
+    (text, Chrome trace, picture) with the build's lower bound on its jobs (steps/bound.py). A
+    report that cannot be written is a note, not a failure."""
     req, tee = run.req, run.tee
     ninja_log = build_dir(req.source) / ".ninja_log"
     if not ninja_log.is_file():
         return None
+    found: dict[str, Any] = {}
+
+    def appendix(summary: Report, steps: list[Step]) -> str:
+        graph = ninja_graph(build_dir(req.source))
+        b = bound_of(steps, parse_graph(graph) if graph else None, run.job.jobs.start)
+        wall = time.monotonic() - run.job.t0
+        found["efficiency"] = efficiency_record(b, summary.wall_seconds, wall)
+        return render_bound(b, summary.wall_seconds, wall)
+
     try:
-        rep = write_report(ninja_log, run.log.parent, f"report-{req.spec.profile}-{req.run_id}", since=run.ninja_mark)
+        rep = write_report(
+            ninja_log,
+            run.log.parent,
+            f"report-{req.spec.profile}-{req.run_id}",
+            since=run.ninja_mark,
+            appendix=appendix,
+        )
     except TorchbuildError as err:
         tee.line(f"torchbuild: no build report: {err.message}")
         return None
     if rep.summary.slowest:
         slowest = rep.summary.slowest[0]
         tee.line(f"slowest translation unit: {slowest.output} ({slowest.seconds:.1f} s)")
+    if "efficiency" in found:
+        e = found["efficiency"]
+        tee.line(
+            f"efficiency: wall {e['build_wall_s']:.0f} s = {e['build_wall_s'] / e['bound_s']:.2f} x the lower bound "
+            f"{e['bound_s']:.0f} s on {e['jobs']} jobs (limited by {e['limited_by']})"
+            if e["bound_s"] > 0
+            else "efficiency: no step took measurable time"
+        )
     if rep.notice:
         tee.line(rep.notice)
-    return {"text": rep.text.name, "trace": rep.trace.name, **({"png": rep.png.name} if rep.png else {})}
+    files = {"text": rep.text.name, "trace": rep.trace.name, **({"png": rep.png.name} if rep.png else {})}
+    return {**files, **found}
 
 
-def _write_manifest(run: Run, fields: Mapping[str, Any], wheel: Path | None, report: Mapping[str, str] | None) -> Path:
+def _write_manifest(run: Run, fields: Mapping[str, Any], wheel: Path | None, report: Mapping[str, Any] | None) -> Path:
     req, spec = run.req, run.req.spec
     m = manifest.for_build(
         spec,
@@ -564,7 +590,7 @@ def _summary(
     manifest: Path,
     seconds: float,
     ccache: tuple[int, int, float],
-    report: Mapping[str, str] | None,
+    report: Mapping[str, Any] | None,
 ) -> None:
     """The artifacts (name, size, sha256) and the build's figures, as two tables."""
     files = [f for f in (wheel, manifest) if f is not None]
@@ -593,7 +619,11 @@ def _summary(
             for c in run.canaries
         ],
         ("log", str(run.log)),
-        *([("report", ", ".join(str(run.log.parent / name) for name in report.values()))] if report else []),
+        *(
+            [("report", ", ".join(str(run.log.parent / v) for k, v in report.items() if k != "efficiency"))]
+            if report
+            else []
+        ),
     ]
     run.tee.line(table(["", ""], facts, header=False))
 
