@@ -200,7 +200,9 @@ class ReportRecord:
     png: Optional[str] = None
     trace: Optional[str] = None  # Chrome trace (Perfetto)
     efficiency: Optional[EfficiencyRecord] = None
-    omit_if_none: ClassVar[tuple[str, ...]] = ("efficiency",)  # manifests before it keep their bytes
+    # the units with the highest peak memory the build measured (steps/unitpeak.py) and their times
+    heaviest: Optional[tuple[Canary, ...]] = None
+    omit_if_none: ClassVar[tuple[str, ...]] = ("efficiency", "heaviest")  # earlier manifests keep their bytes
 
 
 @dataclasses.dataclass(frozen=True)

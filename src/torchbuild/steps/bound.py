@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from torchbuild.core import console
 from torchbuild.steps.report import Step
 
 GRAPH_TIMEOUT_S = 120
@@ -166,3 +167,22 @@ def efficiency_record(bound: Bound, ninja_wall: float, build_wall: float) -> dic
         "ninja_wall_s": round(ninja_wall, 1),
         "build_wall_s": round(build_wall, 1),
     }
+
+
+def render_heaviest(units: Sequence[Mapping[str, Any]]) -> str:
+    """The report's table of the units with the highest peak memory (what the heavy pool plans from)."""
+    if not units:
+        return ""
+    rows = [
+        (f"{int(u['peak_rss_bytes']) / 2**20:.0f} MiB", f"{float(u['seconds']):.1f} s", str(u["file"])) for u in units
+    ]
+    return (
+        "\n"
+        + console.table(
+            ("peak RSS", "seconds", "unit"),
+            rows,
+            title="units with the highest peak memory",
+            justify=("right", "right", "left"),
+        )
+        + "\n"
+    )

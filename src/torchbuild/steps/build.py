@@ -7,6 +7,7 @@ build does is decided by it and the host facts read here (cores, memory limit).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -31,8 +32,8 @@ from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import NO_CCACHE, ccache_launcher, compile_env, format_env
 from torchbuild.inputs.jobs import peaks_file, record_measured, record_unit_peaks, units_file
 from torchbuild.inputs.source import sha256_file
-from torchbuild.steps import buildenv, cmakecache, codegen, compile_job
-from torchbuild.steps.bound import bound_of, efficiency_record, ninja_graph, parse_graph, render_bound
+from torchbuild.steps import buildenv, cmakecache, codegen, compile_job, unitpeak
+from torchbuild.steps.bound import bound_of, efficiency_record, ninja_graph, parse_graph, render_bound, render_heaviest
 from torchbuild.steps.compile_job import (
     CompileJob,
     check_wheel_tools,
@@ -375,11 +376,40 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     tee.line("environment:")
     for line in format_env(env_vars).splitlines():
         tee.line(f"  {line}")
+    _measure_units(req, env, tmp, tee)
     job = CompileJob(spec, plan, env_vars, env, tee, req.oom_retry, started, t0)
     job.toolchain()
     run = Run(req, tee, log, job, tmp)
     run.python, run.epoch_origin, run.venv = python, req.epoch_origin, venv
     return run
+
+
+UNITS_RECORD = "torchbuild-units.tsv"  # in the build directory: a resumed build adds to it
+
+
+def _measure_units(req: BuildRequest, env: dict[str, str], tmp: Path, tee: Tee) -> None:
+    """Each real compile's peak memory and time into build/torchbuild-units.tsv, through ccache's
+    prefix command (steps/unitpeak.py): not where ccache is not the launcher, nor in a spread
+    over nodes, whose CCACHE_PREFIX is distcc (a remote compile's memory is not this node's)."""
+    if "CMAKE_CXX_COMPILER_LAUNCHER" not in env or env.get("CCACHE_PREFIX", "").strip():
+        return
+    measure = unitpeak.launcher(str(tmp), str(build_dir(req.source) / UNITS_RECORD))
+    if measure is None:
+        tee.line("torchbuild: units' peak memory not measured: a path has whitespace (ccache splits CCACHE_PREFIX)")
+        return
+    env.update(measure)
+    tee.line(f"torchbuild: each compile's peak memory and time go to build/{UNITS_RECORD} (through CCACHE_PREFIX)")
+
+
+def _heaviest(run: Run) -> list[dict[str, object]]:
+    """The ten units with the highest peak memory this tree's builds measured; every measured
+    unit's peak is kept for the heavy pool of the next plans (inputs.jobs.record_unit_peaks)."""
+    units = unitpeak.read_record(str(build_dir(run.req.source) / UNITS_RECORD), run.req.source)
+    if units:
+        measured = [{"file": f, "peak_rss_bytes": peak} for f, (peak, _) in units.items()]
+        with contextlib.suppress(OSError):
+            record_unit_peaks(units_file(run.req.cache_root, run.req.spec.hash), measured)
+    return unitpeak.heaviest(units)
 
 
 def _codegen(req: BuildRequest, python: str, env_vars: dict[str, str], tee: Tee) -> None:
@@ -517,7 +547,8 @@ def _report(run: Run) -> dict[str, Any] | None:
         b = bound_of(steps, parse_graph(graph) if graph else None, run.job.jobs.start)
         wall = time.monotonic() - run.job.t0
         found["efficiency"] = efficiency_record(b, summary.wall_seconds, wall)
-        return render_bound(b, summary.wall_seconds, wall)
+        found["heaviest"] = _heaviest(run)
+        return render_bound(b, summary.wall_seconds, wall) + render_heaviest(found["heaviest"])
 
     try:
         rep = write_report(
@@ -620,7 +651,7 @@ def _summary(
         ],
         ("log", str(run.log)),
         *(
-            [("report", ", ".join(str(run.log.parent / v) for k, v in report.items() if k != "efficiency"))]
+            [("report", ", ".join(str(run.log.parent / report[k]) for k in ("text", "trace", "png") if k in report))]
             if report
             else []
         ),
