@@ -293,6 +293,21 @@ class RecipeError(TorchbuildError):
     default_hint = "build the image with Docker and convert it instead: `invoke image` then `invoke sif`"
 
 
+class NoProgress(TorchbuildError):
+    """A job round (the profile's job_rounds) finished no build step before its limit: another
+    round would do the same, so the job stops instead of going on."""
+
+    exit_code = 30
+    default_hint = "give the job a longer walltime, then submit the same request again"
+
+
+class RoundsExhausted(TorchbuildError):
+    """The build did not finish within the profile's job_rounds allocations."""
+
+    exit_code = 31
+    default_hint = "raise job_rounds or walltime and submit the same request again: the build resumes"
+
+
 class TooLarge(PathError):
     """A file the user named is larger than torchbuild will read for that purpose."""
 
@@ -330,6 +345,8 @@ ERRORS: tuple[type[TorchbuildError], ...] = (
     BenchFailed,
     LockError,
     RecipeError,
+    NoProgress,
+    RoundsExhausted,
     BuildInterrupted,
 )
 

@@ -174,6 +174,18 @@ class CcacheRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class RoundRecord:
+    """One allocation of a build carried across walltimes (profile key job_rounds)."""
+
+    round: int
+    job: str
+    started: str
+    seconds: float
+    ninja_steps: int
+    ended: str  # finished | limit | failed | cancelled
+
+
+@dataclasses.dataclass(frozen=True)
 class EfficiencyRecord:
     """How close the build came to its cores' limit (steps/bound.py): the lower bound of its ninja
     part on `jobs` jobs (the larger of the work over the jobs and the longest dependency chain),
@@ -331,6 +343,7 @@ class Manifest:
         "reproducibility",
         "packages",
         "build_venv",
+        "rounds",
     )
 
     schema_version: int
@@ -360,6 +373,7 @@ class Manifest:
     reproducibility: Optional[ReproRecord] = None
     packages: Optional[PackagesRecord] = None  # a build in a toolchain image (schema 5)
     build_venv: Optional[BuildVenvRecord] = None  # a native build in its build venv (schema 6)
+    rounds: Optional[tuple[RoundRecord, ...]] = None  # the job rounds that built it (launch/rounds.py)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -892,8 +906,24 @@ def show(m: Manifest) -> str:
         table(("variable", "value"), sorted(m.environment.items()), title="environment"),
         *_result_tables(m),
         *_jobs_tables(m),
+        *_rounds_tables(m),
     ]
     return "\n\n".join(parts)
+
+
+def _rounds_tables(m: Manifest) -> list[str]:
+    """The job rounds that carried the build across walltimes, one row each."""
+    if not m.rounds:
+        return []
+    rows = [(r.round, r.job, r.started, f"{r.seconds:.0f} s", r.ninja_steps, r.ended) for r in m.rounds]
+    return [
+        table(
+            ("round", "job", "started", "ran", "ninja steps", "ended"),
+            rows,
+            title="job rounds",
+            justify=("right", "left", "left", "right", "right", "left"),
+        )
+    ]
 
 
 def show_diff(differences: Sequence[Difference], a: Path, b: Path, *, everything: bool = False) -> str:

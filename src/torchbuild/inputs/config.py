@@ -380,6 +380,8 @@ class BuildSpec:
     partition: str
     qos: str
     walltime: str
+    job_rounds: int
+    job_round_warning_s: int
     cpus: int
     mem: str
     gpus: int

@@ -91,6 +91,9 @@ class Job:
     # shell lines run before the command (spread.spread_lines: daemons on the other nodes, stopped
     # by their trap when the script exits, so the command is not exec'd)
     spread: tuple[str, ...] = ()
+    # the profile's job_rounds > 0: the rounds record beside the script (launch/rounds.py), and the
+    # command runs under the rounds supervisor, in the background so the warning signal's trap runs
+    rounds: Path | None = None
 
     @property
     def logs(self) -> Path:
@@ -142,6 +145,8 @@ class Scheduler(abc.ABC):
         lines.append(f"cd {shlex.quote(str(job.workdir))}")
         lines += [" \\\n  ".join(_arg_lines(command)) for command in job.first]
         lines += job.spread
+        if job.rounds is not None:
+            return "\n".join([*lines, *_rounds_lines(job)]) + "\n"
         lines.append(("" if job.spread else "exec ") + " \\\n  ".join(_arg_lines(job.command)))
         return "\n".join(lines) + "\n"
 
@@ -205,6 +210,22 @@ class Scheduler(abc.ABC):
     @abc.abstractmethod
     def status(self, job_id: str) -> JobStatus | None:
         """The job's state now; None when the scheduler no longer knows it."""
+
+
+def _rounds_lines(job: Job) -> list[str]:
+    """The build under the rounds supervisor (launch/rounds.py): in the background, so that bash
+    runs the trap that hands Slurm's warning signal (--signal=B:USR1, to the batch shell only) on
+    to it; the script ends with the supervisor's exit code (bash keeps a reaped child's status)."""
+    assert job.rounds is not None
+    command = [sys.executable, "-m", "torchbuild.launch.rounds", str(job.rounds), "--", *job.command]
+    return [
+        "# the build goes on in a new allocation when the walltime comes (profile key job_rounds)",
+        "trap 'kill -USR1 \"$tb_pid\" 2>/dev/null' USR1",
+        " \\\n  ".join(_arg_lines(command)) + " &",
+        "tb_pid=$!",
+        'while kill -0 "$tb_pid" 2>/dev/null; do wait "$tb_pid" || :; done',
+        'wait "$tb_pid"',
+    ]
 
 
 def _query(args: list[str]) -> list[str]:
@@ -283,6 +304,10 @@ class Slurm(Scheduler):
             d.append(f"--gres=gpu:{s.gpu_type + ':' if s.gpu_type else ''}{s.gpus}")
         if s.constraint:
             d.append(f"--constraint={s.constraint}")
+        if job.rounds is not None:
+            # the warning before the limit goes to the batch shell (B:), whose trap hands it to the
+            # rounds supervisor; requeued, the job keeps its id and appends to the same log
+            d += [f"--signal=B:USR1@{s.job_round_warning_s}", "--requeue", "--open-mode=append"]
         d += s.directives
         return [f"#SBATCH {x}" for x in d]
 
@@ -549,6 +574,11 @@ def check_job_keys(spec: BuildSpec) -> None:
             )
     if spec.gpu_type and not spec.gpus:
         raise UsageError(f"gpu_type {spec.gpu_type} without gpus", hint="add --gpus N, or drop gpu_type")
+    if spec.job_rounds and spec.job_round_warning_s >= walltime_seconds(spec.walltime):
+        raise UsageError(
+            f"job_round_warning_s {spec.job_round_warning_s} leaves no time of the walltime {spec.walltime} to build",
+            hint="a round stops the build that many seconds before its walltime: lower job_round_warning_s or raise walltime",
+        )
 
 
 # -------------------------------------------------------------------- submit and follow
@@ -562,13 +592,37 @@ class Submitted:
 
 
 def write_job(scheduler: Scheduler, job: Job, profile_file: Path) -> Path:
-    """The resolved profile and the script, written atomically; the script's path."""
+    """The resolved profile and the script (and a fresh rounds record where the job goes on over
+    allocations), written atomically; the script's path."""
     script = scheduler.script_path(job)
+    files = [(profile_file, profile_text(job.spec), None), (script, scheduler.render(job), 0o755)]
+    if job.rounds is not None:
+        files.append((job.rounds, rounds_record(scheduler, job, script), None))
     with named_os_errors(job.logs, "writing the batch script"):
-        for path, text, mode in ((profile_file, profile_text(job.spec), None), (script, scheduler.render(job), 0o755)):
+        for path, text, mode in files:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(path, text, mode=mode)
     return script
+
+
+def rounds_record(scheduler: Scheduler, job: Job, script: Path) -> str:
+    """The rounds supervisor's record before the first round: its limits and how the next round
+    is submitted (Slurm requeues the job itself; PBS submits the kept script again)."""
+    from torchbuild.launch.rounds import new_state
+
+    s = job.spec
+    if scheduler.name == "slurm":
+        submit = ["scontrol", "requeue", "{job}"]
+    else:
+        submit = scheduler.submit_args(dataclasses.replace(job, dependency=""), script)
+    state = new_state(
+        max_rounds=s.job_rounds,
+        warning_s=s.job_round_warning_s,
+        walltime_s=walltime_seconds(s.walltime),
+        scheduler=scheduler.name,
+        submit=submit,
+    )
+    return json.dumps(state, indent=2) + "\n"
 
 
 def submit(scheduler: Scheduler, job: Job, profile_file: Path, out: TextIO = sys.stdout) -> Submitted:
@@ -876,6 +930,8 @@ def _make_job(request: _JobRequest, account: str, dependency: str) -> tuple[Job,
     job = Job(
         name, tuple(command), Path.cwd(), outp, spec, account, dependency, first=_comms_first(request, profile_file)
     )
+    if spec.job_rounds:
+        job = dataclasses.replace(job, rounds=profile_file.parent / "rounds.json")
     return job, profile_file
 
 
