@@ -126,3 +126,23 @@ def test_deep_chains_need_no_recursion():
     deps = {f"f{i}": ({f"f{i - 1}"} if i else set()) for i in range(n)}
     total, chain = longest_chain(deps, {f"f{i}": 1.0 for i in range(n)})
     assert total == n and len(chain) == n and chain[0] == "f0"
+
+
+def test_nodes_ninja_leaves_undeclared_are_kept_by_their_id():
+    """ninja's graph of a CMake tree (minitorch with MINITORCH_SLOW_UNITS) has a phony step whose
+    second output is never declared: the graph still reads, the chain still runs through it."""
+    dot = "\n".join(
+        [
+            '"0x1" [label="slow/unit_1.done"]',
+            '"0x2" [label="phony", shape=ellipse]',
+            '"0x2" -> "0x3"',
+            '"0x2" -> "0x4"',
+            '"0x1" -> "0x2" [arrowhead=none]',
+            '"0x3" [label="CMakeFiles/slow_units"]',
+            '"0x4" -> "0x5" [label=" phony"]',
+            '"0x5" [label="all"]',
+        ]
+    )
+    deps = parse_graph(dot)
+    assert deps["CMakeFiles/slow_units"] == {"slow/unit_1.done"} and deps["0x4"] == {"slow/unit_1.done"}
+    assert longest_chain(deps, {"slow/unit_1.done": 8.0}) == (8.0, ["slow/unit_1.done"])

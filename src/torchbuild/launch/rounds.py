@@ -34,7 +34,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -107,23 +107,70 @@ class _Relay:
                 self.manifest = m[1]
 
 
-class _Stopper:
-    """SIGUSR1 (the script's trap, from Slurm's warning) or the own timer: stop the build's
-    group cleanly, once; SIGTERM (scancel, the hard limit): stop it and end the job."""
+def slurm_time_left(job: str) -> float | None:
+    """Seconds the Slurm job has left (`squeue -o %L`: [[D-]HH:]MM:SS), None where unknown."""
+    try:
+        done = subprocess.run(
+            ["squeue", "-h", "-j", job, "-o", "%L"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", done.stdout.strip()) if done.returncode == 0 else None
+    if not m:
+        return None
+    days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
 
-    def __init__(self, proc: subprocess.Popen[str], deadline_s: float) -> None:
-        self.proc, self.why = proc, ""
-        signal.signal(signal.SIGUSR1, lambda *_: self.stop("limit"))
+
+class _Stopper:
+    """Stops the build's group cleanly, once, warning_s before the limit: at the own timer, or at
+    SIGUSR1 (the script's trap, from Slurm's --signal). Slurm sends its warning up to a minute
+    early (its periodic check), so a warning with more time left than that re-arms the timer
+    for what Slurm says is left (squeue %L) instead. SIGTERM (scancel, the hard limit): stop it
+    and end the job."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[str],
+        deadline_s: float,
+        warning_s: int,
+        ask_left: Callable[[], float | None],
+        out: TextIO,
+    ) -> None:
+        self.proc, self.why, self.warning_s, self.ask_left, self.out = proc, "", warning_s, ask_left, out
+        self.timer: threading.Timer | None = None
+        signal.signal(signal.SIGUSR1, lambda *_: threading.Thread(target=self.warned, daemon=True).start())
         signal.signal(signal.SIGTERM, lambda *_: self.stop("cancelled"))
-        self.timer = threading.Timer(max(deadline_s, 0.0), self.stop, ("limit",))
+        self.arm(deadline_s)
+
+    def arm(self, seconds: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = threading.Timer(max(seconds, 0.0), self.stop, ("limit",))
         self.timer.daemon = True
         self.timer.start()
+
+    def warned(self) -> None:
+        left = self.ask_left()
+        if left is not None and left > self.warning_s + 5:
+            print(
+                f"torchbuild: the scheduler's warning came with {left:.0f} s left: stopping {self.warning_s} s before the end",
+                file=self.out,
+                flush=True,
+            )
+            self.arm(left - self.warning_s)
+        else:
+            self.stop("limit")
 
     def stop(self, why: str) -> None:
         if self.why:
             return
         self.why = why
         threading.Thread(target=stop_group, args=(self.proc.pid,), daemon=True).start()
+
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
 
 
 def _now() -> str:
@@ -158,10 +205,16 @@ def run_round(state_path: Path, command: Sequence[str], out: TextIO = sys.stdout
         errors="replace",
         start_new_session=True,
     )
-    relay, stopper = _Relay(proc, out), _Stopper(proc, walltime - warning)
+
+    def ask_left() -> float | None:
+        return slurm_time_left(job) if state["scheduler"] == "slurm" else None
+
+    left = ask_left()
+    relay = _Relay(proc, out)
+    stopper = _Stopper(proc, (walltime if left is None else min(walltime, left)) - warning, warning, ask_left, out)
     code = proc.wait()
     relay.thread.join(timeout=30)
-    stopper.timer.cancel()
+    stopper.cancel()
     ended = "finished" if code == 0 else (stopper.why or "failed")
     record = Round(number, job, started, round(time.monotonic() - t0, 1), relay.steps, ended)
     state["rounds"].append(dataclasses.asdict(record))

@@ -48,15 +48,17 @@ def parse_graph(dot: str) -> dict[str, set[str]]:
     inputs_of: dict[str, set[str]] = {}  # a step node -> its input files
     produced_by: dict[str, str] = {}  # an output file -> its step node
     deps: dict[str, set[str]] = {name: set() for name in files.values()}
+    # ninja declares a node when it first visits it, and leaves some out (a second output of a
+    # phony step): an undeclared node keeps its id as its name, so no time is lost along it
     for a, b in arrows:
         if b in steps:
-            inputs_of.setdefault(b, set()).add(files[a])
+            inputs_of.setdefault(b, set()).add(files.get(a, a))
         elif a in steps:
-            produced_by[files[b]] = a
-        elif a in files and b in files:
-            deps[files[b]].add(files[a])
+            produced_by[files.get(b, b)] = a
+        else:
+            deps.setdefault(files.get(b, b), set()).add(files.get(a, a))
     for out, step in produced_by.items():
-        deps[out] |= inputs_of.get(step, set())
+        deps.setdefault(out, set()).update(inputs_of.get(step, set()))
     return deps
 
 
