@@ -23,7 +23,7 @@ Slow. Measured here on 2 cores shared with other builds (load 8-11): the image 6
 and PyTorch's build dependencies from Debian's mirror; 8.2 GB before those); aws-ofi-nccl 1.6.0
 54 s; the preflight (configure and c10) 7 min. NCCL 2.21.5-1 for sm_80 alone did not finish in
 the 45 min measured (24 of its ~115 device objects); 2.22.3-1 for sm_80 took 492 s on an idle
-machine (README), so expect 10-15 min idle, an hour or more under load.
+machine (docs/figures.md), so expect 10-15 min idle, an hour or more under load.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The registry of named errors (errors.ERRORS): it holds every TorchbuildError subclass of the
 package, each exit code names one class (or a documented few), a step's exit code maps back to
-its class whatever modules are imported, and the README's table lists them all."""
+its class whatever modules are imported. The docs' error table is generated from ERRORS
+(tests/unit/test_docs.py checks it lists them all)."""
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
-import re
 import subprocess
 import sys
 from collections import Counter
@@ -107,26 +107,3 @@ def test_a_fresh_interpreter_maps_lock_recipe_and_manifest_codes_without_their_m
         "29 RecipeError RecipeError",
         "19 ManifestError ManifestError",
     ]
-
-
-ROW = re.compile(r"^\| `(?P<name>[A-Za-z]+)` \| (?P<code>\d+) \| .+ \|$")
-
-
-def _readme_table() -> list[tuple[str, int]]:
-    text = (REPO / "README.md").read_text()
-    section = text.split("\n## Errors and exit codes\n", 1)[1].split("\n## ", 1)[0]
-    lines = [line for line in section.splitlines() if line.startswith("|")]
-    assert lines[0].startswith("| error | exit |") and lines[1].startswith("|---"), lines[:2]
-    rows = []
-    for line in lines[2:]:  # after the header and its |---| line
-        match = ROW.match(line)
-        assert match, f"README's error table has a row it cannot read: {line[:80]}"
-        rows.append((match["name"], int(match["code"])))
-    return rows
-
-
-def test_the_readme_table_lists_every_registered_error_with_its_code():
-    rows = _readme_table()
-    names = [name for name, _ in rows]
-    assert len(names) == len(set(names)), "README's error table lists a class twice"
-    assert dict(rows) == {c.__name__: c.exit_code for c in ERRORS}

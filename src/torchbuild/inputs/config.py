@@ -1344,7 +1344,7 @@ records.converter.register_unstructure_hook(BuildSpec, BuildSpec.to_dict)
 
 
 def describe_keys() -> str:
-    """The key reference as Markdown rows (used by `invoke config --keys` and the README)."""
+    """The key reference as Markdown rows (used by `invoke config --keys` and the docs' key reference)."""
     rows = ["| key | type | default | description |", "|---|---|---|---|"]
     for k in schema().values():
         shown = [c or json.dumps(c) for c in k.choices]
