@@ -33,7 +33,7 @@ from packaging.version import InvalidVersion, Version
 
 from torchbuild.core import console
 from torchbuild.core.errors import CommsFailed, TorchbuildError, UsageError, WheelError, named_os_errors
-from torchbuild.delivery import pipenv, probe
+from torchbuild.delivery import pipenv, probe, upstream_tests
 from torchbuild.delivery.manifest import write_json
 from torchbuild.delivery.pipenv import interpreter
 from torchbuild.inputs.config import BuildSpec
@@ -267,11 +267,18 @@ def _torch_lib(site: Path) -> Path | None:
 
 
 def verify_wheel(
-    wheel: Path, spec: BuildSpec, expect_version: str, comms: Mapping[str, Any] | None = None, python: str = ""
+    wheel: Path,
+    spec: BuildSpec,
+    expect_version: str,
+    comms: Mapping[str, Any] | None = None,
+    python: str = "",
+    tests_dir: str = "",
+    results: dict[str, Any] | None = None,
 ) -> list[Check]:
     """Tags, then install into a fresh venv (dependencies from this interpreter) and probe;
-    with comms, the NCCL and plugin checks (comms_checks) against the venv's torch.
-    WheelError (or PathError) first when the file is not a readable wheel."""
+    with comms, the NCCL and plugin checks (comms_checks) against the venv's torch; with
+    tests_dir (the source's test/), the profile's subset of PyTorch's own tests, whose counts go
+    into results["tests"]. WheelError (or PathError) first when the file is not a readable wheel."""
     check_wheel_file(wheel)
     base = interpreter(python)
     checks = tag_checks(wheel.name, expect_version, supported_tags(python=python) if python else None)
@@ -286,9 +293,22 @@ def verify_wheel(
         checks += _probe(venv_python, name, spec, expect_version)
         if comms:
             checks += comms_checks(_torch_lib(root / "venv"), comms)
+        if tests_dir:
+            checks += _upstream(venv_python, Path(tests_dir), spec, results if results is not None else {})
         return checks
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _upstream(python: str, tests_dir: Path, spec: BuildSpec, results: dict[str, Any]) -> list[Check]:
+    """PyTorch's own tests (upstream_tests.py): one check, pass within the failure budget."""
+    outcome = upstream_tests.run(python, tests_dir, spec, platform.machine())
+    if outcome is None:
+        return []
+    results["tests"] = outcome.to_dict()
+    budget = spec.verify_tests_max_failures
+    status = "skip" if outcome.note and not outcome.timed_out else ("pass" if outcome.ok(budget) else "fail")
+    return [Check("PyTorch's own tests", status, outcome.detail(budget))]
 
 
 def verify_installed(name: str, spec: BuildSpec, expect_version: str) -> list[Check]:
@@ -327,6 +347,7 @@ class Request:
     report: str = ""
     python: str = ""  # the interpreter the fresh venv is made of ("" for the step's own)
     comms: Optional[dict[str, Any]] = None  # runner.comms_for_verify: the NCCL the wheel was built with
+    tests_dir: str = ""  # the source's test/ as the step sees it: PyTorch's own tests (verify_tests)
 
 
 def request(
@@ -338,6 +359,7 @@ def request(
     report: Path | None,
     python: str = "",
     comms: Mapping[str, Any] | None = None,
+    tests_dir: str = "",
 ) -> Request:
     """A verify request; the report is <wheel>.verify.json unless given."""
     if report is None and wheel is not None:
@@ -350,6 +372,7 @@ def request(
         report=str(report) if report is not None else "",
         python=python,
         comms=dict(comms) if comms is not None else None,
+        tests_dir=tests_dir,
     )
 
 
@@ -362,13 +385,16 @@ def run_request(req: Request) -> int:
             "the verify request names neither a wheel nor a package",
             hint="write requests with verify.request(); `invoke verify` does",
         )
+    results: dict[str, Any] = {}
     if req.installed:
         subject = f"installed {req.installed}"
         checks = verify_installed(req.installed, req.spec, req.expect_version)
     else:
         subject = Path(req.wheel).name
-        checks = verify_wheel(Path(req.wheel), req.spec, req.expect_version, req.comms, req.python)
-    data = report(checks, subject)
+        checks = verify_wheel(
+            Path(req.wheel), req.spec, req.expect_version, req.comms, req.python, req.tests_dir, results
+        )
+    data = {**report(checks, subject), **results}
     if req.python:
         data["python"] = req.python
     print(f"verify {subject} ({data['machine']}, Python {data['python']}):")

@@ -393,6 +393,10 @@ class BuildSpec:
     export_env: bool
     directives: tuple[str, ...]
     launcher: str
+    verify_tests: tuple[str, ...]
+    verify_tests_timeout_s: int
+    verify_tests_max_failures: int
+    verify_tests_skip: StrMap
     runtime_env: StrMap
     runtime_packages: tuple[PackageEntry, ...]
     install_python: str
