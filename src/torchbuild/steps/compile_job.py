@@ -224,7 +224,12 @@ class CompileJob:
         return {**self.env, **jobs_env(n)}
 
     def zero_ccache(self) -> None:
-        """ccache's counters from zero: the hit rate recorded is this job's."""
+        """ccache's counters from zero: the hit rate recorded is this job's. What they held is
+        said first: a build cut before its manifest leaves its figures only there, and the run
+        that resumes it shows them (a unit compiled again would be a hit on the next run)."""
+        hits, misses, _ = hit_rate(ccache_stats(self.env))
+        if hits or misses:
+            self.sink.line(f"ccache before this run (the run before it, cut or finished): {hits} hits, {misses} misses")
         with contextlib.suppress(OSError):  # no ccache here: nothing to zero
             subprocess.run(["ccache", "--zero-stats"], env=self.env, capture_output=True, check=False)
 
