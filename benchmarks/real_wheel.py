@@ -63,8 +63,8 @@ def prepare(work: Path) -> Path:
         engine, suite="trixie", arch=Arch.X86_64, work_dir=work / "rootfs", ignore_valid_until=True
     )
     dsc = fetch_debian_pytorch(engine, tag, work / "src")
-    if invoke("image", "--profile", str(PROFILE), *site_sets(work)) != 0:
-        sys.exit("invoke image failed")
+    if invoke("image", "--profile", str(PROFILE), *site_sets(work), log=work / "image.log") != 0:
+        sys.exit(f"invoke image failed: {work / 'image.log'}")
     return dsc
 
 
