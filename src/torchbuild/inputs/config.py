@@ -542,7 +542,10 @@ class _BoundedLoader(yaml.SafeLoader):
 def _load_yaml(text: str, label: str, lines: bool = True) -> tuple[yaml.Node | None, Any]:
     """The composed node and the data of one YAML document, bounded (_BoundedLoader); bad YAML,
     a document too large once expanded, or a number Python will not read is a ProfileError."""
-    loader = _BoundedLoader(text)
+    try:
+        loader = _BoundedLoader(text)  # its reader refuses NUL, ESC and the like at once
+    except yaml.YAMLError as exc:
+        raise _yaml_error(label, exc, lines) from None
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
@@ -692,6 +695,12 @@ def parse_set(items: Iterable[str]) -> _Layer:
             raise ProfileError(f"--set {item!r}: expected key=value", hint="e.g. --set python_version=3.12")
         key, _, raw = item.partition("=")
         key = key.strip()
+        bad = CONTROL_CHARACTER.search(item)
+        if bad:
+            raise ProfileError(
+                f"--set {_shown(key, 40)}: the value holds the control character {_char(bad.group())}",
+                hint=CONTROL_HINT,
+            )
         top, dot, sub = key.partition(".")
         spec = keys.get(top)
         if top in RENAMED:
@@ -911,9 +920,41 @@ def _explain_map(spec: KeySpec, error: ValidationError, value: Any, where: str) 
     return _bad(spec, where, f"entry {k!r} must be text or a number, got {value[k]!r}")
 
 
+# A control character in a value is refused wherever the value comes from: values reach
+# environments (a line break in runtime_env ran as a command on `module load` with Environment
+# Modules 5.5 and Lmod 8.6, which hand the value to the shell raw), scripts and terminals.
+CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0 (tab and line breaks too), DEL, C1
+CONTROL_HINT = "write the value as one line of printable text (no line break, tab, escape or other control character)"
+
+
+def _char(ch: str) -> str:
+    """A control character as a message shows it: its escape, never the character."""
+    return repr(ch) if ch in "\t\n\r" else f"'\\x{ord(ch):02x}'"
+
+
+def _control_in(value: Any, at: str = "") -> tuple[str, str] | None:
+    """(where, character) of the first control character in value's text (a map's entries, a
+    list's items, a runtime_packages mapping's fields: "entry A ", "item 2 env.B "), or None."""
+    if isinstance(value, str):
+        bad = CONTROL_CHARACTER.search(value)
+        return (at, bad.group()) if bad else None
+    if isinstance(value, Mapping):
+        found = (_control_in(v, f"{at.rstrip()}.{k} " if at else f"entry {k} ") for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        found = (_control_in(v, f"{at}item {i + 1} ") for i, v in enumerate(value))
+    else:
+        return None
+    return next((hit for hit in found if hit is not None), None)
+
+
 def _canonical(spec: KeySpec, value: Any, where: str) -> Any:
     """A value the schema accepted in BuildSpec's form (tuples, read-only maps of text, floats),
-    after the checks JSON Schema cannot make: ~user in host paths, pip requirements, NaN."""
+    after the checks JSON Schema cannot make: control characters, ~user in host paths, pip
+    requirements, NaN."""
+    control = _control_in(value)
+    if control is not None:
+        at, ch = control
+        raise _bad(spec, where, f"{at}holds the control character {_char(ch)}", hint=CONTROL_HINT)
     if spec.type == "map":
         return _canonical_map(spec, value, where)
     if spec.type == "number":
