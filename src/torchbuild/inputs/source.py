@@ -185,6 +185,7 @@ def fetch_git(url: str, ref: str, dest: Path, cache: Path | None, out: TextIO = 
         shutil.rmtree(partial, ignore_errors=True)
         try:
             _clone(url, ref, partial, cache, out)
+            check_links(partial, f"{url} at {ref}")
             os.replace(partial, dest)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
@@ -213,6 +214,7 @@ def update_tree(tree: Path, out: TextIO = sys.stdout) -> SourceInfo:
     _git("merge", "--ff-only", "--quiet", "@{upstream}", cwd=tree, out=out)
     _git("submodule", "sync", "--quiet", "--recursive", cwd=tree)
     _git("submodule", "update", "--init", "--recursive", "--quiet", cwd=tree, out=out)
+    check_links(tree, f"{tree} after the update")
     return describe_dir(tree)
 
 
@@ -264,6 +266,8 @@ def _unpack(archive: Path, dest_root: Path, out: TextIO) -> SourceInfo:
     kind = "dsc" if archive.suffix == ".dsc" else "tarball"
     if not dest.is_dir():
         _unpack_new(archive, kind, dest, out)
+    else:  # unpacked before (perhaps by a torchbuild that did not check dpkg-source's tree)
+        check_links(dest, f"{archive.name} (unpacked earlier at {dest})")
     return SourceInfo(kind=kind, path=dest, url=str(archive), sha256=digest)
 
 
@@ -294,6 +298,7 @@ def _run_dpkg_source(archive: Path, tree: Path, out: TextIO) -> Path:
     )
     if proc.returncode != 0:
         raise SourceError(f"dpkg-source -x {archive.name} failed: {proc.stderr.strip()[-300:]}")
+    check_links(tree, f"{archive.name} (as dpkg-source unpacked it)")
     return tree
 
 
@@ -349,10 +354,8 @@ def _checked_members(tar: tarfile.TarFile, root: Path) -> Iterator[tarfile.TarIn
             raise _unsafe(member.name, "it would be written through a symlink the archive made")
         if member.isdev():
             raise _unsafe(member.name, "it is a device or FIFO")
-        if member.issym():
-            target = os.path.realpath(root / os.path.dirname(member.name) / member.linkname)
-            if os.path.isabs(member.linkname) or not _inside(Path(target), root):
-                raise _unsafe(member.name, f"it is a symlink to {member.linkname!r}, outside the tree")
+        if member.issym() and _leads_out(root / member.name, member.linkname, root):
+            raise _unsafe(member.name, f"it is a symlink to {member.linkname!r}, outside the tree")
         elif member.islnk():
             target = os.path.realpath(root / member.linkname)
             if os.path.isabs(member.linkname) or not _inside(Path(target), root):
@@ -365,6 +368,33 @@ def _checked_members(tar: tarfile.TarFile, root: Path) -> Iterator[tarfile.TarIn
 
 def _inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
+
+
+def _leads_out(link: Path, target: str, root: Path) -> bool:
+    """The tarball rule for a symlink at link (under root) to target: an absolute target, or one
+    that resolves outside root, leads out (a later write through it would land outside)."""
+    return os.path.isabs(target) or not _inside(Path(os.path.realpath(link.parent / target)), root)
+
+
+def check_links(tree: Path, what: str) -> None:
+    """SourceError naming the first symlink in tree that leads out of it (the tarball rule,
+    _leads_out), wherever the tree came from: dpkg-source keeps the orig tarball's `build ->
+    /elsewhere`, and git checks out a committed one; a build would write through it."""
+    root = Path(os.path.realpath(tree))
+    pending = [root]
+    while pending:
+        with os.scandir(pending.pop()) as entries:  # scandir's types: no stat per entry
+            for entry in entries:
+                if entry.is_symlink():
+                    target = os.readlink(entry.path)
+                    if _leads_out(Path(entry.path), target, root):
+                        raise SourceError(
+                            f"{what}: {Path(entry.path).relative_to(root)} is a symlink to {target!r}, outside the tree",
+                            hint="a build would write through it outside the tree; get the source from a trusted "
+                            "place, or remove the link",
+                        )
+                elif entry.is_dir():
+                    pending.append(Path(entry.path))
 
 
 def _unsafe(name: str, why: str) -> SourceError:
