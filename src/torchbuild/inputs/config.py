@@ -927,9 +927,14 @@ CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0 (tab and line brea
 CONTROL_HINT = "write the value as one line of printable text (no line break, tab, escape or other control character)"
 
 
+_CONTROL_NAMES = {0: "NUL", 9: "tab", 10: "line feed", 13: "carriage return", 27: "ESC", 127: "DEL"}
+
+
 def _char(ch: str) -> str:
-    """A control character as a message shows it: its escape, never the character."""
-    return repr(ch) if ch in "\t\n\r" else f"'\\x{ord(ch):02x}'"
+    """A control character as a message shows it: its escape (and name), never the character."""
+    shown = repr(ch) if ch in "\t\n\r" else f"'\\x{ord(ch):02x}'"
+    name = _CONTROL_NAMES.get(ord(ch))
+    return f"{shown} ({name})" if name else shown
 
 
 def _control_in(value: Any, at: str = "") -> tuple[str, str] | None:
