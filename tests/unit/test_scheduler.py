@@ -1226,3 +1226,28 @@ def test_a_comms_profiles_job_builds_nccl_and_the_plugin_in_the_sif_before_the_b
 def test_a_job_without_comms_runs_the_build_alone(tmp_path):
     text = _dry_script(tmp_path, _spec("cpu", f"cache_dir={tmp_path / 'cache'}"), _fake_sif(tmp_path / "t.sif"))
     assert " comms " not in text and "\nexec " in text
+
+
+# issue 41 item 4: what a job writes reaches the terminal inert (a colour, a title, a reset)
+HOSTILE_LOG = "plain\n\x1b[31mred\x1b[0m\n\x1b]0;pwned\x07title\nreset\x1bc\nbell\x07 and \x9b2J\nwindows\r\n"
+
+
+def test_follow_relays_the_log_with_escape_sequences_inert(tmp_path):
+    sub = _submitted(tmp_path)
+    done = JobStatus("COMPLETED", True, True, 0)
+    sub.log.write_text(HOSTILE_LOG)
+    out = io.StringIO()
+    follow(Scripted([RUNNING, done]), sub, out, sleep=lambda s: None)
+    text = out.getvalue()
+    assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text and "pwned" not in text, repr(text)
+    assert "plain\nred\ntitle\nreset\nbell\\x07 and \nwindows\n" in text, repr(text)
+
+
+def test_a_failed_jobs_tail_shows_escape_sequences_inert(tmp_path):
+    sub = _submitted(tmp_path)
+    sub.log.write_text(HOSTILE_LOG)
+    with pytest.raises(JobFailed) as err:
+        follow(Scripted([JobStatus("FAILED", True, True, 1)]), sub, io.StringIO(), sleep=lambda s: None)
+    message = err.value.message
+    assert "\x1b" not in message and "\x07" not in message and "pwned" not in message, repr(message)
+    assert "  | red\n  | title\n" in message

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, ClassVar, TextIO
 
 from torchbuild import __version__
 from torchbuild.core.atomic import atomic_write_text
+from torchbuild.core.console import printable
 from torchbuild.core.errors import (
     BuildInterrupted,
     ImageNotFound,
@@ -652,8 +653,8 @@ def _print_new(log: Path, pos: int, out: TextIO) -> int:
     except OSError:
         return pos
     end = data.rfind(b"\n") + 1
-    if end:
-        out.write(data[:end].decode("utf-8", "replace"))
+    if end:  # the job's output as text, its escape sequences inert (a log is no terminal program)
+        out.write(printable(data[:end].decode("utf-8", "replace").replace("\r\n", "\n")))
         out.flush()
     return pos + end
 
@@ -663,7 +664,7 @@ def tail(log: Path, lines: int = TAIL_LINES) -> str:
         text = log.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         return f"  | (no log: {exc.strerror})"
-    return "\n".join(f"  | {ln}" for ln in text.splitlines()[-lines:])
+    return "\n".join(f"  | {printable(ln)}" for ln in text.splitlines()[-lines:])
 
 
 # -------------------------------------------------------------------- invoke submit
