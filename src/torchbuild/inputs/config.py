@@ -575,6 +575,12 @@ def _read_yaml(path: Path) -> _Layer:
         )
     if not isinstance(data, dict) or not isinstance(node, yaml.MappingNode):
         raise ProfileError(f"{path}: a profile must be a mapping of key: value")
+    if not any(isinstance(k, str) and (k in _declared() or k in RENAMED or k == "extends") for k in data):
+        # another kind of file (--profile /etc/shadow): say so, and quote none of its content
+        raise ProfileError(
+            f"{path} is not a profile: none of its {len(data)} keys is a profile key",
+            hint=f"give --profile {_NAMES} or the path of a profile file (keys of configs/defaults.yaml)",
+        )
     duplicate = next(_duplicate_keys(node), None)
     if duplicate is not None:
         key, first, again = duplicate

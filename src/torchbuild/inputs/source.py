@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from torchbuild.core.console import redact
 from torchbuild.core.errors import InsufficientSpace, PathError, SourceError, ToolMissing, UsageError, named_os_errors
 from torchbuild.core.safeio import not_an_option, user_path
 from torchbuild.inputs.config import BuildSpec
@@ -69,7 +70,7 @@ def _git(*args: str, cwd: Path | None = None, out: TextIO | None = None, trusted
         raise ToolMissing("git is not installed", hint="apt-get install git")
     cmd = [*_GIT, *(_TRUSTED if trusted else []), *args]
     if out is not None:
-        print(f"$ git {' '.join(args)}", file=out, flush=True)
+        print(redact(f"$ git {' '.join(args)}"), file=out, flush=True)  # a URL's token stays out of the log
     env = None if trusted else {**os.environ, "GIT_PROTOCOL_FROM_USER": "0"}
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:

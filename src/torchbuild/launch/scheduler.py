@@ -566,7 +566,8 @@ def write_job(scheduler: Scheduler, job: Job, profile_file: Path) -> Path:
     """The resolved profile and the script, written atomically; the script's path."""
     script = scheduler.script_path(job)
     with named_os_errors(job.logs, "writing the batch script"):
-        for path, text, mode in ((profile_file, profile_text(job.spec), None), (script, scheduler.render(job), 0o755)):
+        # the profile is the job's input, credentials and all: readable by its owner alone
+        for path, text, mode in ((profile_file, profile_text(job.spec), 0o600), (script, scheduler.render(job), 0o755)):
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(path, text, mode=mode)
     return script
