@@ -31,6 +31,8 @@ BAD_PROFILE_FILES = [
     ),
     ("torch_version not PEP 440", b"torch_version: 2.6.0abc\n", ["bad.yaml:1", "'torch_version'", "PEP 440"]),
     ("torch_version with two dots", b"torch_version: 2.6.0..\n", ["bad.yaml:1", "PEP 440"]),
+    ("a raw ESC (YAML's reader refuses it)", b"description: a\x1b[31mb\n", ["bad.yaml", "not valid YAML", "#x001b"]),
+    ("a raw NUL", b"description: a\x00b\n", ["bad.yaml", "not valid YAML", "#x0000"]),
 ]
 
 
@@ -137,8 +139,11 @@ def test_a_control_character_in_a_value_is_refused_for_every_route(tmp_path: Pat
     path = tmp_path / "p.yaml"
     # in YAML text the character goes as its double-quoted escape (a raw one is a reader error)
     path.write_text(text.format(c=c.encode("unicode_escape").decode()))
+    # a --set value in YAML ({...}, [...]) holds the character by its escape too (YAML folds a raw
+    # line break in a quoted scalar into a space); a plain --set value holds it as it is
+    sets = [s.format(c=c.encode("unicode_escape").decode() if s.split("=", 1)[1][:1] in "[{" else c) for s in sets]
     with pytest.raises(ProfileError, match="control character") as exc:
-        resolve(str(path), [s.format(c=c) for s in sets])
+        resolve(str(path), sets)
     assert exc.value.exit_code == 2 and exc.value.hint and "\n" not in exc.value.hint
     assert c not in exc.value.message and "pwn" not in exc.value.message, exc.value.message
     assert repr(c).strip("'") in exc.value.message

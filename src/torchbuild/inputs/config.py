@@ -701,7 +701,7 @@ def parse_set(items: Iterable[str]) -> _Layer:
             raise ProfileError(f"--set {item!r}: expected key=value", hint="e.g. --set python_version=3.12")
         key, _, raw = item.partition("=")
         key = key.strip()
-        bad = CONTROL_CHARACTER.search(item)
+        bad = _CONTROL_IN_SET.search(item)  # line breaks and tabs may be YAML's own; values are checked
         if bad:
             raise ProfileError(
                 f"--set {_shown(key, 40)}: the value holds the control character {_char(bad.group())}",
@@ -930,6 +930,7 @@ def _explain_map(spec: KeySpec, error: ValidationError, value: Any, where: str) 
 # environments (a line break in runtime_env ran as a command on `module load` with Environment
 # Modules 5.5 and Lmod 8.6, which hand the value to the shell raw), scripts and terminals.
 CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0 (tab and line breaks too), DEL, C1
+_CONTROL_IN_SET = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # what YAML's reader refuses
 CONTROL_HINT = "write the value as one line of printable text (no line break, tab, escape or other control character)"
 
 
