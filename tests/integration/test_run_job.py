@@ -71,7 +71,7 @@ def submit_run_job(slurm, house: Path, script: Path, out: Path, sets: list[str])
     assert "argv ['two words', '--epochs', '3']" in res.stdout
     assert "RUNJOB_VAR a b;$(x)" in res.stdout
     assert not Path(venv.group(1)).exists()  # gone with the job
-    (kept,) = (out / "logs").glob(f"torchbuild-run-alliance-{script.stem.replace(' ', '_')}.sbatch")
+    (kept,) = (out / "logs").glob(f"torchbuild-run-alliance-{script.stem.replace(' ', '_')}-*.sbatch")
     assert "--no-index" in kept.read_text()
     return res.stdout, Path(venv.group(1))
 

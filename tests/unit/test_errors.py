@@ -107,3 +107,14 @@ def test_a_fresh_interpreter_maps_lock_recipe_and_manifest_codes_without_their_m
         "29 RecipeError RecipeError",
         "19 ManifestError ManifestError",
     ]
+
+
+# issue 41 item 4: a named error quotes file names, logs and tools' words: shown inert
+def test_report_shows_escape_sequences_in_a_message_and_hint_inert(capsys):
+    from torchbuild.core.errors import SourceError, report
+
+    err = SourceError("source archive /tmp/\x1b]0;pwned\x07\x1b[2Ja.tar.gz does not exist", hint="try \x1b[31mred")
+    assert report(err) == 8
+    shown = capsys.readouterr().err
+    assert "\x1b" not in shown and "\x07" not in shown and "pwned" not in shown
+    assert shown == "error: SourceError: source archive /tmp/a.tar.gz does not exist\nhint: try red\n"

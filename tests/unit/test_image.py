@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shlex
@@ -99,7 +100,12 @@ def test_dockerfile_reads_the_lists_without_shell_splitting(tmp_path):
     ["--index-url=http://evil.example/simple", "-e .", "numpy; rm -rf /", "numpy\n--pre", "numpy $(reboot)", ""],
 )
 def test_python_package_that_is_not_a_requirement_is_refused(tmp_path, entry):
-    spec = resolve("cpu", [f"python_packages={json.dumps([entry])}"])
+    if "\n" in entry:  # refused as the profile resolves; the image's own check stays for a spec made otherwise
+        with pytest.raises(ProfileError, match="control character"):
+            resolve("cpu", [f"python_packages={json.dumps([entry])}"])
+        spec = dataclasses.replace(resolve("cpu"), python_packages=(entry,))
+    else:
+        spec = resolve("cpu", [f"python_packages={json.dumps([entry])}"])
     with pytest.raises(ProfileError, match=r"python_packages: .* is not a requirement"):
         write_package_lists(spec, tmp_path)
     assert not (tmp_path / "inputs" / "requirements.txt").exists()

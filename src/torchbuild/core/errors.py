@@ -96,10 +96,14 @@ def debug_enabled() -> bool:
 
 def report(err: TorchbuildError) -> int:
     """Print a named error the way every entry point does; return its exit code."""
+    from torchbuild.core.console import printable, redact  # rich, loaded only when an error is shown
+
+    # a message quotes file names, logs, URLs and tools' words: no escape sequence reaches the
+    # terminal, no credential of a URL is repeated
     name = type(err).__name__
-    print(f"error: {name}: {err.message}", file=sys.stderr)
+    print(f"error: {name}: {printable(redact(err.message))}", file=sys.stderr)
     if err.hint:
-        print(f"hint: {err.hint}", file=sys.stderr)
+        print(f"hint: {printable(redact(err.hint))}", file=sys.stderr)
     return err.status
 
 

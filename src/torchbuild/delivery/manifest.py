@@ -32,7 +32,7 @@ from cattrs.gen import make_dict_unstructure_fn, override
 from torchbuild import __version__
 from torchbuild.core import records
 from torchbuild.core.atomic import atomic_write_text
-from torchbuild.core.console import printable, table
+from torchbuild.core.console import printable, redact, table
 from torchbuild.core.errors import BuildFailed, PathError, named_os_errors
 from torchbuild.core.errors import (
     ManifestError as ManifestError,  # defined in errors.py (its registry); importable here too
@@ -646,7 +646,8 @@ def write_json(path: Path, data: Mapping[str, Any], what: str) -> Path:
     """One JSON record torchbuild writes (a manifest, `<wheel>.verify.json`, torchbuild-comms.json),
     atomically (atomic.atomic_write_text): a reader, or a resume that takes the file as a marker,
     never sees half of one, and a failure leaves the old file as it was. OSError: the named error."""
-    atomic_write_text(path, json.dumps(data, indent=2) + "\n", what=what)
+    # a record is read by others (a wheel's manifest is published with it): no URL's credentials
+    atomic_write_text(path, redact(json.dumps(data, indent=2)) + "\n", what=what)
     return Path(path)
 
 

@@ -548,7 +548,10 @@ class _BoundedLoader(yaml.SafeLoader):
 def _load_yaml(text: str, label: str, lines: bool = True) -> tuple[yaml.Node | None, Any]:
     """The composed node and the data of one YAML document, bounded (_BoundedLoader); bad YAML,
     a document too large once expanded, or a number Python will not read is a ProfileError."""
-    loader = _BoundedLoader(text)
+    try:
+        loader = _BoundedLoader(text)  # its reader refuses NUL, ESC and the like at once
+    except yaml.YAMLError as exc:
+        raise _yaml_error(label, exc, lines) from None
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
@@ -578,6 +581,12 @@ def _read_yaml(path: Path) -> _Layer:
         )
     if not isinstance(data, dict) or not isinstance(node, yaml.MappingNode):
         raise ProfileError(f"{path}: a profile must be a mapping of key: value")
+    if not any(isinstance(k, str) and (k in _declared() or k in RENAMED or k == "extends") for k in data):
+        # another kind of file (--profile /etc/shadow): say so, and quote none of its content
+        raise ProfileError(
+            f"{path} is not a profile: none of its {len(data)} keys is a profile key",
+            hint=f"give --profile {_NAMES} or the path of a profile file (keys of configs/defaults.yaml)",
+        )
     duplicate = next(_duplicate_keys(node), None)
     if duplicate is not None:
         key, first, again = duplicate
@@ -698,6 +707,12 @@ def parse_set(items: Iterable[str]) -> _Layer:
             raise ProfileError(f"--set {item!r}: expected key=value", hint="e.g. --set python_version=3.12")
         key, _, raw = item.partition("=")
         key = key.strip()
+        bad = _CONTROL_IN_SET.search(item)  # line breaks and tabs may be YAML's own; values are checked
+        if bad:
+            raise ProfileError(
+                f"--set {_shown(key, 40)}: the value holds the control character {_char(bad.group())}",
+                hint=CONTROL_HINT,
+            )
         top, dot, sub = key.partition(".")
         spec = keys.get(top)
         if top in RENAMED:
@@ -917,9 +932,47 @@ def _explain_map(spec: KeySpec, error: ValidationError, value: Any, where: str) 
     return _bad(spec, where, f"entry {k!r} must be text or a number, got {value[k]!r}")
 
 
+# A control character in a value is refused wherever the value comes from: values reach
+# environments (a line break in runtime_env ran as a command on `module load` with Environment
+# Modules 5.5 and Lmod 8.6, which hand the value to the shell raw), scripts and terminals.
+CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0 (tab and line breaks too), DEL, C1
+_CONTROL_IN_SET = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # what YAML's reader refuses
+CONTROL_HINT = "write the value as one line of printable text (no line break, tab, escape or other control character)"
+
+
+_CONTROL_NAMES = {0: "NUL", 9: "tab", 10: "line feed", 13: "carriage return", 27: "ESC", 127: "DEL"}
+
+
+def _char(ch: str) -> str:
+    """A control character as a message shows it: its escape (and name), never the character."""
+    shown = repr(ch) if ch in "\t\n\r" else f"'\\x{ord(ch):02x}'"
+    name = _CONTROL_NAMES.get(ord(ch))
+    return f"{shown} ({name})" if name else shown
+
+
+def _control_in(value: Any, at: str = "") -> tuple[str, str] | None:
+    """(where, character) of the first control character in value's text (a map's entries, a
+    list's items, a runtime_packages mapping's fields: "entry A ", "item 2 env.B "), or None."""
+    if isinstance(value, str):
+        bad = CONTROL_CHARACTER.search(value)
+        return (at, bad.group()) if bad else None
+    if isinstance(value, Mapping):
+        found = (_control_in(v, f"{at.rstrip()}.{k} " if at else f"entry {k} ") for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        found = (_control_in(v, f"{at}item {i + 1} ") for i, v in enumerate(value))
+    else:
+        return None
+    return next((hit for hit in found if hit is not None), None)
+
+
 def _canonical(spec: KeySpec, value: Any, where: str) -> Any:
     """A value the schema accepted in BuildSpec's form (tuples, read-only maps of text, floats),
-    after the checks JSON Schema cannot make: ~user in host paths, pip requirements, NaN."""
+    after the checks JSON Schema cannot make: control characters, ~user in host paths, pip
+    requirements, NaN."""
+    control = _control_in(value)
+    if control is not None:
+        at, ch = control
+        raise _bad(spec, where, f"{at}holds the control character {_char(ch)}", hint=CONTROL_HINT)
     if spec.type == "map":
         return _canonical_map(spec, value, where)
     if spec.type == "number":

@@ -18,10 +18,12 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import pwd
 import re
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, ClassVar, TextIO
 
 from torchbuild import __version__
 from torchbuild.core.atomic import atomic_write_text
+from torchbuild.core.console import printable
 from torchbuild.core.errors import (
     BuildInterrupted,
     ImageNotFound,
@@ -595,7 +598,11 @@ def write_job(scheduler: Scheduler, job: Job, profile_file: Path) -> Path:
     """The resolved profile and the script (and a fresh rounds record where the job goes on over
     allocations), written atomically; the script's path."""
     script = scheduler.script_path(job)
-    files = [(profile_file, profile_text(job.spec), None), (script, scheduler.render(job), 0o755)]
+    # the profile is the job's input, credentials and all: readable by its owner alone
+    files: list[tuple[Path, str, int | None]] = [
+        (profile_file, profile_text(job.spec), 0o600),
+        (script, scheduler.render(job), 0o755),
+    ]
     if job.rounds is not None:
         files.append((job.rounds, rounds_record(scheduler, job, script), None))
     with named_os_errors(job.logs, "writing the batch script"):
@@ -706,8 +713,8 @@ def _print_new(log: Path, pos: int, out: TextIO) -> int:
     except OSError:
         return pos
     end = data.rfind(b"\n") + 1
-    if end:
-        out.write(data[:end].decode("utf-8", "replace"))
+    if end:  # the job's output as text, its escape sequences inert (a log is no terminal program)
+        out.write(printable(data[:end].decode("utf-8", "replace").replace("\r\n", "\n")))
         out.flush()
     return pos + end
 
@@ -717,7 +724,7 @@ def tail(log: Path, lines: int = TAIL_LINES) -> str:
         text = log.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         return f"  | (no log: {exc.strerror})"
-    return "\n".join(f"  | {ln}" for ln in text.splitlines()[-lines:])
+    return "\n".join(f"  | {printable(ln)}" for ln in text.splitlines()[-lines:])
 
 
 # -------------------------------------------------------------------- invoke submit
@@ -1186,16 +1193,28 @@ def check_run_request(spec: BuildSpec, script: str, wheelhouse: str, requirement
     return path, house
 
 
-def _run_name(spec: BuildSpec, script: Path) -> str:
+def _run_token() -> str:
+    """What makes each run job's name its own: when it was submitted, and a random part."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def _run_name(spec: BuildSpec, script: Path, token: str) -> str:
+    """The run job's name, its kept script's and (PBS, which has no job id in -o) its log's:
+    the script's stem in plain characters (with a digest of the real one where any was
+    replaced: `a b.py` and `a_b.py` stay apart) and token, so no two jobs share a file."""
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", script.stem)[:40] or "script"
-    return f"torchbuild-run-{spec.profile}-{stem}"
+    if stem != script.stem:
+        stem += "-" + hashlib.sha256(os.fsencode(script.stem)).hexdigest()[:6]
+    return f"torchbuild-run-{spec.profile}-{stem}-{token}"
 
 
-def run_job(spec: BuildSpec, request: RunRequest, account: str, dependency: str = "") -> Job:
-    """The job: directives from the profile; command is the user's script and its argv."""
+def run_job(spec: BuildSpec, request: RunRequest, account: str, dependency: str = "", token: str = "") -> Job:
+    """The job: directives from the profile; command is the user's script and its argv; a name
+    of its own (token, default _run_token())."""
     lead = ("python",) if request.script.suffix == ".py" else ()
     command = (*lead, str(request.script), *request.args)
-    return Job(_run_name(spec, request.script), command, Path.cwd(), request.out, spec, account, dependency)
+    name = _run_name(spec, request.script, token or _run_token())
+    return Job(name, command, Path.cwd(), request.out, spec, account, dependency)
 
 
 def render_run(scheduler: Scheduler, job: Job, request: RunRequest) -> str:
@@ -1281,6 +1300,11 @@ def submit_run(
     writable_dir(request.out, "--out")
     script = scheduler.script_path(job)
     with named_os_errors(job.logs, "writing the batch script"):
+        if script.exists() or scheduler.log_path(job).exists():  # another job's: never overwritten
+            raise PathError(
+                f"{script} already exists: the kept script of another run job has this job's name",
+                hint="submit again: each run job's name has the time and a random part of its own",
+            )
         script.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(script, text, mode=0o755)
     try:

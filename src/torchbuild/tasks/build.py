@@ -6,6 +6,7 @@ import sys
 
 from invoke.context import Context
 
+from torchbuild.core.console import printable
 from torchbuild.core.errors import UsageError, writable_dir
 from torchbuild.core.problems import Problems
 from torchbuild.core.progress import MODES
@@ -140,7 +141,7 @@ def source(
     if not no_patch:
         series, result = patch_tree(spec, info.path)
         print(describe_patches(series, result))
-    print(f"{info.path} ({info.kind}{', ' + info.commit[:12] if info.commit else ''})")
+    print(printable(f"{info.path} ({info.kind}{', ' + info.commit[:12] if info.commit else ''})"))
 
 
 @launch_task(

@@ -83,8 +83,8 @@ def wheelhouse(
             raise UsageError(f"no wheels in {out}", hint="build one first, or give --wheel W")
         added = add_wheels(target, wheels, allow_mixed=mix_local_versions)
     for p in added:
-        print(f"added {p.name}")
-    print(f"{len(wheels_in(target))} wheels in {target}; index: {target / 'simple'}")
+        print(f"added {console.printable(p.name)}")
+    print(console.printable(f"{len(wheels_in(target))} wheels in {target}; index: {target / 'simple'}"))
     print(f"use: pip install --no-index --find-links {target} <name>")
 
 
