@@ -10,6 +10,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,6 +19,7 @@ from pathlib import Path
 from torchbuild.core.arch import Arch, binfmt_ready, host_machine
 from torchbuild.core.console import table
 from torchbuild.core.errors import EngineUnavailable, TorchbuildError
+from torchbuild.core.process import run_captured
 from torchbuild.core.safeio import user_path
 from torchbuild.inputs import remote_cache
 from torchbuild.inputs.config import DEFAULT_PROFILE, resolve
@@ -220,13 +222,83 @@ def remote_cache_check(url: str, readonly: bool = False) -> Check:
     return Check("ccache remote", ok, f"{shown}: {detail}" + ("" if ok else f"; {slow}"))
 
 
+CCACHE_PROBE_S = 30.0  # one compile of a one-line file through ccache, its storage lookups included
+
+
+def ccache_remote_check(url: str, readonly: bool = False) -> Check | None:
+    """What this host's ccache does with the storage, as a build's ccache would: one compile of
+    a new one-line file through it, with the build's settings (remote_cache.storage_env) in an
+    empty cache of its own, then its counters. A URL ccache cannot parse, a lookup that failed
+    or timed out, or no lookup at all is not ok. None without ccache or a C compiler here."""
+    ccache, cc = shutil.which("ccache"), shutil.which("cc") or shutil.which("gcc")
+    if ccache is None or cc is None:
+        return None
+    name = "ccache remote via ccache"
+    with tempfile.TemporaryDirectory(prefix="torchbuild-doctor-") as tmp:
+        env = _ccache_env(Path(tmp), url, readonly)
+        version = _first(run_captured([ccache, "--version"], env=env, timeout=10).stdout) or "ccache"
+        source = Path(tmp) / "probe.c"
+        source.write_text(f"int torchbuild_doctor_{secrets.token_hex(8)}(void) {{ return 0; }}\n")
+        compiled = run_captured([ccache, cc, "-c", str(source), "-o", str(Path(tmp) / "probe.o")], env=env,
+                                cwd=tmp, timeout=CCACHE_PROBE_S)  # fmt: skip
+        if compiled.returncode is None:
+            return Check(name, False, f"{version}: one compile did not finish within {CCACHE_PROBE_S:g} s")
+        if compiled.returncode != 0:
+            said = _first(compiled.stderr, "ccache: error:") or _first(compiled.stderr) or f"exit {compiled.returncode}"
+            return Check(name, False, f"{version} refuses it: {said}; every compile of a build would fail")
+        stats = _ccache_stats(ccache, env)
+    return Check(name, *_ccache_verdict(version, stats, readonly))
+
+
+def _ccache_env(tmp: Path, url: str, readonly: bool) -> dict[str, str]:
+    """This environment without the user's CCACHE_* settings (CCACHE_DISABLE, another remote),
+    an empty cache and configuration under tmp, and the build's remote storage settings."""
+    (tmp / "ccache.conf").write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CCACHE_")}
+    env.update(CCACHE_DIR=str(tmp / "cache"), CCACHE_CONFIGPATH=str(tmp / "ccache.conf"), LC_ALL="C")
+    env.update(remote_cache.storage_env(url, readonly))
+    return env
+
+
+def _ccache_stats(ccache: str, env: Mapping[str, str]) -> dict[str, int]:
+    done = run_captured([ccache, "--print-stats"], env=env, timeout=10)
+    stats: dict[str, int] = {}
+    for line in done.stdout.splitlines() if done.returncode == 0 else []:
+        key, _, value = line.partition("\t")
+        if value.strip().isdigit():
+            stats[key] = int(value)
+    return stats
+
+
+def _ccache_verdict(version: str, stats: Mapping[str, int], readonly: bool) -> tuple[bool, str]:
+    failed = stats.get("remote_storage_error", 0), stats.get("remote_storage_timeout", 0)
+    if any(failed):
+        return False, (
+            f"{version} could not use it ({failed[0]} error(s), {failed[1]} timeout(s) in one compile); "
+            "builds will go on with the local cache alone"
+        )
+    if not stats.get("remote_storage_miss", 0) + stats.get("remote_storage_hit", 0):
+        return False, f"{version} did not ask it (ccache 4.4 or newer reads ccache_remote)"
+    stored = "read-only: stored nothing" if readonly else f"stored {stats.get('remote_storage_write', 0)} entries"
+    return True, f"{version} looked a new entry up there (a miss) and {stored}"
+
+
+def _first(text: str, prefix: str = "") -> str:
+    """The first non-empty line of text (that starts with prefix), stripped."""
+    return next((ln.strip() for ln in text.splitlines() if ln.strip() and ln.strip().startswith(prefix)), "")
+
+
 def _profile_remote_checks(profile: str) -> list[Check]:
-    """The profile's ccache_remote check, when it has one."""
+    """The profile's ccache_remote checks, when it has one: the storage's own answer, and what
+    this host's ccache does with it."""
     try:
         spec = resolve(profile)
     except TorchbuildError:
         return []  # the CA check names the profile's problem
-    return [remote_cache_check(spec.ccache_remote, spec.ccache_remote_readonly)] if spec.ccache_remote else []
+    if not spec.ccache_remote:
+        return []
+    by_ccache = ccache_remote_check(spec.ccache_remote, spec.ccache_remote_readonly)
+    return [remote_cache_check(spec.ccache_remote, spec.ccache_remote_readonly), *([by_ccache] if by_ccache else [])]
 
 
 def _verdicts(h: _Host) -> list[Verdict]:
