@@ -9,6 +9,7 @@ import http.server
 import shutil
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -387,3 +388,96 @@ def test_doctor_lists_the_profiles_storage_twice_its_answer_and_ccaches_verdict(
 def _closed_port() -> int:
     with socket.create_server(("127.0.0.1", 0)) as s:
         return int(s.getsockname()[1])
+
+
+# --------------------------------------------------------------------------- doctor's deadline
+# Issue 41 item 14: a server trickling a header a second held the HTTP probe 62 s (each receive
+# had its own 3 s); a redirect loop took 14 s and was reported "ok".
+
+
+@contextlib.contextmanager
+def _trickler(first: bytes, then: bytes, every_s: float = 1.0) -> Iterator[int]:
+    """A server on 127.0.0.1 that sends `first`, then `then` every every_s seconds, for a minute."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(10)
+    stop = threading.Event()
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(4096)
+                conn.sendall(first)
+                for _ in range(60):
+                    if stop.wait(every_s):
+                        return
+                    conn.sendall(then)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        server.close()
+        thread.join(timeout=5)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "first", "then"),
+    [
+        ("http", b"HTTP/1.1 404 Not Found\r\n", b"X-Slow: 1\r\n"),
+        ("http", b"", b"H"),  # the status line itself, a byte a second
+        ("redis", b"", b"+"),
+    ],
+)
+def test_doctor_probe_has_one_deadline_for_a_server_that_trickles(scheme, first, then):
+    with _trickler(first, then) as port:
+        started = time.monotonic()
+        check = doctor.remote_cache_check(f"{scheme}://127.0.0.1:{port}/cache")
+        took = time.monotonic() - started
+    assert took < doctor.PROBE_TIMEOUT_S + 1.5, took
+    if scheme == "http":
+        assert not check.ok and "no answer within 3 s" in check.detail, check.detail
+    else:  # redis: the first byte is the answer, and it is no PONG
+        assert not check.ok, check
+
+
+def _redirecting(location: Callable[[str, int], str]) -> tuple[doctor.Check, list[str], float]:
+    asked: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            asked.append(self.path)
+            self.send_response(302)
+            self.send_header("Location", location(self.path, self.server.server_port))
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        started = time.monotonic()
+        check = doctor.remote_cache_check(f"http://127.0.0.1:{server.server_port}/cache")
+        took = time.monotonic() - started
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    return check, asked, took
+
+
+def test_a_redirect_loop_is_not_ok_and_is_asked_once():
+    check, asked, took = _redirecting(lambda path, port: f"http://127.0.0.1:{port}{path}")
+    assert not check.ok and "redirects a key's HEAD (HTTP 302 to http://127.0.0.1:" in check.detail, check.detail
+    assert "ccache follows no redirect" in check.detail and "local cache alone" in check.detail
+    assert len(asked) == 1 and took < doctor.PROBE_TIMEOUT_S
+
+
+def test_a_redirect_elsewhere_is_not_ok_either():
+    check, asked, _ = _redirecting(lambda path, port: "http://storage.elsewhere.example/cache/x")
+    assert not check.ok and "to http://storage.elsewhere.example/cache/x" in check.detail
+    assert len(asked) == 1
