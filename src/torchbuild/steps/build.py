@@ -341,8 +341,13 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
         return _finish(run, _build_wheel(run, watch))
     finally:
         tee.close()
-        if run is not None:
-            shutil.rmtree(run.tmp, ignore_errors=True)
+        # this run's TMPDIR, also when it stopped while starting (Ctrl-C during the tool probes)
+        shutil.rmtree(run_tmp(req), ignore_errors=True)
+
+
+def run_tmp(req: BuildRequest) -> Path:
+    """TMPDIR of the run (pip's temporary trees): cache_dir/tmp/<run id>, removed at its end."""
+    return Path(req.cache_root) / "tmp" / req.run_id
 
 
 def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
@@ -355,7 +360,7 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     if req.source_date_epoch and "SOURCE_DATE_EPOCH" not in spec.env:
         env_vars["SOURCE_DATE_EPOCH"] = str(req.source_date_epoch)
     python = interpreter(req.python)
-    tmp = Path(req.cache_root) / "tmp" / req.run_id
+    tmp = run_tmp(req)
     for d in (env_vars["CCACHE_DIR"], env_vars["PIP_CACHE_DIR"], tmp):
         with named_os_errors(d, "creating the build's cache directories"):
             Path(d).mkdir(parents=True, exist_ok=True)
