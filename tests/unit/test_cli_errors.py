@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import REPO
+from invoke.exceptions import Exit
 from invoke.main import program as invoke_program
 from invoke.program import Program
 
@@ -129,3 +131,43 @@ def test_the_real_invoke_reports_a_missing_value_as_a_usage_error(tmp_path):
     )
     assert res.returncode == 2, res.stderr
     assert _one_usage_error(res.stderr) == "error: UsageError: invoke install: --prefix needs a value"
+
+
+# Issue 41 item 17: a reader that closed the pipe early (`invoke config | head -1`) gave
+# `PathError: invoke config: .: Broken pipe`, exit 15 (and invoke's own --list a traceback).
+# Now nothing is printed and the status is a SIGPIPE'd tool's, 141, as the shell shows for
+# `yes | head -1`. The reader here closes before the program writes a byte, so it always hits.
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["invoke", "config"],
+        ["torchbuild", "config"],
+        ["invoke", "config", "--keys"],
+        ["invoke", "--list"],
+        ["invoke", "--help", "build"],
+    ],
+)
+def test_a_reader_that_closed_the_pipe_ends_the_program_quietly(tmp_path, argv):
+    (tmp_path / "tasks.py").write_text((REPO / "tasks.py").read_text())
+    program = (
+        [sys.executable, "-m", "invoke"] if argv[0] == "invoke" else [str(Path(sys.executable).with_name("torchbuild"))]
+    )
+    proc = subprocess.Popen([*program, *argv[1:]], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert err == ""
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_still_a_named_error(tmp_path, capsys):
+    """A BrokenPipeError from writing to a child's stdin, with stdout fine, is a real fault."""
+    from torchbuild.tasks.common import handles_errors
+
+    @handles_errors
+    def task() -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(Exit) as done:
+        task()
+    assert done.value.code == 15 and "error: PathError" in capsys.readouterr().err

@@ -3,10 +3,14 @@ one place a task turns its runtime options into a backend."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
 import re
+import select
+import signal
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -57,10 +61,54 @@ RUNTIME_HELP = {
 EXTRA_RUNTIME = ("host_mpi",)
 
 
+# `invoke config | head -1`: the exit status of a program whose reader went away, as a shell
+# reports a Unix tool killed by SIGPIPE (Python ignores SIGPIPE and raises BrokenPipeError)
+BROKEN_PIPE_EXIT = 128 + signal.SIGPIPE
+
+
+def stdout_reader_gone() -> bool:
+    """Whether standard output is a pipe (or socket) whose reading end was closed: poll(2)
+    says POLLERR for the writing end then. A BrokenPipeError from elsewhere (a child's stdin)
+    is a real fault, not this."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no stdout, or one without a descriptor
+        return False
+
+
+def quiet_exit_for_closed_stdout() -> int:
+    """Point standard output at /dev/null (Python's last flush at exit would fail again and say
+    so) and return BROKEN_PIPE_EXIT: nothing is printed, as `yes | head -1` prints nothing."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return BROKEN_PIPE_EXIT
+
+
+def _broken_pipe_hook(previous: Callable[..., Any]) -> Callable[..., Any]:
+    """sys.excepthook for what invoke itself prints before a task runs (`invoke --list | head`):
+    a BrokenPipeError on a closed stdout ends the program quietly; anything else goes on to the
+    hook there was."""
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        if issubclass(kind, BrokenPipeError) and stdout_reader_gone() and not debug_enabled():
+            os._exit(quiet_exit_for_closed_stdout())  # the interpreter's exit would flush stdout again
+        previous(kind, value, tb)
+
+    return hook
+
+
+sys.excepthook = _broken_pipe_hook(sys.excepthook)
+
+
 def handles_errors(fn: F) -> F:
     """Print named errors as `error:` + `hint:` and exit with their code (traceback with --debug).
     An operating-system fault no step named (a full disk, a read-only or vanished path) is named
-    here: InsufficientSpace or PathError with the path, never a traceback."""
+    here: InsufficientSpace or PathError with the path, never a traceback. A reader that closed
+    standard output early (`invoke config | head -1`) ends the task quietly (BROKEN_PIPE_EXIT)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -69,6 +117,8 @@ def handles_errors(fn: F) -> F:
         except (TorchbuildError, OSError) as exc:
             if debug_enabled():
                 raise
+            if isinstance(exc, BrokenPipeError) and stdout_reader_gone():
+                raise Exit(code=quiet_exit_for_closed_stdout()) from None
             err = (
                 exc
                 if isinstance(exc, TorchbuildError)
