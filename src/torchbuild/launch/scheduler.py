@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, ClassVar, TextIO
 
 from torchbuild import __version__
 from torchbuild.core.atomic import atomic_write_text
+from torchbuild.core.dirs import make_dirs
 from torchbuild.core.errors import (
     BuildInterrupted,
     ImageNotFound,
@@ -566,7 +567,7 @@ def write_job(scheduler: Scheduler, job: Job, profile_file: Path) -> Path:
     script = scheduler.script_path(job)
     with named_os_errors(job.logs, "writing the batch script"):
         for path, text, mode in ((profile_file, profile_text(job.spec), None), (script, scheduler.render(job), 0o755)):
-            path.parent.mkdir(parents=True, exist_ok=True)
+            make_dirs(path.parent)
             atomic_write_text(path, text, mode=mode)
     return script
 
@@ -1225,7 +1226,7 @@ def submit_run(
     writable_dir(request.out, "--out")
     script = scheduler.script_path(job)
     with named_os_errors(job.logs, "writing the batch script"):
-        script.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(script.parent)
         atomic_write_text(script, text, mode=0o755)
     try:
         job_id = scheduler.submit(job, script)

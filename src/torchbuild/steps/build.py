@@ -22,6 +22,7 @@ from typing import Any, TextIO, TypeVar
 from torchbuild import __version__
 from torchbuild.core.atomic import atomic_write_text
 from torchbuild.core.console import table
+from torchbuild.core.dirs import make_dirs
 from torchbuild.core.errors import BuildFailed, TorchbuildError, named_os_errors
 from torchbuild.core.process import Finished
 from torchbuild.core.progress import Tee
@@ -363,7 +364,7 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     tmp = run_tmp(req)
     for d in (env_vars["CCACHE_DIR"], env_vars["PIP_CACHE_DIR"], tmp):
         with named_os_errors(d, "creating the build's cache directories"):
-            Path(d).mkdir(parents=True, exist_ok=True)
+            make_dirs(d)
     tee.line(f"torchbuild {__version__}: {'preflight' if req.preflight else 'wheel build'} of {req.source}")
     tee.line(f"profile {spec.profile} (sha256 {spec.hash[:16]}), version {spec.build_version}, on {req.backend}")
     tee.line(f"jobs: {plan.jobs} ({plan.reason})")

@@ -25,6 +25,7 @@ from invoke.tasks import Task
 from invoke.tasks import task as invoke_task
 
 from torchbuild.core.console import printable as console_printable
+from torchbuild.core.dirs import removing_made_dirs
 from torchbuild.core.errors import (
     PathError,
     ProfileError,
@@ -108,12 +109,14 @@ def handles_errors(fn: F) -> F:
     """Print named errors as `error:` + `hint:` and exit with their code (traceback with --debug).
     An operating-system fault no step named (a full disk, a read-only or vanished path) is named
     here: InsufficientSpace or PathError with the path, never a traceback. A reader that closed
-    standard output early (`invoke config | head -1`) ends the task quietly (BROKEN_PIPE_EXIT)."""
+    standard output early (`invoke config | head -1`) ends the task quietly (BROKEN_PIPE_EXIT).
+    A failed task removes the directories it made (core/dirs.make_dirs) that are still empty."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with removing_made_dirs():  # a failed task leaves no empty directory it made
+                return fn(*args, **kwargs)
         except (TorchbuildError, OSError) as exc:
             if debug_enabled():
                 raise
