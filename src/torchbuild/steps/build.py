@@ -23,7 +23,7 @@ from torchbuild import __version__
 from torchbuild.core.atomic import atomic_write_text
 from torchbuild.core.console import table
 from torchbuild.core.dirs import make_dirs
-from torchbuild.core.errors import BuildFailed, TorchbuildError, named_os_errors
+from torchbuild.core.errors import BuildFailed, PathError, TorchbuildError, named_os_errors
 from torchbuild.core.process import Finished
 from torchbuild.core.progress import Tee
 from torchbuild.delivery import manifest
@@ -96,6 +96,26 @@ def run_logged(
 
 def build_dir(source: str) -> Path:
     return Path(source) / "build"
+
+
+def remove_build_dir(source: str, tee: Tee) -> None:
+    """--clean: remove the tree's build/ directory. A symbolic link there is refused (PathError
+    naming it and its target): shutil.rmtree refuses links with an OSError that named nothing
+    ("invoke build: .: OSError"), and what a link points to is not the tree's to remove."""
+    build = build_dir(source)
+    if build.is_symlink():
+        with named_os_errors(build, "--clean"):
+            target = os.readlink(build)
+        raise PathError(
+            f"--clean: {build} is a symbolic link (to {target}): --clean removes the tree's own build "
+            "directory, never what a link points to",
+            hint=f"remove the link (rm {build}) or empty what it points to yourself, then build again",
+        )
+    if not build.exists():
+        return
+    tee.line(f"removing {build} (--clean)")
+    with named_os_errors(build, "--clean: removing the build directory"):
+        shutil.rmtree(build)
 
 
 def configure(
@@ -326,9 +346,8 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
     run: Run | None = None
     try:
         run = _start(req, tee, log)
-        if req.clean and build_dir(req.source).exists():
-            tee.line(f"removing {build_dir(req.source)} (--clean)")
-            shutil.rmtree(build_dir(req.source))
+        if req.clean:
+            remove_build_dir(req.source, tee)
         run.ninja_mark = mark(build_dir(req.source) / ".ninja_log")
         # another interpreter is another configure (Python's paths are in CMake's cache); ninja
         # and ccache still reuse every object whose command line is the same
