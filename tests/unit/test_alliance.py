@@ -166,3 +166,19 @@ def test_no_mpi_wrapper_is_needed_where_the_sites_mpi4py_wheel_is_offered(tmp_pa
     assert _Step._mpicc(step, required=False) == ""
     step.req.python_version = "3.12"  # the wheel is for another Python: compiled, so the wrapper is needed
     assert not _Step._site_wheel_offered(step)
+
+
+def test_an_unbalanced_quote_after_the_double_dash_is_a_usage_error(tmp_path):
+    """Issue 41 item 10: shlex's ValueError ("No closing quotation") was a traceback."""
+    d = house(tmp_path)
+    script = tmp_path / "s.py"
+    script.write_text("print(1)\n")
+    for words in (["a'b"], ["--lr", '"0.1']):
+        res = run_invoke(
+            "submit", "--profile", "alliance", "--run", str(script), "--wheelhouse", str(d), "--dry-run", "--", *words
+        )
+        assert res.returncode == 2, res.stdout + res.stderr
+        first = res.stderr.splitlines()[0]
+        assert first.startswith("error: UsageError: the words after `--` cannot be split"), res.stderr
+        assert "No closing quotation" in first and "Traceback" not in res.stderr
+        assert "--arg" in res.stderr.splitlines()[1]

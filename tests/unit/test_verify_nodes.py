@@ -179,3 +179,23 @@ def test_the_check_script_parses_and_says_what_running_it_again_does(tmp_path, s
     assert "the check runs again" in text and "the build resumes" not in text
     parsed = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
     assert parsed.returncode == 0, parsed.stderr
+
+
+@pytest.mark.parametrize("timeout", ["inf", "1e309", "Infinity", "1e300", "604801"])
+def test_a_timeout_without_a_bound_is_refused_before_anything_is_written(tmp_path, timeout):
+    """Issue 41 item 16: `verify --nodes --timeout inf` (or 1e309) was taken: an unbounded wait."""
+    res = run_invoke(
+        "verify", "--nodes", "2", "--prefix", str(_prefix(tmp_path)), "--out", str(tmp_path / "out"),
+        "--timeout", timeout, "--dry-run",
+    )  # fmt: skip
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.startswith(f"error: UsageError: --timeout {float(timeout):g} is more than the 7 days"), res.stderr
+    assert "Traceback" not in res.stderr and res.stdout == ""
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_week_is_still_a_timeout(tmp_path):
+    req = NodesRequest(_spec(), _prefix(tmp_path), Shape(2, 1), tmp_path / "out", timeout=604800.0, dry_run=True)
+    from torchbuild.launch.verify_nodes import check_request
+
+    check_request(req)

@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar, Union
 
+from torchbuild.core.dirs import make_dirs
+
 
 class TorchbuildError(Exception):
     """Base class: a failure the user can act on."""
@@ -466,7 +468,7 @@ def writable_dir(path: StrPath, what: str) -> Path:
     with named_os_errors(p, what):
         if p.exists() and not p.is_dir():
             raise PathError(f"{what}: {p} exists and is not a directory", hint="choose a directory path")
-        p.mkdir(parents=True, exist_ok=True)
+        make_dirs(p)  # recorded: a failed task removes it again while it is empty (core/dirs.py)
         if not os.access(p, os.W_OK | os.X_OK):
             raise PathError(f"{what}: {p} is not writable", hint="choose a directory you can write to")
     return p

@@ -32,7 +32,8 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from torchbuild.core import console
-from torchbuild.core.errors import CommsFailed, TorchbuildError, UsageError, WheelError, named_os_errors
+from torchbuild.core.errors import CommsFailed, PathError, TorchbuildError, UsageError, WheelError, named_os_errors
+from torchbuild.core.safeio import open_regular
 from torchbuild.delivery import pipenv, probe, upstream_tests
 from torchbuild.delivery.manifest import write_json
 from torchbuild.delivery.pipenv import interpreter
@@ -52,23 +53,43 @@ class Check:
         return dataclasses.asdict(self)
 
 
-def check_wheel_file(path: Path) -> None:
-    """WheelError unless path is a wheel: a name-version-python-abi-platform.whl name and a zip
-    archive holding a *.dist-info/WHEEL; PathError when it does not exist or cannot be read."""
+# a project name as the core metadata specification defines it (PEP 508's `identifier`, which
+# packaging.utils.canonicalize_name(validate=True) checks only from packaging 24 on, and this
+# project takes packaging 23): parse_wheel_filename takes `..` or `_x` as a name
+_PROJECT_NAME = re.compile(r"[A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9]", re.IGNORECASE)
+
+
+def check_wheel_file(path: Path, what: str = "--wheel", hint: str | None = None) -> None:
+    """WheelError unless path is a wheel: a name-version-python-abi-platform.whl name whose name
+    is a project name, and a zip archive with a *.dist-info/WHEEL; PathError when it does not
+    exist, cannot be read or is no regular file (a directory, or a FIFO, which is never waited on). `what` says where the file came from in
+    the messages (--wheel, or the directory it was found in), `hint` what to do instead."""
+    label = f"{what} {console.printable(path)}"
     try:
         parse_wheel_filename(path.name)
+        project = path.name.split("-", 1)[0]
+        if not _PROJECT_NAME.fullmatch(project):
+            raise InvalidWheelFilename(f"{project!r} is not a project name (letters, digits, '.', '_', '-')")
     except InvalidWheelFilename as exc:
         raise WheelError(
-            f"--wheel {path} is not a wheel file name (name-version-python-abi-platform.whl): {exc}"
+            f"{label} is not a wheel file name (name-version-python-abi-platform.whl): {console.printable(exc)}",
+            hint=hint,
         ) from exc
-    with named_os_errors(path, "--wheel"):
+    with named_os_errors(path, what):
         try:
-            with zipfile.ZipFile(path) as archive:
+            opened = open_regular(path, what, PathError)  # a FIFO named *.whl is never waited on
+        except PathError as exc:  # a directory, device, FIFO or socket (not an OS fault: raised as is)
+            if exc.__cause__ is not None:
+                raise
+            kind = exc.message.rpartition(" is ")[2]
+            raise PathError(f"{label} is {kind}", hint=hint or WheelError.default_hint) from None
+        try:
+            with opened as f, zipfile.ZipFile(f) as archive:
                 names = archive.namelist()
         except (zipfile.BadZipFile, EOFError, ValueError) as exc:  # ValueError: a name not the UTF-8 its flag says
-            raise WheelError(f"--wheel {path} is named like a wheel but is not a zip archive ({exc})") from exc
+            raise WheelError(f"{label} is named like a wheel but is not a zip archive ({exc})", hint=hint) from exc
     if not any(WHEEL_METADATA.fullmatch(n) for n in names):
-        raise WheelError(f"--wheel {path} is a zip archive without a *.dist-info/WHEEL: not a wheel")
+        raise WheelError(f"{label} is a zip archive without a *.dist-info/WHEEL: not a wheel", hint=hint)
 
 
 def supported_tags(machine: str | None = None, python: str = "") -> tuple[Tag, ...]:

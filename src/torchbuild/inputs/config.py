@@ -545,9 +545,40 @@ class _BoundedLoader(yaml.SafeLoader):
         return node
 
 
+# What YAML refuses in a document (PyYAML's own Reader.NON_PRINTABLE): control characters but
+# tab, line feed and carriage return (NUL, ESC, form feed, \x01, DEL...), C1 controls but NEL,
+# surrogates, U+FFFE and U+FFFF. PyYAML checks it when its loader is made, as a ReaderError.
+UNPRINTABLE = yaml.reader.Reader.NON_PRINTABLE
+_CONTROL_NAMES = {0x00: "NUL", 0x07: "BEL", 0x08: "backspace", 0x0B: "vertical tab", 0x0C: "form feed", 0x1B: "ESC"}
+
+
+def unprintable(text: str, label: str, lines: bool = True) -> None:
+    """ProfileError naming the first character of text YAML does not allow (UNPRINTABLE), its
+    line and column, as U+XXXX (never the raw character: an ESC would reach the terminal). The
+    one check of raw profile text and of every --set value, whether YAML reads it or not.
+    (Issue 41 item 1 refuses more in what reaches an environment: a line break too, which YAML
+    allows; that check is about values, this one about the text they are read from.)"""
+    found = UNPRINTABLE.search(text)
+    if found is None:
+        return
+    at = found.start()
+    line = text.count("\n", 0, at) + 1
+    column = at - (text.rfind("\n", 0, at) + 1) + 1
+    where = f"{label}:{line}" if lines else label
+    code = ord(found.group())
+    name = f" ({_CONTROL_NAMES[code]})" if code in _CONTROL_NAMES else ""
+    raise ProfileError(
+        f"{where}: holds the control character U+{code:04X}{name} (column {column}), which a profile "
+        "may not (YAML refuses it)",
+        hint="remove it: a profile and --set values are plain text (tabs and line breaks only)",
+    )
+
+
 def _load_yaml(text: str, label: str, lines: bool = True) -> tuple[yaml.Node | None, Any]:
     """The composed node and the data of one YAML document, bounded (_BoundedLoader); bad YAML,
-    a document too large once expanded, or a number Python will not read is a ProfileError."""
+    a character YAML refuses, a document too large once expanded, or a number Python will not
+    read is a ProfileError."""
+    unprintable(text, label, lines)  # PyYAML would raise its ReaderError as the loader is made
     try:
         loader = _BoundedLoader(text)  # its reader refuses NUL, ESC and the like at once
     except yaml.YAMLError as exc:
@@ -707,6 +738,7 @@ def parse_set(items: Iterable[str]) -> _Layer:
             raise ProfileError(f"--set {item!r}: expected key=value", hint="e.g. --set python_version=3.12")
         key, _, raw = item.partition("=")
         key = key.strip()
+        unprintable(item, f"--set {key[:60]!r}", lines=False)
         bad = _CONTROL_IN_SET.search(item)  # line breaks and tabs may be YAML's own; values are checked
         if bad:
             raise ProfileError(

@@ -356,7 +356,7 @@ def _extract_tarball(archive: Path, tmp: Path) -> Path:
     """Extract into tmp/tree; the tree's top directory (its only entry when it has one)."""
     try:
         with tarfile.open(archive) as tar:
-            _safe_extract(tar, tmp / "tree")
+            safe_extract(tar, tmp / "tree")
     except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError) as exc:
         raise _unreadable(archive, exc) from exc
     except OSError as exc:
@@ -374,7 +374,7 @@ def _unreadable(archive: Path, exc: BaseException) -> SourceError:
     )
 
 
-def _safe_extract(tar: tarfile.TarFile, dest: Path) -> None:
+def safe_extract(tar: tarfile.TarFile, dest: Path) -> None:
     """Extract tar into dest, refusing (SourceError, "unsafe") any member that would write or
     point outside dest: an absolute or `..` name, a member under a symlink leading out, a symlink
     or hard link whose target is outside, a device or FIFO. Each member is checked against what

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, ClassVar, TextIO
 from torchbuild import __version__
 from torchbuild.core.atomic import atomic_write_text
 from torchbuild.core.console import printable
+from torchbuild.core.dirs import make_dirs
 from torchbuild.core.errors import (
     BuildInterrupted,
     ImageNotFound,
@@ -607,7 +608,7 @@ def write_job(scheduler: Scheduler, job: Job, profile_file: Path) -> Path:
         files.append((job.rounds, rounds_record(scheduler, job, script), None))
     with named_os_errors(job.logs, "writing the batch script"):
         for path, text, mode in files:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            make_dirs(path.parent)
             atomic_write_text(path, text, mode=mode)
     return script
 
@@ -1305,7 +1306,7 @@ def submit_run(
                 f"{script} already exists: the kept script of another run job has this job's name",
                 hint="submit again: each run job's name has the time and a random part of its own",
             )
-        script.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(script.parent)
         atomic_write_text(script, text, mode=0o755)
     try:
         job_id = scheduler.submit(job, script)

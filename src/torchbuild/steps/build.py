@@ -23,7 +23,8 @@ from typing import Any, TextIO, TypeVar
 from torchbuild import __version__
 from torchbuild.core.atomic import atomic_write_text
 from torchbuild.core.console import table
-from torchbuild.core.errors import BuildFailed, TorchbuildError, named_os_errors
+from torchbuild.core.dirs import make_dirs
+from torchbuild.core.errors import BuildFailed, PathError, TorchbuildError, named_os_errors
 from torchbuild.core.process import Finished
 from torchbuild.core.progress import Tee
 from torchbuild.delivery import manifest
@@ -97,6 +98,26 @@ def run_logged(
 
 def build_dir(source: str) -> Path:
     return Path(source) / "build"
+
+
+def remove_build_dir(source: str, tee: Tee) -> None:
+    """--clean: remove the tree's build/ directory. A symbolic link there is refused (PathError
+    naming it and its target): shutil.rmtree refuses links with an OSError that named nothing
+    ("invoke build: .: OSError"), and what a link points to is not the tree's to remove."""
+    build = build_dir(source)
+    if build.is_symlink():
+        with named_os_errors(build, "--clean"):
+            target = os.readlink(build)
+        raise PathError(
+            f"--clean: {build} is a symbolic link (to {target}): --clean removes the tree's own build "
+            "directory, never what a link points to",
+            hint=f"remove the link (rm {build}) or empty what it points to yourself, then build again",
+        )
+    if not build.exists():
+        return
+    tee.line(f"removing {build} (--clean)")
+    with named_os_errors(build, "--clean: removing the build directory"):
+        shutil.rmtree(build)
 
 
 def configure(
@@ -327,9 +348,8 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
     run: Run | None = None
     try:
         run = _start(req, tee, log)
-        if req.clean and build_dir(req.source).exists():
-            tee.line(f"removing {build_dir(req.source)} (--clean)")
-            shutil.rmtree(build_dir(req.source))
+        if req.clean:
+            remove_build_dir(req.source, tee)
         run.ninja_mark = mark(build_dir(req.source) / ".ninja_log")
         # another interpreter is another configure (Python's paths are in CMake's cache); ninja
         # and ccache still reuse every object whose command line is the same
@@ -343,8 +363,13 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
         return _finish(run, _build_wheel(run, watch))
     finally:
         tee.close()
-        if run is not None:
-            shutil.rmtree(run.tmp, ignore_errors=True)
+        # this run's TMPDIR, also when it stopped while starting (Ctrl-C during the tool probes)
+        shutil.rmtree(run_tmp(req), ignore_errors=True)
+
+
+def run_tmp(req: BuildRequest) -> Path:
+    """TMPDIR of the run (pip's temporary trees): cache_dir/tmp/<run id>, removed at its end."""
+    return Path(req.cache_root) / "tmp" / req.run_id
 
 
 def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
@@ -357,10 +382,10 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     if req.source_date_epoch and "SOURCE_DATE_EPOCH" not in spec.env:
         env_vars["SOURCE_DATE_EPOCH"] = str(req.source_date_epoch)
     python = interpreter(req.python)
-    tmp = Path(req.cache_root) / "tmp" / req.run_id
+    tmp = run_tmp(req)
     for d in (env_vars["CCACHE_DIR"], env_vars["PIP_CACHE_DIR"], tmp):
         with named_os_errors(d, "creating the build's cache directories"):
-            Path(d).mkdir(parents=True, exist_ok=True)
+            make_dirs(d)
     tee.line(f"torchbuild {__version__}: {'preflight' if req.preflight else 'wheel build'} of {req.source}")
     tee.line(f"profile {spec.profile} (sha256 {spec.hash[:16]}), version {spec.build_version}, on {req.backend}")
     tee.line(f"jobs: {plan.jobs} ({plan.reason})")

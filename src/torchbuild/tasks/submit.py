@@ -9,6 +9,7 @@ from typing import Any
 
 from invoke.context import Context
 
+from torchbuild.core.console import printable
 from torchbuild.core.errors import UsageError
 from torchbuild.core.safeio import user_path
 from torchbuild.inputs.config import BuildSpec
@@ -155,12 +156,24 @@ def _submit_build(spec: BuildSpec, given: Mapping[str, Any]) -> None:
 
 def _submit_run(spec: BuildSpec, given: Mapping[str, Any], remainder: str) -> None:
     """--run: the run job of the script, from the wheelhouse; its argv --arg, then the words after `--`."""
+    args = (*(given["arg"] or []), *_remainder_words(remainder))
     requirements = run_requirements(spec, given["package"] or [])
     script, house = check_run_request(spec, given["run"], given["wheelhouse"], requirements)
-    args = (*(given["arg"] or []), *shlex.split(remainder))
     out = user_path(given["out"] or "out").absolute()
     request = RunRequest(script, args, house, tuple(requirements), out)
     submit_run(spec, request, dependency=given["dependency"], dry_run=given["dry_run"], wait=given["wait"])
+
+
+def _remainder_words(remainder: str) -> list[str]:
+    """The words after `--` (invoke hands them over joined by spaces; they are split again as a
+    shell would); UsageError for an unbalanced quote, which shlex refuses with ValueError."""
+    try:
+        return shlex.split(remainder)
+    except ValueError as exc:
+        raise UsageError(
+            f"the words after `--` cannot be split into arguments ({exc}): {printable(remainder[:80])!r}",
+            hint="quote each argument once for the shell, or give it with --arg (kept exactly, repeatable)",
+        ) from None
 
 
 # build options a run job has no use for
