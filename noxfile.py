@@ -21,6 +21,7 @@ DOCKERFILES = [
 # hidden directories (.nox, a developer's .venv) hold other projects' scripts
 SHELL_SCRIPTS = [
     ".ci/run",
+    "tb",  # the bootstrap script (POSIX sh): ./tb TASK, ./tb nox
     *sorted(
         str(p.relative_to(ROOT))
         for p in ROOT.glob("**/*.sh")
