@@ -4,11 +4,16 @@ recipe, 002 Bede's GH200 notes), gh200-offline, and the keys they brought: torch
 
 from __future__ import annotations
 
+import io
+import os
+import sys
+from pathlib import Path
+
 import pytest
-from helpers import run_invoke
+from helpers import run_invoke, set_args
 
 from torchbuild.core.arch import Arch
-from torchbuild.core.errors import ProfileError
+from torchbuild.core.errors import PathError, ProfileError
 from torchbuild.inputs.companion_table import pairing_problem
 from torchbuild.inputs.config import resolve
 from torchbuild.inputs.environment import build_env
@@ -105,3 +110,102 @@ def test_gh200_offline_is_gh200_on_debians_arm64_cuda():
     assert (env["CUDA_HOME"], env["CUDACXX"], env["CC"]) == ("/usr", "/usr/bin/nvcc", "gcc-13")
     assert (env["USE_CUDNN"], env["USE_PRIORITIZED_TEXT_FOR_LD"], env["USE_SYSTEM_NCCL"]) == ("0", "1", "1")
     assert offline.image_tag == "torchbuild/toolchain:gh200-offline-2.6.0-aarch64"
+
+
+# -------------------------------------------------------------------- ARCHER2 (seed 003): /work, not /home
+
+
+def _archer2_submit(tmp_path, *sets: str, source=None, out=None):
+    tree = source or tmp_path / "pytorch"
+    tree.mkdir(parents=True, exist_ok=True)
+    (tree / "setup.py").write_text("")
+    args = ["submit", "--profile", "archer2", "--engine", "native", "--dry-run", "--account", "t01"]
+    args += ["--source", str(tree), "--out", str(out or tmp_path / "out")]
+    return run_invoke(*args, *set_args(list(sets)))
+
+
+def test_archer2_asks_for_the_projects_work_directory_before_a_job(tmp_path):
+    """The compute nodes do not mount /home, where the default cache_dir (~/.cache/torchbuild)
+    is: the profile leaves the project's /work path to the user, and submit asks for it."""
+    res = _archer2_submit(tmp_path)
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert "profile archer2 needs cache_dir from you: a directory of your project on /work" in res.stderr
+    assert "--set cache_dir=" in res.stderr
+    res = _archer2_submit(tmp_path, f"cache_dir={tmp_path / 'work' / 'cache'}")
+    assert res.returncode == 0, res.stderr
+
+
+def test_archer2_refuses_a_job_whose_cache_source_or_out_is_under_home(tmp_path):
+    res = _archer2_submit(tmp_path, "cache_dir=/home/t01/t01/me/.cache/torchbuild")
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert "cache_dir /home/t01/t01/me/.cache/torchbuild is under /home, which the compute nodes" in res.stderr
+    # a stand-in for /home (this host's own): the source tree and --out are checked the same way
+    home = tmp_path / "home"
+    sets = (f"cache_dir={tmp_path / 'work'}", f"unmounted_dirs=[{home}]")
+    res = _archer2_submit(tmp_path, *sets, source=home / "me" / "pytorch")
+    assert res.returncode != 0 and f"--source {home}/me/pytorch is under {home}" in res.stderr
+    res = _archer2_submit(tmp_path, *sets, out=home / "me" / "out")
+    assert res.returncode != 0 and f"--out {home}/me/out is under {home}" in res.stderr
+    link = tmp_path / "work-link"
+    link.symlink_to(home, target_is_directory=True)
+    (home / "o").mkdir(parents=True)
+    res = _archer2_submit(tmp_path, *sets, out=link / "o")  # resolved too
+    assert res.returncode != 0 and "is under" in res.stderr
+
+
+def test_the_jobs_python_and_torchbuild_are_checked_against_unmounted_dirs():
+    from torchbuild.launch.jobplaces import check_mounted, runtime_places
+
+    places = dict((what, path) for what, path, _ in runtime_places())
+    assert places["the job's Python"] == sys.executable and Path(places["torchbuild"], "__init__.py").is_file()
+    spec = resolve("archer2", [f"unmounted_dirs=[{Path(sys.executable).parent}]"])
+    with pytest.raises(PathError, match=r"the job's Python .* is under .*compute nodes of profile archer2") as err:
+        check_mounted(spec, runtime_places())
+    assert "venv on a file system the compute nodes mount" in (err.value.hint or "")
+
+
+def test_required_names_keys_of_the_profile():
+    with pytest.raises(
+        ProfileError, match=r"'required': 'cach_dir' is no key a user could set; did you mean 'cache_dir'"
+    ):
+        resolve("cpu", ["required={cach_dir: a place}"])
+
+
+def test_submit_makes_the_native_build_venv_on_the_login_node_before_the_job(tmp_path, monkeypatch):
+    """Compute nodes may not reach PyPI: the venv the job's build uses (same Python, same tree,
+    same cache: the same key) is made where submit runs, before sbatch."""
+    from torchbuild.launch.runner import BuildOptions
+    from torchbuild.launch.scheduler import Runtime, submit_build
+    from torchbuild.steps import buildenv
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\ntouch {tmp_path}/submitted\necho 42\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    calls = []
+
+    def ensure(spec, source, cache_root, python, log):
+        calls.append((source, cache_root, python, (tmp_path / "submitted").exists()))
+        return buildenv.BuildVenv(Path(cache_root) / "buildenv" / "k", "k", True, 1.0, {"cmake": "3.31.6"})
+
+    monkeypatch.setattr(buildenv, "ensure", ensure)
+    tree = tmp_path / "pytorch"
+    tree.mkdir()
+    (tree / "setup.py").write_text("")
+    spec = resolve("archer2", [f"cache_dir={tmp_path / 'cache'}"])
+    out = io.StringIO()
+    submitted = submit_build(
+        spec, Runtime("native"), source=str(tree), ref="", out_dir=str(tmp_path / "out"),
+        options=BuildOptions(), verify=True, out=out,
+    )  # fmt: skip
+    assert submitted is not None and submitted.job_id == "42"
+    assert calls == [(str(tree), str(tmp_path / "cache"), sys.executable, False)]
+    assert "build venv: made here in 1 s" in out.getvalue() and "its node needs no PyPI" in out.getvalue()
+    calls.clear()
+    spec = resolve("archer2", [f"cache_dir={tmp_path / 'cache'}", "build_venv=false"])
+    submit_build(
+        spec, Runtime("native"), source=str(tree), ref="", out_dir=str(tmp_path / "out2"),
+        options=BuildOptions(), verify=True, out=io.StringIO(),
+    )  # fmt: skip
+    assert calls == []

@@ -388,6 +388,8 @@ class BuildSpec:
     modules: tuple[str, ...]
     torch_version_modules: StrMap
     module_purge: bool
+    required: StrMap
+    unmounted_dirs: tuple[str, ...]
     export_env: bool
     directives: tuple[str, ...]
     launcher: str
@@ -1120,6 +1122,16 @@ def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], arch: Arch
     _check_not_options(values, where)
     _check_libraries(values, where, arch)
     _check_ccache_remote(values, where)
+    _check_required(values, where)
+
+
+def _check_required(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
+    """required names keys a user sets (not itself), each with what to give."""
+    for key, what in values["required"].items():
+        if key not in _declared() or key == "required":
+            _fail(where, "required", f"{key!r} is no key a user could set{_suggest(key)}", "name keys of defaults.yaml")
+        if not what.strip():
+            _fail(where, "required", f"{key}: say what to give", f"e.g. {{{key}: a directory the compute nodes mount}}")
 
 
 def _check_ccache_remote(values: Mapping[str, Any], where: Mapping[str, str]) -> None:

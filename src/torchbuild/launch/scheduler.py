@@ -48,6 +48,7 @@ from torchbuild.core.errors import (
 from torchbuild.core.safeio import user_path
 from torchbuild.inputs.config import BuildSpec, check_value, profile_text, requirement_of
 from torchbuild.inputs.config import wanted as comms_wanted
+from torchbuild.launch import jobplaces
 from torchbuild.launch.spread import check_nodes, slots_per_node, spread_jobs, spread_lines
 
 if TYPE_CHECKING:
@@ -742,17 +743,21 @@ def submit_build(
 
     check_nodes(nodes, runtime.engine, runtime.apptainer)
     scheduler, account = _check_job_request(spec, options, dependency)
+    jobplaces.check_required(spec)
     engine_args = runtime.args(spec)
     if nodes > 1:
         scheduler = spread_scheduler_for(spec.scheduler, nodes)
         options = _spread_options(spec, options, nodes)
     outp = user_path(out_dir or "out").absolute()
     _directive_path(outp / "logs", scheduler.name)  # before anything is fetched
+    cache = user_path(spec.cache_dir, "cache_dir").absolute()
+    jobplaces.check_mounted(spec, [jobplaces.cache_place(spec, cache), *_job_places(outp), *jobplaces.runtime_places()])
     git = not source or looks_like_url(source)
     if not git:  # checked here, where the node's failure would be named hours later
         if ref:
             raise UsageError(f"--ref {ref} applies to git sources only", hint="drop --ref")
         job_source = local_source(source)
+        jobplaces.check_mounted(spec, [("--source", job_source, _MOUNTED_HINT)])
     if not dry_run and shutil.which(scheduler.submit_tool) is None:
         raise scheduler.missing()
     if not dry_run:
@@ -774,10 +779,20 @@ def submit_build(
             file=out,
         )
         return None
+    if not engine_args:  # natively: the build venv made here, where PyPI answers
+        jobplaces.make_build_venv(spec, job_source, cache, job.logs / f"{job.name}-buildenv.log", out)
     submitted = submit(scheduler, job, profile_file, out)
     if wait:
         follow(scheduler, submitted, out)
     return submitted
+
+
+_MOUNTED_HINT = "move it to a file system the compute nodes mount (ARCHER2: your project's /work)"
+
+
+def _job_places(out_dir: Path) -> list[jobplaces.Place]:
+    """--out and the directory the job starts in (this one)."""
+    return [("--out", str(out_dir), _MOUNTED_HINT), ("the working directory", str(Path.cwd()), _MOUNTED_HINT)]
 
 
 def _node_slots(spec: BuildSpec) -> tuple[int, int]:
@@ -1213,6 +1228,8 @@ def submit_run(
     if dependency and not _JOB_ID.fullmatch(dependency):
         raise UsageError(f"--dependency {dependency!r} is no job id", hint="pass the id sbatch or qsub printed")
     _directive_path(request.out / "logs", scheduler.name)
+    places = [("--run", str(request.script), _MOUNTED_HINT), ("--wheelhouse", str(request.wheelhouse), _MOUNTED_HINT)]
+    jobplaces.check_mounted(spec, [*places, *_job_places(request.out)])
     job = run_job(spec, request, account, dependency)
     text = render_run(scheduler, job, request)
     if dry_run:
