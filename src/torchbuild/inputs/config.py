@@ -393,6 +393,7 @@ class BuildSpec:
     export_env: bool
     directives: tuple[str, ...]
     launcher: str
+    run_job: StrMap
     runtime_env: StrMap
     runtime_packages: tuple[PackageEntry, ...]
     install_python: str
@@ -1123,6 +1124,24 @@ def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], arch: Arch
     _check_libraries(values, where, arch)
     _check_ccache_remote(values, where)
     _check_required(values, where)
+    _run_job_values(values["run_job"], where["run_job"])
+
+
+# the job keys a run job (`submit --run`) may ask for otherwise than the build's job (run_job)
+RUN_JOB_KEYS = ("cpus", "mem", "gpus", "gpu_type", "walltime")
+
+
+def _run_job_values(entries: Mapping[str, str], where: str) -> dict[str, Any]:
+    """run_job's entries as their keys take them (cpus and gpus as numbers), each checked as
+    that key is; a ProfileError names the entry."""
+    keys = _declared()
+    values = {k: int(v) if keys[k].type == "int" and v.isdigit() else v for k, v in entries.items()}
+    return _checked(values, lambda k: f"{where}: run_job.{k}")
+
+
+def run_job_spec(spec: BuildSpec) -> BuildSpec:
+    """The spec a run job asks for its node with: the build's job keys, run_job's over them."""
+    return dataclasses.replace(spec, **_run_job_values(spec.run_job, spec.origins.get("run_job", "run_job")))
 
 
 def _check_required(values: Mapping[str, Any], where: Mapping[str, str]) -> None:

@@ -46,7 +46,7 @@ from torchbuild.core.errors import (
     writable_dir,
 )
 from torchbuild.core.safeio import user_path
-from torchbuild.inputs.config import BuildSpec, check_value, profile_text, requirement_of
+from torchbuild.inputs.config import BuildSpec, check_value, profile_text, requirement_of, run_job_spec
 from torchbuild.inputs.config import wanted as comms_wanted
 from torchbuild.launch import jobplaces
 from torchbuild.launch.spread import check_nodes, slots_per_node, spread_jobs, spread_lines
@@ -65,6 +65,8 @@ _PBS_UNSAFE = re.compile(r"[\s\"'\\#:\x00-\x1f\x7f]")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _JOB_ID = re.compile(r"[A-Za-z0-9_.\[\]-]+")
 _WALLTIME = re.compile(r"(?:(\d+)-)?(\d+):(\d\d):(\d\d)")
+# Slurm's --time forms: days-hours[:minutes[:seconds]], or minutes[:seconds], hours:minutes:seconds
+_SLURM_TIME = re.compile(r"(?:(\d+)-(\d+)(?::(\d+))?(?::(\d+))?|(\d+)(?::(\d+))?(?::(\d+))?)")
 _MEM = re.compile(r"(\d+)([KMGT]?)")
 # the largest job torchbuild asks a scheduler for: far above any one node (a job is one node),
 # far below the numbers a scheduler would overflow on (Slurm's counts are 32-bit)
@@ -497,13 +499,21 @@ def job_account(spec: BuildSpec, environ: Mapping[str, str] | None = None) -> st
 
 
 def walltime_seconds(walltime: str) -> int:
-    """[D-]HH:MM:SS in seconds; UsageError for other text."""
-    m = _WALLTIME.fullmatch(walltime)
+    """A walltime in Slurm's forms (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in
+    seconds; UsageError for other text."""
+    m = _SLURM_TIME.fullmatch(walltime)
     if not m:
-        raise UsageError(f"walltime {walltime[:40]!r} is not [D-]HH:MM:SS", hint="e.g. --walltime 04:00:00")
+        raise UsageError(
+            f"walltime {walltime[:40]!r} is none of Slurm's time forms",
+            hint="e.g. --walltime 04:00:00 (HH:MM:SS), 0-03:00 (D-HH:MM) or 90 (minutes)",
+        )
     if any(len(x or "") > 9 for x in m.groups()):  # int() of thousands of digits is an error of its own
         raise UsageError(f"walltime {walltime[:40]}... is out of range", hint="e.g. --walltime 2-00:00:00")
-    days, hours, minutes, seconds = (int(x or 0) for x in m.groups())
+    if m.group(1) is not None:  # days-hours[:minutes[:seconds]]
+        days, hours, minutes, seconds = (int(x or 0) for x in m.groups()[:4])
+    else:  # minutes | minutes:seconds | hours:minutes:seconds
+        parts = [int(x) for x in m.groups()[4:] if x is not None]
+        days, (hours, minutes, seconds) = 0, {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
@@ -1221,7 +1231,9 @@ def submit_run(
     out: TextIO = sys.stdout,
 ) -> Submitted | None:
     """`invoke submit --run`: write the run job's script beside the logs and submit it (or print
-    it, --dry-run); with wait, follow its log and exit with the script's code."""
+    it, --dry-run); with wait, follow its log and exit with the script's code. The job asks for
+    the build's job keys with the profile's run_job over them (the Alliance's pytorch-test.sh)."""
+    spec = run_job_spec(spec)
     scheduler = scheduler_for(spec.scheduler)
     check_job_keys(spec)
     account = job_account(spec)
