@@ -764,10 +764,7 @@ def submit_build(
     jobplaces.check_mounted(spec, [jobplaces.cache_place(spec, cache), *_job_places(outp), *jobplaces.runtime_places()])
     git = not source or looks_like_url(source)
     if not git:  # checked here, where the node's failure would be named hours later
-        if ref:
-            raise UsageError(f"--ref {ref} applies to git sources only", hint="drop --ref")
-        job_source = local_source(source)
-        jobplaces.check_mounted(spec, [("--source", job_source, _MOUNTED_HINT)])
+        job_source = _local_job_source(spec, source, ref)
     if not dry_run and shutil.which(scheduler.submit_tool) is None:
         raise scheduler.missing()
     if not dry_run:
@@ -783,11 +780,7 @@ def submit_build(
             f"warning: cache_dir {spec.cache_dir} is node-local on most clusters: ccache will not be shared", file=out
         )
     if dry_run:
-        out.write(scheduler.render(job))
-        print(
-            f"# dry run: nothing written or submitted; it would be: {shell_words(scheduler.submit_args(job, scheduler.script_path(job)))}",
-            file=out,
-        )
+        _print_dry_run(scheduler, job, out)
         return None
     if not engine_args:  # natively: the build venv made here, where PyPI answers
         jobplaces.make_build_venv(spec, job_source, cache, job.logs / f"{job.name}-buildenv.log", out)
@@ -798,6 +791,21 @@ def submit_build(
 
 
 _MOUNTED_HINT = "move it to a file system the compute nodes mount (ARCHER2: your project's /work)"
+
+
+def _local_job_source(spec: BuildSpec, source: str, ref: str) -> str:
+    """A local --source as the job names it: no --ref, present here, on a file system the nodes mount."""
+    if ref:
+        raise UsageError(f"--ref {ref} applies to git sources only", hint="drop --ref")
+    job_source = local_source(source)
+    jobplaces.check_mounted(spec, [("--source", job_source, _MOUNTED_HINT)])
+    return job_source
+
+
+def _print_dry_run(scheduler: Scheduler, job: Job, out: TextIO) -> None:
+    out.write(scheduler.render(job))
+    args = shell_words(scheduler.submit_args(job, scheduler.script_path(job)))
+    print(f"# dry run: nothing written or submitted; it would be: {args}", file=out)
 
 
 def _job_places(out_dir: Path) -> list[jobplaces.Place]:
