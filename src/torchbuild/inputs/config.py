@@ -1171,6 +1171,13 @@ def _check_cuda_and_nccl(values: Mapping[str, Any], where: Mapping[str, str]) ->
         )
     if cuda and not values["cuda_arch_list"]:
         _fail(where, "cuda_version", "CUDA build without cuda_arch_list", 'set cuda_arch_list, e.g. ["8.0", "9.0"]')
+    base = base_image_cuda(values["base_image"])
+    if cuda and base and base != values["cuda_version"]:
+        problem = (
+            f"{values['cuda_version']}, but base_image {values['base_image']} ({where['base_image']}) is CUDA {base}"
+        )
+        hint = f'set cuda_version: "{base}", or a base_image of CUDA {values["cuda_version"]} (nvidia/cuda:X.Y.Z-...)'
+        _fail(where, "cuda_version", problem, hint)
     if "nccl" in values["distributed"] and not cuda:
         _fail(where, "distributed", "nccl needs a CUDA build", "drop nccl from distributed or set cuda_version")
     if values["nccl"] != "bundled" and "nccl" not in values["distributed"]:
@@ -1194,6 +1201,16 @@ def _check_cuda_and_nccl(values: Mapping[str, Any], where: Mapping[str, str]) ->
         bad = nccl_cannot_target(values["nccl_version"], values["cuda_arch_list"])
         if bad:
             _fail(where, "nccl_version", bad, "choose a newer nccl_version, or drop that arch from cuda_arch_list")
+
+
+_NVIDIA_CUDA_TAG = re.compile(r"(?:^|/)nvidia/cuda:(\d+\.\d+)(?:\.\d+)*-")
+
+
+def base_image_cuda(base_image: str) -> str:
+    """The CUDA release (12.6) an nvidia/cuda base image's tag names (12.6.3-cudnn-devel-...),
+    on any registry; '' for another base, whose nvcc the image build checks (cuda-check.sh)."""
+    found = _NVIDIA_CUDA_TAG.search(base_image)
+    return found.group(1) if found else ""
 
 
 # the plugin's configure options steps/comms.py passes itself (aws_ofi_nccl_configure may not)
