@@ -16,20 +16,43 @@ from torchbuild.core.arch import Arch
 from torchbuild.core.errors import PathError, ProfileError
 from torchbuild.inputs.companion_table import pairing_problem
 from torchbuild.inputs.config import resolve
-from torchbuild.inputs.environment import build_env
+from torchbuild.inputs.environment import build_env, with_job_values
 
 DERECHO = ["ncarenv/23.09", "gcc/12.2.0", "ncarcompilers", "cray-mpich/8.1.27", "cuda/12.2.1"]
 
 
 def test_derecho_builds_with_the_recipes_compilers_flags_and_switches():
+    """config_env.sh (benkirk/derecho-pytorch-mpi): CC=mpicc, CXXFLAGS="${CFLAGS}", BLAS=MKL,
+    USE_CUDNN=1 with CUDNN_* from ${NCAR_ROOT_CUDNN}, USE_CUSPARSELT=1, USE_MAGMA left to PyTorch."""
     spec = resolve("derecho")
-    env = build_env(spec, cache_root="/c", jobs=1)
-    assert (env["CC"], env["CXX"]) == ("mpicc", "mpicxx")
-    assert env["CFLAGS"] == "-Wno-maybe-uninitialized -Wno-uninitialized -Wno-nonnull"
-    assert (env["USE_CUDNN"], env["USE_CUSPARSELT"], env["USE_MAGMA"]) == ("1", "0", "0")
+    env = with_job_values(build_env(spec, cache_root="/c", jobs=1), spec.env, {"NCAR_ROOT_CUDNN": "/glade/cudnn"})
+    flags = "-Wno-maybe-uninitialized -Wno-uninitialized -Wno-nonnull"
+    assert (env["CC"], env["CXX"], env["CFLAGS"], env["CXXFLAGS"]) == ("mpicc", "mpicxx", flags, flags)
+    assert (env["BLAS"], env["USE_CUDNN"], env["USE_CUSPARSELT"]) == ("MKL", "1", "1") and "USE_MAGMA" not in env
+    assert (env["CUDNN_LIBRARY"], env["CUDNN_LIB_DIR"]) == ("/glade/cudnn", "/glade/cudnn/lib")
+    assert "CUDNN_INCLUDE_DIR" not in with_job_values(build_env(spec, cache_root="/c", jobs=1), spec.env, {})
     assert spec.runtime_env["MPICH_GPU_MANAGED_MEMORY_SUPPORT_ENABLED"] == "1"
+    assert spec.runtime_env["MPICH_GPU_SUPPORT_ENABLED"] == "1"  # what the CUDA-aware MPI patch asks
     # 1.6.0's configure has no --with-gdrcopy: nothing is added to the plugin's configure
     assert spec.aws_ofi_nccl_configure == ()
+
+
+def test_derechos_sif_runs_on_the_hosts_cray_mpich():
+    """host_mpi: cray-mpich's MPICH-ABI libraries (and Cray PE's lib64, libfabric) first on the
+    SIF's LD_LIBRARY_PATH, not the image's MPICH."""
+    spec = resolve("derecho")
+    assert spec.host_mpi[0] == "/opt/cray/pe/mpich/8.1.27/ofi/gnu/9.1/lib-abi-mpich"
+    assert "cray-mpich/8.1.27" in spec.runtime_modules and spec.libfabric_prefix + "/lib64" in spec.host_mpi
+
+
+@pytest.mark.parametrize("series", ["2.3", "2.4"])
+def test_the_cuda_aware_mpi_patch_says_where_it_differs_from_the_seeds(series):
+    from torchbuild.inputs.config import data_dir
+
+    text = (data_dir() / "patches" / "pytorch" / series / "01-cuda-aware-mpi-fallback.patch").read_text()
+    header = " ".join(text.split("diff --git", 1)[0].split())
+    assert "derecho-pytorch-mpi" in header and "*assuming* the MPI is CUDA-aware" in header
+    assert "the derecho profile's runtime_env sets, so on Derecho the answer is the seed's" in header
 
 
 @pytest.mark.parametrize(("torch", "cudnn"), [("2.3.1", "cudnn/8.8.1.3-12"), ("2.4.0", "cudnn/9.2.0.82-12")])
@@ -54,7 +77,9 @@ def test_derechos_job_is_the_recipes_gpu_node_for_four_hours(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "#PBS -l select=1:ncpus=64:ngpus=4:gpu_type=a100" in res.stdout
     assert "#PBS -l walltime=04:00:00" in res.stdout
-    assert "module load " + " ".join([*DERECHO, "cudnn/8.8.1.3-12"]) in res.stdout
+    # config_env.sh: `module --force purge` (ncarenv is sticky), then its modules
+    purge = "\nmodule --force purge\nmodule load " + " ".join([*DERECHO, "cudnn/8.8.1.3-12"]) + "\n"
+    assert purge in res.stdout
 
 
 def test_a_full_release_entry_wins_over_its_line_and_module_names_are_checked():

@@ -388,6 +388,7 @@ class BuildSpec:
     modules: tuple[str, ...]
     torch_version_modules: StrMap
     module_purge: bool
+    module_purge_force: bool
     required: StrMap
     unmounted_dirs: tuple[str, ...]
     export_env: bool
@@ -419,6 +420,13 @@ class BuildSpec:
         """The launcher of a multi-node job: the profile's `launcher`, else the scheduler's own
         (srun under Slurm, mpiexec under PBS, as PBS Professional's sites and Cray PALS name it)."""
         return self.launcher or LAUNCHER_DEFAULTS.get(self.scheduler, "mpiexec")
+
+    @property
+    def purge_command(self) -> str:
+        """The job's `module purge` line (module_purge, module_purge_force); '' for none."""
+        if self.module_purge_force:
+            return "module --force purge"
+        return "module purge" if self.module_purge else ""
 
     @property
     def git_ref(self) -> str:

@@ -137,8 +137,8 @@ class Scheduler(abc.ABC):
             "set -eo pipefail",
             f'echo "torchbuild: {self.name} job ${{{self.id_variable}:-?}} on $(hostname) at $(date -Is)"',
         ]
-        if spec.module_purge:
-            lines.append("module purge")
+        if spec.purge_command:
+            lines.append(spec.purge_command)
         if spec.modules:
             lines.append(shell_words(["module", "load", *spec.modules]))
             lines.append("module list 2>&1")
@@ -1188,8 +1188,8 @@ def render_run(scheduler: Scheduler, job: Job, request: RunRequest) -> str:
         "set -eo pipefail",
         f'echo "torchbuild: {scheduler.name} run job ${{{scheduler.id_variable}:-?}} on $(hostname) at $(date -Is)"',
     ]
-    if spec.module_purge:
-        lines.append("module purge")
+    if spec.purge_command:
+        lines.append(spec.purge_command)
     if spec.runtime_modules:
         lines += [shell_words(["module", "load", *spec.runtime_modules]), "module list 2>&1"]
     lines += [f"cd {shlex.quote(str(job.workdir))}", *_venv_lines(spec, site), *_install_lines(spec, request)]
