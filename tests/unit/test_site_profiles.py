@@ -181,11 +181,11 @@ def test_archer2_refuses_a_job_whose_cache_source_or_out_is_under_home(tmp_path)
 def test_the_jobs_python_and_torchbuild_are_checked_against_unmounted_dirs():
     from torchbuild.launch.jobplaces import check_mounted, runtime_places
 
-    places = dict((what, path) for what, path, _ in runtime_places())
+    places = dict((what, path) for what, path, _ in runtime_places(resolve("archer2")))
     assert places["the job's Python"] == sys.executable and Path(places["torchbuild"], "__init__.py").is_file()
     spec = resolve("archer2", [f"unmounted_dirs=[{Path(sys.executable).parent}]"])
     with pytest.raises(PathError, match=r"the job's Python .* is under .*compute nodes of profile archer2") as err:
-        check_mounted(spec, runtime_places())
+        check_mounted(spec, runtime_places(spec))
     assert "venv on a file system the compute nodes mount" in (err.value.hint or "")
 
 

@@ -389,6 +389,7 @@ class BuildSpec:
     torch_version_modules: StrMap
     module_purge: bool
     module_purge_force: bool
+    job_python: str
     required: StrMap
     unmounted_dirs: tuple[str, ...]
     export_env: bool

@@ -7,6 +7,9 @@ what is made there for it.
 - unmounted_dirs (a profile key): directories the compute nodes do not mount (ARCHER2's /home).
   A job naming a path under one (its cache, source tree, --out, working directory, the Python
   and torchbuild it runs) would fail on the node, after its wait in the queue: refused here.
+- The Python the job runs torchbuild with (job_python): this one by default, which a node of
+  another arch cannot run (Bede: ppc64le login nodes, aarch64 GH200 nodes), so there the
+  profile's job_python is required.
 - The native build venv (steps/buildenv.py): made here, with the Python the job runs, before
   the job is submitted. Compute nodes often cannot reach PyPI (ARCHER2's may not); the job then
   finds the venv under the same key and reuses it.
@@ -21,7 +24,7 @@ from pathlib import Path
 from typing import TextIO
 
 import torchbuild
-from torchbuild.core.arch import Arch
+from torchbuild.core.arch import Arch, host_machine
 from torchbuild.core.errors import PathError, ProfileError
 from torchbuild.core.progress import Tee
 from torchbuild.inputs.config import BuildSpec, schema
@@ -69,9 +72,28 @@ def check_mounted(spec: BuildSpec, places: Sequence[Place]) -> None:
             )
 
 
-def runtime_places() -> list[Place]:
+def job_python(spec: BuildSpec) -> str:
+    """The Python the job runs torchbuild with: the profile's job_python, else this one, which
+    only a node of this host's arch can run (ProfileError otherwise, naming the fix)."""
+    if spec.job_python:
+        return spec.job_python
+    here = Arch.host_or_none()
+    if here is not spec.arch:
+        machine = here.value if here else host_machine()
+        raise ProfileError(
+            f"profile {spec.profile} builds on {spec.arch} nodes and this host is {machine}: the job cannot run "
+            f"this host's Python ({sys.executable})",
+            hint=f"make a venv with torchbuild on a {spec.arch} node (python3 -m venv DIR, then DIR/bin/pip install "
+            "torchbuild) on a file system the nodes mount, and --set job_python=DIR/bin/python",
+        )
+    return sys.executable
+
+
+def runtime_places(spec: BuildSpec) -> list[Place]:
     """The Python the job runs and the torchbuild it imports (an editable or --user install may
-    live elsewhere than the interpreter)."""
+    live elsewhere than the interpreter); job_python's own torchbuild is its own."""
+    if spec.job_python:
+        return [("job_python", spec.job_python, _PYTHON_HINT)] if spec.job_python.startswith("/") else []
     package = str(Path(torchbuild.__file__).resolve().parent)
     return [("the job's Python", sys.executable, _PYTHON_HINT), ("torchbuild", package, _PYTHON_HINT)]
 
@@ -83,9 +105,9 @@ def cache_place(spec: BuildSpec, cache: Path) -> Place:
 
 def make_build_venv(spec: BuildSpec, source: str, cache: Path, log: Path, out: TextIO) -> buildenv.BuildVenv | None:
     """The native build venv for the job, made (or found) here with this Python, which the job
-    runs too: None where it cannot be made here (the source is not a tree yet, or the job runs on
-    another arch than this host's)."""
-    if not spec.build_venv or not Path(source).is_dir() or Arch.host_or_none() is not spec.arch:
+    runs too: None where it cannot be made here (the source is not a tree yet, the job runs
+    another Python, job_python, or on another arch than this host's)."""
+    if not spec.build_venv or spec.job_python or not Path(source).is_dir() or Arch.host_or_none() is not spec.arch:
         return None
     tee = Tee(log, out, "lines")
     try:

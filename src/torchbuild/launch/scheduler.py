@@ -761,7 +761,10 @@ def submit_build(
     outp = user_path(out_dir or "out").absolute()
     _directive_path(outp / "logs", scheduler.name)  # before anything is fetched
     cache = user_path(spec.cache_dir, "cache_dir").absolute()
-    jobplaces.check_mounted(spec, [jobplaces.cache_place(spec, cache), *_job_places(outp), *jobplaces.runtime_places()])
+    jobplaces.job_python(spec)  # one the node can run
+    jobplaces.check_mounted(
+        spec, [jobplaces.cache_place(spec, cache), *_job_places(outp), *jobplaces.runtime_places(spec)]
+    )
     git = not source or looks_like_url(source)
     if not git:  # checked here, where the node's failure would be named hours later
         job_source = _local_job_source(spec, source, ref)
@@ -901,7 +904,7 @@ def _make_job(request: _JobRequest, account: str, dependency: str) -> tuple[Job,
     key = key_of(spec, places, "", request.options, request.runtime.engine, ",".join(pythons))
     name = f"torchbuild-{spec.profile}-{key[:8]}"
     profile_file = outp / ".torchbuild" / "jobs" / key / f"{spec.profile}.yaml"
-    command = [sys.executable, "-m", "torchbuild", "build", "--resume", "--progress", "lines"]
+    command = [jobplaces.job_python(spec), "-m", "torchbuild", "build", "--resume", "--progress", "lines"]
     command += ["--profile", str(profile_file), "--source", request.source, "--out", str(outp), *request.engine_args]
     command += build_option_args(request.options, request.verify)
     if pythons:
@@ -919,7 +922,7 @@ def _comms_first(request: _JobRequest, profile_file: Path) -> tuple[tuple[str, .
     the job with the comms step's error, not hours into the build."""
     if not comms_wanted(request.spec):
         return ()
-    command = [sys.executable, "-m", "torchbuild", "comms", "--profile", str(profile_file)]
+    command = [jobplaces.job_python(request.spec), "-m", "torchbuild", "comms", "--profile", str(profile_file)]
     command += ["--out", str(request.out), *request.engine_args]
     if request.options.jobs:
         command += ["--jobs", str(request.options.jobs)]
