@@ -760,11 +760,7 @@ def submit_build(
         options = _spread_options(spec, options, nodes)
     outp = user_path(out_dir or "out").absolute()
     _directive_path(outp / "logs", scheduler.name)  # before anything is fetched
-    cache = user_path(spec.cache_dir, "cache_dir").absolute()
-    jobplaces.job_python(spec)  # one the node can run
-    jobplaces.check_mounted(
-        spec, [jobplaces.cache_place(spec, cache), *_job_places(outp), *jobplaces.runtime_places(spec)]
-    )
+    cache = _check_job_places(spec, outp)
     git = not source or looks_like_url(source)
     if not git:  # checked here, where the node's failure would be named hours later
         job_source = _local_job_source(spec, source, ref)
@@ -809,6 +805,16 @@ def _print_dry_run(scheduler: Scheduler, job: Job, out: TextIO) -> None:
     out.write(scheduler.render(job))
     args = shell_words(scheduler.submit_args(job, scheduler.script_path(job)))
     print(f"# dry run: nothing written or submitted; it would be: {args}", file=out)
+
+
+def _check_job_places(spec: BuildSpec, out_dir: Path) -> Path:
+    """The job's Python one its node can run, and its cache, --out, working directory, Python
+    and torchbuild on file systems the nodes mount; the cache's absolute path."""
+    jobplaces.job_python(spec)
+    cache = user_path(spec.cache_dir, "cache_dir").absolute()
+    places = [jobplaces.cache_place(spec, cache), *_job_places(out_dir), *jobplaces.runtime_places(spec)]
+    jobplaces.check_mounted(spec, places)
+    return cache
 
 
 def _job_places(out_dir: Path) -> list[jobplaces.Place]:
