@@ -234,3 +234,32 @@ def test_submit_makes_the_native_build_venv_on_the_login_node_before_the_job(tmp
         options=BuildOptions(), verify=True, out=io.StringIO(),
     )  # fmt: skip
     assert calls == []
+
+
+# -------------------------------------------------------------------- Quansight's guide (seed 000)
+
+
+@pytest.mark.parametrize(
+    ("torch", "python", "need"),
+    [
+        ("2.6.0", "3.8", "3.9"),  # the guide's python=3.8 with today's torch
+        ("2.9.0", "3.9", "3.10"),
+        ("2.4.1", "3.8", ""),
+        ("2.5.1", "3.8", ""),  # 2.5's setup.py still takes 3.8 (its wheels start at 3.9)
+        ("1.13.1", "3.7", ""),
+        ("2.6.0", "3.13", ""),
+    ],
+)
+def test_python_version_is_refused_at_config_below_what_its_torch_accepts(torch, python, need):
+    sets = [f"torch_version={torch}", f"python_version={python}"]
+    if not need:
+        assert resolve("cpu", sets, arch="x86_64").python_version == python
+        return
+    with pytest.raises(ProfileError, match=r"key 'python_version': Python ") as err:
+        resolve("cpu", sets, arch="x86_64")
+    assert f"it needs Python >= {need}" in err.value.message and f"PyTorch {torch[:3]} accepts" in err.value.message
+    assert f"set python_version to {need} or newer" in (err.value.hint or "")
+    with pytest.raises(ProfileError, match=rf"key 'python_versions': Python {python} is older"):
+        resolve("cpu", [f"torch_version={torch}", f"python_versions=['3.12', '{python}']"], arch="x86_64")
+    res = run_invoke("config", "--arch", "x86_64", *set_args(sets))
+    assert res.returncode != 0 and f"needs Python >= {need}" in res.stderr and "Traceback" not in res.stderr

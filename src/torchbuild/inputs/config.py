@@ -1270,10 +1270,45 @@ def _check_not_options(values: Mapping[str, Any], where: Mapping[str, str]) -> N
                 _fail(where, key, exc.message, exc.hint)
 
 
+# The oldest Python each PyTorch line's own setup.py accepts (its python_requires, as PyPI's
+# metadata shows it): from (major, minor) of torch on, (major, minor) of Python. 1.x: 3.7;
+# 2.0 to 2.5: 3.8; 2.6 to 2.8: 3.9; 2.9: 3.10. A newer line than the table knows keeps the last floor.
+PYTHON_FLOORS = (((2, 9), (3, 10)), ((2, 6), (3, 9)), ((2, 0), (3, 8)), ((1, 0), (3, 7)))
+
+
+def python_floor(torch_version: str) -> tuple[int, int] | None:
+    """The oldest Python PyTorch torch_version accepts; None for a version the table cannot place."""
+    line = minor(torch_version)
+    if not line:
+        return None
+    torch = tuple(int(x) for x in line.split("."))
+    return next((python for since, python in PYTHON_FLOORS if torch >= since), None)
+
+
+def _check_python_floor(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
+    """python_version (and python_versions) not older than the torch it builds accepts: found at
+    config, not when apt or PyTorch's setup.py refuses it in the build (Quansight's guide sets
+    python=3.8, "the minimum required version in PyTorch" when it was written)."""
+    floor = python_floor(values["torch_version"])
+    if floor is None:
+        return
+    for key in ("python_version", "python_versions"):
+        given = values[key] if key == "python_versions" else (values[key],)
+        old = [v for v in given if tuple(int(x) for x in v.split(".")) < floor]
+        if old:
+            need = "{}.{}".format(*floor)
+            problem = (
+                f"Python {old[0]} is older than PyTorch {minor(values['torch_version'])} accepts "
+                f"(torch_version {values['torch_version']}, {where['torch_version']}): it needs Python >= {need}"
+            )
+            _fail(where, key, problem, f"set {key} to {need} or newer (one the base image's apt provides)")
+
+
 def _check_libraries(values: Mapping[str, Any], where: Mapping[str, str], arch: Arch) -> None:
     twice = sorted({v for v in values["python_versions"] if values["python_versions"].count(v) > 1})
     if twice:
         _fail(where, "python_versions", f"lists {', '.join(twice)} twice", "list each Python once")
+    _check_python_floor(values, where)
     if "mpi" in values["distributed"] and values["mpi"] == "none":
         _fail(where, "distributed", "mpi backend requested but mpi is none", "set mpi: openmpi, mpich or system")
     if values["mkl_threading"] and values["blas"] != "mkl":
