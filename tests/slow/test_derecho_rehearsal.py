@@ -65,6 +65,8 @@ def _profile_sets(nccl: tuple[Path, str], plugin: tuple[Path, str]) -> list[str]
         # /usr/local/cuda, and is 11.8, not the site's 12.2.1
         "cuda_home=/usr",
         "cuda_version=11.8",
+        # the stand-in's base (the profile's nvidia/cuda 12.6 base would refuse cuda_version 11.8)
+        "base_image=torchbuild/base:bookworm-x86_64",
         # bookworm's Python (the site's conda Python is left out by the profile as well)
         f"python_version={STANDIN_PYTHON}",
         # Debian's PyTorch 2.6 source is what is reachable here; it is de-vendored (third_party

@@ -655,13 +655,18 @@ def test_a_directive_with_a_control_character_is_never_written_into_the_script(t
         ("2-00:00:00", "48:00:00"),
         ("1-02:03:04", "26:03:04"),
         ("100:00:00", "100:00:00"),
+        # the rest of Slurm's forms: minutes, minutes:seconds, days-hours, days-hours:minutes
+        ("90", "01:30:00"),
+        ("4:00", "00:04:00"),
+        ("1-2", "26:00:00"),
+        ("0-03:00", "03:00:00"),
     ],
 )
 def test_pbs_walltime(walltime, pbs):
     assert pbs_walltime(walltime) == pbs
 
 
-@pytest.mark.parametrize("bad", ["", "4:00", "04:00:00:00", "1-2", "1d-04:00:00", "04:00:00 ", "four hours"])
+@pytest.mark.parametrize("bad", ["", "04:00:00:00", "1-", "1d-04:00:00", "04:00:00 ", "four hours", "1-2-3"])
 def test_pbs_walltime_refuses_what_is_not_d_hh_mm_ss(bad):
     with pytest.raises(UsageError, match="walltime"):
         pbs_walltime(bad)

@@ -390,6 +390,10 @@ class BuildSpec:
     modules: tuple[str, ...]
     torch_version_modules: StrMap
     module_purge: bool
+    module_purge_force: bool
+    job_python: str
+    required: StrMap
+    unmounted_dirs: tuple[str, ...]
     export_env: bool
     directives: tuple[str, ...]
     launcher: str
@@ -397,6 +401,7 @@ class BuildSpec:
     verify_tests_timeout_s: int
     verify_tests_max_failures: int
     verify_tests_skip: StrMap
+    run_job: StrMap
     runtime_env: StrMap
     runtime_packages: tuple[PackageEntry, ...]
     install_python: str
@@ -422,6 +427,13 @@ class BuildSpec:
         """The launcher of a multi-node job: the profile's `launcher`, else the scheduler's own
         (srun under Slurm, mpiexec under PBS, as PBS Professional's sites and Cray PALS name it)."""
         return self.launcher or LAUNCHER_DEFAULTS.get(self.scheduler, "mpiexec")
+
+    @property
+    def purge_command(self) -> str:
+        """The job's `module purge` line (module_purge, module_purge_force); '' for none."""
+        if self.module_purge_force:
+            return "module --force purge"
+        return "module purge" if self.module_purge else ""
 
     @property
     def git_ref(self) -> str:
@@ -1211,6 +1223,34 @@ def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], arch: Arch
     _check_not_options(values, where)
     _check_libraries(values, where, arch)
     _check_ccache_remote(values, where)
+    _check_required(values, where)
+    _run_job_values(values["run_job"], where["run_job"])
+
+
+# the job keys a run job (`submit --run`) may ask for otherwise than the build's job (run_job)
+RUN_JOB_KEYS = ("cpus", "mem", "gpus", "gpu_type", "walltime")
+
+
+def _run_job_values(entries: Mapping[str, str], where: str) -> dict[str, Any]:
+    """run_job's entries as their keys take them (cpus and gpus as numbers), each checked as
+    that key is; a ProfileError names the entry."""
+    keys = _declared()
+    values = {k: int(v) if keys[k].type == "int" and v.isdigit() else v for k, v in entries.items()}
+    return _checked(values, lambda k: f"{where}: run_job.{k}")
+
+
+def run_job_spec(spec: BuildSpec) -> BuildSpec:
+    """The spec a run job asks for its node with: the build's job keys, run_job's over them."""
+    return dataclasses.replace(spec, **_run_job_values(spec.run_job, spec.origins.get("run_job", "run_job")))
+
+
+def _check_required(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
+    """required names keys a user sets (not itself), each with what to give."""
+    for key, what in values["required"].items():
+        if key not in _declared() or key == "required":
+            _fail(where, "required", f"{key!r} is no key a user could set{_suggest(key)}", "name keys of defaults.yaml")
+        if not what.strip():
+            _fail(where, "required", f"{key}: say what to give", f"e.g. {{{key}: a directory the compute nodes mount}}")
 
 
 def _check_ccache_remote(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
@@ -1231,6 +1271,13 @@ def _check_cuda_and_nccl(values: Mapping[str, Any], where: Mapping[str, str]) ->
         )
     if cuda and not values["cuda_arch_list"]:
         _fail(where, "cuda_version", "CUDA build without cuda_arch_list", 'set cuda_arch_list, e.g. ["8.0", "9.0"]')
+    base = base_image_cuda(values["base_image"])
+    if cuda and base and base != values["cuda_version"]:
+        problem = (
+            f"{values['cuda_version']}, but base_image {values['base_image']} ({where['base_image']}) is CUDA {base}"
+        )
+        hint = f'set cuda_version: "{base}", or a base_image of CUDA {values["cuda_version"]} (nvidia/cuda:X.Y.Z-...)'
+        _fail(where, "cuda_version", problem, hint)
     if "nccl" in values["distributed"] and not cuda:
         _fail(where, "distributed", "nccl needs a CUDA build", "drop nccl from distributed or set cuda_version")
     if values["nccl"] != "bundled" and "nccl" not in values["distributed"]:
@@ -1254,6 +1301,16 @@ def _check_cuda_and_nccl(values: Mapping[str, Any], where: Mapping[str, str]) ->
         bad = nccl_cannot_target(values["nccl_version"], values["cuda_arch_list"])
         if bad:
             _fail(where, "nccl_version", bad, "choose a newer nccl_version, or drop that arch from cuda_arch_list")
+
+
+_NVIDIA_CUDA_TAG = re.compile(r"(?:^|/)nvidia/cuda:(\d+\.\d+)(?:\.\d+)*-")
+
+
+def base_image_cuda(base_image: str) -> str:
+    """The CUDA release (12.6) an nvidia/cuda base image's tag names (12.6.3-cudnn-devel-...),
+    on any registry; '' for another base, whose nvcc the image build checks (cuda-check.sh)."""
+    found = _NVIDIA_CUDA_TAG.search(base_image)
+    return found.group(1) if found else ""
 
 
 # the plugin's configure options steps/comms.py passes itself (aws_ofi_nccl_configure may not)
@@ -1304,10 +1361,45 @@ def _check_not_options(values: Mapping[str, Any], where: Mapping[str, str]) -> N
                 _fail(where, key, exc.message, exc.hint)
 
 
+# The oldest Python each PyTorch line's own setup.py accepts (its python_requires, as PyPI's
+# metadata shows it): from (major, minor) of torch on, (major, minor) of Python. 1.x: 3.7;
+# 2.0 to 2.5: 3.8; 2.6 to 2.8: 3.9; 2.9: 3.10. A newer line than the table knows keeps the last floor.
+PYTHON_FLOORS = (((2, 9), (3, 10)), ((2, 6), (3, 9)), ((2, 0), (3, 8)), ((1, 0), (3, 7)))
+
+
+def python_floor(torch_version: str) -> tuple[int, int] | None:
+    """The oldest Python PyTorch torch_version accepts; None for a version the table cannot place."""
+    line = minor(torch_version)
+    if not line:
+        return None
+    torch = tuple(int(x) for x in line.split("."))
+    return next((python for since, python in PYTHON_FLOORS if torch >= since), None)
+
+
+def _check_python_floor(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
+    """python_version (and python_versions) not older than the torch it builds accepts: found at
+    config, not when apt or PyTorch's setup.py refuses it in the build (Quansight's guide sets
+    python=3.8, "the minimum required version in PyTorch" when it was written)."""
+    floor = python_floor(values["torch_version"])
+    if floor is None:
+        return
+    for key in ("python_version", "python_versions"):
+        given = values[key] if key == "python_versions" else (values[key],)
+        old = [v for v in given if tuple(int(x) for x in v.split(".")) < floor]
+        if old:
+            need = "{}.{}".format(*floor)
+            problem = (
+                f"Python {old[0]} is older than PyTorch {minor(values['torch_version'])} accepts "
+                f"(torch_version {values['torch_version']}, {where['torch_version']}): it needs Python >= {need}"
+            )
+            _fail(where, key, problem, f"set {key} to {need} or newer (one the base image's apt provides)")
+
+
 def _check_libraries(values: Mapping[str, Any], where: Mapping[str, str], arch: Arch) -> None:
     twice = sorted({v for v in values["python_versions"] if values["python_versions"].count(v) > 1})
     if twice:
         _fail(where, "python_versions", f"lists {', '.join(twice)} twice", "list each Python once")
+    _check_python_floor(values, where)
     if "mpi" in values["distributed"] and values["mpi"] == "none":
         _fail(where, "distributed", "mpi backend requested but mpi is none", "set mpi: openmpi, mpich or system")
     if values["mkl_threading"] and values["blas"] != "mkl":

@@ -50,8 +50,9 @@ from torchbuild.core.errors import (
     writable_dir,
 )
 from torchbuild.core.safeio import user_path
-from torchbuild.inputs.config import BuildSpec, check_value, profile_text, requirement_of
+from torchbuild.inputs.config import BuildSpec, check_value, profile_text, requirement_of, run_job_spec
 from torchbuild.inputs.config import wanted as comms_wanted
+from torchbuild.launch import jobplaces
 from torchbuild.launch.spread import check_nodes, slots_per_node, spread_jobs, spread_lines
 
 if TYPE_CHECKING:
@@ -68,6 +69,8 @@ _PBS_UNSAFE = re.compile(r"[\s\"'\\#:\x00-\x1f\x7f]")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _JOB_ID = re.compile(r"[A-Za-z0-9_.\[\]-]+")
 _WALLTIME = re.compile(r"(?:(\d+)-)?(\d+):(\d\d):(\d\d)")
+# Slurm's --time forms: days-hours[:minutes[:seconds]], or minutes[:seconds], hours:minutes:seconds
+_SLURM_TIME = re.compile(r"(?:(\d+)-(\d+)(?::(\d+))?(?::(\d+))?|(\d+)(?::(\d+))?(?::(\d+))?)")
 _MEM = re.compile(r"(\d+)([KMGT]?)")
 # the largest job torchbuild asks a scheduler for: far above any one node (a job is one node),
 # far below the numbers a scheduler would overflow on (Slurm's counts are 32-bit)
@@ -141,8 +144,8 @@ class Scheduler(abc.ABC):
             "set -eo pipefail",
             f'echo "torchbuild: {self.name} job ${{{self.id_variable}:-?}} on $(hostname) at $(date -Is)"',
         ]
-        if spec.module_purge:
-            lines.append("module purge")
+        if spec.purge_command:
+            lines.append(spec.purge_command)
         if spec.modules:
             lines.append(shell_words(["module", "load", *spec.modules]))
             lines.append("module list 2>&1")
@@ -525,13 +528,21 @@ def job_account(spec: BuildSpec, environ: Mapping[str, str] | None = None) -> st
 
 
 def walltime_seconds(walltime: str) -> int:
-    """[D-]HH:MM:SS in seconds; UsageError for other text."""
-    m = _WALLTIME.fullmatch(walltime)
+    """A walltime in Slurm's forms (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in
+    seconds; UsageError for other text."""
+    m = _SLURM_TIME.fullmatch(walltime)
     if not m:
-        raise UsageError(f"walltime {walltime[:40]!r} is not [D-]HH:MM:SS", hint="e.g. --walltime 04:00:00")
+        raise UsageError(
+            f"walltime {walltime[:40]!r} is none of Slurm's time forms",
+            hint="e.g. --walltime 04:00:00 (HH:MM:SS), 0-03:00 (D-HH:MM) or 90 (minutes)",
+        )
     if any(len(x or "") > 9 for x in m.groups()):  # int() of thousands of digits is an error of its own
         raise UsageError(f"walltime {walltime[:40]}... is out of range", hint="e.g. --walltime 2-00:00:00")
-    days, hours, minutes, seconds = (int(x or 0) for x in m.groups())
+    if m.group(1) is not None:  # days-hours[:minutes[:seconds]]
+        days, hours, minutes, seconds = (int(x or 0) for x in m.groups()[:4])
+    else:  # minutes | minutes:seconds | hours:minutes:seconds
+        parts = [int(x) for x in m.groups()[4:] if x is not None]
+        days, (hours, minutes, seconds) = 0, {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
@@ -804,17 +815,17 @@ def submit_build(
 
     check_nodes(nodes, runtime.engine, runtime.apptainer)
     scheduler, account = _check_job_request(spec, options, dependency)
+    jobplaces.check_required(spec)
     engine_args = runtime.args(spec)
     if nodes > 1:
         scheduler = spread_scheduler_for(spec.scheduler, nodes)
         options = _spread_options(spec, options, nodes)
     outp = user_path(out_dir or "out").absolute()
     _directive_path(outp / "logs", scheduler.name)  # before anything is fetched
+    cache = _check_job_places(spec, outp)
     git = not source or looks_like_url(source)
     if not git:  # checked here, where the node's failure would be named hours later
-        if ref:
-            raise UsageError(f"--ref {ref} applies to git sources only", hint="drop --ref")
-        job_source = local_source(source)
+        job_source = _local_job_source(spec, source, ref)
     if not dry_run and shutil.which(scheduler.submit_tool) is None:
         raise scheduler.missing()
     if not dry_run:
@@ -830,16 +841,47 @@ def submit_build(
             f"warning: cache_dir {spec.cache_dir} is node-local on most clusters: ccache will not be shared", file=out
         )
     if dry_run:
-        out.write(scheduler.render(job))
-        print(
-            f"# dry run: nothing written or submitted; it would be: {shell_words(scheduler.submit_args(job, scheduler.script_path(job)))}",
-            file=out,
-        )
+        _print_dry_run(scheduler, job, out)
         return None
+    if not engine_args:  # natively: the build venv made here, where PyPI answers
+        jobplaces.make_build_venv(spec, job_source, cache, job.logs / f"{job.name}-buildenv.log", out)
     submitted = submit(scheduler, job, profile_file, out)
     if wait:
         follow(scheduler, submitted, out)
     return submitted
+
+
+_MOUNTED_HINT = "move it to a file system the compute nodes mount (ARCHER2: your project's /work)"
+
+
+def _local_job_source(spec: BuildSpec, source: str, ref: str) -> str:
+    """A local --source as the job names it: no --ref, present here, on a file system the nodes mount."""
+    if ref:
+        raise UsageError(f"--ref {ref} applies to git sources only", hint="drop --ref")
+    job_source = local_source(source)
+    jobplaces.check_mounted(spec, [("--source", job_source, _MOUNTED_HINT)])
+    return job_source
+
+
+def _print_dry_run(scheduler: Scheduler, job: Job, out: TextIO) -> None:
+    out.write(scheduler.render(job))
+    args = shell_words(scheduler.submit_args(job, scheduler.script_path(job)))
+    print(f"# dry run: nothing written or submitted; it would be: {args}", file=out)
+
+
+def _check_job_places(spec: BuildSpec, out_dir: Path) -> Path:
+    """The job's Python one its node can run, and its cache, --out, working directory, Python
+    and torchbuild on file systems the nodes mount; the cache's absolute path."""
+    jobplaces.job_python(spec)
+    cache = user_path(spec.cache_dir, "cache_dir").absolute()
+    places = [jobplaces.cache_place(spec, cache), *_job_places(out_dir), *jobplaces.runtime_places(spec)]
+    jobplaces.check_mounted(spec, places)
+    return cache
+
+
+def _job_places(out_dir: Path) -> list[jobplaces.Place]:
+    """--out and the directory the job starts in (this one)."""
+    return [("--out", str(out_dir), _MOUNTED_HINT), ("the working directory", str(Path.cwd()), _MOUNTED_HINT)]
 
 
 def _node_slots(spec: BuildSpec) -> tuple[int, int]:
@@ -930,7 +972,7 @@ def _make_job(request: _JobRequest, account: str, dependency: str) -> tuple[Job,
     key = key_of(spec, places, "", request.options, request.runtime.engine, ",".join(pythons))
     name = f"torchbuild-{spec.profile}-{key[:8]}"
     profile_file = outp / ".torchbuild" / "jobs" / key / f"{spec.profile}.yaml"
-    command = [sys.executable, "-m", "torchbuild", "build", "--resume", "--progress", "lines"]
+    command = [jobplaces.job_python(spec), "-m", "torchbuild", "build", "--resume", "--progress", "lines"]
     command += ["--profile", str(profile_file), "--source", request.source, "--out", str(outp), *request.engine_args]
     command += build_option_args(request.options, request.verify)
     if pythons:
@@ -950,7 +992,7 @@ def _comms_first(request: _JobRequest, profile_file: Path) -> tuple[tuple[str, .
     the job with the comms step's error, not hours into the build."""
     if not comms_wanted(request.spec):
         return ()
-    command = [sys.executable, "-m", "torchbuild", "comms", "--profile", str(profile_file)]
+    command = [jobplaces.job_python(request.spec), "-m", "torchbuild", "comms", "--profile", str(profile_file)]
     command += ["--out", str(request.out), *request.engine_args]
     if request.options.jobs:
         command += ["--jobs", str(request.options.jobs)]
@@ -1231,8 +1273,8 @@ def render_run(scheduler: Scheduler, job: Job, request: RunRequest) -> str:
         "set -eo pipefail",
         f'echo "torchbuild: {scheduler.name} run job ${{{scheduler.id_variable}:-?}} on $(hostname) at $(date -Is)"',
     ]
-    if spec.module_purge:
-        lines.append("module purge")
+    if spec.purge_command:
+        lines.append(spec.purge_command)
     if spec.runtime_modules:
         lines += [shell_words(["module", "load", *spec.runtime_modules]), "module list 2>&1"]
     lines += [f"cd {shlex.quote(str(job.workdir))}", *_venv_lines(spec, site), *_install_lines(spec, request)]
@@ -1282,13 +1324,17 @@ def submit_run(
     out: TextIO = sys.stdout,
 ) -> Submitted | None:
     """`invoke submit --run`: write the run job's script beside the logs and submit it (or print
-    it, --dry-run); with wait, follow its log and exit with the script's code."""
+    it, --dry-run); with wait, follow its log and exit with the script's code. The job asks for
+    the build's job keys with the profile's run_job over them (the Alliance's pytorch-test.sh)."""
+    spec = run_job_spec(spec)
     scheduler = scheduler_for(spec.scheduler)
     check_job_keys(spec)
     account = job_account(spec)
     if dependency and not _JOB_ID.fullmatch(dependency):
         raise UsageError(f"--dependency {dependency!r} is no job id", hint="pass the id sbatch or qsub printed")
     _directive_path(request.out / "logs", scheduler.name)
+    places = [("--run", str(request.script), _MOUNTED_HINT), ("--wheelhouse", str(request.wheelhouse), _MOUNTED_HINT)]
+    jobplaces.check_mounted(spec, [*places, *_job_places(request.out)])
     job = run_job(spec, request, account, dependency)
     text = render_run(scheduler, job, request)
     if dry_run:

@@ -89,6 +89,8 @@ def prepare(req: NodesRequest) -> tuple[sched.Scheduler, sched.Job, Path]:
         "world_size": shape.world_size,
         "mpi": "mpi" in spec.distributed,
         "nccl": "nccl" in spec.distributed,
+        # a CUDA build with MPI: its MPI must take CUDA tensors (CUDA-aware) where GPUs are visible
+        "mpi_cuda": spec.cuda and "mpi" in spec.distributed,
         "timeout": CHECK_TIMEOUT_S,
     }
     scheduler = sched.nodes_scheduler_for(spec.scheduler, shape.nodes, shape.tasks_per_node)

@@ -111,7 +111,8 @@ def progress_mode(progress: str) -> str:
         "source": SOURCE_HELP,
         "ref": "git tag, branch or commit (default: the profile's)",
         "dest": "where to put the tree (default <cache_dir>/src/pytorch-<ref>)",
-        "update": "bring an existing checkout (--dest or --source DIR) to the head of its branch",
+        "update": "bring an existing checkout (--dest or --source DIR) and the profile's companion checkouts to the "
+        "head of their branches (fast-forward; submodules too)",
         "no_patch": "do not apply the patch series",
     },
     iterable=["set_"],
