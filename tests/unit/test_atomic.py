@@ -152,6 +152,7 @@ def test_the_batch_script_is_written_atomically_and_executable(tmp_path, monkeyp
 
     class Job:
         spec = None
+        rounds = None
 
     monkeypatch.setattr(scheduler, "profile_text", lambda spec: "profile\n")
     Job.logs = logs  # type: ignore[attr-defined]

@@ -580,7 +580,7 @@ def unprintable(text: str, label: str, lines: bool = True) -> None:
     code = ord(found.group())
     name = f" ({_CONTROL_NAMES[code]})" if code in _CONTROL_NAMES else ""
     raise ProfileError(
-        f"{where}: holds the control character U+{code:04X}{name} (column {column}), which a profile "
+        f"{where}: holds the control character U+{code:04X}{name} ({found.group()!r}, column {column}), which a profile "
         "may not (YAML refuses it)",
         hint="remove it: a profile and --set values are plain text (tabs and line breaks only)",
     )
