@@ -64,9 +64,11 @@ def image(session: nox.Session) -> None:
 
 @nox.session(tags=["unit"])
 def tests(session: nox.Session) -> None:
-    """Unit tests: logic only, no engine (seconds)."""
+    """Unit tests: no engine, no container (a few minutes on 2 cores). They run on every core
+    (pytest-xdist, `-n auto`; `nox -s tests -- -n 0` runs them in one process) and print the 20
+    slowest at the end."""
     session.install("-e", ".[test,report]")
-    session.run("pytest", "tests/unit", *session.posargs)
+    session.run("pytest", "tests/unit", "-n", "auto", "--durations=20", *session.posargs)
 
 
 @nox.session(tags=["docker"])

@@ -217,3 +217,41 @@ def bridge_gateway(network_attrs: dict) -> str:
     if config.get("Gateway"):
         return str(config["Gateway"])
     return str(next(ipaddress.ip_network(config["Subnet"]).hosts()))
+
+
+def tiny_image(engine, tag: str, arch: str) -> str:
+    """A one-file image whose config names linux/<arch> (a Docker architecture: amd64, arm64),
+    loaded with `docker load` from an archive made here: a per-arch stand-in that needs neither
+    a registry nor emulation (the push test's; arm64 bases debootstrapped under qemu are in
+    tests/slow). Returns tag."""
+    import io
+    import json
+    import tarfile
+
+    def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.size, info.mode = len(data), 0o644
+        tar.addfile(info, io.BytesIO(data))
+
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as tar:
+        add(tar, "stand-in", f"a {arch} stand-in image for torchbuild's tests\n".encode())
+    diff_id = hashlib.sha256(layer.getvalue()).hexdigest()
+    config = json.dumps(
+        {
+            "architecture": arch,
+            "os": "linux",
+            "config": {"Labels": {"org.torchbuild.test": "stand-in"}},
+            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{diff_id}"]},
+            "history": [{"created_by": "tests/helpers.py tiny_image"}],
+        }
+    ).encode()
+    config_name = hashlib.sha256(config).hexdigest() + ".json"
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        add(tar, f"{diff_id}/layer.tar", layer.getvalue())
+        add(tar, config_name, config)
+        manifest = [{"Config": config_name, "RepoTags": [tag], "Layers": [f"{diff_id}/layer.tar"]}]
+        add(tar, "manifest.json", json.dumps(manifest).encode())
+    engine.client.images.load(archive.getvalue())
+    return tag

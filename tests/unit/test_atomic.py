@@ -122,10 +122,13 @@ def _victim(tmp_path: Path) -> Path:
         (lambda d: lock.write(LOCK, d / "torch.lock"), ".torch.lock.tmp"),
         (lambda d: build._atomic_write(d / "state.json", "{}\n"), ".partial-state.json"),
         (lambda d: jobs.record_measured(d / "measured.json", [{"file": "a.cu", "peak_rss_bytes": 5}]), "measured.tmp"),
-        (lambda d: resume.Record(d / "resume.json", "k").done("image"), f".resume.json.{os.getpid()}"),
+        # {pid}: the running process's id, filled in at run time (the test's id stays the same in
+        # every pytest-xdist worker, which must collect the same tests)
+        (lambda d: resume.Record(d / "resume.json", "k").done("image"), ".resume.json.{pid}"),
     ],
 )
 def test_a_symlink_planted_at_a_predictable_temporary_name_is_never_written_through(tmp_path, write, planted):
+    planted = planted.format(pid=os.getpid())
     victim = _victim(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
