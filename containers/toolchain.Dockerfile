@@ -69,7 +69,8 @@ RUN bash /opt/torchbuild/cuda-check.sh "${TORCHBUILD_CUDA_VERSION}" "${TORCHBUIL
 # upgraded from a downloaded wheel whose sha256 is recorded, and the requirements' install
 # writes pip's --report (the sha256 of every file it installed): `invoke image --lock` pins
 # from these. Locked: `pip install --require-hashes --no-deps` of the lock's pins, pip included.
-# hadolint ignore=SC2086
+# (SC3054: hadolint forgets the SHELL above after the ARG and COPY of the CUDA check; it is bash.)
+# hadolint ignore=SC2086,SC3054
 RUN mapfile -t pythons < /opt/torchbuild/inputs/pythons.txt \
  && for v in "${pythons[@]}"; do \
       venv="/opt/venv-$v"; if [ "$v" = "${PYTHON_VERSION}" ]; then venv=/opt/venv; fi; \
