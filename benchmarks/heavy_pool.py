@@ -16,8 +16,8 @@ What each arm is told (printed at the start): every arm gets the same profile, K
 sources are heavy, their peak and the light units' peak). The fixed and adaptive arms run with
 --jobs, so the planner uses none of it (a fixed count gets no pool); the planned arm is
 today's planner given the same peaks without a pool (each job planned at the heavy peak); the
-pooled arm plans from KNOWN. Figures measured before the arms were told the same (README) must
-be measured again.
+pooled arm plans from KNOWN. Figures measured before the arms were told the same must be
+measured again (docs/figures.md has today's).
 """
 
 from __future__ import annotations

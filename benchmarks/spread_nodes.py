@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests"), str(ROOT / "tests" / "integration")]
 
 IMAGE = "torchbuild/toolchain:debian-torch-installed-2.6.0-x86_64"
-# distcc's overhead per shipped unit this script measured here (the README's table uses it)
+# distcc's overhead per shipped unit this script measured here (the docs' tables use it)
 MEASURED_OVERHEAD_S = 3.58
 SUBMIT_TIMEOUT = 900
 
@@ -123,7 +123,7 @@ def paper_table(
 
 
 def format_table(rows: Sequence[tuple[int, int, float, float]]) -> str:
-    """The table as the README shows it (Markdown)."""
+    """The table as the docs show it (Markdown; docs/hooks/generate.py renders it into the site)."""
     lines = ["| nodes N | cores M | build (min) | speed-up over 1 node |", "|---|---|---|---|"]
     lines += [f"| {n} | {m} | {minutes:.1f} | {speedup:.2f}x |" for n, m, minutes, speedup in rows]
     return "\n".join(lines)

@@ -56,6 +56,14 @@ ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
 # The same shell again: hadolint forgets SHELL after an ENV and would lint bash arrays as sh.
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
+# cuda_version must be the CUDA of the image's nvcc (cuda-check.sh): checked here, not hours
+# into a build. Empty for a CPU build. (Not CUDA_VERSION: nvidia/cuda bases set that ENV, which
+# would win over an ARG of the same name.)
+ARG TORCHBUILD_CUDA_VERSION=""
+ARG TORCHBUILD_CUDA_HOME=/usr/local/cuda
+COPY cuda-check.sh /opt/torchbuild/cuda-check.sh
+RUN bash /opt/torchbuild/cuda-check.sh "${TORCHBUILD_CUDA_VERSION}" "${TORCHBUILD_CUDA_HOME}"
+
 # The venvs: /opt/venv for python_version (`python3` in the image is the profile's Python) and
 # /opt/venv-<v> for each other Python, each with the same requirements. Unlocked, pip is
 # upgraded from a downloaded wheel whose sha256 is recorded, and the requirements' install

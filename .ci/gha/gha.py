@@ -24,18 +24,19 @@ import tarfile
 import tempfile
 import time
 import urllib.request
+import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import docker.errors  # docker-py: torchbuild's Engine is built on it
 
 from torchbuild.core.arch import Arch
-from torchbuild.core.errors import TorchbuildError
+from torchbuild.core.errors import SourceError, TorchbuildError
 from torchbuild.core.process import run_streamed
 from torchbuild.inputs.baseimage import BASE_REPO, base_tag, make_base_image
 from torchbuild.inputs.config import resolve
 from torchbuild.inputs.engine import Engine
-from torchbuild.inputs.source import sha256_file
+from torchbuild.inputs.source import safe_extract, sha256_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from disk import Sampler
@@ -223,7 +224,14 @@ def read_sums(sums: Path) -> dict[str, str]:
     if not sums.is_file():
         raise GhaError(f"{sums} is missing: the actions' sha256 sums must be beside their tarballs")
     out: dict[str, str] = {}
-    for line in sums.read_text().splitlines():
+    try:
+        text = sums.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise GhaError(
+            f"{sums} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}): "
+            "write it with sha256sum, one `<sha256>  <tarball>` line per action"
+        ) from None
+    for line in text.splitlines():
         if line.strip():
             digest, _, name = line.strip().partition(" ")
             out[name.strip().lstrip("*")] = digest.lower()
@@ -254,12 +262,13 @@ def unpack_actions(archives: Mapping[str, Path], scratch: Path) -> dict[str, Pat
     for ref, archive in archives.items():
         dest = scratch / "actions" / ref.replace("/", "-").replace("@", "-")
         shutil.rmtree(dest, ignore_errors=True)
-        dest.mkdir(parents=True)
-        with tarfile.open(archive) as tar:
-            if hasattr(tarfile, "data_filter"):  # Python 3.12 and the 3.9-3.11 security releases
-                tar.extractall(dest, filter="data")
-            else:
-                tar.extractall(dest)
+        try:  # torchbuild's own checked extraction: no member outside dest, on any Python
+            with tarfile.open(archive) as tar:
+                safe_extract(tar, dest)
+        except SourceError as exc:  # a `../` or absolute member, a link leading out, a device
+            raise GhaError(f"{archive}: {exc.message}") from None
+        except (tarfile.TarError, EOFError, zlib.error) as exc:
+            raise GhaError(f"{archive} is not a readable tarball ({exc}): fetch it again") from None
         if not (dest / "action.yml").is_file():
             raise GhaError(f"{archive} holds no action.yml at its top: not an action's release tree")
         out[ref] = dest

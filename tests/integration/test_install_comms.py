@@ -213,4 +213,5 @@ def test_a_prefix_whose_nccl_torch_does_not_load_fails_the_install_and_leaves_no
     assert "error: InstallFailed" in out and "Traceback" not in out, out[-4000:]
     assert f"torch loaded {SYSTEM_NCCL}, not {env}/comms/lib/libnccl.so.2.22.3" in out, out[-4000:]
     assert not env.exists()
-    assert not [p for p in (root / "install-out").iterdir() if p.name.startswith(".partial-")]
+    out = root / "install-out"  # gone when this failed install made it (issue 41 item 18)
+    assert not out.exists() or not [p for p in out.iterdir() if p.name.startswith(".partial-")]

@@ -126,7 +126,9 @@ def test_a_signal_to_invoke_alone_stops_every_build_process(tree, tmp_path, sig)
     assert "BuildInterrupted" in output
     assert _processes_with(["sleep", seconds]) == [], "a build process outlived invoke"
     assert not list(out.glob("*.whl")) and not list(out.glob(".partial-*"))
-    assert not any((cache / "tmp").iterdir()), "pip's temporary directories were left behind"
+    # cache/tmp itself is gone when this run made it and left it empty (issue 41 item 18)
+    tmp = cache / "tmp"
+    assert not tmp.exists() or not any(tmp.iterdir()), "pip's temporary directories were left behind"
 
 
 # --------------------------------------------------------------------------- 4: reconfigure

@@ -34,6 +34,18 @@ def test_native_wheel_and_preflight_with_a_canary(tree, tmp_path):
     manifest = json.loads((out / f"{wheel.name}.manifest.json").read_text())
     assert manifest["engine"] == "native" and "image" not in manifest
     assert manifest["environment"]["CCACHE_DIR"] == f"{cache}/ccache"
+    # how close the build came to its cores' limit, from ninja's log and graph (issue 42 item 5)
+    eff = manifest["report"]["efficiency"]
+    assert eff["bound_s"] > 0 and eff["build_wall_s"] >= eff["ninja_wall_s"] > 0 and eff["chain_s"] > 0
+    assert re.search(r"^efficiency: wall \d+ s = [\d.]+ x the lower bound", res.stdout, re.M), res.stdout[-2000:]
+    # each real compile measured through ccache's prefix: the heaviest units, their peaks and times
+    heaviest = manifest["report"]["heaviest"]
+    assert heaviest and all(u["peak_rss_bytes"] > 1 << 20 and u["seconds"] > 0 for u in heaviest)
+    peaks = [u["peak_rss_bytes"] for u in heaviest]
+    assert len(heaviest) == 10 and peaks == sorted(peaks, reverse=True)
+    assert any(u["file"].startswith(("csrc/", "build/kernels/")) for u in heaviest), heaviest  # relative to the tree
+    report_text = (out / "logs" / manifest["report"]["text"]).read_text()
+    assert "lower bound on" in report_text and "units with the highest peak memory" in report_text
 
     pre = run_invoke(
         "build", "--preflight", "--clean", "--canary", "csrc/ops.cpp", "--source", str(tree), "--out", str(out), *sets

@@ -42,6 +42,8 @@ def run_sets(extra_env: str = "", mpi: bool = False) -> list[str]:
     return set_args(
         [
             "runtime_modules=[]", "modules=[]", "gpus=0", "gpu_type=", "cpus=1", "mem=2G",
+            # the run job's own shape (pytorch-test.sh's 6 cores, 32000M, a GPU) on the one-node Slurm
+            "run_job={cpus: 1, mem: 2G, gpus: 0}",
             "python_version={}.{}".format(*sys.version_info[:2]),
             f'runtime_env={{"RUNJOB_VAR": "a b;$(x)"{extra_env}}}',
             *([] if mpi else ["mpi=none", "distributed=[gloo, nccl]"]),
@@ -71,7 +73,7 @@ def submit_run_job(slurm, house: Path, script: Path, out: Path, sets: list[str])
     assert "argv ['two words', '--epochs', '3']" in res.stdout
     assert "RUNJOB_VAR a b;$(x)" in res.stdout
     assert not Path(venv.group(1)).exists()  # gone with the job
-    (kept,) = (out / "logs").glob(f"torchbuild-run-alliance-{script.stem.replace(' ', '_')}.sbatch")
+    (kept,) = (out / "logs").glob(f"torchbuild-run-alliance-{script.stem.replace(' ', '_')}-*.sbatch")
     assert "--no-index" in kept.read_text()
     return res.stdout, Path(venv.group(1))
 

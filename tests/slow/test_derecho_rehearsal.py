@@ -23,7 +23,7 @@ Slow. Measured here on 2 cores shared with other builds (load 8-11): the image 6
 and PyTorch's build dependencies from Debian's mirror; 8.2 GB before those); aws-ofi-nccl 1.6.0
 54 s; the preflight (configure and c10) 7 min. NCCL 2.21.5-1 for sm_80 alone did not finish in
 the 45 min measured (24 of its ~115 device objects); 2.22.3-1 for sm_80 took 492 s on an idle
-machine (README), so expect 10-15 min idle, an hour or more under load.
+machine (docs/figures.md), so expect 10-15 min idle, an hour or more under load.
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ def _profile_sets(nccl: tuple[Path, str], plugin: tuple[Path, str]) -> list[str]
         # /usr/local/cuda, and is 11.8, not the site's 12.2.1
         "cuda_home=/usr",
         "cuda_version=11.8",
+        # the stand-in's base (the profile's nvidia/cuda 12.6 base would refuse cuda_version 11.8)
+        "base_image=torchbuild/base:bookworm-x86_64",
         # bookworm's Python (the site's conda Python is left out by the profile as well)
         f"python_version={STANDIN_PYTHON}",
         # Debian's PyTorch 2.6 source is what is reachable here; it is de-vendored (third_party

@@ -19,6 +19,7 @@ NAMES = (
     "numpy-2.1.0-cp311-cp311-manylinux_2_17_aarch64.manylinux2014_aarch64.whl",
     "six-1.17.0-py2.py3-none-any.whl",
     "mpi4py-4.0.3-cp311-cp311-linux_x86_64.whl",
+    "mpi4py-4.0.3-cp312-cp312-linux_x86_64.whl",
 )
 
 
@@ -37,6 +38,7 @@ def test_list_prints_avail_wheels_columns_newest_per_name_when_piped(tmp_path):
     assert res.stdout.splitlines() == [
         "name    version              python   arch",
         "mpi4py  4.0.3                cp311    x86_64",
+        "mpi4py  4.0.3                cp312    x86_64",
         "numpy   2.1.0                cp311    aarch64",
         "six     1.17.0               py2,py3  generic",
         "torch   2.6.0+computecanada  cp311    x86_64",
@@ -80,21 +82,21 @@ def test_run_dry_run_renders_the_seeds_job(tmp_path):
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     body = res.stdout.split("# dry run:")[0]
-    for line in (
-        "#SBATCH --cpus-per-task=12",
-        "#SBATCH --mem=48G",
-        "#SBATCH --time=03:00:00",
-        "#SBATCH --gres=gpu:a100:1",
-        "module load StdEnv/2023 gcc/12.3 openmpi/4.1.5 cuda/12.2 python/3.11",
+    for line in (  # pytorch-test.sh's own shape, not the compile job's 12 cores, 48G and a100
+        "#SBATCH --cpus-per-task=6",
+        "#SBATCH --mem=32000M",
+        "#SBATCH --time=0-03:00",
+        "#SBATCH --gres=gpu:1",
+        "module load StdEnv/2023 gcc/12.3 openmpi/4.1.5 cuda/12.6 cudnn cusparselt python/3.12",
         'torchbuild_tmp=$(mktemp -d "$SLURM_TMPDIR/torchbuild-run.XXXXXX")',
-        'python3.11 -m venv -- "$torchbuild_tmp/env"',
+        'python3.12 -m venv -- "$torchbuild_tmp/env"',
         "export X='1 $(y)'",
     ):
         assert line.strip() in [x.strip() for x in body.splitlines()], (line, body)
     assert f"--find-links {d} \\\n" in body and "--no-index" in body and "-- torch" in body and "mpi4py" in body
     assert f"python '{script}' 'a b'" in body and "--epochs 3" in body
     assert subprocess.run(["bash", "-n"], input=body, text=True, check=False).returncode == 0
-    assert not (Path.cwd() / "out" / "logs" / "torchbuild-run-alliance-my_test.sbatch").exists()
+    assert not list((Path.cwd() / "out" / "logs").glob("torchbuild-run-alliance-my_test*"))  # a dry run writes nothing
 
 
 def test_run_refusals_name_the_fix(tmp_path):
@@ -137,10 +139,10 @@ def test_run_module_replaces_the_runtime_modules(tmp_path):
     script.write_text("")
     res = run_invoke(
         "submit", "--profile", "alliance", "--run", str(script), "--wheelhouse", str(d), "--dry-run",
-        "--module", "StdEnv/2023", "--module", "python/3.11.5",
+        "--module", "StdEnv/2023", "--module", "python/3.12.4",
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
-    assert "\nmodule load StdEnv/2023 python/3.11.5\n" in res.stdout
+    assert "\nmodule load StdEnv/2023 python/3.12.4\n" in res.stdout
 
 
 def test_no_mpi_wrapper_is_needed_where_the_sites_mpi4py_wheel_is_offered(tmp_path, monkeypatch):
@@ -166,3 +168,56 @@ def test_no_mpi_wrapper_is_needed_where_the_sites_mpi4py_wheel_is_offered(tmp_pa
     assert _Step._mpicc(step, required=False) == ""
     step.req.python_version = "3.12"  # the wheel is for another Python: compiled, so the wrapper is needed
     assert not _Step._site_wheel_offered(step)
+
+
+def test_an_unbalanced_quote_after_the_double_dash_is_a_usage_error(tmp_path):
+    """Issue 41 item 10: shlex's ValueError ("No closing quotation") was a traceback."""
+    d = house(tmp_path)
+    script = tmp_path / "s.py"
+    script.write_text("print(1)\n")
+    for words in (["a'b"], ["--lr", '"0.1']):
+        res = run_invoke(
+            "submit", "--profile", "alliance", "--run", str(script), "--wheelhouse", str(d), "--dry-run", "--", *words
+        )
+        assert res.returncode == 2, res.stdout + res.stderr
+        first = res.stderr.splitlines()[0]
+        assert first.startswith("error: UsageError: the words after `--` cannot be split"), res.stderr
+        assert "No closing quotation" in first and "Traceback" not in res.stderr
+        assert "--arg" in res.stderr.splitlines()[1]
+
+
+def test_the_run_jobs_options_set_its_own_shape_and_the_build_job_keeps_the_profiles(tmp_path):
+    d = house(tmp_path)
+    script = tmp_path / "s.py"
+    script.write_text("")
+    base = ("submit", "--profile", "alliance", "--dry-run")
+    res = run_invoke(*base, "--run", str(script), "--wheelhouse", str(d), "--cpus", "8", "--walltime", "90")
+    assert res.returncode == 0, res.stderr
+    assert "#SBATCH --cpus-per-task=8\n" in res.stdout and "#SBATCH --time=90\n" in res.stdout
+    assert "#SBATCH --mem=32000M\n" in res.stdout  # run_job's, the rest kept
+    tree = tmp_path / "pytorch"
+    tree.mkdir()
+    (tree / "setup.py").write_text("")
+    res = run_invoke(*base, "--engine", "native", "--source", str(tree), "--out", str(tmp_path / "out"))
+    assert res.returncode == 0, res.stderr
+    for line in ("--cpus-per-task=12", "--mem=48G", "--time=03:00:00", "--gres=gpu:a100:1"):
+        assert f"#SBATCH {line}\n" in res.stdout, line
+    res = run_invoke("config", "--profile", "alliance", *set_args(["run_job={cpus: six}"]))
+    assert res.returncode != 0 and "run_job.cpus" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_the_alliance_profile_builds_what_its_image_and_modules_provide():
+    """Python from Ubuntu 24.04's apt (python3.12, its python3: 3.11 is not there), the CUDA of
+    the base (nvidia/cuda 12.6.3) and of the module loaded natively, NCCL where nothing provides
+    a system one, and the seed's cudnn and cusparselt modules for the libraries torch links."""
+    from torchbuild.inputs.config import resolve
+    from torchbuild.inputs.environment import build_env
+
+    spec = resolve("alliance")
+    assert spec.base_image.endswith("-ubuntu24.04") and spec.python_version == "3.12"
+    assert spec.base_image.startswith(f"nvidia/cuda:{spec.cuda_version}.")
+    assert f"cuda/{spec.cuda_version}" in spec.modules and f"python/{spec.python_version}" in spec.modules
+    for name in ("cudnn", "cusparselt"):
+        assert name in spec.modules and name in spec.runtime_modules
+    env = build_env(spec, cache_root="/c", jobs=1)
+    assert (env["USE_CUDNN"], env["USE_SYSTEM_NCCL"], env["USE_NCCL"]) == ("1", "0", "1")

@@ -140,7 +140,8 @@ def test_a_symlink_planted_at_a_predictable_temporary_name_is_never_written_thro
 
 
 def test_the_batch_script_is_written_atomically_and_executable(tmp_path, monkeypatch):
-    """write_job's two files: the profile as any file, the script 0755; a planted link is not followed."""
+    """write_job's two files: the profile its owner's alone (0600: it may carry a URL's
+    credentials, issue 41 item 5), the script 0755; a planted link is not followed."""
     victim = _victim(tmp_path)
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -154,12 +155,13 @@ def test_the_batch_script_is_written_atomically_and_executable(tmp_path, monkeyp
 
     class Job:
         spec = None
+        rounds = None
 
     monkeypatch.setattr(scheduler, "profile_text", lambda spec: "profile\n")
     Job.logs = logs  # type: ignore[attr-defined]
     (logs / ".job.sh.partial").symlink_to(victim)
     script = scheduler.write_job(Sched(), Job(), logs / "profile.yaml")  # type: ignore[arg-type]
-    assert stat.S_IMODE((logs / "profile.yaml").stat().st_mode) == 0o666 & ~umask()
+    assert stat.S_IMODE((logs / "profile.yaml").stat().st_mode) == 0o600
     assert stat.S_IMODE(script.stat().st_mode) == 0o755 and script.read_text() == "#!/bin/sh\n"
     assert victim.read_text() == "not yours\n"
 

@@ -31,6 +31,8 @@ BAD_PROFILE_FILES = [
     ),
     ("torch_version not PEP 440", b"torch_version: 2.6.0abc\n", ["bad.yaml:1", "'torch_version'", "PEP 440"]),
     ("torch_version with two dots", b"torch_version: 2.6.0..\n", ["bad.yaml:1", "PEP 440"]),
+    ("a raw ESC (YAML's reader refuses it)", b"description: a\x1b[31mb\n", ["bad.yaml", "holds the control character U+001B (ESC)"]),
+    ("a raw NUL", b"description: a\x00b\n", ["bad.yaml", "holds the control character U+0000"]),
 ]
 
 
@@ -106,3 +108,50 @@ def test_jobs_option_values(value, jobs):
 def test_jobs_option_names_the_option_it_checks():
     with pytest.raises(UsageError, match=r"^--max-jobs 'x':"):
         parse_jobs_option("x", "--max-jobs")
+
+
+# issue 41 item 1: a control character in a value that reaches an environment (a line break in
+# runtime_env ran as a command on `module load` with Environment Modules 5.5 and Lmod 8.6)
+# (the route, how the value is given: a profile's text, a profile it extends, or --set items)
+CONTROL_ROUTES = {
+    "profile": ('runtime_env:\n  NCCL_SOCKET_IFNAME: "hsn{c}/tmp/pwn.sh{c}"\n', None, []),
+    "extends": ("extends: base.yaml\ndescription: child\n", 'runtime_env: {{A: "x{c}y"}}\n', []),
+    "--set map": ("description: plain\n", None, ['runtime_env={{A: "x{c}y"}}']),
+    "--set entry": ("description: plain\n", None, ["runtime_env.A=x{c}y"]),
+    "--set env": ("description: plain\n", None, ["env.CFLAGS_EXTRA=a{c}b"]),
+    "--set list": ("description: plain\n", None, ['cflags=["-O2{c}-g"]']),
+    "--set str": ("description: plain\n", None, ["cuda_home=/usr{c}/local"]),
+    "package env": ('runtime_packages:\n  - {{requirement: six, env: {{SIX_X: "a{c}b"}}}}\n', None, []),
+}
+CONTROLS = {"newline": "\n", "cr": "\r", "tab": "\t", "esc": "\x1b", "nul": "\x00", "del": "\x7f", "csi": "\x9b"}
+
+
+@pytest.mark.parametrize("char", sorted(CONTROLS))
+@pytest.mark.parametrize("route", sorted(CONTROL_ROUTES))
+def test_a_control_character_in_a_value_is_refused_for_every_route(tmp_path: Path, route, char):
+    """A newline, carriage return, tab, escape, NUL, DEL or C1 character in any value, from the
+    profile, a profile it extends or --set, is a ProfileError naming the key and the character
+    (shown escaped, never the raw value), with a one-line hint: nothing installs it."""
+    c = CONTROLS[char]
+    text, base, sets = CONTROL_ROUTES[route]
+    if base is not None:
+        (tmp_path / "base.yaml").write_text(base.format(c=c.encode("unicode_escape").decode()))
+    path = tmp_path / "p.yaml"
+    # in YAML text the character goes as its double-quoted escape (a raw one is a reader error)
+    path.write_text(text.format(c=c.encode("unicode_escape").decode()))
+    # a --set value in YAML ({...}, [...]) holds the character by its escape too (YAML folds a raw
+    # line break in a quoted scalar into a space); a plain --set value holds it as it is
+    sets = [s.format(c=c.encode("unicode_escape").decode() if s.split("=", 1)[1][:1] in "[{" else c) for s in sets]
+    with pytest.raises(ProfileError, match="control character") as exc:
+        resolve(str(path), sets)
+    assert exc.value.exit_code == 2 and exc.value.hint and "\n" not in exc.value.hint
+    assert c not in exc.value.message and "pwn" not in exc.value.message, exc.value.message
+    assert repr(c).strip("'") in exc.value.message
+
+
+def test_printable_shell_and_lua_characters_in_runtime_env_are_kept(tmp_path: Path):
+    """Quotes, $, backticks, ;, brackets and non-ASCII text are data, not control characters:
+    they stay (the modulefiles quote them; tests/integration/test_modules_control.py loads them)."""
+    value = 'it\'s $HOME; `id` [x] {y} "q" \\ caf\u00e9 \u4e2d'
+    spec = resolve("cpu", [f"runtime_env.TB_Q={value}"])
+    assert spec.runtime_env["TB_Q"] == value

@@ -401,3 +401,22 @@ def test_pip_reads_a_source_that_looks_like_an_option_as_a_requirement(tmp_path)
     proc = subprocess.run(pip_wheel(tmp_path / "w", "--help"), capture_output=True, text=True, check=False)
     assert proc.returncode != 0 and "Usage:" not in proc.stdout
     assert "--help" in proc.stderr
+
+
+# issue 41 item 4: a file name is shown inert, in what `invoke source` prints and in its errors
+def test_escape_sequences_in_a_source_file_name_reach_the_terminal_inert(tmp_path):
+    from helpers import run_invoke
+
+    name = "py\x1b]0;pwned\x07torch\x1b[2J"
+    tree = tmp_path / "t"
+    tree.mkdir()
+    (tree / "setup.py").write_text("# x\n")
+    archive = tmp_path / f"{name}.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tree, arcname="pytorch")
+    res = run_invoke("source", "--source", str(archive), "--dest", str(tmp_path / "srcs"), "--no-patch")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "\x1b" not in res.stdout and "\x07" not in res.stdout and "pytorch-" in res.stdout, repr(res.stdout)
+    missing = run_invoke("source", "--source", str(tmp_path / f"{name}.tgz"), "--dest", str(tmp_path / "srcs"))
+    assert missing.returncode == 8 and "error: SourceError:" in missing.stderr, missing.stderr
+    assert "\x1b" not in missing.stderr and "\x07" not in missing.stderr and "pwned" not in missing.stderr

@@ -54,3 +54,43 @@ def test_build_request_round_trips_through_json():
     back = records.from_dict(BuildRequest, json.loads(json.dumps(records.to_dict(req))), "the build request")
     assert back.spec.hash == req.spec.hash and back.targets == ("c10",) and back.run_id == req.run_id
     assert back.provenance == {"source": {"kind": "dir"}}
+
+
+def test_clean_of_a_tree_whose_build_is_a_symlink_names_the_link_and_removes_nothing(tmp_path):
+    """Issue 41 item 23: `build --clean` ended with `PathError: invoke build: .: OSError`
+    (shutil.rmtree refuses a link with an OSError that names nothing)."""
+    from helpers import run_invoke
+
+    tree, elsewhere = tmp_path / "tree", tmp_path / "elsewhere"
+    tree.mkdir()
+    elsewhere.mkdir()
+    (tree / "setup.py").write_text("")
+    (elsewhere / "keep").write_text("not the tree's")
+    (tree / "build").symlink_to(elsewhere)
+    res = run_invoke(
+        "build", "--engine", "native", "--clean", "--source", str(tree), "--out", str(tmp_path / "out"),
+        "--set", f"cache_dir={tmp_path / 'cache'}", "--set", "build_venv=false", "--set", "patches=none",
+        timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 15, res.stdout[-2000:] + res.stderr
+    first = res.stderr.splitlines()[0]
+    assert first.startswith(f"error: PathError: --clean: {tree / 'build'} is a symbolic link (to {elsewhere})"), first
+    assert f"rm {tree / 'build'}" in res.stderr.splitlines()[1]
+    assert (elsewhere / "keep").is_file() and (tree / "build").is_symlink()
+
+
+def test_clean_removes_a_real_build_directory(tmp_path):
+    from torchbuild.steps.build import remove_build_dir
+
+    class Lines:
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def line(self, text: str) -> None:
+            self.lines.append(text)
+
+    (tmp_path / "build" / "x").mkdir(parents=True)
+    said = Lines()
+    remove_build_dir(str(tmp_path), said)  # type: ignore[arg-type]
+    assert not (tmp_path / "build").exists() and said.lines == [f"removing {tmp_path / 'build'} (--clean)"]
+    remove_build_dir(str(tmp_path), said)  # type: ignore[arg-type]  # nothing there: nothing to do

@@ -10,7 +10,6 @@ import sys
 from helpers import FIXTURES, REPO, run_invoke
 
 from torchbuild import __version__
-from torchbuild.inputs.config import available_profiles, describe_keys, schema
 from torchbuild.tasks import ns
 
 
@@ -72,18 +71,6 @@ def test_console_script_version_and_config():
         [sys.executable, "-m", "torchbuild.cli", "config", "--set", "arch=sparc"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "ProfileError" in bad.stderr
-
-
-def test_readme_documents_every_key_task_and_profile():
-    readme = (REPO / "README.md").read_text()
-    assert describe_keys() in readme, "README key reference is stale: paste `invoke config --keys` into it"
-    for key in schema():
-        assert f"`{key}`" in readme, f"README lacks profile key {key}"
-    for task in ns.task_names:
-        assert f"invoke {task}" in readme, f"README lacks an example of invoke {task}"
-    for profile in available_profiles():
-        assert f"`{profile}`" in readme, f"README lacks profile {profile}"
-    # the table of errors and exit codes: tests/unit/test_errors.py
 
 
 def test_patch_conflict_from_the_command_line_leaves_the_tree_as_it_was(tmp_path):

@@ -463,3 +463,37 @@ def test_the_check_installs_only_the_runtime_requirements_this_interpreter_lacks
         'Requires-Dist: nothere2; python_version < "3"\n'
     )
     assert companions.missing_requirements(tmp_path) == ["pillow-not-here>=5.3.0"]
+
+
+def test_source_update_brings_torch_and_every_companion_to_the_head_of_main(tmp_path):
+    """What Quansight's torch-update.sh does for its libraries (git fetch, then main at
+    origin/main, submodules), `invoke source --update` does for the tree and each companion
+    checkout of a profile on main (fast-forward only: torchbuild rebases no local commits)."""
+    from helpers import run_invoke, set_args
+
+    for name in ("torch", "vision"):
+        repo = tmp_path / name
+        repo.mkdir()
+        _git("init", "-q", "-b", "main", cwd=repo)
+        (repo / "version.txt").write_text("2.7.0a0\n")
+        (repo / "setup.py").write_text("")
+        _git("add", "-A", cwd=repo)
+        _git("commit", "-qm", "one", cwd=repo)
+    sets = set_args(
+        [
+            "patches=none", "torch_ref=main", "companions=[torchvision]", f"cache_dir={tmp_path / 'cache'}",
+            f'companion_repos={{"torchvision": "file://{tmp_path}/vision/.git"}}',
+        ]
+    )  # fmt: skip
+    tree = tmp_path / "tree"
+    res = run_invoke("source", *sets, "--source", f"file://{tmp_path}/torch/.git", "--dest", str(tree))
+    assert res.returncode == 0, res.stderr
+    for name in ("torch", "vision"):
+        (tmp_path / name / f"{name}-new.txt").write_text("x")
+        _git("add", "-A", cwd=tmp_path / name)
+        _git("commit", "-qm", "two", cwd=tmp_path / name)
+    res = run_invoke("source", *sets, "--update", "--dest", str(tree))
+    assert res.returncode == 0, res.stderr
+    assert (tree / "torch-new.txt").is_file()
+    assert (tmp_path / "cache" / "src" / "vision-main" / "vision-new.txt").is_file()
+    assert "torchvision: " in res.stdout

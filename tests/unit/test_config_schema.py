@@ -82,7 +82,7 @@ BAD_VALUES = [
     ("description: x\nenv:\n  A: [1]\n", ["site.yaml:2", "'env'", "entry 'A' must be text"]),
     ("description: x\nenv: {1: a}\n", ["site.yaml:2", "'env'", "entry name 1 is not allowed"]),
     ("description: x\nruntime_packages: ['numpy<<2']\n", ["site.yaml:2", "'runtime_packages'", "pip requirement"]),
-    ("description: x\nwalltime: '4:00'\n", ["site.yaml:2", "'walltime'", "malformed"]),
+    ("description: x\nwalltime: '4h'\n", ["site.yaml:2", "'walltime'", "malformed"]),
     ('description: x\ntorch_version: "2.6.0\\n"\n', ["site.yaml:2", "'torch_version'", "malformed"]),
     ("description: x\nsystem_nccl: true\n", ["site.yaml:2", "'system_nccl' was replaced"]),
 ]

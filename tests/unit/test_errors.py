@@ -1,12 +1,12 @@
 """The registry of named errors (errors.ERRORS): it holds every TorchbuildError subclass of the
 package, each exit code names one class (or a documented few), a step's exit code maps back to
-its class whatever modules are imported, and the README's table lists them all."""
+its class whatever modules are imported. The docs' error table is generated from ERRORS
+(tests/unit/test_docs.py checks it lists them all)."""
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
-import re
 import subprocess
 import sys
 from collections import Counter
@@ -109,24 +109,12 @@ def test_a_fresh_interpreter_maps_lock_recipe_and_manifest_codes_without_their_m
     ]
 
 
-ROW = re.compile(r"^\| `(?P<name>[A-Za-z]+)` \| (?P<code>\d+) \| .+ \|$")
+# issue 41 item 4: a named error quotes file names, logs and tools' words: shown inert
+def test_report_shows_escape_sequences_in_a_message_and_hint_inert(capsys):
+    from torchbuild.core.errors import SourceError, report
 
-
-def _readme_table() -> list[tuple[str, int]]:
-    text = (REPO / "README.md").read_text()
-    section = text.split("\n## Errors and exit codes\n", 1)[1].split("\n## ", 1)[0]
-    lines = [line for line in section.splitlines() if line.startswith("|")]
-    assert lines[0].startswith("| error | exit |") and lines[1].startswith("|---"), lines[:2]
-    rows = []
-    for line in lines[2:]:  # after the header and its |---| line
-        match = ROW.match(line)
-        assert match, f"README's error table has a row it cannot read: {line[:80]}"
-        rows.append((match["name"], int(match["code"])))
-    return rows
-
-
-def test_the_readme_table_lists_every_registered_error_with_its_code():
-    rows = _readme_table()
-    names = [name for name, _ in rows]
-    assert len(names) == len(set(names)), "README's error table lists a class twice"
-    assert dict(rows) == {c.__name__: c.exit_code for c in ERRORS}
+    err = SourceError("source archive /tmp/\x1b]0;pwned\x07\x1b[2Ja.tar.gz does not exist", hint="try \x1b[31mred")
+    assert report(err) == 8
+    shown = capsys.readouterr().err
+    assert "\x1b" not in shown and "\x07" not in shown and "pwned" not in shown
+    assert shown == "error: SourceError: source archive /tmp/a.tar.gz does not exist\nhint: try red\n"

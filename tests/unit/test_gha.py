@@ -101,6 +101,38 @@ def test_binary_mode_sums_lines_are_read(tmp_path):
     assert gha.read_sums(sums) == {"a.tar.gz": "abc123", "b.tar.gz": "def456"}
 
 
+def test_a_sums_file_that_is_not_utf8_exits_2_with_one_line(capsys, actions_dir):
+    """Issue 41 item 11: a non-UTF-8 SHA256SUMS was a UnicodeDecodeError traceback."""
+    sums = actions_dir / "SHA256SUMS"
+    sums.write_bytes(b"\xff\xfe" + sums.read_bytes())
+    assert gha.main(["--actions", str(actions_dir), "lint"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {sums} is not UTF-8 text (byte 0xff at offset 0)") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    ("member", "why"),
+    [("../escaped.txt", "outside the tree"), ("/tmp/absolute.txt", "outside the tree")],
+)
+def test_an_action_tarball_with_a_member_outside_its_directory_is_refused(tmp_path, member, why):
+    """Issue 41 item 11: tarfile's data filter raised OutsideDestinationError, a traceback."""
+    bad = tmp_path / "x.tar.gz"
+    _action_tarball(bad, {"action.yml": b"runs: {}\n", member: b"pwned"})
+    with pytest.raises(gha.GhaError) as err:
+        gha.unpack_actions({"actions/checkout@v5": bad}, tmp_path / "scratch")
+    message = str(err.value)
+    assert message.startswith(f"{bad}: refusing unsafe tarball member {member!r}") and why in message, message
+    assert not (tmp_path / "scratch" / "escaped.txt").exists() and not Path("/tmp/absolute.txt").exists()
+
+
+def test_a_damaged_action_tarball_is_named(tmp_path):
+    bad = tmp_path / "x.tar.gz"
+    _action_tarball(bad, {"action.yml": b"runs: {}\n" * 1000})
+    bad.write_bytes(bad.read_bytes()[:60])
+    with pytest.raises(gha.GhaError, match=r"is not a readable tarball"):
+        gha.unpack_actions({"actions/checkout@v5": bad}, tmp_path / "scratch")
+
+
 def _argv(job_name: str, **opts: object) -> list[str]:
     actions = {"actions/checkout@v5": Path("/s/co"), "actions/setup-python@v6": Path("/s/sp")}
     return gha.act_argv(gha.JOBS[job_name], actions, Path("/s/event.json"), gha.ActOptions(act="/v/act", **opts))

@@ -146,3 +146,61 @@ def test_torchbuild_profile_naming_a_directory_is_named_as_the_variable(tmp_path
         spec_from("", [], "")
     assert exc.value.message.startswith("$TORCHBUILD_PROFILE: ")
     assert "is a directory" in exc.value.message and "does not exist" not in exc.value.message
+
+
+# Issue 41 item 9: characters YAML refuses (PyYAML's ReaderError escaped as a traceback, also
+# through `doctor --profile`): NUL, ESC, form feed, \x01, DEL
+CONTROLS = ["\x00", "\x1b", "\x0c", "\x01", "\x7f"]
+
+
+def _refused(exc: ProfileError, char: str, where: str) -> None:
+    assert exc.message.startswith(f"{where}: holds the control character U+{ord(char):04X}"), exc.message
+    assert char not in exc.message and char not in exc.hint, "the character itself reaches the terminal"
+
+
+@pytest.mark.parametrize("char", CONTROLS, ids=[f"U+{ord(c):04X}" for c in CONTROLS])
+def test_a_control_character_in_a_profile_or_the_profile_it_extends_is_named(tmp_path: Path, char):
+    parent = tmp_path / "parent.yaml"
+    parent.write_text(f"extends: cpu\ndescription: x\ncflags: [-O2]\nenv: {{A: 'a{char}b'}}\n")
+    child = tmp_path / "child.yaml"
+    child.write_text("extends: parent\ndescription: child\n")
+    for ref in (parent, child):
+        with pytest.raises(ProfileError) as exc:
+            resolve(str(ref))
+        _refused(exc.value, char, f"{parent}:4")
+
+
+@pytest.mark.parametrize("char", CONTROLS, ids=[f"U+{ord(c):04X}" for c in CONTROLS])
+@pytest.mark.parametrize(
+    ("item", "where"),
+    [
+        ("cflags=[-O2, a{c}]", "--set 'cflags'"),
+        ("switches={{USE_X: a{c}}}", "--set 'switches'"),
+        ("switches.USE_X=a{c}", "--set 'switches.USE_X'"),
+        ("description=a{c}", "--set 'description'"),
+    ],
+)
+def test_a_control_character_in_a_set_value_is_named(char, item, where):
+    with pytest.raises(ProfileError) as exc:
+        resolve("cpu", [item.format(c=char)])
+    _refused(exc.value, char, where)
+
+
+def test_doctor_names_a_profile_with_a_control_character(tmp_path: Path):
+    from torchbuild.launch.doctor import _profile_ca_check
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("extends: cpu\ndescription: a\x1bb\n")
+    check = _profile_ca_check([], str(bad))
+    assert not check.ok and f"{bad}:2: holds the control character U+001B" in check.detail, check
+
+
+def test_invoke_config_reports_a_control_character_without_a_traceback(tmp_path: Path, capsys):
+    from helpers import invoke_here
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("extends: cpu\ndescription: a\x01b\n")
+    assert invoke_here("config", "--profile", str(bad)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: ProfileError: {bad}:2: holds the control character U+0001"), err
+    assert "Traceback" not in err and err.count("\nhint: ") == 1

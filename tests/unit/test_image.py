@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shlex
@@ -53,7 +54,13 @@ def test_apt_packages_follow_the_profile():
 
 def test_build_args():
     args = build_args(resolve("cpu", ["python_version=3.13", "python_system_site_packages=true"]))
-    assert args == {"BASE_IMAGE": "ubuntu:24.04", "PYTHON_VERSION": "3.13", "VENV_FLAGS": "--system-site-packages"}
+    assert args == {
+        "BASE_IMAGE": "ubuntu:24.04",
+        "PYTHON_VERSION": "3.13",
+        "VENV_FLAGS": "--system-site-packages",
+        "TORCHBUILD_CUDA_VERSION": "",  # a CPU build: cuda-check.sh checks nothing
+        "TORCHBUILD_CUDA_HOME": "/usr/local/cuda",
+    }
 
 
 def _bash_reads(path) -> list[str]:
@@ -99,7 +106,12 @@ def test_dockerfile_reads_the_lists_without_shell_splitting(tmp_path):
     ["--index-url=http://evil.example/simple", "-e .", "numpy; rm -rf /", "numpy\n--pre", "numpy $(reboot)", ""],
 )
 def test_python_package_that_is_not_a_requirement_is_refused(tmp_path, entry):
-    spec = resolve("cpu", [f"python_packages={json.dumps([entry])}"])
+    if "\n" in entry:  # refused as the profile resolves; the image's own check stays for a spec made otherwise
+        with pytest.raises(ProfileError, match="control character"):
+            resolve("cpu", [f"python_packages={json.dumps([entry])}"])
+        spec = dataclasses.replace(resolve("cpu"), python_packages=(entry,))
+    else:
+        spec = resolve("cpu", [f"python_packages={json.dumps([entry])}"])
     with pytest.raises(ProfileError, match=r"python_packages: .* is not a requirement"):
         write_package_lists(spec, tmp_path)
     assert not (tmp_path / "inputs" / "requirements.txt").exists()
@@ -523,3 +535,83 @@ def test_lock_file_with_both_arches_is_refused_before_the_engine(tmp_path):
         cwd=Path(__file__).resolve().parents[2],
     )
     assert res.returncode == 2 and "UsageError" in res.stderr and "--lock-file names one lock" in res.stderr
+
+
+# -------------------------------------------------------------------- cuda_version (issue 41 item 27)
+
+CHECK = Path(__file__).resolve().parents[2] / "containers" / "cuda-check.sh"
+NVCC_12_4 = """nvcc: NVIDIA (R) Cuda compiler driver
+Copyright (c) 2005-2024 NVIDIA Corporation
+Built on Thu_Mar_28_02:18:24_PDT_2024
+Cuda compilation tools, release 12.4, V12.4.131
+Build cuda_12.4.r12.4/compiler.34097967_0
+"""
+
+
+def _cuda_home(tmp_path: Path, said: str, code: int = 0) -> Path:
+    (tmp_path / "bin").mkdir(parents=True, exist_ok=True)
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\ncat <<'END'\n{said}END\nexit {code}\n")
+    nvcc.chmod(0o755)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("want", "said", "code", "rc", "line"),
+    [
+        ("12.4", NVCC_12_4, 0, 0, "bin/nvcc is CUDA 12.4, as cuda_version says"),
+        ("12.6", NVCC_12_4, 0, 1, "cuda_version is 12.6, and the image's nvcc ("),
+        ("12.4", "nvcc: something else\n", 0, 1, "is CUDA of no release it names"),
+        ("12.4", "libcudart.so.12: cannot open shared object file\n", 127, 1, "does not run (libcudart.so.12"),
+        ("", "", 1, 0, ""),  # a CPU build: nothing checked
+    ],
+)
+def test_cuda_check_compares_cuda_version_with_the_images_nvcc(tmp_path, want, said, code, rc, line):
+    home = _cuda_home(tmp_path, said, code)
+    done = subprocess.run(["bash", str(CHECK), want, str(home)], capture_output=True, text=True, check=False)
+    assert done.returncode == rc and line in done.stdout, done.stdout + done.stderr
+    if rc:
+        assert done.stdout.startswith("torchbuild-cuda: cuda_version is ")
+
+
+def test_the_image_runs_the_cuda_check_with_the_profiles_cuda_before_the_venvs(tmp_path):
+    spec = resolve("cuda-offline")
+    args = build_args(spec)
+    assert (args["TORCHBUILD_CUDA_VERSION"], args["TORCHBUILD_CUDA_HOME"]) == ("12.4", "/usr")
+    assert build_args(resolve("cpu", arch="x86_64"))["TORCHBUILD_CUDA_VERSION"] == ""
+    image_context(spec, tmp_path)
+    assert (tmp_path / "cuda-check.sh").read_bytes() == CHECK.read_bytes()
+    recipe = (tmp_path / "Dockerfile").read_text()
+    run = 'RUN bash /opt/torchbuild/cuda-check.sh "${TORCHBUILD_CUDA_VERSION}" "${TORCHBUILD_CUDA_HOME}"'
+    assert run in recipe and recipe.index(run) < recipe.index("-m venv")
+
+
+def test_a_failed_cuda_check_is_a_profile_error_naming_both_versions(tmp_path):
+    from torchbuild.inputs.image import _cuda_failure
+
+    log = tmp_path / "image.log"
+    log.write_text("Step 9/20 : RUN bash /opt/torchbuild/cuda-check.sh ...\n"
+                   "torchbuild-cuda: cuda_version is 12.6, and the image's nvcc (/usr/bin/nvcc) is CUDA 12.4\n")  # fmt: skip
+    err = ImageBuildFailed("building x failed")
+    named = _cuda_failure(resolve("cuda-offline", ["cuda_version=12.6"]), log, err)
+    assert isinstance(named, ProfileError)
+    assert "cuda_version is 12.6, and the image's nvcc (/usr/bin/nvcc) is CUDA 12.4" in named.message
+    assert str(log) in named.message and "base image" in (named.hint or "")
+    log.write_text("E: Unable to locate package x\n")
+    assert _cuda_failure(resolve("cuda-offline"), log, err) is err
+
+
+@pytest.mark.parametrize(
+    ("sets", "problem"),
+    [
+        (["cuda_version=12.4"], "12.4, but base_image nvidia/cuda:12.6.3-cudnn-devel-ubuntu24.04 (/"),
+        (["base_image=nvcr.io/nvidia/cuda:12.8.1-devel-ubuntu24.04"], "12.6, but base_image nvcr.io/nvidia/cuda:12.8"),
+    ],
+)
+def test_cuda_version_must_be_the_cuda_of_an_nvidia_cuda_base_at_config(sets, problem):
+    with pytest.raises(ProfileError, match="key 'cuda_version'") as err:
+        resolve("cuda", sets)
+    assert problem in err.value.message and "set cuda_version" in (err.value.hint or "")
+    spec = resolve("cuda", ["cuda_version=12.4", "base_image=nvidia/cuda:12.4.1-cudnn-devel-ubuntu22.04"])
+    assert spec.cuda_version == "12.4"
+    assert resolve("cuda", ["cuda_version=", "cuda_arch_list=[]", "distributed=[gloo]", "nccl=bundled"]).cuda is False

@@ -30,7 +30,7 @@ from torchbuild.inputs.environment import readonly_shell_variables, runtime_env
 from torchbuild.inputs.sif import runtime_hash
 from torchbuild.launch.backends import Options, choose
 from torchbuild.launch.backends.apptainer import run_args
-from torchbuild.launch.install import check_prefix, choose_wheels, module_identity, wheel_python
+from torchbuild.launch.install import check_prefix, choose_wheels, module_identity, record_files, wheel_python
 
 REPO = Path(__file__).resolve().parents[2]
 TORCHBUILD = Path(sys.executable).with_name("torchbuild")
@@ -61,7 +61,8 @@ def test_prefix_new_or_empty_is_used_as_it_is(tmp_path):
     assert check_prefix(tmp_path / "empty", force=False) is False
 
 
-def _earlier_install(prefix: Path, recorded: str | None = None) -> None:
+def _earlier_install(prefix: Path, recorded: str | None = None, files: bool = True) -> None:
+    """An environment as an install leaves it: its manifest and (files) the list of its files."""
     prefix.mkdir()
     (prefix / "bin").mkdir()
     write_install(
@@ -90,6 +91,8 @@ def _earlier_install(prefix: Path, recorded: str | None = None) -> None:
         ),
         prefix / INSTALL_MANIFEST,
     )
+    if files:
+        record_files(prefix)
 
 
 def test_prefix_of_an_earlier_install_is_replaced_only_with_force(tmp_path):
@@ -465,7 +468,8 @@ def test_a_failed_install_leaves_no_prefix_and_nothing_partial(tmp_path):
     assert done.returncode == 22, done.stdout[-3000:] + done.stderr
     assert "error: InstallFailed" in done.stderr and "Traceback" not in done.stdout + done.stderr
     assert not prefix.exists()
-    assert [p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".partial-")] == []
+    # nothing partial, and (issue 41 item 18) not the --out directory this failed install made
+    assert not (tmp_path / "out").exists(), sorted(p.name for p in (tmp_path / "out").iterdir())
 
 
 @pytest.mark.parametrize("prefix_was", ["new", "an empty directory of the user's"])
@@ -508,7 +512,7 @@ def test_sigterm_during_install_leaves_no_temporary_files_and_says_what_is_left(
     assert "run the same command again" in err and "Traceback" not in out + err
     assert prefix.exists() == (prefix_was != "new")
     assert not prefix.exists() or list(prefix.iterdir()) == []
-    assert [p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".partial-")] == []
+    assert not (tmp_path / "out").exists()  # nothing partial, nor the --out it made (issue 41 item 18)
 
 
 def test_the_wheels_python_comes_from_their_tag_and_must_be_one(tmp_path):
@@ -551,3 +555,39 @@ def test_install_names_the_wheels_python_when_it_is_not_here(tmp_path):
     assert f"error: ToolMissing: no Python {version} here (the wheels were built for it)" in done.stderr
     assert f"--python /path/to/python{version}" in done.stderr
     assert not (tmp_path / "env").exists()
+
+
+# issue 41 item 6: --force removes what torchbuild installed, never what the user added since
+@needs_python
+def test_force_refuses_to_remove_what_the_user_added_and_lists_it(tmp_path):
+    wheel = make_wheel(tmp_path / "wheels", "tb_tiny", "0.1.0+cpu", module="tb_tiny")
+    prefix = tmp_path / "env"
+    first = _install(tmp_path, prefix, wheel)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr
+    # using the environment writes bytecode caches: those are no stranger's
+    subprocess.run([str(prefix / "bin" / "python"), "-c", "import tb_tiny, json, email.mime.text"], check=True)
+    (prefix / "notes").mkdir()
+    (prefix / "notes" / "thesis.tex").write_text("precious")
+    (prefix / "bin" / "my-tool").write_text("#!/bin/sh\n")
+    again = _install(tmp_path, prefix, wheel, extra=("--force",))
+    assert again.returncode == 15, again.stdout[-3000:] + again.stderr
+    assert "error: PathError:" in again.stderr and "3 entries torchbuild did not install" in again.stderr
+    assert "bin/my-tool" in again.stderr and "notes/" in again.stderr and "notes/thesis.tex" in again.stderr
+    assert again.stderr.splitlines()[-1].startswith("hint: ") and "__pycache__" not in again.stderr
+    assert (prefix / "notes" / "thesis.tex").read_text() == "precious" and (prefix / "bin" / "python").exists()
+    # moved out, the environment is replaced
+    shutil.rmtree(prefix / "notes")
+    (prefix / "bin" / "my-tool").unlink()
+    third = _install(tmp_path, prefix, wheel, extra=("--force",))
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr
+
+
+def test_force_refuses_an_install_that_kept_no_list_of_its_files(tmp_path):
+    """An environment an older torchbuild installed has no record of its files: --force cannot
+    tell them from the user's, and says how to replace it."""
+    prefix = tmp_path / "env"
+    _earlier_install(prefix, files=False)
+    with pytest.raises(PathError, match="kept no list of its files") as err:
+        check_prefix(prefix, force=True)
+    assert err.value.status == 15 and err.value.hint
+    assert (prefix / "bin").is_dir()

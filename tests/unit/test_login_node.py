@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO, make_wheel
+from helpers import REPO, make_wheel, set_args
 
 from torchbuild.core import arch as arch_module
 from torchbuild.core.arch import Arch, binfmt_ready
@@ -39,6 +39,11 @@ def invoke_on(machine: str, *args: str, cwd: Path = REPO) -> subprocess.Complete
         timeout=300,
         check=False,
     )
+
+
+# the GH200 nodes' Python (a venv made there) and the cache on Bede's Lustre
+NODE_PYTHON = "/nobackup/projects/proj1/me/torchbuild-aarch64/bin/python"
+BEDE_JOB = [f"job_python={NODE_PYTHON}", "cache_dir=/nobackup/projects/proj1/me/torchbuild-cache"]
 
 
 @pytest.fixture
@@ -72,7 +77,8 @@ def test_config_submit_doctor_and_wheelhouse_work_on_a_ppc64le_login_node(tmp_pa
     (tree / "setup.py").write_text("")
     (tree / "version.txt").write_text("2.6.0\n")
     sub = ["submit", "--profile", "bede", "--engine", "native", "--dry-run", "--account", "proj1"]
-    res = invoke_on("ppc64le", *sub, "--source", str(tree), "--out", str(tmp_path / "out"))
+    sub += ["--source", str(tree), "--out", str(tmp_path / "out"), *set_args(BEDE_JOB)]
+    res = invoke_on("ppc64le", *sub)
     assert res.returncode == 0, res.stderr
     assert "#SBATCH --partition=gh" in res.stdout and "module load gcc/12.2 openmpi/4.1.6" in res.stdout
     assert "dry run: nothing written or submitted" in res.stdout
@@ -104,3 +110,37 @@ def test_the_native_backend_refuses_a_spec_for_another_arch_on_a_known_host(monk
     with pytest.raises(ProfileError, match="targets aarch64, and this host is x86_64"):
         NativeBackend(resolve("gh200"), Options()).check()
     assert NativeBackend(resolve("cpu"), Options()).check() is None
+
+
+def test_a_job_submitted_from_the_ppc64le_login_node_runs_the_nodes_python_not_this_one(tmp_path):
+    """The login node's sys.executable is a ppc64le binary the aarch64 node cannot run: without
+    job_python the submission is refused by name; with it, the job (its comms step too) runs that."""
+    tree = tmp_path / "pytorch"
+    tree.mkdir()
+    (tree / "setup.py").write_text("")
+    sub = ["submit", "--profile", "bede", "--engine", "native", "--dry-run", "--account", "proj1"]
+    sub += ["--source", str(tree), "--out", str(tmp_path / "out")]
+    res = invoke_on("ppc64le", *sub, *set_args(BEDE_JOB[1:]))
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert "profile bede builds on aarch64 nodes and this host is ppc64le: the job cannot run" in res.stderr
+    assert "--set job_python=DIR/bin/python" in res.stderr
+    res = invoke_on("ppc64le", *sub, *set_args([*BEDE_JOB, "nccl=source"]))
+    assert res.returncode == 0, res.stderr
+    assert f"exec {NODE_PYTHON} -m torchbuild build" in res.stdout
+    assert f"{NODE_PYTHON} -m torchbuild comms" in res.stdout and sys.executable not in res.stdout
+
+
+def test_bede_asks_for_a_cache_on_lustre_not_home(tmp_path):
+    tree = tmp_path / "pytorch"
+    tree.mkdir()
+    (tree / "setup.py").write_text("")
+    sub = ["submit", "--profile", "bede", "--engine", "native", "--dry-run", "--account", "proj1"]
+    res = invoke_on("aarch64", *sub, "--source", str(tree), "--out", str(tmp_path / "out"))
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert (
+        "profile bede needs cache_dir from you: a directory on Bede's Lustre file system, e.g. /nobackup/" in res.stderr
+    )
+    # from a GH200 node (ghlogin), its own Python is the job's
+    res = invoke_on("aarch64", *sub, "--source", str(tree), "--out", str(tmp_path / "out"), *set_args(BEDE_JOB[1:]))
+    assert res.returncode == 0, res.stderr
+    assert f"exec {sys.executable} -m torchbuild build" in res.stdout

@@ -19,7 +19,7 @@ from helpers import run_invoke
 
 from torchbuild import __version__
 from torchbuild.core.arch import Arch
-from torchbuild.core.errors import PathError, SifError, TorchbuildError, UsageError
+from torchbuild.core.errors import PathError, ProfileError, SifError, TorchbuildError, UsageError
 from torchbuild.inputs.config import data_dir, resolve
 from torchbuild.inputs.image import apt_packages, build_args, image_context, labels, python_requirements
 from torchbuild.inputs.recipe import (
@@ -443,7 +443,10 @@ def test_a_profile_value_cannot_open_a_section_of_the_definition(tmp_path):
     image_context(spec, context)
     with pytest.raises(RecipeError, match="ARG BASE_IMAGE has a line break"):
         translate(context / "Dockerfile", context, build_args(spec))
-    spec = resolve("cpu", ['runtime_env={X: "a\\n%runscript\\nrm -rf ~"}'], arch="x86_64")
+    with pytest.raises(ProfileError, match="control character"):  # refused as the profile resolves
+        resolve("cpu", ['runtime_env={X: "a\\n%runscript\\nrm -rf ~"}'], arch="x86_64")
+    # and the definition's own check stays, for a spec no profile made
+    spec = dataclasses.replace(resolve("cpu", arch="x86_64"), runtime_env={"X": "a\n%runscript\nrm -rf ~"})
     with pytest.raises(SifError, match="line break"):
         definition(spec, archive=tmp_path / "layout", profile_file=tmp_path / "p.yaml", image_id="x")
 

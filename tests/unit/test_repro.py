@@ -6,10 +6,13 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -128,6 +131,85 @@ def test_manifest_diff_of_two_wheels_exits_99_when_they_differ(tmp_path, capsys)
     bad.write_text("no zip")
     code = invoke("manifest.diff", str(a), str(bad))
     assert code == WheelError.exit_code and "not a zip archive" in capsys.readouterr().err
+
+
+def _zeros_wheel(path: Path, members: int, date: int, size: int = 1 << 20) -> Path:
+    """A wheel of `members` members of `size` zero bytes each, written by hand: the member's
+    deflated bytes (about 1 KiB per MiB) are made once and repeated, so a wheel declaring
+    gigabytes is written in milliseconds. date: the members' DOS date (a timestamp difference
+    makes two such wheels differ while every member's content is the same)."""
+
+    def deflated(data: bytes) -> bytes:
+        c = zlib.compressobj(9, zlib.DEFLATED, -15)
+        return c.compress(data) + c.flush()
+
+    wheel_text = b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    zeros = bytes(size)
+    entries = [("zeros-1.0.dist-info/WHEEL", deflated(wheel_text), zlib.crc32(wheel_text), len(wheel_text))]
+    blob, crc = deflated(zeros), zlib.crc32(zeros)
+    entries += [(f"zeros/z{i:06d}", blob, crc, size) for i in range(members)]
+    out, central = bytearray(), bytearray()
+    for name, data, c, usize in entries:
+        n, offset = name.encode(), len(out)
+        out += struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 8, 0, date, c, len(data), usize, len(n), 0) + n + data
+        central += (
+            struct.pack(
+                "<4s6H3L5H2L",
+                b"PK\x01\x02",
+                20,
+                20,
+                0,
+                8,
+                0,
+                date,
+                c,
+                len(data),
+                usize,
+                len(n),
+                0,
+                0,
+                0,
+                0,
+                0o644 << 16,
+                offset,
+            )
+            + n
+        )
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, len(entries), len(entries), len(central), len(out), 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes(out + central + end))
+    return path
+
+
+def test_manifest_diff_refuses_wheels_that_would_inflate_far_beyond_their_size(tmp_path, capsys):
+    """Issue 41 item 19: two 4 MB wheels inflated 16 GiB each (42 s of CPU). Here two 330 KB
+    wheels declaring 300 MiB each: refused from their central directories, before inflating."""
+    a = _zeros_wheel(tmp_path / "a" / "zeros-1.0-py3-none-any.whl", 300, date=0x5821)
+    b = _zeros_wheel(tmp_path / "b" / "zeros-1.0-py3-none-any.whl", 300, date=0x5822)
+    started = time.monotonic()
+    code = invoke("manifest.diff", str(a), str(b))
+    err = capsys.readouterr().err
+    assert code == WheelError.exit_code, err
+    assert f"error: WheelError: {a} would inflate to 300 MiB, " in err and "at most 100 times" in err, err
+    assert time.monotonic() - started < 5
+
+
+def test_manifest_diff_has_a_total_inflate_bound(tmp_path, monkeypatch):
+    """The bound on both wheels together (16 GiB: a pair of CUDA torch wheels is some 2 to 9),
+    here lowered so that two small real wheels cross it."""
+    a = make_wheel(tmp_path / "a", "pkg", "1.0", module="pkg", salt="one")
+    c = _shuffled(a, when=(2024, 5, 1, 12, 0, 0), mode=0o100755, reverse=False)
+    monkeypatch.setattr(repro, "DIFF_INFLATE_LIMIT", 10)
+    with pytest.raises(WheelError, match=r"would inflate .* more than the .* torchbuild inflates for a diff"):
+        repro.diff_wheels(a, c)
+
+
+def test_wheels_that_inflate_as_wheels_do_are_still_compared(tmp_path):
+    """A few MiB of zeros in a 10 KB wheel is under the floor (64 MiB): compared as before."""
+    a = _zeros_wheel(tmp_path / "a" / "zeros-1.0-py3-none-any.whl", 8, date=0x5821)
+    b = _zeros_wheel(tmp_path / "b" / "zeros-1.0-py3-none-any.whl", 8, date=0x5822)
+    d = repro.diff_wheels(a, b)
+    assert {m.what for m in d.members} == {"timestamp"}
 
 
 # --------------------------------------------------------------------------- SOURCE_DATE_EPOCH

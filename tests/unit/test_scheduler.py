@@ -631,7 +631,10 @@ def test_absurd_job_sizes_are_usage_errors_naming_the_key(case, sets, named):
 
 @pytest.mark.parametrize("char", ["\x00", "\x1b", "\x7f", "\x0b", "\x0c"], ids=["nul", "esc", "del", "vt", "ff"])
 def test_a_directive_with_a_control_character_is_never_written_into_the_script(tmp_path, char):
-    spec = _spec("cpu", f"directives={json.dumps(['--comment=a' + char + 'b'])}")
+    with pytest.raises(ProfileError, match="control character"):  # refused as the profile resolves
+        _spec("cpu", f"directives={json.dumps(['--comment=a' + char + 'b'])}")
+    # and the scheduler's own check stays, for a spec no profile made
+    spec = dataclasses.replace(_spec("cpu"), directives=("--comment=a" + char + "b",))
     with pytest.raises(ProfileError, match="control character"):
         check_job_keys(spec)
     with pytest.raises(ProfileError, match="control character"):
@@ -652,13 +655,18 @@ def test_a_directive_with_a_control_character_is_never_written_into_the_script(t
         ("2-00:00:00", "48:00:00"),
         ("1-02:03:04", "26:03:04"),
         ("100:00:00", "100:00:00"),
+        # the rest of Slurm's forms: minutes, minutes:seconds, days-hours, days-hours:minutes
+        ("90", "01:30:00"),
+        ("4:00", "00:04:00"),
+        ("1-2", "26:00:00"),
+        ("0-03:00", "03:00:00"),
     ],
 )
 def test_pbs_walltime(walltime, pbs):
     assert pbs_walltime(walltime) == pbs
 
 
-@pytest.mark.parametrize("bad", ["", "4:00", "04:00:00:00", "1-2", "1d-04:00:00", "04:00:00 ", "four hours"])
+@pytest.mark.parametrize("bad", ["", "04:00:00:00", "1-", "1d-04:00:00", "04:00:00 ", "four hours", "1-2-3"])
 def test_pbs_walltime_refuses_what_is_not_d_hh_mm_ss(bad):
     with pytest.raises(UsageError, match="walltime"):
         pbs_walltime(bad)
@@ -1223,3 +1231,104 @@ def test_a_comms_profiles_job_builds_nccl_and_the_plugin_in_the_sif_before_the_b
 def test_a_job_without_comms_runs_the_build_alone(tmp_path):
     text = _dry_script(tmp_path, _spec("cpu", f"cache_dir={tmp_path / 'cache'}"), _fake_sif(tmp_path / "t.sif"))
     assert " comms " not in text and "\nexec " in text
+
+
+# issue 41 item 4: what a job writes reaches the terminal inert (a colour, a title, a reset)
+HOSTILE_LOG = "plain\n\x1b[31mred\x1b[0m\n\x1b]0;pwned\x07title\nreset\x1bc\nbell\x07 and \x9b2J\nwindows\r\n"
+
+
+def test_follow_relays_the_log_with_escape_sequences_inert(tmp_path):
+    sub = _submitted(tmp_path)
+    done = JobStatus("COMPLETED", True, True, 0)
+    sub.log.write_text(HOSTILE_LOG)
+    out = io.StringIO()
+    follow(Scripted([RUNNING, done]), sub, out, sleep=lambda s: None)
+    text = out.getvalue()
+    assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text and "pwned" not in text, repr(text)
+    assert "plain\nred\ntitle\nreset\nbell\\x07 and \nwindows\n" in text, repr(text)
+
+
+def test_a_failed_jobs_tail_shows_escape_sequences_inert(tmp_path):
+    sub = _submitted(tmp_path)
+    sub.log.write_text(HOSTILE_LOG)
+    with pytest.raises(JobFailed) as err:
+        follow(Scripted([JobStatus("FAILED", True, True, 1)]), sub, io.StringIO(), sleep=lambda s: None)
+    message = err.value.message
+    assert "\x1b" not in message and "\x07" not in message and "pwned" not in message, repr(message)
+    assert "  | red\n  | title\n" in message
+
+
+# issue 41 item 7: every run job keeps its own script and log; two scripts never share one
+def _standin_qsub(tmp_path: Path, monkeypatch) -> None:
+    """A qsub on PATH that answers a new job id each time (the script and its -o are what count)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    qsub = bin_dir / "qsub"
+    qsub.write_text(
+        f'#!/bin/sh\nn=$(ls {tmp_path}/ids 2>/dev/null | wc -l)\ntouch {tmp_path}/ids/$n\necho "$n.pbs01"\n'
+    )
+    qsub.chmod(0o755)
+    (tmp_path / "ids").mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+def _run_request(tmp_path: Path, script: Path):
+    from torchbuild.launch.scheduler import RunRequest
+
+    house = tmp_path / "house"
+    house.mkdir(exist_ok=True)
+    return RunRequest(script, (), house, ("torch",), tmp_path / "out")
+
+
+def _pbs_log_directive(script: Path) -> str:
+    return next(ln for ln in script.read_text().splitlines() if ln.startswith("#PBS -o "))
+
+
+def test_pbs_run_jobs_of_one_script_each_keep_their_own_script_and_log(tmp_path, monkeypatch):
+    from torchbuild.launch.scheduler import submit_run
+
+    _standin_qsub(tmp_path, monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    spec = _spec("cpu", "scheduler=pbs")
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    first = submit_run(spec, _run_request(tmp_path, script), out=io.StringIO())
+    second = submit_run(spec, _run_request(tmp_path, script), out=io.StringIO())
+    assert first is not None and second is not None
+    assert first.log != second.log and first.script != second.script
+    assert first.script.is_file() and second.script.is_file()
+    assert _pbs_log_directive(first.script) != _pbs_log_directive(second.script)
+    assert str(first.log) in _pbs_log_directive(first.script) and str(second.log) in _pbs_log_directive(second.script)
+
+
+@pytest.mark.parametrize("scheduler", ["slurm", "pbs"])
+def test_scripts_whose_names_differ_in_odd_characters_get_names_of_their_own(tmp_path, scheduler):
+    from torchbuild.launch.scheduler import run_job
+
+    spec = _spec("cpu", f"scheduler={scheduler}")
+    names = {
+        run_job(spec, _run_request(tmp_path, tmp_path / stem), "", token="t").name
+        for stem in ("a b.py", "a_b.py", "a:b.py", "a\u00e9b.py")
+    }
+    assert len(names) == 4, names
+    assert run_job(spec, _run_request(tmp_path, tmp_path / "a_b.py"), "", token="t").name == (
+        "torchbuild-run-cpu-a_b-t"
+    )  # a name that needs no change keeps its words
+
+
+def test_a_kept_script_that_exists_is_never_overwritten(tmp_path, monkeypatch):
+    from torchbuild.launch import scheduler as sched
+
+    _standin_qsub(tmp_path, monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sched, "_run_token", lambda: "same")
+    spec = _spec("cpu", "scheduler=pbs")
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    first = sched.submit_run(spec, _run_request(tmp_path, script), out=io.StringIO())
+    assert first is not None
+    kept = first.script.read_text()
+    with pytest.raises(PathError, match="already exists") as err:
+        sched.submit_run(spec, _run_request(tmp_path, script), out=io.StringIO())
+    assert err.value.hint and first.script.read_text() == kept
+    assert sorted(p.name for p in (tmp_path / "ids").iterdir()) == ["0"]  # nothing submitted the second time

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import shutil
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -60,6 +63,15 @@ def test_the_remote_cache_does_not_change_the_profile_hash():
         ("redis://", "names no host"),
         ("redis://cache:0", "port 0"),
         ("http://cache:0/ccache", "port 0"),
+        # issue 41 item 13: what ccache 4.7's own URL parser refuses ("Cannot parse URL"), which
+        # made every compile of a build fail while doctor said the storage answers
+        ("redis://cache:06379", "without leading zeros"),
+        ("redis://cache:", "the port ''"),
+        ("http://cache/ccache/%zz", "not followed by two hex digits"),
+        ("redis://[::1%eth0]:6379", "names a zone"),
+        ("http://cache/ccache[1]", "the path holds [ or ]"),
+        ("http://cache/ccache]", "the path holds [ or ]"),
+        ("redis://[::1]6379", "after ] comes :PORT"),
     ],
 )
 def test_bad_remote_urls_are_named_with_what_to_write(url, fragment):
@@ -275,3 +287,197 @@ def test_the_bridge_gateway_of_a_fresh_engine_comes_from_the_subnet() -> None:
     assert bridge_gateway({"IPAM": {"Config": [{"Subnet": "172.17.0.0/16"}]}}) == "172.17.0.1"
     made = {"IPAM": {"Config": [{"Subnet": "172.20.0.0/16", "Gateway": "172.20.0.254"}]}}
     assert bridge_gateway(made) == "172.20.0.254"
+
+
+# --------------------------------------------------------------------------- doctor through ccache
+# Issue 41 item 13: doctor asks this host's real ccache (one compile through it, its counters),
+# against a real storage on loopback: a WebDAV-like server that answers GET/HEAD 404 and PUT 201.
+
+needs_ccache = pytest.mark.skipif(
+    shutil.which("ccache") is None or (shutil.which("cc") or shutil.which("gcc")) is None,
+    reason="needs ccache and a C compiler (doctor then skips this check)",
+)
+
+
+@contextlib.contextmanager
+def _storage(put_status: int = 201) -> Iterator[tuple[int, list[str]]]:
+    """An HTTP storage on 127.0.0.1 (threads; stops itself): every key absent, PUT answered
+    put_status; the methods and paths it was asked for."""
+    asked: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self, status: int) -> None:
+            asked.append(f"{self.command} {self.path}")
+            length = int(self.headers.get("Content-Length") or 0)
+            if length:
+                self.rfile.read(length)
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_GET(self) -> None:
+            self._answer(404)
+
+        def do_HEAD(self) -> None:
+            self._answer(404)
+
+        def do_PUT(self) -> None:
+            self._answer(put_status)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_port, asked
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@needs_ccache
+def test_doctor_runs_ccache_against_a_storage_it_can_use():
+    with _storage() as (port, asked):
+        check = doctor.ccache_remote_check(f"http://127.0.0.1:{port}/cache")
+    assert check is not None and check.ok, check
+    assert check.name == "ccache remote via ccache" and "looked a new entry up there (a miss)" in check.detail
+    assert "stored" in check.detail and any(a.startswith("PUT /cache/") for a in asked), asked
+    with _storage() as (port, asked):
+        readonly = doctor.ccache_remote_check(f"http://127.0.0.1:{port}/cache", readonly=True)
+    assert readonly is not None and readonly.ok and "read-only: stored nothing" in readonly.detail
+    assert not any(a.startswith("PUT") for a in asked), asked
+
+
+@needs_ccache
+@pytest.mark.parametrize("url", ["redis://cache:06379", "http://cache/%zz", "redis://[::1%eth0]", "http://c/a[b]"])
+def test_doctor_says_when_ccache_cannot_parse_the_url(url):
+    """The URLs the profile now refuses: doctor asked straight, with ccache's own words."""
+    check = doctor.ccache_remote_check(url)
+    assert check is not None and not check.ok
+    assert "refuses it: ccache: error: Cannot parse URL" in check.detail, check.detail
+    assert "every compile of a build would fail" in check.detail
+
+
+@needs_ccache
+def test_doctor_says_when_ccache_cannot_reach_or_store_in_the_storage():
+    with socket.create_server(("127.0.0.1", 0)) as s:  # a port nothing listens on once closed
+        port = s.getsockname()[1]
+    down = doctor.ccache_remote_check(f"http://127.0.0.1:{port}/cache")
+    assert down is not None and not down.ok and "could not use it (1 error(s)" in down.detail, down
+    with _storage(put_status=403) as (port, _):
+        refused = doctor.ccache_remote_check(f"http://127.0.0.1:{port}/cache")
+    assert refused is not None and not refused.ok and "could not use it" in refused.detail, refused
+
+
+@needs_ccache
+def test_doctor_lists_the_profiles_storage_twice_its_answer_and_ccaches_verdict(tmp_path: Path):
+    """A URL the profile takes but this host's ccache does not: ccache 4.7 has no https storage
+    (a newer one with a storage helper has); doctor says so instead of only 'answers'."""
+    profile = tmp_path / "p.yaml"
+    profile.write_text(f"extends: cpu\ndescription: x\nccache_remote: https://127.0.0.1:{_closed_port()}/c\n")
+    checks = doctor._profile_remote_checks(str(profile))
+    assert [c.name for c in checks] == ["ccache remote", "ccache remote via ccache"]
+    version = doctor._first(doctor.run_captured(["ccache", "--version"]).stdout)
+    if version.startswith("ccache version 4.7"):
+        assert not checks[1].ok and "unknown remote storage URL" in checks[1].detail
+
+
+def _closed_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        return int(s.getsockname()[1])
+
+
+# --------------------------------------------------------------------------- doctor's deadline
+# Issue 41 item 14: a server trickling a header a second held the HTTP probe 62 s (each receive
+# had its own 3 s); a redirect loop took 14 s and was reported "ok".
+
+
+@contextlib.contextmanager
+def _trickler(first: bytes, then: bytes, every_s: float = 1.0) -> Iterator[int]:
+    """A server on 127.0.0.1 that sends `first`, then `then` every every_s seconds, for a minute."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(10)
+    stop = threading.Event()
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(4096)
+                conn.sendall(first)
+                for _ in range(60):
+                    if stop.wait(every_s):
+                        return
+                    conn.sendall(then)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        server.close()
+        thread.join(timeout=5)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "first", "then"),
+    [
+        ("http", b"HTTP/1.1 404 Not Found\r\n", b"X-Slow: 1\r\n"),
+        ("http", b"", b"H"),  # the status line itself, a byte a second
+        ("redis", b"", b"+"),
+    ],
+)
+def test_doctor_probe_has_one_deadline_for_a_server_that_trickles(scheme, first, then):
+    with _trickler(first, then) as port:
+        started = time.monotonic()
+        check = doctor.remote_cache_check(f"{scheme}://127.0.0.1:{port}/cache")
+        took = time.monotonic() - started
+    assert took < doctor.PROBE_TIMEOUT_S + 1.5, took
+    if scheme == "http":
+        assert not check.ok and "no answer within 3 s" in check.detail, check.detail
+    else:  # redis: the first byte is the answer, and it is no PONG
+        assert not check.ok, check
+
+
+def _redirecting(location: Callable[[str, int], str]) -> tuple[doctor.Check, list[str], float]:
+    asked: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            asked.append(self.path)
+            self.send_response(302)
+            self.send_header("Location", location(self.path, self.server.server_port))
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        started = time.monotonic()
+        check = doctor.remote_cache_check(f"http://127.0.0.1:{server.server_port}/cache")
+        took = time.monotonic() - started
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    return check, asked, took
+
+
+def test_a_redirect_loop_is_not_ok_and_is_asked_once():
+    check, asked, took = _redirecting(lambda path, port: f"http://127.0.0.1:{port}{path}")
+    assert not check.ok and "redirects a key's HEAD (HTTP 302 to http://127.0.0.1:" in check.detail, check.detail
+    assert "ccache follows no redirect" in check.detail and "local cache alone" in check.detail
+    assert len(asked) == 1 and took < doctor.PROBE_TIMEOUT_S
+
+
+def test_a_redirect_elsewhere_is_not_ok_either():
+    check, asked, _ = _redirecting(lambda path, port: "http://storage.elsewhere.example/cache/x")
+    assert not check.ok and "to http://storage.elsewhere.example/cache/x" in check.detail
+    assert len(asked) == 1

@@ -42,8 +42,12 @@ def commit_file(repo: Path, name: str, text: str, msg: str) -> str:
 
 
 @pytest.fixture
-def upstream(tmp_path):
-    """A 'pytorch' repo with a nested submodule chain (third_party/lib -> inner), two tags, a branch."""
+def upstream(tmp_path, monkeypatch):
+    """A 'pytorch' repo with a nested submodule chain (third_party/lib -> inner), two tags, a branch.
+    Its submodules are local repositories over file://, which git (and torchbuild) check out
+    only where the user's git configuration allows it: this user does, for these tests."""
+    for key, value in {"COUNT": "1", "KEY_0": "protocol.file.allow", "VALUE_0": "always"}.items():
+        monkeypatch.setenv(f"GIT_CONFIG_{key}", value)
     inner = tmp_path / "inner"
     inner.mkdir()
     git("init", "-q", "-b", "main", cwd=inner)
@@ -222,3 +226,40 @@ def test_a_branch_is_checked_out_as_a_tracking_branch_and_a_tag_detached(upstrea
     assert git("rev-parse", "--abbrev-ref", "main@{upstream}", cwd=branch.path) == "origin/main"
     tag = fetch_git(upstream.as_uri(), "v1.0.0", tmp_path / "t", tmp_path / "cache")
     assert git("rev-parse", "--abbrev-ref", "HEAD", cwd=tag.path) == "HEAD"
+
+
+# issue 41 item 2: a tree torchbuild fetches keeps no symlink leading out of it (the tarball rule)
+@pytest.mark.parametrize("target", ["/etc", "../../outside", "sub/../../.."], ids=["absolute", "up", "through-sub"])
+def test_a_git_tree_with_a_symlink_leading_out_is_refused_and_left_nowhere(upstream, tmp_path, target):
+    (upstream / "sub").mkdir()
+    (upstream / "sub" / "f").write_text("x\n")
+    (upstream / "build").symlink_to(target)
+    git("add", "build", "sub", cwd=upstream)
+    git("commit", "-q", "-m", "link out", cwd=upstream)
+    dest = tmp_path / "out"
+    for cache in (None, tmp_path / "cache"):
+        with pytest.raises(SourceError, match=r"build is a symlink to .*, outside the tree") as exc:
+            fetch_git(upstream.as_uri(), "main", dest, cache)
+        assert exc.value.hint and not dest.exists() and not list(tmp_path.glob(".out.partial*"))
+
+
+def test_a_git_tree_with_a_symlink_inside_is_kept(upstream, tmp_path):
+    (upstream / "build").symlink_to("third_party")
+    git("add", "build", cwd=upstream)
+    git("commit", "-q", "-m", "link in", cwd=upstream)
+    info = fetch_git(upstream.as_uri(), "main", tmp_path / "in", None)
+    assert (info.path / "build").is_symlink()
+
+
+def test_an_archive_unpacked_earlier_with_a_link_leading_out_is_refused_when_reused(tmp_path):
+    """A tree an older torchbuild unpacked (dpkg-source's was not checked) is checked again."""
+    tree = tmp_path / "pytorch"
+    tree.mkdir()
+    (tree / "setup.py").write_text("# x\n")
+    tarball = tmp_path / "pytorch.tar.gz"
+    with tarfile.open(tarball, "w:gz") as tar:
+        tar.add(tree, arcname="pytorch")
+    info = unpack_archive(tarball, tmp_path / "srcs")
+    (info.path / "build").symlink_to(tmp_path)
+    with pytest.raises(SourceError, match=r"unpacked earlier .*: build is a symlink to"):
+        unpack_archive(tarball, tmp_path / "srcs")

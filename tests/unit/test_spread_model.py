@@ -1,4 +1,4 @@
-"""The on-paper model benchmarks/spread_nodes.py prints and the README quotes: a build's time
+"""The on-paper model benchmarks/spread_nodes.py prints and the docs show (generated from it): a build's time
 on N nodes of M cores from its per-unit times, Amdahl's serial part and the build node's own
 preprocessing."""
 
@@ -50,14 +50,15 @@ def test_no_build_is_shorter_than_its_longest_unit_or_its_serial_part() -> None:
         bench.build_seconds(model, 0, 64)
 
 
-def test_the_paper_table_for_pytorch_and_the_readme_quotes_it() -> None:
+def test_the_paper_table_for_pytorch() -> None:
     rows = bench.paper_table(bench.PYTORCH_26, overhead_s=bench.MEASURED_OVERHEAD_S)
     assert [(n, m) for n, m, _, _ in rows] == [(n, m) for m in (32, 64) for n in (1, 2, 4, 8)]
     for m in (32, 64):
         times = [t for n, mm, t, _ in rows if mm == m]
         assert times == sorted(times, reverse=True)  # more nodes never slower on paper
     assert all(speedup == 1.0 for n, _, _, speedup in rows if n == 1)
-    readme = (ROOT / "README.md").read_text()
-    assert bench.format_table(rows) in readme
-    once = dataclasses.replace(bench.PYTORCH_26, preprocess_passes=1)
-    assert bench.format_table(bench.paper_table(once, overhead_s=bench.MEASURED_OVERHEAD_S)) in readme
+    once = bench.paper_table(
+        dataclasses.replace(bench.PYTORCH_26, preprocess_passes=1), overhead_s=bench.MEASURED_OVERHEAD_S
+    )
+    # preprocessing once per unit never makes a build slower (the docs' second table)
+    assert all(t1 <= t2 for (_, _, t1, _), (_, _, t2, _) in zip(once, rows))

@@ -17,7 +17,7 @@ from torchbuild.delivery import multinode
 from torchbuild.delivery.multinode import Shape
 from torchbuild.inputs.config import resolve
 from torchbuild.launch import scheduler as sched
-from torchbuild.launch.verify_nodes import NodesRequest, rank_script, verify_nodes
+from torchbuild.launch.verify_nodes import NodesRequest, prepare, rank_script, verify_nodes
 
 
 def _spec(profile: str = "cpu", *sets: str):
@@ -179,3 +179,121 @@ def test_the_check_script_parses_and_says_what_running_it_again_does(tmp_path, s
     assert "the check runs again" in text and "the build resumes" not in text
     parsed = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
     assert parsed.returncode == 0, parsed.stderr
+
+
+@pytest.mark.parametrize("timeout", ["inf", "1e309", "Infinity", "1e300", "604801"])
+def test_a_timeout_without_a_bound_is_refused_before_anything_is_written(tmp_path, timeout):
+    """Issue 41 item 16: `verify --nodes --timeout inf` (or 1e309) was taken: an unbounded wait."""
+    res = run_invoke(
+        "verify", "--nodes", "2", "--prefix", str(_prefix(tmp_path)), "--out", str(tmp_path / "out"),
+        "--timeout", timeout, "--dry-run",
+    )  # fmt: skip
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.startswith(f"error: UsageError: --timeout {float(timeout):g} is more than the 7 days"), res.stderr
+    assert "Traceback" not in res.stderr and res.stdout == ""
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_week_is_still_a_timeout(tmp_path):
+    req = NodesRequest(_spec(), _prefix(tmp_path), Shape(2, 1), tmp_path / "out", timeout=604800.0, dry_run=True)
+    from torchbuild.launch.verify_nodes import check_request
+
+    check_request(req)
+
+
+class _FakeTensor:
+    def __init__(self, value: float, device: str) -> None:
+        self.value, self.device = value, device
+
+    def item(self) -> float:
+        return self.value
+
+
+class _FakeTorch:
+    """torch and torch.distributed as rankcheck uses them: a 2-rank MPI world whose all_reduce
+    sums, and refuses CUDA tensors where the MPI is not CUDA-aware (ProcessGroupMPI's words)."""
+
+    def __init__(self, gpus: int, cuda_aware: bool) -> None:
+        self.gpus, self.cuda_aware, self.reduced, self.current = gpus, cuda_aware, [], None
+        self.cuda = self.distributed = self
+
+    def import_module(self, name: str):
+        return self
+
+    # torch.cuda
+    def is_available(self) -> bool:
+        return self.gpus > 0
+
+    def device_count(self) -> int:
+        return self.gpus
+
+    def set_device(self, device: str) -> None:
+        self.current = device
+
+    # torch
+    def tensor(self, values, device: str = "cpu") -> _FakeTensor:
+        return _FakeTensor(values[0], device)
+
+    # torch.distributed
+    def is_mpi_available(self) -> bool:
+        return True
+
+    def init_process_group(self, backend: str, **kwargs) -> None:
+        self.backend = backend
+
+    def get_rank(self) -> int:
+        return 0
+
+    def get_world_size(self) -> int:
+        return 2
+
+    def all_reduce(self, tensor: _FakeTensor) -> None:
+        if tensor.device != "cpu" and not self.cuda_aware:
+            raise RuntimeError("CUDA tensor detected and the MPI used doesn't have CUDA-aware MPI support")
+        self.reduced.append(tensor.device)
+        tensor.value = 3.0
+
+    def barrier(self) -> None:
+        pass
+
+    def destroy_process_group(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("gpus", "aware", "mpi_cuda", "status", "detail"),
+    [
+        (4, True, True, "pass", "sum 3 over 2 ranks (expected 3) on cuda:1"),
+        (4, False, True, "fail", "cuda:1: RuntimeError: CUDA tensor detected and the MPI used doesn't have CUDA-aware"),
+        (4, False, False, "skip", "(the profile builds no CUDA with MPI)"),
+        (0, False, True, "skip", "no GPU visible on"),
+    ],
+)
+def test_the_mpi_check_all_reduces_a_cuda_tensor_where_a_gpu_is_visible(
+    monkeypatch, gpus, aware, mpi_cuda, status, detail
+):
+    """Derecho's reason for MPI: CUDA-aware cray-mpich. A CPU tensor alone never exercised it."""
+    from torchbuild.delivery import rankcheck
+
+    fake = _FakeTorch(gpus, aware)
+    monkeypatch.setattr(rankcheck.importlib, "import_module", fake.import_module)
+    expect = {"world_size": 2, "mpi": True, "mpi_cuda": mpi_cuda}
+    cpu, cuda = rankcheck.torch_mpi(expect, rank=0, local=5, world=2, timeout=5)
+    assert (cpu["name"], cpu["status"], cpu["sum"]) == ("mpi all_reduce", "pass", 3)
+    assert cuda["name"] == "mpi all_reduce (CUDA tensor)" and cuda["status"] == status and detail in cuda["detail"]
+    assert fake.reduced == (["cpu", "cuda:1"] if gpus and aware else ["cpu"])
+    assert fake.current == ("cuda:1" if gpus else None)
+    ranks = [{"rank": 0, "hostname": "n1", "checks": [cpu, cuda]}]
+    over = {c.name: c for c in multinode.checks_of(ranks, Shape(1, 1))}
+    assert over["mpi all_reduce (CUDA tensor)"].status == status
+
+
+def test_a_cuda_build_with_mpi_expects_its_mpi_to_take_cuda_tensors(tmp_path):
+    req = NodesRequest(resolve("derecho"), _prefix(tmp_path), Shape(2, 4), tmp_path / "out")
+    _, _, profile = prepare(req)
+    assert '"mpi_cuda": true' in (profile.parent / "rank.sh").read_text()
+    req = NodesRequest(
+        resolve("cpu", ["mpi=mpich", "distributed=[gloo, mpi]"]), _prefix(tmp_path), Shape(2, 1), tmp_path / "o"
+    )
+    _, _, profile = prepare(req)
+    assert '"mpi_cuda": false' in (profile.parent / "rank.sh").read_text()

@@ -35,6 +35,34 @@ _ESCAPE_SEQUENCE = re.compile(
 )
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # not \t, \n
 
+# Credentials in a URL: the password of user:password@ (any scheme), the whole userinfo of an
+# http(s) or redis URL (a token written as the user: https://TOKEN@github.com; ssh's git@ is no
+# secret), and the value of a query parameter named like one (?password=, &access_token=, ?sig=)
+_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)([^\s/@?#'\"]+)@")
+_TOKEN_USER_SCHEMES = ("http", "https", "redis", "rediss")
+_SECRET_PARAMETER = re.compile(
+    r"([?&;][A-Za-z0-9_.-]*?(?:password|passwd|pwd|pass|token|secret|key|auth|sig|signature|credential)"
+    r"[A-Za-z0-9_.-]*=)[^&;#\s'\"]*",
+    re.IGNORECASE,
+)
+REDACTED = "***"
+
+
+def redact(text: str) -> str:
+    """text with the credentials of every URL in it replaced by ***: what torchbuild prints or
+    writes (errors, config, logs, manifests) never repeats a password or token it was given."""
+
+    def userinfo(m: re.Match[str]) -> str:
+        scheme, info = m.group(1), m.group(2)
+        user, colon, _ = info.partition(":")
+        if colon:
+            return f"{scheme}{user}:{REDACTED}@"
+        if scheme[:-3].lower() in _TOKEN_USER_SCHEMES:
+            return f"{scheme}{REDACTED}@"
+        return m.group(0)
+
+    return _SECRET_PARAMETER.sub(lambda m: m.group(1) + REDACTED, _USERINFO.sub(userinfo, text))
+
 
 def printable(value: object) -> str:
     """str(value) safe to show on a terminal: escape sequences removed, and any control

@@ -6,8 +6,8 @@ shown only with ``--debug`` (invoke) or ``TORCHBUILD_DEBUG=1``.
 
 Every named error is defined here and listed in ``ERRORS``; ``error_for_exit`` turns a step's
 exit code (inside a container or SIF) back into its class on the host without depending on
-which other modules happen to be imported. The README's table "Errors and exit codes" lists
-the same classes with the same codes (a unit test compares them).
+which other modules happen to be imported. The documentation's page "Errors and exit codes" is
+generated from ERRORS: each class's docstring is its meaning there, so keep it a user's sentence.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar, Union
+
+from torchbuild.core.dirs import make_dirs
 
 
 class TorchbuildError(Exception):
@@ -60,7 +62,7 @@ class EngineUnavailable(TorchbuildError):
 
 
 class ImageBuildFailed(TorchbuildError):
-    """``docker build`` of a toolchain or base image failed."""
+    """Building or pulling a toolchain or base image (``docker build``, a pull) failed."""
 
     exit_code = 4
     default_hint = "read the build log named above; fix the profile (packages, base image) and rerun"
@@ -96,15 +98,20 @@ def debug_enabled() -> bool:
 
 def report(err: TorchbuildError) -> int:
     """Print a named error the way every entry point does; return its exit code."""
+    from torchbuild.core.console import printable, redact  # rich, loaded only when an error is shown
+
+    # a message quotes file names, logs, URLs and tools' words: no escape sequence reaches the
+    # terminal, no credential of a URL is repeated
     name = type(err).__name__
-    print(f"error: {name}: {err.message}", file=sys.stderr)
+    print(f"error: {name}: {printable(redact(err.message))}", file=sys.stderr)
     if err.hint:
-        print(f"hint: {err.hint}", file=sys.stderr)
+        print(f"hint: {printable(redact(err.hint))}", file=sys.stderr)
     return err.status
 
 
 class SourceError(TorchbuildError):
-    """Fetching or unpacking the PyTorch source failed."""
+    """Fetching or unpacking the PyTorch source failed, or an archive was refused as unsafe (a
+    member, symlink or hard link leading outside the tree, on every Python); nothing was unpacked."""
 
     exit_code = 8
     default_hint = "check --source (URL, directory, tarball or .dsc) and the ref"
@@ -132,14 +139,16 @@ class SifError(TorchbuildError):
 
 
 class InsufficientSpace(TorchbuildError):
-    """A step would run out of disk: refused before it starts, so nothing is left half written."""
+    """The disk is too small for the step: refused before anything was written, or a file system
+    filled up during it (a compile step, ``pip wheel``, a copy into a wheelhouse); the message
+    names the full file system, and what the step had made is removed."""
 
     exit_code = 12
     default_hint = "free disk space, or point cache_dir (--set cache_dir=...) or --out at a larger file system"
 
 
 class OutOfMemory(TorchbuildError):
-    """Compilers were killed for memory even with one job."""
+    """Compilers were killed for memory even with one job (after the automatic retries with fewer)."""
 
     exit_code = 13
     default_hint = (
@@ -148,50 +157,55 @@ class OutOfMemory(TorchbuildError):
 
 
 class VerifyFailed(TorchbuildError):
-    """A built wheel (or installed torch) failed a verification check."""
+    """A built wheel (or installed torch) failed a verification check (the table names it)."""
 
     exit_code = 14
     default_hint = "the table above names each failed check; the JSON report has the details"
 
 
 class BuildInterrupted(TorchbuildError):
-    """The build was interrupted (Ctrl-C or SIGTERM); its container and partial wheel are gone."""
+    """The build was interrupted (Ctrl-C or SIGTERM); its container, every build process and the
+    partial wheel are gone."""
 
     exit_code = 130
     default_hint = "rerun the same command to resume: finished objects are reused from the build tree and ccache"
 
 
 class UsageError(TorchbuildError):
-    """An option was given a value it cannot take, or together with one it contradicts."""
+    """An option was given a value it cannot take (``--jobs 0``), or together with one it
+    contradicts (``--memory`` without ``--in-container``, ``--ref`` with a local tree), or a
+    ``--ref``/``--source`` starts with ``-`` (git would read it as an option; profile keys such as
+    ``torch_ref`` are refused alike, as ProfileError)."""
 
     exit_code = 2
     default_hint = "see `invoke --help <task>` for the options and their values"
 
 
 class PathError(TorchbuildError):
-    """A path the user gave (--out, --dest, cache_dir, --source...) cannot be used as asked:
-    missing, not a directory, not writable, read-only, or too long."""
+    """A path the user gave (``--out``, ``--dest``, ``cache_dir``, ``--source``, a manifest...) cannot
+    be used as asked: missing, not a directory, not writable, read-only, or too long."""
 
     exit_code = 15
     default_hint = "choose a path you can write to (an existing, writable directory, or one that can be created)"
 
 
 class UnsafePatch(TorchbuildError):
-    """A patch would write outside the source tree (a `..` path or a symlink leading out)."""
+    """A patch would write outside the source tree (a ``..`` path or a symlink leading out); nothing was written."""
 
     exit_code = 16
     default_hint = "fix the patch (paths relative to the tree, no `..`) or remove the symlink from the tree"
 
 
 class ImageOutOfDate(TorchbuildError):
-    """The toolchain image (or SIF) was built from other inputs than the profile asks for."""
+    """The toolchain image (or SIF) was built from other inputs than the profile asks for (the
+    message lists them)."""
 
     exit_code = 17
     default_hint = "rebuild it with `invoke image --profile <profile> --arch <arch>`"
 
 
 class WheelError(TorchbuildError):
-    """A file given as a wheel is not one (name or archive)."""
+    """A file given as a wheel is not one (its name, not a zip, no ``.dist-info/WHEEL``)."""
 
     exit_code = 18
     default_hint = "point --wheel at a .whl file `invoke build` wrote"
@@ -206,8 +220,9 @@ class SubmissionRefused(TorchbuildError):
 
 
 class JobFailed(TorchbuildError):
-    """A batch job followed with --wait ended without success. The process exits with the
-    job's own exit code (the build's named error code) where it has one, else 21."""
+    """A batch job followed with ``--wait`` failed, was cancelled or timed out: the message gives
+    its id, state, exit code and the last 30 lines of its log. The process exits with the job's
+    own exit code (the build's named error code) where it has one, else 21."""
 
     exit_code = 21
     default_hint = "read the job's log; submit again to resume where it stopped"
@@ -222,16 +237,16 @@ class JobFailed(TorchbuildError):
 
 
 class InstallFailed(TorchbuildError):
-    """`invoke install` could not make the environment (venv, pip, mpi4py, the import check);
-    what it had made is removed."""
+    """``invoke install`` could not make the environment (venv, pip, mpi4py, ``pip check``, the
+    import check); the prefix it had made is removed."""
 
     exit_code = 22
     default_hint = "the pip or compiler output above says why; fix it and run the same command again"
 
 
 class WheelhouseConflict(TorchbuildError):
-    """A wheelhouse would mix local versions of one project, or replace a wheel with another
-    of the same name."""
+    """A wheelhouse (or an install) would mix local versions of one project, or replace a wheel
+    with another of the same name."""
 
     exit_code = 23
     default_hint = "use one wheelhouse per build flavour"
@@ -239,30 +254,32 @@ class WheelhouseConflict(TorchbuildError):
 
 class CommsFailed(TorchbuildError):
     """NCCL or the aws-ofi-nccl plugin did not build, or what was built fails its checks
-    (`invoke comms`); nothing of the run is kept."""
+    (``ncclGetVersion``, ``ldd``, the plugin's symbols); nothing of the run is kept."""
 
     exit_code = 24
     default_hint = "the compiler output above says why; fix it and run the same command again"
 
 
 class HostSetupFailed(TorchbuildError):
-    """`invoke host-check --apply/--restore` could not change (or put back) a setting of the
-    benchmark host; what it had already changed is put back."""
+    """``invoke host-check --apply``/``--restore`` could not change (or put back) a setting of the
+    benchmark host, or was run without root; what it had already changed is put back."""
 
     exit_code = 25
     default_hint = "run it as root, or apply the printed command by hand"
 
 
 class CompanionError(TorchbuildError):
-    """A companion library (torchvision, torchaudio, torchtext) cannot be paired with the torch
-    being built, or did not build or pass its checks; no wheel of it is kept."""
+    """A companion library (torchvision, torchaudio, torchtext) does not pair with the torch
+    being built (outside the companion table), its tree is not one, or its wheel did not build or
+    fails its check beside that torch; no wheel of it is kept."""
 
     exit_code = 26
-    default_hint = "see the companion table in the README's section 'For PyTorch developers'"
+    default_hint = "see the companion table: docs/guide/developers.md, 'Which releases go together'"
 
 
 class BenchFailed(TorchbuildError):
-    """torchbench could not be installed against the built torch, or its run failed."""
+    """torchbench's install asked for a torch other than the built one (or replaced it), or its
+    run failed."""
 
     exit_code = 27
     default_hint = "the pip or benchmark output above says why"
@@ -286,19 +303,38 @@ class LockError(TorchbuildError):
 
 
 class RecipeError(TorchbuildError):
-    """The toolchain recipe cannot become an Apptainer definition, or Apptainer cannot build it
-    unprivileged on this host."""
+    """``invoke sif --from-recipe`` cannot translate the toolchain recipe (``USER``, ``ONBUILD``,
+    another ``SHELL`` form, an ``ARG`` without a value, several stages, options such as
+    ``COPY --from=``, a JSON form, a here-document, text that is not UTF-8: the line is named), or
+    Apptainer cannot build it unprivileged here (no ``/etc/subuid`` entry for a debootstrap
+    bootstrap, no user namespaces): the hint names the command or setting."""
 
     exit_code = 29
     default_hint = "build the image with Docker and convert it instead: `invoke image` then `invoke sif`"
 
 
+class NoProgress(TorchbuildError):
+    """A job round (the profile's job_rounds) finished no build step before its limit: another
+    round would do the same, so the job stops instead of going on."""
+
+    exit_code = 30
+    default_hint = "give the job a longer walltime, then submit the same request again"
+
+
+class RoundsExhausted(TorchbuildError):
+    """The build did not finish within the profile's job_rounds allocations."""
+
+    exit_code = 31
+    default_hint = "raise job_rounds or walltime and submit the same request again: the build resumes"
+
+
 class TooLarge(PathError):
-    """A file the user named is larger than torchbuild will read for that purpose."""
+    """A file the user named (a manifest, a CA file, the host-check state file, a ninja log, a
+    constraint file) is larger than torchbuild will read for that purpose."""
 
 
 # The registry: every TorchbuildError subclass, listed by hand (tests/unit/test_errors.py checks
-# that no subclass anywhere in the package is missing, and that the README's table matches).
+# that no subclass anywhere in the package is missing; the docs' error table is generated from it).
 ERRORS: tuple[type[TorchbuildError], ...] = (
     ProfileError,
     UsageError,
@@ -330,6 +366,8 @@ ERRORS: tuple[type[TorchbuildError], ...] = (
     BenchFailed,
     LockError,
     RecipeError,
+    NoProgress,
+    RoundsExhausted,
     BuildInterrupted,
 )
 
@@ -430,7 +468,7 @@ def writable_dir(path: StrPath, what: str) -> Path:
     with named_os_errors(p, what):
         if p.exists() and not p.is_dir():
             raise PathError(f"{what}: {p} exists and is not a directory", hint="choose a directory path")
-        p.mkdir(parents=True, exist_ok=True)
+        make_dirs(p)  # recorded: a failed task removes it again while it is empty (core/dirs.py)
         if not os.access(p, os.W_OK | os.X_OK):
             raise PathError(f"{what}: {p} is not writable", hint="choose a directory you can write to")
     return p

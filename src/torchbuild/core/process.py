@@ -17,6 +17,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import FrameType
+from typing import Any
 
 GRACE_S = 10.0
 
@@ -86,7 +87,7 @@ def _group_gone(pgid: int) -> bool:
     return _only_zombies(pgid)
 
 
-def stop_group(pgid: int, grace: float = GRACE_S, leader: subprocess.Popen[bytes] | None = None) -> None:
+def stop_group(pgid: int, grace: float = GRACE_S, leader: subprocess.Popen[Any] | None = None) -> None:
     """SIGTERM to the process group, then SIGKILL to whatever is left after `grace` seconds.
     The leader (our child) is reaped as it exits, and a group that holds only zombies is gone:
     a batch system that signals every process of the job at once SIGKILLs us after its own
@@ -138,3 +139,65 @@ def run_streamed(
         proc.stdout.close()
     proc.returncode = os.waitstatus_to_exitcode(status)
     return Finished(proc.returncode, time.monotonic() - start, usage.ru_maxrss * 1024)
+
+
+@dataclasses.dataclass(frozen=True)
+class Captured:
+    returncode: int | None  # None: stopped at its deadline; negative: killed by that signal
+    stdout: str
+    stderr: str
+
+
+def run_captured(
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    timeout: float | None = None,
+) -> Captured:
+    """Run cmd with stdout and stderr captured as text, in a process group of its own; on every
+    way out (its deadline, an exception, Ctrl-C or SIGTERM as KeyboardInterrupt) the group is
+    stopped, so a wrapper's child (a site's `cc` script running gcc, ccache running the
+    compiler) is never left behind. OSError when it cannot start."""
+    proc = subprocess.Popen(
+        list(cmd),
+        cwd=cwd,
+        env=dict(env) if env is not None else None,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+    stopped = False  # the group was stopped and the process reaped
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_group(proc.pid, grace=0.0, leader=proc)
+        stopped = True
+        out, err = _leftover_output(proc)
+        return Captured(None, out, err)
+    except BaseException:  # Ctrl-C, SIGTERM (interrupts_unwind), or any error while waiting
+        stop_group(proc.pid, grace=GRACE_S, leader=proc)
+        stopped = True
+        _leftover_output(proc)
+        raise
+    finally:
+        if not stopped:  # the leader exited: stop whatever it left running in its group
+            stop_group(proc.pid, grace=0.0)
+    return Captured(proc.returncode, out, err)
+
+
+def _leftover_output(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """What a stopped process wrote, waiting at most a few seconds (a process that left the
+    group and holds the pipes open must not hold us too); the process is reaped."""
+    try:
+        out, err = proc.communicate(timeout=2.0)
+    except subprocess.TimeoutExpired:
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+        out, err = "", ""
+    proc.wait()
+    return out or "", err or ""

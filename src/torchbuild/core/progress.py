@@ -26,6 +26,7 @@ from rich.progress import (
 from rich.progress import Progress as RichProgress
 from rich.text import Text
 
+from torchbuild.core.dirs import make_dirs
 from torchbuild.core.errors import os_fault
 
 NINJA_RE = re.compile(r"^\[(\d+)/(\d+)\]\s")
@@ -168,7 +169,7 @@ class Tee:
     """Write to the terminal (or container log stream) and the log file at once."""
 
     def __init__(self, log: Path, out: TextIO, progress: str = "raw") -> None:
-        log.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(log.parent)
         self.file = log.open("a", buffering=1)
         self.out = out
         self.progress = Progress(out, progress)

@@ -1,7 +1,8 @@
 """The one bounded reader and the one argv guard.
 
 Every read of a file the user named (a profile, a manifest, a state file, a recipe, a wheel's
-member) goes through `read_bytes`/`read_text`/`read_json` with a limit, so `/dev/zero`, a FIFO or
+member) goes through `read_bytes`/`read_text`/`read_json` with a limit (a wheel's archive through
+`open_regular`), so `/dev/zero`, a FIFO or
 a 20 GB file is a named error instead of the kernel's OOM killer. Every value a user gave that
 ends up in an argv of git, tar, pip or apptainer is checked by `not_an_option` (a value that
 starts with `-` would be read as an option) and placed after `--` / `--end-of-options`.
@@ -14,7 +15,7 @@ import math
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from torchbuild.core.errors import PathError, StrPath, TorchbuildError, UsageError, os_fault
 from torchbuild.core.errors import TooLarge as TooLarge  # defined in errors.py (its registry); importable here too
@@ -194,6 +195,21 @@ def not_an_option(value: str, what: str, error: type[TorchbuildError] = UsageErr
             hint=f"give a {what} that does not start with '-' (for a path, write ./{value})",
         )
     return value
+
+
+def open_regular(path: StrPath, what: str, error: type[TorchbuildError] = PathError) -> BinaryIO:
+    """The regular file `path`, open for reading in binary (for a reader that takes a file, such
+    as zipfile): `error` naming it for a directory, device, FIFO or socket, which is never waited
+    on (zipfile.ZipFile(path) of a FIFO named *.whl waited for a writer for good); an OS fault
+    its named error. The file checked is the file read: no second open by name."""
+    p = Path(path)
+    fd, _ = _open_regular(p, what, error)
+    try:
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def read_head(path: StrPath, size: int, what: str, error: type[TorchbuildError] = PathError) -> bytes:

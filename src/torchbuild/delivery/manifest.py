@@ -32,7 +32,7 @@ from cattrs.gen import make_dict_unstructure_fn, override
 from torchbuild import __version__
 from torchbuild.core import records
 from torchbuild.core.atomic import atomic_write_text
-from torchbuild.core.console import printable, table
+from torchbuild.core.console import printable, redact, table
 from torchbuild.core.errors import BuildFailed, PathError, named_os_errors
 from torchbuild.core.errors import (
     ManifestError as ManifestError,  # defined in errors.py (its registry); importable here too
@@ -174,12 +174,47 @@ class CcacheRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class RoundRecord:
+    """One allocation of a build carried across walltimes (profile key job_rounds)."""
+
+    round: int
+    job: str
+    started: str
+    seconds: float
+    ninja_steps: int
+    ended: str  # finished | limit | failed | cancelled
+
+
+@dataclasses.dataclass(frozen=True)
+class EfficiencyRecord:
+    """How close the build came to its cores' limit (steps/bound.py): the lower bound of its ninja
+    part on `jobs` jobs (the larger of the work over the jobs and the longest dependency chain),
+    and the ninja and whole-build wall times over it."""
+
+    jobs: int
+    bound_s: float
+    work_s: float
+    chain_s: float
+    limited_by: str
+    ninja_wall_s: float
+    build_wall_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.build_wall_s / self.bound_s if self.bound_s > 0 else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class ReportRecord:
-    """File names (in the log directory) of the compile report."""
+    """File names (in the log directory) of the compile report, and the build's efficiency."""
 
     text: str
     png: Optional[str] = None
     trace: Optional[str] = None  # Chrome trace (Perfetto)
+    efficiency: Optional[EfficiencyRecord] = None
+    # the units with the highest peak memory the build measured (steps/unitpeak.py) and their times
+    heaviest: Optional[tuple[Canary, ...]] = None
+    omit_if_none: ClassVar[tuple[str, ...]] = ("efficiency", "heaviest")  # earlier manifests keep their bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,6 +343,7 @@ class Manifest:
         "reproducibility",
         "packages",
         "build_venv",
+        "rounds",
     )
 
     schema_version: int
@@ -337,6 +373,7 @@ class Manifest:
     reproducibility: Optional[ReproRecord] = None
     packages: Optional[PackagesRecord] = None  # a build in a toolchain image (schema 5)
     build_venv: Optional[BuildVenvRecord] = None  # a native build in its build venv (schema 6)
+    rounds: Optional[tuple[RoundRecord, ...]] = None  # the job rounds that built it (launch/rounds.py)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -468,9 +505,10 @@ def _structure_image(data: Any, cls: type[ImageRecord]) -> ImageRecord:
 for _cls in (
     CcacheRecord,
     CommsRecord,
+    ReportRecord,
     Manifest,
     InstallManifest,
-):  # CcacheRecord and CommsRecord first: Manifest's hook takes the hook of its fields
+):  # the records first: Manifest's hook takes the hook of its fields
     records.converter.register_unstructure_hook(_cls, _omitting_none(_cls))
 records.converter.register_structure_hook(ImageRecord, _structure_image)
 
@@ -515,7 +553,7 @@ def for_build(
     seconds: float,
     ccache: tuple[int, int, float],
     log: str,
-    report: Mapping[str, str] | None,
+    report: Mapping[str, Any] | None,
     wheel: Path | None = None,
     preflight: Mapping[str, Any] | None = None,
     companion: Mapping[str, Any] | None = None,
@@ -608,7 +646,8 @@ def write_json(path: Path, data: Mapping[str, Any], what: str) -> Path:
     """One JSON record torchbuild writes (a manifest, `<wheel>.verify.json`, torchbuild-comms.json),
     atomically (atomic.atomic_write_text): a reader, or a resume that takes the file as a marker,
     never sees half of one, and a failure leaves the old file as it was. OSError: the named error."""
-    atomic_write_text(path, json.dumps(data, indent=2) + "\n", what=what)
+    # a record is read by others (a wheel's manifest is published with it): no URL's credentials
+    atomic_write_text(path, redact(json.dumps(data, indent=2)) + "\n", what=what)
     return Path(path)
 
 
@@ -749,7 +788,16 @@ def _build_rows(m: Manifest) -> list[tuple[str, Any]]:
         ("log", m.log),
     ]
     if m.report is not None:
-        rows += [(f"report {k}", v) for k, v in records.to_dict(m.report).items() if v]
+        rows += [(f"report {k}", v) for k, v in records.to_dict(m.report).items() if v and k != "efficiency"]
+        e = m.report.efficiency
+        if e is not None:
+            rows.append(
+                (
+                    "efficiency",
+                    f"wall {e.build_wall_s:.0f} s = {e.ratio:.2f} x the bound {e.bound_s:.0f} s on {e.jobs} jobs "
+                    f"(limited by {e.limited_by}; ninja {e.ninja_wall_s:.0f} s)",
+                )
+            )
     return rows
 
 
@@ -859,8 +907,24 @@ def show(m: Manifest) -> str:
         table(("variable", "value"), sorted(m.environment.items()), title="environment"),
         *_result_tables(m),
         *_jobs_tables(m),
+        *_rounds_tables(m),
     ]
     return "\n\n".join(parts)
+
+
+def _rounds_tables(m: Manifest) -> list[str]:
+    """The job rounds that carried the build across walltimes, one row each."""
+    if not m.rounds:
+        return []
+    rows = [(r.round, r.job, r.started, f"{r.seconds:.0f} s", r.ninja_steps, r.ended) for r in m.rounds]
+    return [
+        table(
+            ("round", "job", "started", "ran", "ninja steps", "ended"),
+            rows,
+            title="job rounds",
+            justify=("right", "left", "left", "right", "right", "left"),
+        )
+    ]
 
 
 def show_diff(differences: Sequence[Difference], a: Path, b: Path, *, everything: bool = False) -> str:

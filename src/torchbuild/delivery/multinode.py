@@ -19,7 +19,8 @@ from torchbuild.delivery.verify import Check
 
 RANK_PROGRAM = Path(rankcheck.__file__)
 # the checks every rank runs, in its order (rankcheck.main)
-CHECKS = ("gloo all_reduce", "nccl all_reduce", "mpi all_reduce", "mpi4py allreduce")
+# rankcheck.py's checks, in its order (it imports nothing of torchbuild: the names are written twice)
+CHECKS = ("gloo all_reduce", "nccl all_reduce", "mpi all_reduce", "mpi all_reduce (CUDA tensor)", "mpi4py allreduce")
 
 
 @dataclasses.dataclass(frozen=True)

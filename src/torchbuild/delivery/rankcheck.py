@@ -6,7 +6,8 @@ the site's launcher starts (it imports nothing of torchbuild, which the nodes ma
 The ranks meet through RUN_DIR, on a file system every node shares: rank 0 opens a TCPStore
 and writes its host and port to RUN_DIR/rendezvous.json; the others read it. Each rank then
 runs the checks (gloo all_reduce, torch.distributed's MPI backend and mpi4py when there is an
-MPI, NCCL when a GPU is visible) and writes RUN_DIR/ranks/rank-<R>.json; it exits 1 if a
+MPI, NCCL when a GPU is visible; where one is, the MPI backend's all_reduce of a CUDA tensor
+too, which only a CUDA-aware MPI takes) and writes RUN_DIR/ranks/rank-<R>.json; it exits 1 if a
 check failed. A check that cannot run here (no GPU for NCCL) is "skip", with why.
 """
 
@@ -100,6 +101,16 @@ def rendezvous(run_dir: Path, rank: int, world: int, timeout: float) -> Any:
 
 def all_reduce(backend: str, store: Any, rank: int, world: int, timeout: float, device: str = "cpu") -> dict[str, Any]:
     """all_reduce of rank+1 over the backend: the sum must be world*(world+1)/2."""
+    return all_reduces(backend, store, rank, world, timeout, [(f"{backend} all_reduce", device)])[0]
+
+
+def all_reduces(
+    backend: str, store: Any, rank: int, world: int, timeout: float, tensors: list[tuple[str, str]]
+) -> list[dict[str, Any]]:
+    """One process group of the backend, an all_reduce of rank+1 in each (check name, device) of
+    tensors: each sum must be world*(world+1)/2. A tensor the backend refuses is that check's
+    failure (the MPI backend's "CUDA tensor detected and the MPI used doesn't have CUDA-aware
+    MPI support"), not the others'."""
     torch: Any = importlib.import_module("torch")
     dist: Any = importlib.import_module("torch.distributed")
 
@@ -111,29 +122,64 @@ def all_reduce(backend: str, store: Any, rank: int, world: int, timeout: float, 
         dist.init_process_group(
             backend, store=dist.PrefixStore(backend, store), rank=rank, world_size=world, timeout=delta
         )
+    expected = world * (world + 1) // 2
+    results = []
     try:
-        value = torch.tensor([float(rank + 1)], device=device)
-        dist.all_reduce(value)
-        total = int(value.item())
+        for name, device in tensors:
+            try:
+                value = torch.tensor([float(rank + 1)], device=device)
+                dist.all_reduce(value)
+                total = int(value.item())
+            except Exception as exc:
+                results.append(check(name, "fail", f"{device}: {_last_line(exc)}", world=world))
+                continue
+            detail = f"sum {total} over {world} ranks (expected {expected})" + (
+                "" if device == "cpu" else f" on {device}"
+            )
+            status = "pass" if total == expected else "fail"
+            results.append(check(name, status, detail, sum=total, expected=expected, world=world))
         dist.barrier()
     finally:
         dist.destroy_process_group()
-    expected = world * (world + 1) // 2
-    ok = total == expected
-    detail = f"sum {total} over {world} ranks (expected {expected})"
-    return check(f"{backend} all_reduce", "pass" if ok else "fail", detail, sum=total, expected=expected, world=world)
+    return results
 
 
-def torch_mpi(expect: dict[str, Any], rank: int, world: int, timeout: float) -> dict[str, Any]:
+def _last_line(exc: BaseException) -> str:
+    return traceback.format_exception_only(type(exc), exc)[-1].strip()[-400:]
+
+
+def visible_gpu(local: int) -> str:
+    """The device this rank uses (cuda:<local rank modulo the GPUs visible>), '' where none is."""
+    torch: Any = importlib.import_module("torch")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return f"cuda:{local % count}" if count else ""
+
+
+MPI_CUDA = "mpi all_reduce (CUDA tensor)"
+
+
+def torch_mpi(expect: dict[str, Any], rank: int, local: int, world: int, timeout: float) -> list[dict[str, Any]]:
+    """The MPI backend's all_reduce of a CPU tensor and, where a GPU is visible, of a CUDA one:
+    CUDA-aware MPI (Derecho's cray-mpich) is the reason to build torch with MPI on a GPU system."""
     dist: Any = importlib.import_module("torch.distributed")
 
     if not dist.is_mpi_available():
         why = "this torch was built without MPI (torch.distributed.is_mpi_available() is False)"
-        return check("mpi all_reduce", "fail" if expect.get("mpi") else "skip", why)
-    result = all_reduce("mpi", None, rank, world, timeout)
-    if result["world"] != world:
-        result.update(status="fail", detail=result["detail"] + f"; MPI's world is {result['world']}, not {world}")
-    return result
+        return [check("mpi all_reduce", "fail" if expect.get("mpi") else "skip", why)]
+    gpu = visible_gpu(local)
+    if gpu:
+        importlib.import_module("torch").cuda.set_device(gpu)
+    results = all_reduces(
+        "mpi", None, rank, world, timeout, [("mpi all_reduce", "cpu"), *([(MPI_CUDA, gpu)] if gpu else [])]
+    )
+    for result in results:
+        if result.get("world", world) != world:
+            result.update(status="fail", detail=result["detail"] + f"; MPI's world is {result['world']}, not {world}")
+    if not gpu:
+        results.append(check(MPI_CUDA, "skip", f"no GPU visible on {socket.gethostname()}"))
+    elif results[-1]["status"] == "fail" and not expect.get("mpi_cuda"):
+        results[-1].update(status="skip", detail=results[-1]["detail"] + " (the profile builds no CUDA with MPI)")
+    return results
 
 
 def mpi4py_check(expect: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
@@ -216,7 +262,11 @@ def run_checks(
     else:
         add(guarded("gloo all_reduce", lambda: all_reduce("gloo", store, rank, world, timeout)))
         add(guarded("nccl all_reduce", lambda: nccl(expect, store, rank, local, world, timeout)))
-    add(guarded("mpi all_reduce", lambda: torch_mpi(expect, rank, world, timeout)))
+    try:
+        for item in torch_mpi(expect, rank, local, world, timeout):
+            add(item)
+    except Exception as exc:
+        add(check("mpi all_reduce", "fail", _last_line(exc)))
     add(guarded("mpi4py allreduce", lambda: mpi4py_check(expect, rank, world)))
 
 

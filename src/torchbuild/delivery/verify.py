@@ -32,8 +32,9 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from torchbuild.core import console
-from torchbuild.core.errors import CommsFailed, TorchbuildError, UsageError, WheelError, named_os_errors
-from torchbuild.delivery import pipenv, probe
+from torchbuild.core.errors import CommsFailed, PathError, TorchbuildError, UsageError, WheelError, named_os_errors
+from torchbuild.core.safeio import open_regular
+from torchbuild.delivery import pipenv, probe, upstream_tests
 from torchbuild.delivery.manifest import write_json
 from torchbuild.delivery.pipenv import interpreter
 from torchbuild.inputs.config import BuildSpec
@@ -52,23 +53,43 @@ class Check:
         return dataclasses.asdict(self)
 
 
-def check_wheel_file(path: Path) -> None:
-    """WheelError unless path is a wheel: a name-version-python-abi-platform.whl name and a zip
-    archive holding a *.dist-info/WHEEL; PathError when it does not exist or cannot be read."""
+# a project name as the core metadata specification defines it (PEP 508's `identifier`, which
+# packaging.utils.canonicalize_name(validate=True) checks only from packaging 24 on, and this
+# project takes packaging 23): parse_wheel_filename takes `..` or `_x` as a name
+_PROJECT_NAME = re.compile(r"[A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9]", re.IGNORECASE)
+
+
+def check_wheel_file(path: Path, what: str = "--wheel", hint: str | None = None) -> None:
+    """WheelError unless path is a wheel: a name-version-python-abi-platform.whl name whose name
+    is a project name, and a zip archive with a *.dist-info/WHEEL; PathError when it does not
+    exist, cannot be read or is no regular file (a directory, or a FIFO, which is never waited on). `what` says where the file came from in
+    the messages (--wheel, or the directory it was found in), `hint` what to do instead."""
+    label = f"{what} {console.printable(path)}"
     try:
         parse_wheel_filename(path.name)
+        project = path.name.split("-", 1)[0]
+        if not _PROJECT_NAME.fullmatch(project):
+            raise InvalidWheelFilename(f"{project!r} is not a project name (letters, digits, '.', '_', '-')")
     except InvalidWheelFilename as exc:
         raise WheelError(
-            f"--wheel {path} is not a wheel file name (name-version-python-abi-platform.whl): {exc}"
+            f"{label} is not a wheel file name (name-version-python-abi-platform.whl): {console.printable(exc)}",
+            hint=hint,
         ) from exc
-    with named_os_errors(path, "--wheel"):
+    with named_os_errors(path, what):
         try:
-            with zipfile.ZipFile(path) as archive:
+            opened = open_regular(path, what, PathError)  # a FIFO named *.whl is never waited on
+        except PathError as exc:  # a directory, device, FIFO or socket (not an OS fault: raised as is)
+            if exc.__cause__ is not None:
+                raise
+            kind = exc.message.rpartition(" is ")[2]
+            raise PathError(f"{label} is {kind}", hint=hint or WheelError.default_hint) from None
+        try:
+            with opened as f, zipfile.ZipFile(f) as archive:
                 names = archive.namelist()
         except (zipfile.BadZipFile, EOFError, ValueError) as exc:  # ValueError: a name not the UTF-8 its flag says
-            raise WheelError(f"--wheel {path} is named like a wheel but is not a zip archive ({exc})") from exc
+            raise WheelError(f"{label} is named like a wheel but is not a zip archive ({exc})", hint=hint) from exc
     if not any(WHEEL_METADATA.fullmatch(n) for n in names):
-        raise WheelError(f"--wheel {path} is a zip archive without a *.dist-info/WHEEL: not a wheel")
+        raise WheelError(f"{label} is a zip archive without a *.dist-info/WHEEL: not a wheel", hint=hint)
 
 
 def supported_tags(machine: str | None = None, python: str = "") -> tuple[Tag, ...]:
@@ -267,11 +288,18 @@ def _torch_lib(site: Path) -> Path | None:
 
 
 def verify_wheel(
-    wheel: Path, spec: BuildSpec, expect_version: str, comms: Mapping[str, Any] | None = None, python: str = ""
+    wheel: Path,
+    spec: BuildSpec,
+    expect_version: str,
+    comms: Mapping[str, Any] | None = None,
+    python: str = "",
+    tests_dir: str = "",
+    results: dict[str, Any] | None = None,
 ) -> list[Check]:
     """Tags, then install into a fresh venv (dependencies from this interpreter) and probe;
-    with comms, the NCCL and plugin checks (comms_checks) against the venv's torch.
-    WheelError (or PathError) first when the file is not a readable wheel."""
+    with comms, the NCCL and plugin checks (comms_checks) against the venv's torch; with
+    tests_dir (the source's test/), the profile's subset of PyTorch's own tests, whose counts go
+    into results["tests"]. WheelError (or PathError) first when the file is not a readable wheel."""
     check_wheel_file(wheel)
     base = interpreter(python)
     checks = tag_checks(wheel.name, expect_version, supported_tags(python=python) if python else None)
@@ -286,9 +314,22 @@ def verify_wheel(
         checks += _probe(venv_python, name, spec, expect_version)
         if comms:
             checks += comms_checks(_torch_lib(root / "venv"), comms)
+        if tests_dir:
+            checks += _upstream(venv_python, Path(tests_dir), spec, results if results is not None else {})
         return checks
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _upstream(python: str, tests_dir: Path, spec: BuildSpec, results: dict[str, Any]) -> list[Check]:
+    """PyTorch's own tests (upstream_tests.py): one check, pass within the failure budget."""
+    outcome = upstream_tests.run(python, tests_dir, spec, platform.machine())
+    if outcome is None:
+        return []
+    results["tests"] = outcome.to_dict()
+    budget = spec.verify_tests_max_failures
+    status = "skip" if outcome.note and not outcome.timed_out else ("pass" if outcome.ok(budget) else "fail")
+    return [Check("PyTorch's own tests", status, outcome.detail(budget))]
 
 
 def verify_installed(name: str, spec: BuildSpec, expect_version: str) -> list[Check]:
@@ -327,6 +368,7 @@ class Request:
     report: str = ""
     python: str = ""  # the interpreter the fresh venv is made of ("" for the step's own)
     comms: Optional[dict[str, Any]] = None  # runner.comms_for_verify: the NCCL the wheel was built with
+    tests_dir: str = ""  # the source's test/ as the step sees it: PyTorch's own tests (verify_tests)
 
 
 def request(
@@ -338,6 +380,7 @@ def request(
     report: Path | None,
     python: str = "",
     comms: Mapping[str, Any] | None = None,
+    tests_dir: str = "",
 ) -> Request:
     """A verify request; the report is <wheel>.verify.json unless given."""
     if report is None and wheel is not None:
@@ -350,6 +393,7 @@ def request(
         report=str(report) if report is not None else "",
         python=python,
         comms=dict(comms) if comms is not None else None,
+        tests_dir=tests_dir,
     )
 
 
@@ -362,13 +406,16 @@ def run_request(req: Request) -> int:
             "the verify request names neither a wheel nor a package",
             hint="write requests with verify.request(); `invoke verify` does",
         )
+    results: dict[str, Any] = {}
     if req.installed:
         subject = f"installed {req.installed}"
         checks = verify_installed(req.installed, req.spec, req.expect_version)
     else:
         subject = Path(req.wheel).name
-        checks = verify_wheel(Path(req.wheel), req.spec, req.expect_version, req.comms, req.python)
-    data = report(checks, subject)
+        checks = verify_wheel(
+            Path(req.wheel), req.spec, req.expect_version, req.comms, req.python, req.tests_dir, results
+        )
+    data = {**report(checks, subject), **results}
     if req.python:
         data["python"] = req.python
     print(f"verify {subject} ({data['machine']}, Python {data['python']}):")

@@ -56,9 +56,10 @@ class WheelFile:
     tags: frozenset[Tag] = frozenset()  # the interpreters and platforms it installs on
 
     @classmethod
-    def read(cls, path: Path) -> WheelFile:
-        """WheelError unless path is a wheel (its name and its zip's *.dist-info/WHEEL)."""
-        check_wheel_file(path)
+    def read(cls, path: Path, what: str = "--wheel", hint: str | None = None) -> WheelFile:
+        """WheelError unless path is a wheel (its name and its zip's *.dist-info/WHEEL); what
+        and hint: where the file came from and what to do, for the message (check_wheel_file)."""
+        check_wheel_file(path, what, hint)
         name, version, _build, tags = parse_wheel_filename(path.name)
         return cls(path, name, version, tags)
 
@@ -67,11 +68,23 @@ class WheelFile:
         return self.version.local or ""
 
 
-def wheels_in(directory: Path) -> list[WheelFile]:
-    """The wheels directly in directory (partial copies left out), sorted by file name."""
+def wheels_in(directory: Path, what: str = "the file", hint: str | None = None) -> list[WheelFile]:
+    """The wheels directly in directory (partial copies left out), sorted by file name; a *.whl
+    there that is no wheel is a WheelError saying `what` it is (the file, the wheelhouse's
+    file), never `--wheel`, which the user did not give."""
     with named_os_errors(directory, "reading the wheel directory"):
         names = sorted(p for p in directory.glob("*.whl") if not p.name.startswith((".", PARTIAL)))
-    return [WheelFile.read(p) for p in names]
+    hint = hint or f"remove it from {directory}, or name the wheels with --wheel W"
+    return [WheelFile.read(p, what, hint) for p in names]
+
+
+def wheels_in_house(dest: Path) -> list[WheelFile]:
+    """wheels_in for a wheelhouse: a damaged file already there is named as the wheelhouse's."""
+    return wheels_in(
+        dest,
+        "the wheelhouse's file",
+        hint=f"remove or replace it: {dest} must hold only wheels pip can install (its index lists them all)",
+    )
 
 
 def check_mix(wheels: Iterable[WheelFile], *, allow_mixed: bool = False, what: str = "the wheelhouse") -> None:
@@ -143,7 +156,7 @@ def add_wheels(dest: Path, wheels: Sequence[Path], *, allow_mixed: bool = False,
 
 
 def _add(dest: Path, incoming: list[WheelFile], allow_mixed: bool, link: bool, added: list[Path]) -> None:
-    present = {w.path.name: w for w in wheels_in(dest)}
+    present = {w.path.name: w for w in wheels_in_house(dest)}
     todo = []
     for w in incoming:
         there = present.get(w.path.name)
@@ -185,7 +198,7 @@ def write_index(dest: Path) -> Path:
     """dest/simple/index.html and dest/simple/<project>/index.html (PEP 503, with PEP 629's
     repository version), each link carrying the wheel's sha256; pages of projects no longer
     present are removed. Returns dest/simple."""
-    wheels = wheels_in(dest)
+    wheels = wheels_in_house(dest)
     simple = dest / SIMPLE
     projects: dict[str, list[WheelFile]] = {}
     for w in wheels:

@@ -31,7 +31,7 @@ REPOS = {
     "torchaudio": "https://github.com/pytorch/audio.git",
     "torchtext": "https://github.com/pytorch/text.git",
 }
-TABLE_NAME = "torchbuild.companion_table.TABLE (README: For PyTorch developers)"
+TABLE_NAME = "torchbuild.inputs.companion_table.TABLE (docs: For PyTorch developers)"
 
 _RELEASE = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 

@@ -380,6 +380,8 @@ class BuildSpec:
     partition: str
     qos: str
     walltime: str
+    job_rounds: int
+    job_round_warning_s: int
     cpus: int
     mem: str
     gpus: int
@@ -388,9 +390,18 @@ class BuildSpec:
     modules: tuple[str, ...]
     torch_version_modules: StrMap
     module_purge: bool
+    module_purge_force: bool
+    job_python: str
+    required: StrMap
+    unmounted_dirs: tuple[str, ...]
     export_env: bool
     directives: tuple[str, ...]
     launcher: str
+    verify_tests: tuple[str, ...]
+    verify_tests_timeout_s: int
+    verify_tests_max_failures: int
+    verify_tests_skip: StrMap
+    run_job: StrMap
     runtime_env: StrMap
     runtime_packages: tuple[PackageEntry, ...]
     install_python: str
@@ -416,6 +427,13 @@ class BuildSpec:
         """The launcher of a multi-node job: the profile's `launcher`, else the scheduler's own
         (srun under Slurm, mpiexec under PBS, as PBS Professional's sites and Cray PALS name it)."""
         return self.launcher or LAUNCHER_DEFAULTS.get(self.scheduler, "mpiexec")
+
+    @property
+    def purge_command(self) -> str:
+        """The job's `module purge` line (module_purge, module_purge_force); '' for none."""
+        if self.module_purge_force:
+            return "module --force purge"
+        return "module purge" if self.module_purge else ""
 
     @property
     def git_ref(self) -> str:
@@ -539,10 +557,44 @@ class _BoundedLoader(yaml.SafeLoader):
         return node
 
 
+# What YAML refuses in a document (PyYAML's own Reader.NON_PRINTABLE): control characters but
+# tab, line feed and carriage return (NUL, ESC, form feed, \x01, DEL...), C1 controls but NEL,
+# surrogates, U+FFFE and U+FFFF. PyYAML checks it when its loader is made, as a ReaderError.
+UNPRINTABLE = yaml.reader.Reader.NON_PRINTABLE
+_CONTROL_NAMES = {0x00: "NUL", 0x07: "BEL", 0x08: "backspace", 0x0B: "vertical tab", 0x0C: "form feed", 0x1B: "ESC"}
+
+
+def unprintable(text: str, label: str, lines: bool = True) -> None:
+    """ProfileError naming the first character of text YAML does not allow (UNPRINTABLE), its
+    line and column, as U+XXXX (never the raw character: an ESC would reach the terminal). The
+    one check of raw profile text and of every --set value, whether YAML reads it or not.
+    (Issue 41 item 1 refuses more in what reaches an environment: a line break too, which YAML
+    allows; that check is about values, this one about the text they are read from.)"""
+    found = UNPRINTABLE.search(text)
+    if found is None:
+        return
+    at = found.start()
+    line = text.count("\n", 0, at) + 1
+    column = at - (text.rfind("\n", 0, at) + 1) + 1
+    where = f"{label}:{line}" if lines else label
+    code = ord(found.group())
+    name = f" ({_CONTROL_NAMES[code]})" if code in _CONTROL_NAMES else ""
+    raise ProfileError(
+        f"{where}: holds the control character U+{code:04X}{name} ({found.group()!r}, column {column}), which a profile "
+        "may not (YAML refuses it)",
+        hint="remove it: a profile and --set values are plain text (tabs and line breaks only)",
+    )
+
+
 def _load_yaml(text: str, label: str, lines: bool = True) -> tuple[yaml.Node | None, Any]:
     """The composed node and the data of one YAML document, bounded (_BoundedLoader); bad YAML,
-    a document too large once expanded, or a number Python will not read is a ProfileError."""
-    loader = _BoundedLoader(text)
+    a character YAML refuses, a document too large once expanded, or a number Python will not
+    read is a ProfileError."""
+    unprintable(text, label, lines)  # PyYAML would raise its ReaderError as the loader is made
+    try:
+        loader = _BoundedLoader(text)  # its reader refuses NUL, ESC and the like at once
+    except yaml.YAMLError as exc:
+        raise _yaml_error(label, exc, lines) from None
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
@@ -572,6 +624,12 @@ def _read_yaml(path: Path) -> _Layer:
         )
     if not isinstance(data, dict) or not isinstance(node, yaml.MappingNode):
         raise ProfileError(f"{path}: a profile must be a mapping of key: value")
+    if not any(isinstance(k, str) and (k in _declared() or k in RENAMED or k == "extends") for k in data):
+        # another kind of file (--profile /etc/shadow): say so, and quote none of its content
+        raise ProfileError(
+            f"{path} is not a profile: none of its {len(data)} keys is a profile key",
+            hint=f"give --profile {_NAMES} or the path of a profile file (keys of configs/defaults.yaml)",
+        )
     duplicate = next(_duplicate_keys(node), None)
     if duplicate is not None:
         key, first, again = duplicate
@@ -692,6 +750,13 @@ def parse_set(items: Iterable[str]) -> _Layer:
             raise ProfileError(f"--set {item!r}: expected key=value", hint="e.g. --set python_version=3.12")
         key, _, raw = item.partition("=")
         key = key.strip()
+        unprintable(item, f"--set {key[:60]!r}", lines=False)
+        bad = _CONTROL_IN_SET.search(item)  # line breaks and tabs may be YAML's own; values are checked
+        if bad:
+            raise ProfileError(
+                f"--set {_shown(key, 40)}: the value holds the control character {_char(bad.group())}",
+                hint=CONTROL_HINT,
+            )
         top, dot, sub = key.partition(".")
         spec = keys.get(top)
         if top in RENAMED:
@@ -911,9 +976,47 @@ def _explain_map(spec: KeySpec, error: ValidationError, value: Any, where: str) 
     return _bad(spec, where, f"entry {k!r} must be text or a number, got {value[k]!r}")
 
 
+# A control character in a value is refused wherever the value comes from: values reach
+# environments (a line break in runtime_env ran as a command on `module load` with Environment
+# Modules 5.5 and Lmod 8.6, which hand the value to the shell raw), scripts and terminals.
+CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0 (tab and line breaks too), DEL, C1
+_CONTROL_IN_SET = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # what YAML's reader refuses
+CONTROL_HINT = "write the value as one line of printable text (no line break, tab, escape or other control character)"
+
+
+_CONTROL_NAMES = {0: "NUL", 9: "tab", 10: "line feed", 13: "carriage return", 27: "ESC", 127: "DEL"}
+
+
+def _char(ch: str) -> str:
+    """A control character as a message shows it: its escape (and name), never the character."""
+    shown = repr(ch) if ch in "\t\n\r" else f"'\\x{ord(ch):02x}'"
+    name = _CONTROL_NAMES.get(ord(ch))
+    return f"{shown} ({name})" if name else shown
+
+
+def _control_in(value: Any, at: str = "") -> tuple[str, str] | None:
+    """(where, character) of the first control character in value's text (a map's entries, a
+    list's items, a runtime_packages mapping's fields: "entry A ", "item 2 env.B "), or None."""
+    if isinstance(value, str):
+        bad = CONTROL_CHARACTER.search(value)
+        return (at, bad.group()) if bad else None
+    if isinstance(value, Mapping):
+        found = (_control_in(v, f"{at.rstrip()}.{k} " if at else f"entry {k} ") for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        found = (_control_in(v, f"{at}item {i + 1} ") for i, v in enumerate(value))
+    else:
+        return None
+    return next((hit for hit in found if hit is not None), None)
+
+
 def _canonical(spec: KeySpec, value: Any, where: str) -> Any:
     """A value the schema accepted in BuildSpec's form (tuples, read-only maps of text, floats),
-    after the checks JSON Schema cannot make: ~user in host paths, pip requirements, NaN."""
+    after the checks JSON Schema cannot make: control characters, ~user in host paths, pip
+    requirements, NaN."""
+    control = _control_in(value)
+    if control is not None:
+        at, ch = control
+        raise _bad(spec, where, f"{at}holds the control character {_char(ch)}", hint=CONTROL_HINT)
     if spec.type == "map":
         return _canonical_map(spec, value, where)
     if spec.type == "number":
@@ -1120,6 +1223,34 @@ def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], arch: Arch
     _check_not_options(values, where)
     _check_libraries(values, where, arch)
     _check_ccache_remote(values, where)
+    _check_required(values, where)
+    _run_job_values(values["run_job"], where["run_job"])
+
+
+# the job keys a run job (`submit --run`) may ask for otherwise than the build's job (run_job)
+RUN_JOB_KEYS = ("cpus", "mem", "gpus", "gpu_type", "walltime")
+
+
+def _run_job_values(entries: Mapping[str, str], where: str) -> dict[str, Any]:
+    """run_job's entries as their keys take them (cpus and gpus as numbers), each checked as
+    that key is; a ProfileError names the entry."""
+    keys = _declared()
+    values = {k: int(v) if keys[k].type == "int" and v.isdigit() else v for k, v in entries.items()}
+    return _checked(values, lambda k: f"{where}: run_job.{k}")
+
+
+def run_job_spec(spec: BuildSpec) -> BuildSpec:
+    """The spec a run job asks for its node with: the build's job keys, run_job's over them."""
+    return dataclasses.replace(spec, **_run_job_values(spec.run_job, spec.origins.get("run_job", "run_job")))
+
+
+def _check_required(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
+    """required names keys a user sets (not itself), each with what to give."""
+    for key, what in values["required"].items():
+        if key not in _declared() or key == "required":
+            _fail(where, "required", f"{key!r} is no key a user could set{_suggest(key)}", "name keys of defaults.yaml")
+        if not what.strip():
+            _fail(where, "required", f"{key}: say what to give", f"e.g. {{{key}: a directory the compute nodes mount}}")
 
 
 def _check_ccache_remote(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
@@ -1140,6 +1271,13 @@ def _check_cuda_and_nccl(values: Mapping[str, Any], where: Mapping[str, str]) ->
         )
     if cuda and not values["cuda_arch_list"]:
         _fail(where, "cuda_version", "CUDA build without cuda_arch_list", 'set cuda_arch_list, e.g. ["8.0", "9.0"]')
+    base = base_image_cuda(values["base_image"])
+    if cuda and base and base != values["cuda_version"]:
+        problem = (
+            f"{values['cuda_version']}, but base_image {values['base_image']} ({where['base_image']}) is CUDA {base}"
+        )
+        hint = f'set cuda_version: "{base}", or a base_image of CUDA {values["cuda_version"]} (nvidia/cuda:X.Y.Z-...)'
+        _fail(where, "cuda_version", problem, hint)
     if "nccl" in values["distributed"] and not cuda:
         _fail(where, "distributed", "nccl needs a CUDA build", "drop nccl from distributed or set cuda_version")
     if values["nccl"] != "bundled" and "nccl" not in values["distributed"]:
@@ -1163,6 +1301,16 @@ def _check_cuda_and_nccl(values: Mapping[str, Any], where: Mapping[str, str]) ->
         bad = nccl_cannot_target(values["nccl_version"], values["cuda_arch_list"])
         if bad:
             _fail(where, "nccl_version", bad, "choose a newer nccl_version, or drop that arch from cuda_arch_list")
+
+
+_NVIDIA_CUDA_TAG = re.compile(r"(?:^|/)nvidia/cuda:(\d+\.\d+)(?:\.\d+)*-")
+
+
+def base_image_cuda(base_image: str) -> str:
+    """The CUDA release (12.6) an nvidia/cuda base image's tag names (12.6.3-cudnn-devel-...),
+    on any registry; '' for another base, whose nvcc the image build checks (cuda-check.sh)."""
+    found = _NVIDIA_CUDA_TAG.search(base_image)
+    return found.group(1) if found else ""
 
 
 # the plugin's configure options steps/comms.py passes itself (aws_ofi_nccl_configure may not)
@@ -1213,10 +1361,45 @@ def _check_not_options(values: Mapping[str, Any], where: Mapping[str, str]) -> N
                 _fail(where, key, exc.message, exc.hint)
 
 
+# The oldest Python each PyTorch line's own setup.py accepts (its python_requires, as PyPI's
+# metadata shows it): from (major, minor) of torch on, (major, minor) of Python. 1.x: 3.7;
+# 2.0 to 2.5: 3.8; 2.6 to 2.8: 3.9; 2.9: 3.10. A newer line than the table knows keeps the last floor.
+PYTHON_FLOORS = (((2, 9), (3, 10)), ((2, 6), (3, 9)), ((2, 0), (3, 8)), ((1, 0), (3, 7)))
+
+
+def python_floor(torch_version: str) -> tuple[int, int] | None:
+    """The oldest Python PyTorch torch_version accepts; None for a version the table cannot place."""
+    line = minor(torch_version)
+    if not line:
+        return None
+    torch = tuple(int(x) for x in line.split("."))
+    return next((python for since, python in PYTHON_FLOORS if torch >= since), None)
+
+
+def _check_python_floor(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
+    """python_version (and python_versions) not older than the torch it builds accepts: found at
+    config, not when apt or PyTorch's setup.py refuses it in the build (Quansight's guide sets
+    python=3.8, "the minimum required version in PyTorch" when it was written)."""
+    floor = python_floor(values["torch_version"])
+    if floor is None:
+        return
+    for key in ("python_version", "python_versions"):
+        given = values[key] if key == "python_versions" else (values[key],)
+        old = [v for v in given if tuple(int(x) for x in v.split(".")) < floor]
+        if old:
+            need = "{}.{}".format(*floor)
+            problem = (
+                f"Python {old[0]} is older than PyTorch {minor(values['torch_version'])} accepts "
+                f"(torch_version {values['torch_version']}, {where['torch_version']}): it needs Python >= {need}"
+            )
+            _fail(where, key, problem, f"set {key} to {need} or newer (one the base image's apt provides)")
+
+
 def _check_libraries(values: Mapping[str, Any], where: Mapping[str, str], arch: Arch) -> None:
     twice = sorted({v for v in values["python_versions"] if values["python_versions"].count(v) > 1})
     if twice:
         _fail(where, "python_versions", f"lists {', '.join(twice)} twice", "list each Python once")
+    _check_python_floor(values, where)
     if "mpi" in values["distributed"] and values["mpi"] == "none":
         _fail(where, "distributed", "mpi backend requested but mpi is none", "set mpi: openmpi, mpich or system")
     if values["mkl_threading"] and values["blas"] != "mkl":
@@ -1342,7 +1525,7 @@ records.converter.register_unstructure_hook(BuildSpec, BuildSpec.to_dict)
 
 
 def describe_keys() -> str:
-    """The key reference as Markdown rows (used by `invoke config --keys` and the README)."""
+    """The key reference as Markdown rows (used by `invoke config --keys` and the docs' key reference)."""
     rows = ["| key | type | default | description |", "|---|---|---|---|"]
     for k in schema().values():
         shown = [c or json.dumps(c) for c in k.choices]

@@ -126,6 +126,8 @@ def build_args(spec: BuildSpec) -> dict[str, str]:
         "BASE_IMAGE": spec.base_image,
         "PYTHON_VERSION": spec.python_version,
         "VENV_FLAGS": "--system-site-packages" if spec.python_system_site_packages else "",
+        "TORCHBUILD_CUDA_VERSION": spec.cuda_version,
+        "TORCHBUILD_CUDA_HOME": spec.cuda_home,
     }
 
 
@@ -509,7 +511,7 @@ def check_platform(engine: Engine, ref: str, arch: Arch) -> None:
 
 def image_context(spec: BuildSpec, dest: Path, apt_options: Iterable[str] = (), locked: LockedBy | None = None) -> None:
     """The toolchain image's build context: make_context plus the package lists (and the lock's)."""
-    make_context(spec, dest)
+    make_context(spec, dest, extra=(CUDA_CHECK,))
     write_package_lists(spec, dest, apt_options, locked)
 
 
@@ -596,6 +598,25 @@ def _lock_failure(spec: BuildSpec, locked: LockedBy, log: Path, err: ImageBuildF
         f"the lock {locked.path} no longer installs: the locked {', '.join(steps)} packages did not install "
         f"({why}) (full log: {log})",
         hint=f"refresh it (resolving every package afresh) with `{_lock_command(spec, locked.path, '--lock', '--rebuild')}`",
+    )
+
+
+CUDA_CHECK = "cuda-check.sh"  # containers/: cuda_version against the image's nvcc
+_CUDA_LINE = re.compile(r"torchbuild-cuda: (cuda_version is .*)")
+
+
+def _cuda_failure(spec: BuildSpec, log: Path, err: ImageBuildFailed) -> TorchbuildError:
+    """ProfileError when the build stopped at cuda-check.sh (cuda_version is not the image's
+    nvcc's release); err otherwise."""
+    try:
+        found = _CUDA_LINE.search(log.read_text(errors="replace"))
+    except OSError:
+        return err
+    if found is None:
+        return err
+    return ProfileError(
+        f"{spec.origins.get('cuda_version', 'cuda_version')}: {found.group(1).strip()} (full log: {log})",
+        hint="set cuda_version to the CUDA the base image (or cuda_packages) provides, or a base_image of that CUDA",
     )
 
 
@@ -736,6 +757,7 @@ def build_image(
             )
         except ImageBuildFailed as err:
             named = _lock_failure(spec, locked, log, err) if locked else err
+            named = _cuda_failure(spec, log, err) if named is err else named
             if named is err:
                 raise
             raise named from err

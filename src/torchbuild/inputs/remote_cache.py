@@ -3,7 +3,9 @@ the local cache, from the profile's ccache_remote and ccache_remote_readonly.
 
     problem        why a ccache_remote URL is refused (None: taken): redis, http or https only,
                    a host, no credentials (profiles are recorded in manifests and image labels),
-                   no characters a shell or ccache's `|attribute` syntax would read
+                   no characters a shell or ccache's `|attribute` syntax would read, and
+                   nothing ccache's own URL parser refuses (a port :06379, an empty port,
+                   a %zone, [ or ] in the path, a stray %)
     storage_env    CCACHE_REMOTE_STORAGE (with `|read-only`) and CCACHE_NOREMOTE_ONLY, or {}
     endpoint       (scheme, host, port) the doctor asks
     container_warning  what to say when a build container cannot reach the URL's host (its
@@ -48,6 +50,49 @@ def problem(url: str) -> str | None:
         return f"{url!r} names no host"
     if parts.port == 0:
         return f"{url!r} names port 0, which no storage listens on"
+    return _ccache_url_problem(url)
+
+
+# ccache (4.4 on) reads the URL with its bundled URL parser (cxxurl, src/third_party/url.cpp),
+# stricter than Python's urlsplit: a URL it cannot parse makes every compile fail ("Cannot parse
+# URL"). Its rules, for what _SAFE lets through: a port is 1 to 5 digits without a leading zero
+# (no `:06379`, no empty `host:`); a host is a name of letters, digits and -._~+ or an IP literal
+# in brackets ([::1], never a zone: [::1%eth0]); the path holds no [ or ], and every % starts
+# two hex digits. Checked here, where the profile is resolved; `invoke doctor` also runs this
+# host's ccache with the URL (launch/doctor.py, ccache_remote_check).
+_PORT = re.compile(r"[1-9][0-9]{0,4}")
+_REG_NAME = re.compile(r"[A-Za-z0-9._~+-]+")
+_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def _ccache_url_problem(url: str) -> str | None:
+    """Why ccache's URL parser refuses url (which problem() otherwise took), or None."""
+    rest = url.partition("://")[2]
+    authority, slash, path = rest.partition("/")
+    if authority.startswith("["):
+        literal, bracket, after = authority[1:].partition("]")
+        if not bracket:
+            return f"{url!r} opens an address with [ but never closes it"
+        try:
+            ipaddress.IPv6Address(literal)
+        except ValueError:
+            return f"{url!r}: [{literal}] is not an IPv6 address"
+        if "%" in literal:  # Python's ipaddress takes a zone (fe80::1%eth0), ccache does not
+            return f"{url!r}: [{literal}] names a zone (%...), which ccache does not take; give the address alone"
+        port = after[1:] if after.startswith(":") else None
+        if after and port is None:
+            return f"{url!r}: after ] comes :PORT or the path"
+    else:
+        host, colon, port_text = authority.partition(":")
+        if not _REG_NAME.fullmatch(host):
+            return f"{url!r}: the host {host!r} holds a character ccache does not take in a host name"
+        port = port_text if colon else None
+    if port is not None and not (_PORT.fullmatch(port) and int(port) <= 65535):
+        return f"{url!r}: the port {port!r} is not a number from 1 to 65535 without leading zeros"
+    if slash and ("[" in path or "]" in path):
+        return f"{url!r}: the path holds [ or ], which ccache refuses (write %5B and %5D)"
+    if _PERCENT.search(path):
+        return f"{url!r}: a % in the path is not followed by two hex digits (write %25 for a %)"
     return None
 
 

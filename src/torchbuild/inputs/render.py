@@ -56,7 +56,8 @@ def config_text(spec: BuildSpec, host: HostResources | None = None, backend: str
         format_env(data["env"]),
         *_derived_lines(data["derived"]),
     ]
-    return console.printable("\n".join(lines))  # values as written, no terminal escape sequences
+    # values as written, no terminal escape sequences, no credentials of a URL
+    return console.printable(console.redact("\n".join(lines)))
 
 
 def _derived_lines(values: dict[str, dict[str, str]]) -> list[str]:

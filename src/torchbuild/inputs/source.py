@@ -21,12 +21,20 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from torchbuild.core.console import redact
 from torchbuild.core.errors import InsufficientSpace, PathError, SourceError, ToolMissing, UsageError, named_os_errors
 from torchbuild.core.safeio import not_an_option, user_path
 from torchbuild.inputs.config import BuildSpec
 
-# file:// submodules are refused by default since git 2.38.1; mirrors and tests need them
-_GIT = ["git", "-c", "protocol.file.allow=always", "-c", "advice.detachedHead=false"]
+_GIT = ["git", "-c", "advice.detachedHead=false"]
+# The file protocol (file:// and plain local paths) is allowed only where torchbuild itself
+# names the repository: the user's --source or torch_repo, and the mirror it keeps of it. A URL
+# from a fetched tree (a submodule's) runs under git's own rule for submodules (CVE-2022-39253,
+# refused by default since git 2.38.1): GIT_PROTOCOL_FROM_USER=0 makes the default policy
+# ("user") refuse it even where torchbuild clones the submodule's mirror itself; a user who
+# trusts such a tree allows it in git's configuration (protocol.file.allow=always).
+_TRUSTED = ["-c", "protocol.file.allow=always"]
+_FILE_REFUSED = "transport 'file' not allowed"
 _URL_RE = re.compile(r"^(https?|ssh|git|file)://|^[\w.-]+@[\w.-]+:")
 
 
@@ -55,13 +63,16 @@ class SourceInfo:
         return cls(**d)
 
 
-def _git(*args: str, cwd: Path | None = None, out: TextIO | None = None) -> str:
+def _git(*args: str, cwd: Path | None = None, out: TextIO | None = None, trusted: bool = False) -> str:
+    """git ARGS; trusted: the file protocol is allowed (a repository torchbuild was told to use),
+    else git's rule for a submodule's URL applies (_TRUSTED)."""
     if shutil.which("git") is None:
         raise ToolMissing("git is not installed", hint="apt-get install git")
-    cmd = [*_GIT, *args]
+    cmd = [*_GIT, *(_TRUSTED if trusted else []), *args]
     if out is not None:
-        print(f"$ git {' '.join(args)}", file=out, flush=True)
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
+        print(redact(f"$ git {' '.join(args)}"), file=out, flush=True)  # a URL's token stays out of the log
+    env = None if trusted else {**os.environ, "GIT_PROTOCOL_FROM_USER": "0"}
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip() or f"exit status {proc.returncode}"
         what = f"git {' '.join(args[:3])} failed"
@@ -78,16 +89,17 @@ def mirror_path(cache: Path, url: str) -> Path:
     return cache / "git" / f"{name}-{hashlib.sha256(url.encode()).hexdigest()[:12]}"
 
 
-def update_mirror(cache: Path, url: str, out: TextIO = sys.stdout) -> Path:
-    """A bare mirror of url in the cache, created or refreshed; later clones borrow its objects."""
+def update_mirror(cache: Path, url: str, out: TextIO = sys.stdout, trusted: bool = True) -> Path:
+    """A bare mirror of url in the cache, created or refreshed; later clones borrow its objects.
+    trusted: url is one torchbuild was given (not a submodule's from a fetched tree)."""
     mirror = mirror_path(cache, url)
     if (mirror / "HEAD").is_file():
-        _git(f"--git-dir={mirror}", "remote", "update", "--prune", out=out)
+        _git(f"--git-dir={mirror}", "remote", "update", "--prune", out=out, trusted=trusted)
     else:
         mirror.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=mirror.name + ".", dir=mirror.parent))
         try:
-            _git("clone", "--mirror", "--quiet", "--", url, str(tmp / "m"), out=out)
+            _git("clone", "--mirror", "--quiet", "--", url, str(tmp / "m"), out=out, trusted=trusted)
             os.replace(tmp / "m", mirror)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -112,14 +124,31 @@ def _submodules(repo: Path) -> list[tuple[str, str]]:
 
 
 def _init_submodules(repo: Path, cache: Path | None, out: TextIO) -> None:
-    """Check out every submodule (recursively), borrowing objects from per-URL mirrors."""
+    """Check out every submodule (recursively), borrowing objects from per-URL mirrors. The
+    URLs come from the fetched tree: git's rule for submodules applies (no local repository
+    unless the user's git configuration allows it)."""
     _git("submodule", "sync", "--quiet", cwd=repo)
     for path, url in _submodules(repo):
         args = ["submodule", "update", "--init", "--quiet"]
-        if cache is not None and _URL_RE.match(url):
-            args.append(f"--reference={update_mirror(cache, url, out)}")
-        _git(*args, "--", path, cwd=repo, out=out)
+        try:
+            if cache is not None and _URL_RE.match(url):
+                args.append(f"--reference={update_mirror(cache, url, out, trusted=False)}")
+            _git(*args, "--", path, cwd=repo, out=out)
+        except SourceError as exc:
+            if _FILE_REFUSED in exc.message:
+                raise _local_submodule(path, url) from None
+            raise
         _init_submodules(repo / path, cache, out)
+
+
+def _local_submodule(path: str, url: str) -> SourceError:
+    return SourceError(
+        f"submodule {path} names a repository on this machine ({url}), which a fetched tree may not check "
+        "out: git refuses it since 2.38.1 (CVE-2022-39253)",
+        hint="if you trust this source, allow it in git's configuration: "
+        "git config --global protocol.file.allow always (or GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=protocol.file.allow "
+        "GIT_CONFIG_VALUE_0=always for one run)",
+    )
 
 
 def submodule_commits(repo: Path) -> tuple[tuple[str, str], ...]:
@@ -141,7 +170,10 @@ def _clone(url: str, ref: str, partial: Path, cache: Path | None, out: TextIO) -
     option (git 2.39's `checkout` takes no --end-of-options: `switch` does)."""
     if cache is not None:
         mirror = update_mirror(cache, url, out)
-        _git("clone", "--quiet", "--no-checkout", f"--reference={mirror}", "--", str(mirror), str(partial), out=out)
+        _git(
+            "clone", "--quiet", "--no-checkout", f"--reference={mirror}", "--", str(mirror), str(partial),
+            out=out, trusted=True,
+        )  # fmt: skip
         _git("remote", "set-url", "--end-of-options", "origin", url, cwd=partial)
         try:  # a branch: checked out as a local branch that tracks it (`invoke source --update`)
             _git("rev-parse", "--verify", "--quiet", f"refs/remotes/origin/{ref}", cwd=partial)
@@ -157,12 +189,23 @@ def _clone(url: str, ref: str, partial: Path, cache: Path | None, out: TextIO) -
             ) from None
     else:
         try:
-            _git("clone", "--quiet", "--depth", "1", f"--branch={ref}", "--", url, str(partial), out=out)
+            _git("clone", "--quiet", "--depth", "1", f"--branch={ref}", "--", url, str(partial), out=out, trusted=True)
         except SourceError:  # a commit id cannot be cloned with --branch: fetch it
             shutil.rmtree(partial, ignore_errors=True)
             _git("init", "--quiet", "--", str(partial))
             _git("remote", "add", "--end-of-options", "origin", url, cwd=partial)
-            _git("fetch", "--quiet", "--depth", "1", "--end-of-options", "origin", ref, cwd=partial, out=out)
+            _git(
+                "fetch",
+                "--quiet",
+                "--depth",
+                "1",
+                "--end-of-options",
+                "origin",
+                ref,
+                cwd=partial,
+                out=out,
+                trusted=True,
+            )
             _git("checkout", "--quiet", "FETCH_HEAD", cwd=partial)
     _init_submodules(partial, cache, out)
 
@@ -185,6 +228,7 @@ def fetch_git(url: str, ref: str, dest: Path, cache: Path | None, out: TextIO = 
         shutil.rmtree(partial, ignore_errors=True)
         try:
             _clone(url, ref, partial, cache, out)
+            check_links(partial, f"{url} at {ref}")
             os.replace(partial, dest)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
@@ -209,10 +253,18 @@ def update_tree(tree: Path, out: TextIO = sys.stdout) -> SourceInfo:
             f"{tree} is at a detached commit (a tag or a commit id), not on a branch",
             hint="check out a branch first (git -C TREE checkout main), or fetch a new ref with `invoke source --ref`",
         )
-    _git("fetch", "--quiet", "origin", cwd=tree, out=out)
+    _git("fetch", "--quiet", "origin", cwd=tree, out=out, trusted=True)  # the tree's own origin
     _git("merge", "--ff-only", "--quiet", "@{upstream}", cwd=tree, out=out)
     _git("submodule", "sync", "--quiet", "--recursive", cwd=tree)
-    _git("submodule", "update", "--init", "--recursive", "--quiet", cwd=tree, out=out)
+    try:  # the submodules' URLs come from the fetched tree: git's rule for them applies
+        _git("submodule", "update", "--init", "--recursive", "--quiet", cwd=tree, out=out)
+    except SourceError as exc:
+        if _FILE_REFUSED in exc.message:
+            named = re.search(r"clone of '(.*?)' into submodule path '(.*?)' failed", exc.message)
+            url, path = named.groups() if named else ("a local path or file:// URL", "(one of them)")
+            raise _local_submodule(path, url) from None
+        raise
+    check_links(tree, f"{tree} after the update")
     return describe_dir(tree)
 
 
@@ -264,6 +316,8 @@ def _unpack(archive: Path, dest_root: Path, out: TextIO) -> SourceInfo:
     kind = "dsc" if archive.suffix == ".dsc" else "tarball"
     if not dest.is_dir():
         _unpack_new(archive, kind, dest, out)
+    else:  # unpacked before (perhaps by a torchbuild that did not check dpkg-source's tree)
+        check_links(dest, f"{archive.name} (unpacked earlier at {dest})")
     return SourceInfo(kind=kind, path=dest, url=str(archive), sha256=digest)
 
 
@@ -294,6 +348,7 @@ def _run_dpkg_source(archive: Path, tree: Path, out: TextIO) -> Path:
     )
     if proc.returncode != 0:
         raise SourceError(f"dpkg-source -x {archive.name} failed: {proc.stderr.strip()[-300:]}")
+    check_links(tree, f"{archive.name} (as dpkg-source unpacked it)")
     return tree
 
 
@@ -301,7 +356,7 @@ def _extract_tarball(archive: Path, tmp: Path) -> Path:
     """Extract into tmp/tree; the tree's top directory (its only entry when it has one)."""
     try:
         with tarfile.open(archive) as tar:
-            _safe_extract(tar, tmp / "tree")
+            safe_extract(tar, tmp / "tree")
     except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError) as exc:
         raise _unreadable(archive, exc) from exc
     except OSError as exc:
@@ -319,7 +374,7 @@ def _unreadable(archive: Path, exc: BaseException) -> SourceError:
     )
 
 
-def _safe_extract(tar: tarfile.TarFile, dest: Path) -> None:
+def safe_extract(tar: tarfile.TarFile, dest: Path) -> None:
     """Extract tar into dest, refusing (SourceError, "unsafe") any member that would write or
     point outside dest: an absolute or `..` name, a member under a symlink leading out, a symlink
     or hard link whose target is outside, a device or FIFO. Each member is checked against what
@@ -349,10 +404,8 @@ def _checked_members(tar: tarfile.TarFile, root: Path) -> Iterator[tarfile.TarIn
             raise _unsafe(member.name, "it would be written through a symlink the archive made")
         if member.isdev():
             raise _unsafe(member.name, "it is a device or FIFO")
-        if member.issym():
-            target = os.path.realpath(root / os.path.dirname(member.name) / member.linkname)
-            if os.path.isabs(member.linkname) or not _inside(Path(target), root):
-                raise _unsafe(member.name, f"it is a symlink to {member.linkname!r}, outside the tree")
+        if member.issym() and _leads_out(root / member.name, member.linkname, root):
+            raise _unsafe(member.name, f"it is a symlink to {member.linkname!r}, outside the tree")
         elif member.islnk():
             target = os.path.realpath(root / member.linkname)
             if os.path.isabs(member.linkname) or not _inside(Path(target), root):
@@ -365,6 +418,33 @@ def _checked_members(tar: tarfile.TarFile, root: Path) -> Iterator[tarfile.TarIn
 
 def _inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
+
+
+def _leads_out(link: Path, target: str, root: Path) -> bool:
+    """The tarball rule for a symlink at link (under root) to target: an absolute target, or one
+    that resolves outside root, leads out (a later write through it would land outside)."""
+    return os.path.isabs(target) or not _inside(Path(os.path.realpath(link.parent / target)), root)
+
+
+def check_links(tree: Path, what: str) -> None:
+    """SourceError naming the first symlink in tree that leads out of it (the tarball rule,
+    _leads_out), wherever the tree came from: dpkg-source keeps the orig tarball's `build ->
+    /elsewhere`, and git checks out a committed one; a build would write through it."""
+    root = Path(os.path.realpath(tree))
+    pending = [root]
+    while pending:
+        with os.scandir(pending.pop()) as entries:  # scandir's types: no stat per entry
+            for entry in entries:
+                if entry.is_symlink():
+                    target = os.readlink(entry.path)
+                    if _leads_out(Path(entry.path), target, root):
+                        raise SourceError(
+                            f"{what}: {Path(entry.path).relative_to(root)} is a symlink to {target!r}, outside the tree",
+                            hint="a build would write through it outside the tree; get the source from a trusted "
+                            "place, or remove the link",
+                        )
+                elif entry.is_dir():
+                    pending.append(Path(entry.path))
 
 
 def _unsafe(name: str, why: str) -> SourceError:

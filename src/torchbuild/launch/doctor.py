@@ -5,19 +5,24 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import importlib.util
+import io
 import os
 import secrets
 import shutil
 import socket
 import subprocess
-import urllib.error
-import urllib.request
+import tempfile
+import time
+import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from torchbuild.core.arch import Arch, binfmt_ready, host_machine
+from torchbuild.core.console import printable as console_printable
 from torchbuild.core.console import table
 from torchbuild.core.errors import EngineUnavailable, TorchbuildError
+from torchbuild.core.process import run_captured
 from torchbuild.core.safeio import user_path
 from torchbuild.inputs import remote_cache
 from torchbuild.inputs.config import DEFAULT_PROFILE, resolve
@@ -157,27 +162,90 @@ def _profile_ca_check(ca_dirs: Sequence[Path], profile: str) -> Check:
     return ca_check(ca_dirs, profile, listed)
 
 
-PROBE_TIMEOUT_S = 3.0  # each storage probe: one connection, one request, one short answer
+PROBE_TIMEOUT_S = 3.0  # each storage probe, whole: connection, request and answer
+
+
+class _Deadline:
+    """A connected socket whose every send and receive waits at most until one deadline.
+    http.client reads a status line and each header in receives of their own, and a socket's
+    timeout bounds each receive: a server trickling a header a second held doctor for a minute.
+    (http.client takes any object with these methods for its socket; makefile builds on
+    socket.SocketIO as socket.makefile does.)"""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock, self._deadline = sock, deadline
+
+    def _arm(self) -> None:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the answer was still coming when the time was up")
+        self._sock.settimeout(left)
+
+    def sendall(self, data: bytes) -> None:
+        self._arm()
+        self._sock.sendall(data)
+
+    def recv(self, size: int) -> bytes:
+        self._arm()
+        return self._sock.recv(size)
+
+    def recv_into(self, buffer: Any, size: int = 0) -> int:
+        self._arm()
+        return self._sock.recv_into(buffer, size)
+
+    def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
+        return io.BufferedReader(socket.SocketIO(self, "rb"))  # type: ignore[arg-type]
+
+    def _decref_socketios(self) -> None:  # SocketIO.close calls it; the socket closes with us
+        pass
+
+    def close(self) -> None:
+        self._sock.close()
 
 
 def redis_answer(host: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> str:
     """A redis server's answer to one PING (`+PONG`, or `-NOAUTH ...`); OSError when none
-    comes in time. Reads at most one short line."""
-    with socket.create_connection((host, port), timeout=timeout) as conn:
-        conn.settimeout(timeout)
+    comes within timeout (the whole exchange). Reads at most one short line."""
+    deadline = time.monotonic() + timeout
+    with socket.create_connection((host, port), timeout=timeout) as raw:
+        conn = _Deadline(raw, deadline)
         conn.sendall(b"*1\r\n$4\r\nPING\r\n")
         return conn.recv(256).decode(errors="replace").strip()
 
 
-def http_status(url: str, timeout: float = PROBE_TIMEOUT_S) -> int:
-    """The HTTP status of one HEAD of url, straight to it (ccache does not use a proxy either);
-    OSError when nothing answers."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+class _HTTP(http.client.HTTPConnection):
+    """One HEAD within one deadline (_Deadline)."""
+
+    deadline = 0.0
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock = _Deadline(self.sock, self.deadline)
+
+
+class _HTTPS(http.client.HTTPSConnection):
+    deadline = 0.0
+
+    def connect(self) -> None:
+        super().connect()  # the TLS handshake: each receive bounded by the time left
+        self.sock = _Deadline(self.sock, self.deadline)
+
+
+def http_status(url: str, timeout: float = PROBE_TIMEOUT_S) -> tuple[int, str]:
+    """The HTTP status of one HEAD of url and its Location header ('' without one), straight to
+    it (no proxy, and no redirect followed: ccache's HTTP client uses neither); the whole
+    exchange within timeout. OSError when nothing (whole) answers in time."""
+    parts = urllib.parse.urlsplit(url)
+    deadline = time.monotonic() + timeout
+    kind = _HTTPS if parts.scheme.lower() == "https" else _HTTP
+    conn = kind(parts.hostname or "", parts.port, timeout=timeout)
+    conn.deadline = deadline
     try:
-        with opener.open(urllib.request.Request(url, method="HEAD"), timeout=timeout) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:  # an answer: 404 is what a storage says of an absent entry
-        return exc.code
+        conn.request("HEAD", urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, "")))
+        response = conn.getresponse()
+        return response.status, response.getheader("Location") or ""
+    finally:
+        conn.close()
 
 
 def probe_url(url: str) -> str:
@@ -189,7 +257,13 @@ def probe_url(url: str) -> str:
 def _http_detail(url: str) -> tuple[bool, str]:
     """Whether an http storage answers a HEAD of a key that is not there (404; 200 or another
     client status too), and how to say it; 401/403: it refuses the builds' requests."""
-    status = http_status(probe_url(url))
+    status, location = http_status(probe_url(url))
+    if 300 <= status < 400:
+        where = f" to {console_printable(location[:120])}" if location else ""
+        return False, (
+            f"redirects a key's HEAD (HTTP {status}{where}): ccache follows no redirect, so every "
+            "lookup would miss; name the URL the storage answers at"
+        )
     if status in (401, 403):
         return False, (
             f"refuses a key's HEAD (HTTP {status}): let this node read and write under the URL "
@@ -220,13 +294,83 @@ def remote_cache_check(url: str, readonly: bool = False) -> Check:
     return Check("ccache remote", ok, f"{shown}: {detail}" + ("" if ok else f"; {slow}"))
 
 
+CCACHE_PROBE_S = 30.0  # one compile of a one-line file through ccache, its storage lookups included
+
+
+def ccache_remote_check(url: str, readonly: bool = False) -> Check | None:
+    """What this host's ccache does with the storage, as a build's ccache would: one compile of
+    a new one-line file through it, with the build's settings (remote_cache.storage_env) in an
+    empty cache of its own, then its counters. A URL ccache cannot parse, a lookup that failed
+    or timed out, or no lookup at all is not ok. None without ccache or a C compiler here."""
+    ccache, cc = shutil.which("ccache"), shutil.which("cc") or shutil.which("gcc")
+    if ccache is None or cc is None:
+        return None
+    name = "ccache remote via ccache"
+    with tempfile.TemporaryDirectory(prefix="torchbuild-doctor-") as tmp:
+        env = _ccache_env(Path(tmp), url, readonly)
+        version = _first(run_captured([ccache, "--version"], env=env, timeout=10).stdout) or "ccache"
+        source = Path(tmp) / "probe.c"
+        source.write_text(f"int torchbuild_doctor_{secrets.token_hex(8)}(void) {{ return 0; }}\n")
+        compiled = run_captured([ccache, cc, "-c", str(source), "-o", str(Path(tmp) / "probe.o")], env=env,
+                                cwd=tmp, timeout=CCACHE_PROBE_S)  # fmt: skip
+        if compiled.returncode is None:
+            return Check(name, False, f"{version}: one compile did not finish within {CCACHE_PROBE_S:g} s")
+        if compiled.returncode != 0:
+            said = _first(compiled.stderr, "ccache: error:") or _first(compiled.stderr) or f"exit {compiled.returncode}"
+            return Check(name, False, f"{version} refuses it: {said}; every compile of a build would fail")
+        stats = _ccache_stats(ccache, env)
+    return Check(name, *_ccache_verdict(version, stats, readonly))
+
+
+def _ccache_env(tmp: Path, url: str, readonly: bool) -> dict[str, str]:
+    """This environment without the user's CCACHE_* settings (CCACHE_DISABLE, another remote),
+    an empty cache and configuration under tmp, and the build's remote storage settings."""
+    (tmp / "ccache.conf").write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CCACHE_")}
+    env.update(CCACHE_DIR=str(tmp / "cache"), CCACHE_CONFIGPATH=str(tmp / "ccache.conf"), LC_ALL="C")
+    env.update(remote_cache.storage_env(url, readonly))
+    return env
+
+
+def _ccache_stats(ccache: str, env: Mapping[str, str]) -> dict[str, int]:
+    done = run_captured([ccache, "--print-stats"], env=env, timeout=10)
+    stats: dict[str, int] = {}
+    for line in done.stdout.splitlines() if done.returncode == 0 else []:
+        key, _, value = line.partition("\t")
+        if value.strip().isdigit():
+            stats[key] = int(value)
+    return stats
+
+
+def _ccache_verdict(version: str, stats: Mapping[str, int], readonly: bool) -> tuple[bool, str]:
+    failed = stats.get("remote_storage_error", 0), stats.get("remote_storage_timeout", 0)
+    if any(failed):
+        return False, (
+            f"{version} could not use it ({failed[0]} error(s), {failed[1]} timeout(s) in one compile); "
+            "builds will go on with the local cache alone"
+        )
+    if not stats.get("remote_storage_miss", 0) + stats.get("remote_storage_hit", 0):
+        return False, f"{version} did not ask it (ccache 4.4 or newer reads ccache_remote)"
+    stored = "read-only: stored nothing" if readonly else f"stored {stats.get('remote_storage_write', 0)} entries"
+    return True, f"{version} looked a new entry up there (a miss) and {stored}"
+
+
+def _first(text: str, prefix: str = "") -> str:
+    """The first non-empty line of text (that starts with prefix), stripped."""
+    return next((ln.strip() for ln in text.splitlines() if ln.strip() and ln.strip().startswith(prefix)), "")
+
+
 def _profile_remote_checks(profile: str) -> list[Check]:
-    """The profile's ccache_remote check, when it has one."""
+    """The profile's ccache_remote checks, when it has one: the storage's own answer, and what
+    this host's ccache does with it."""
     try:
         spec = resolve(profile)
     except TorchbuildError:
         return []  # the CA check names the profile's problem
-    return [remote_cache_check(spec.ccache_remote, spec.ccache_remote_readonly)] if spec.ccache_remote else []
+    if not spec.ccache_remote:
+        return []
+    by_ccache = ccache_remote_check(spec.ccache_remote, spec.ccache_remote_readonly)
+    return [remote_cache_check(spec.ccache_remote, spec.ccache_remote_readonly), *([by_ccache] if by_ccache else [])]
 
 
 def _verdicts(h: _Host) -> list[Verdict]:

@@ -54,6 +54,7 @@ from typing import Any
 
 from torchbuild.core.atomic import atomic_write_bytes
 from torchbuild.core.console import table
+from torchbuild.core.dirs import make_dirs
 from torchbuild.core.errors import HostSetupFailed, PathError, StrPath, TorchbuildError
 from torchbuild.core.safeio import STATE_LIMIT, KiB, loads_json, read_bytes
 
@@ -719,7 +720,7 @@ def load_state(path: StrPath) -> dict[str, Any] | None:
 def _write_atomically(path: Path, data: bytes) -> None:
     """path holds data or what it held before, never a part (a new temporary file, never one
     that was there, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)  # recorded: a failed --apply leaves no empty var/lib/torchbuild (core/dirs.py)
     atomic_write_bytes(path, data, mode=0o600)  # the state file stays private, as mkstemp made it
 
 
@@ -1064,7 +1065,7 @@ def restore(
 ) -> list[str]:
     """Put back what --apply saved, byte for byte, in the reverse order (GPUs first, then the
     files, so SMT is back on before the siblings' governors are written), and remove the state
-    file. Returns one line per value put back; none, with a line saying so, when there is no
+    file (and the default's directory, var/lib/torchbuild, when that leaves it empty). Returns one line per value put back; none, with a line saying so, when there is no
     state file (a second --restore is a no-op).
 
     Root only, as --apply. Every value is tried; when some cannot be put back, the state file
@@ -1085,6 +1086,9 @@ def restore(
     if put_back.failures:
         raise put_back.failed(state_path, state)
     _remove_state(state_path)
+    if state_file is None:  # <root>/var/lib/torchbuild, --apply's: gone with its last file
+        with contextlib.suppress(OSError):
+            state_path.parent.rmdir()
     return [*put_back.done, *_summary(put_back.written), f"removed {state_path}"]
 
 

@@ -9,6 +9,7 @@ loads it. A failure or an interrupt leaves no prefix behind."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from torchbuild.core import console, records
-from torchbuild.core.atomic import PARTIAL_PREFIX
+from torchbuild.core.atomic import PARTIAL_PREFIX, atomic_write_text
 from torchbuild.core.errors import (
     BuildInterrupted,
     CommsFailed,
@@ -29,7 +30,7 @@ from torchbuild.core.errors import (
     writable_dir,
 )
 from torchbuild.core.process import interrupts_unwind
-from torchbuild.core.safeio import user_path
+from torchbuild.core.safeio import MANIFEST_LIMIT, read_json, user_path
 from torchbuild.delivery import manifest as wheel_manifest
 from torchbuild.delivery.install import (
     CommsSource,
@@ -49,6 +50,52 @@ from torchbuild.steps.comms import COMMS_MANIFEST, read_manifest
 
 # a prefix ends up in shebangs, PATH, apptainer --bind and modulefiles: keep it to plain characters
 _PREFIX_BAD = re.compile(r"[\s:,\"'\\$`]")
+# every entry an install made, written when it finished: --force removes an environment only
+# when it holds nothing else (what the user added since would go with it)
+INSTALL_FILES = "torchbuild-install.files.json"
+_CACHE_DIR = "__pycache__"  # bytecode Python writes as the environment is used: nobody's work
+_SHOWN = 10
+
+
+def _entries(prefix: Path) -> set[str]:
+    """Every entry under prefix by its relative path (a directory's ends in /), bytecode caches
+    aside; a symlink to a directory is listed, not followed."""
+    found: set[str] = set()
+    for top, dirs, files in os.walk(prefix):
+        dirs[:] = [d for d in dirs if d != _CACHE_DIR]
+        rel = Path(top).relative_to(prefix)
+        found.update(f"{(rel / d).as_posix()}/" for d in dirs)
+        found.update((rel / f).as_posix() for f in files)
+    return found
+
+
+def record_files(prefix: Path) -> None:
+    """Write prefix's INSTALL_FILES: what the install made (the list itself included)."""
+    entries = sorted(_entries(prefix) | {INSTALL_FILES})
+    atomic_write_text(prefix / INSTALL_FILES, json.dumps({"schema_version": 1, "entries": entries}) + "\n")
+
+
+def _check_only_ours(prefix: Path) -> None:
+    """PathError unless every entry in prefix is one its install recorded (INSTALL_FILES)."""
+    what = f"--prefix {prefix}: {INSTALL_FILES}"
+    if not (prefix / INSTALL_FILES).is_file():
+        raise PathError(
+            f"--prefix {prefix} was installed by a torchbuild that kept no list of its files ({INSTALL_FILES}): "
+            "--force cannot tell them from files you added",
+            hint=f"move out what you added, remove {prefix} yourself, then install again (or choose another --prefix)",
+        )
+    data = read_json(prefix / INSTALL_FILES, MANIFEST_LIMIT, what)
+    entries = data.get("entries") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+        raise PathError(f"{what} is not a list of entries", hint=f"remove {prefix} yourself, then install again")
+    strangers = sorted(_entries(prefix) - set(entries))
+    if strangers:
+        more = f" and {len(strangers) - _SHOWN} more" if len(strangers) > _SHOWN else ""
+        raise PathError(
+            f"--prefix {prefix} holds {len(strangers)} entries torchbuild did not install: "
+            f"{', '.join(strangers[:_SHOWN])}{more}",
+            hint="move them out of the environment (--force would remove them with it), then run again with --force",
+        )
 
 
 def check_prefix(prefix: Path, force: bool) -> bool:
@@ -92,6 +139,8 @@ def check_prefix(prefix: Path, force: bool) -> bool:
             f"--prefix {prefix} already holds an environment torchbuild installed",
             hint="add --force to replace it, or choose another --prefix",
         )
+    with named_os_errors(prefix, "--prefix"):
+        _check_only_ours(prefix)
     return True
 
 
@@ -277,6 +326,8 @@ def _run_staged(backend: Backend, request: InstallRequest, binds: Binds, st: Sta
             with named_os_errors(prefix, "--prefix"):
                 prefix.mkdir(exist_ok=True)
             backend.run("install", records.to_dict(request), binds)
+            with named_os_errors(prefix, "recording the environment's files"):
+                record_files(prefix)
     except (KeyboardInterrupt, BuildInterrupted):
         _undo(prefix, theirs)
         earlier = " (the earlier environment there had been removed, --force)" if replace else ""

@@ -159,7 +159,8 @@ def build(
                 file=out,
             )
         else:
-            verify_with(spec, backend, wheel=outcome.wheel, cache=cache, checked=True, python=python)
+            tree = _built_tree(outcome.manifest)
+            verify_with(spec, backend, wheel=outcome.wheel, cache=cache, checked=True, python=python, tree=tree)
             done.done("verify", wheel_sha256=digest)
     return outcome
 
@@ -398,6 +399,18 @@ def outcome_of(host_out: Path, run_id: str) -> Outcome:
     return Outcome(host_out / m.wheel.name if m.wheel else None, path, host_out / "logs" / m.log)
 
 
+def _built_tree(manifest_path: Path) -> Path | None:
+    """The source tree a wheel was built from (its manifest's source.path), where it still is."""
+    from torchbuild.delivery import manifest
+
+    try:
+        source = manifest.read(manifest_path).source
+    except TorchbuildError:
+        return None
+    tree = Path(source.path) if source is not None and source.path else None
+    return tree if tree is not None and tree.is_dir() else None
+
+
 def verify_with(
     spec: BuildSpec,
     backend: Backend,
@@ -409,9 +422,11 @@ def verify_with(
     cache: Path | None = None,
     checked: bool = False,
     python: str = "",
+    tree: Path | None = None,
 ) -> None:
     """Verify a wheel (or an installed package) with `backend`: natively, in the image or in
-    the SIF. The wheel's (or the report's) directory is the step's output bind."""
+    the SIF. The wheel's (or the report's) directory is the step's output bind; tree: the source
+    the wheel was built from, whose test/ holds PyTorch's own tests (verify_tests)."""
     from torchbuild.delivery.verify import check_wheel_file, request
 
     if wheel is None and not installed:
@@ -421,7 +436,7 @@ def verify_with(
     if not checked:
         backend.check()
     host_dir = (wheel or report or Path.cwd() / "-").parent
-    binds = Binds(cache=writable_dir(cache or cache_dir(spec), "cache_dir"), out=host_dir)
+    binds = Binds(cache=writable_dir(cache or cache_dir(spec), "cache_dir"), out=host_dir, src=tree)
     view = backend.view(binds)
     req = request(
         spec,
@@ -431,5 +446,6 @@ def verify_with(
         report=view.out / report.name if report else None,
         python=python,
         comms=comms_for_verify(wheel, binds.cache, view.cache) if wheel is not None and comms_wanted(spec) else None,
+        tests_dir=str(view.src / "test") if view.src is not None and spec.verify_tests else "",
     )
     backend.run("verify", records.to_dict(req), binds)

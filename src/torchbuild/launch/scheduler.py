@@ -18,10 +18,12 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import pwd
 import re
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -33,6 +35,8 @@ from typing import TYPE_CHECKING, ClassVar, TextIO
 
 from torchbuild import __version__
 from torchbuild.core.atomic import atomic_write_text
+from torchbuild.core.console import printable
+from torchbuild.core.dirs import make_dirs
 from torchbuild.core.errors import (
     BuildInterrupted,
     ImageNotFound,
@@ -46,8 +50,9 @@ from torchbuild.core.errors import (
     writable_dir,
 )
 from torchbuild.core.safeio import user_path
-from torchbuild.inputs.config import BuildSpec, check_value, profile_text, requirement_of
+from torchbuild.inputs.config import BuildSpec, check_value, profile_text, requirement_of, run_job_spec
 from torchbuild.inputs.config import wanted as comms_wanted
+from torchbuild.launch import jobplaces
 from torchbuild.launch.spread import check_nodes, slots_per_node, spread_jobs, spread_lines
 
 if TYPE_CHECKING:
@@ -64,6 +69,8 @@ _PBS_UNSAFE = re.compile(r"[\s\"'\\#:\x00-\x1f\x7f]")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _JOB_ID = re.compile(r"[A-Za-z0-9_.\[\]-]+")
 _WALLTIME = re.compile(r"(?:(\d+)-)?(\d+):(\d\d):(\d\d)")
+# Slurm's --time forms: days-hours[:minutes[:seconds]], or minutes[:seconds], hours:minutes:seconds
+_SLURM_TIME = re.compile(r"(?:(\d+)-(\d+)(?::(\d+))?(?::(\d+))?|(\d+)(?::(\d+))?(?::(\d+))?)")
 _MEM = re.compile(r"(\d+)([KMGT]?)")
 # the largest job torchbuild asks a scheduler for: far above any one node (a job is one node),
 # far below the numbers a scheduler would overflow on (Slurm's counts are 32-bit)
@@ -91,6 +98,9 @@ class Job:
     # shell lines run before the command (spread.spread_lines: daemons on the other nodes, stopped
     # by their trap when the script exits, so the command is not exec'd)
     spread: tuple[str, ...] = ()
+    # the profile's job_rounds > 0: the rounds record beside the script (launch/rounds.py), and the
+    # command runs under the rounds supervisor, in the background so the warning signal's trap runs
+    rounds: Path | None = None
 
     @property
     def logs(self) -> Path:
@@ -134,14 +144,16 @@ class Scheduler(abc.ABC):
             "set -eo pipefail",
             f'echo "torchbuild: {self.name} job ${{{self.id_variable}:-?}} on $(hostname) at $(date -Is)"',
         ]
-        if spec.module_purge:
-            lines.append("module purge")
+        if spec.purge_command:
+            lines.append(spec.purge_command)
         if spec.modules:
             lines.append(shell_words(["module", "load", *spec.modules]))
             lines.append("module list 2>&1")
         lines.append(f"cd {shlex.quote(str(job.workdir))}")
         lines += [" \\\n  ".join(_arg_lines(command)) for command in job.first]
         lines += job.spread
+        if job.rounds is not None:
+            return "\n".join([*lines, *_rounds_lines(job)]) + "\n"
         lines.append(("" if job.spread else "exec ") + " \\\n  ".join(_arg_lines(job.command)))
         return "\n".join(lines) + "\n"
 
@@ -205,6 +217,22 @@ class Scheduler(abc.ABC):
     @abc.abstractmethod
     def status(self, job_id: str) -> JobStatus | None:
         """The job's state now; None when the scheduler no longer knows it."""
+
+
+def _rounds_lines(job: Job) -> list[str]:
+    """The build under the rounds supervisor (launch/rounds.py): in the background, so that bash
+    runs the trap that hands Slurm's warning signal (--signal=B:USR1, to the batch shell only) on
+    to it; the script ends with the supervisor's exit code (bash keeps a reaped child's status)."""
+    assert job.rounds is not None
+    command = [sys.executable, "-m", "torchbuild.launch.rounds", str(job.rounds), "--", *job.command]
+    return [
+        "# the build goes on in a new allocation when the walltime comes (profile key job_rounds)",
+        "trap 'kill -USR1 \"$tb_pid\" 2>/dev/null' USR1",
+        " \\\n  ".join(_arg_lines(command)) + " &",
+        "tb_pid=$!",
+        'while kill -0 "$tb_pid" 2>/dev/null; do wait "$tb_pid" || :; done',
+        'wait "$tb_pid"',
+    ]
 
 
 def _query(args: list[str]) -> list[str]:
@@ -283,6 +311,10 @@ class Slurm(Scheduler):
             d.append(f"--gres=gpu:{s.gpu_type + ':' if s.gpu_type else ''}{s.gpus}")
         if s.constraint:
             d.append(f"--constraint={s.constraint}")
+        if job.rounds is not None:
+            # the warning before the limit goes to the batch shell (B:), whose trap hands it to the
+            # rounds supervisor; requeued, the job keeps its id and appends to the same log
+            d += [f"--signal=B:USR1@{s.job_round_warning_s}", "--requeue", "--open-mode=append"]
         d += s.directives
         return [f"#SBATCH {x}" for x in d]
 
@@ -496,13 +528,21 @@ def job_account(spec: BuildSpec, environ: Mapping[str, str] | None = None) -> st
 
 
 def walltime_seconds(walltime: str) -> int:
-    """[D-]HH:MM:SS in seconds; UsageError for other text."""
-    m = _WALLTIME.fullmatch(walltime)
+    """A walltime in Slurm's forms (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in
+    seconds; UsageError for other text."""
+    m = _SLURM_TIME.fullmatch(walltime)
     if not m:
-        raise UsageError(f"walltime {walltime[:40]!r} is not [D-]HH:MM:SS", hint="e.g. --walltime 04:00:00")
+        raise UsageError(
+            f"walltime {walltime[:40]!r} is none of Slurm's time forms",
+            hint="e.g. --walltime 04:00:00 (HH:MM:SS), 0-03:00 (D-HH:MM) or 90 (minutes)",
+        )
     if any(len(x or "") > 9 for x in m.groups()):  # int() of thousands of digits is an error of its own
         raise UsageError(f"walltime {walltime[:40]}... is out of range", hint="e.g. --walltime 2-00:00:00")
-    days, hours, minutes, seconds = (int(x or 0) for x in m.groups())
+    if m.group(1) is not None:  # days-hours[:minutes[:seconds]]
+        days, hours, minutes, seconds = (int(x or 0) for x in m.groups()[:4])
+    else:  # minutes | minutes:seconds | hours:minutes:seconds
+        parts = [int(x) for x in m.groups()[4:] if x is not None]
+        days, (hours, minutes, seconds) = 0, {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
@@ -549,6 +589,11 @@ def check_job_keys(spec: BuildSpec) -> None:
             )
     if spec.gpu_type and not spec.gpus:
         raise UsageError(f"gpu_type {spec.gpu_type} without gpus", hint="add --gpus N, or drop gpu_type")
+    if spec.job_rounds and spec.job_round_warning_s >= walltime_seconds(spec.walltime):
+        raise UsageError(
+            f"job_round_warning_s {spec.job_round_warning_s} leaves no time of the walltime {spec.walltime} to build",
+            hint="a round stops the build that many seconds before its walltime: lower job_round_warning_s or raise walltime",
+        )
 
 
 # -------------------------------------------------------------------- submit and follow
@@ -562,13 +607,41 @@ class Submitted:
 
 
 def write_job(scheduler: Scheduler, job: Job, profile_file: Path) -> Path:
-    """The resolved profile and the script, written atomically; the script's path."""
+    """The resolved profile and the script (and a fresh rounds record where the job goes on over
+    allocations), written atomically; the script's path."""
     script = scheduler.script_path(job)
+    # the profile is the job's input, credentials and all: readable by its owner alone
+    files: list[tuple[Path, str, int | None]] = [
+        (profile_file, profile_text(job.spec), 0o600),
+        (script, scheduler.render(job), 0o755),
+    ]
+    if job.rounds is not None:
+        files.append((job.rounds, rounds_record(scheduler, job, script), None))
     with named_os_errors(job.logs, "writing the batch script"):
-        for path, text, mode in ((profile_file, profile_text(job.spec), None), (script, scheduler.render(job), 0o755)):
-            path.parent.mkdir(parents=True, exist_ok=True)
+        for path, text, mode in files:
+            make_dirs(path.parent)
             atomic_write_text(path, text, mode=mode)
     return script
+
+
+def rounds_record(scheduler: Scheduler, job: Job, script: Path) -> str:
+    """The rounds supervisor's record before the first round: its limits and how the next round
+    is submitted (Slurm requeues the job itself; PBS submits the kept script again)."""
+    from torchbuild.launch.rounds import new_state
+
+    s = job.spec
+    if scheduler.name == "slurm":
+        submit = ["scontrol", "requeue", "{job}"]
+    else:
+        submit = scheduler.submit_args(dataclasses.replace(job, dependency=""), script)
+    state = new_state(
+        max_rounds=s.job_rounds,
+        warning_s=s.job_round_warning_s,
+        walltime_s=walltime_seconds(s.walltime),
+        scheduler=scheduler.name,
+        submit=submit,
+    )
+    return json.dumps(state, indent=2) + "\n"
 
 
 def submit(scheduler: Scheduler, job: Job, profile_file: Path, out: TextIO = sys.stdout) -> Submitted:
@@ -652,8 +725,8 @@ def _print_new(log: Path, pos: int, out: TextIO) -> int:
     except OSError:
         return pos
     end = data.rfind(b"\n") + 1
-    if end:
-        out.write(data[:end].decode("utf-8", "replace"))
+    if end:  # the job's output as text, its escape sequences inert (a log is no terminal program)
+        out.write(printable(data[:end].decode("utf-8", "replace").replace("\r\n", "\n")))
         out.flush()
     return pos + end
 
@@ -663,7 +736,7 @@ def tail(log: Path, lines: int = TAIL_LINES) -> str:
         text = log.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         return f"  | (no log: {exc.strerror})"
-    return "\n".join(f"  | {ln}" for ln in text.splitlines()[-lines:])
+    return "\n".join(f"  | {printable(ln)}" for ln in text.splitlines()[-lines:])
 
 
 # -------------------------------------------------------------------- invoke submit
@@ -742,17 +815,17 @@ def submit_build(
 
     check_nodes(nodes, runtime.engine, runtime.apptainer)
     scheduler, account = _check_job_request(spec, options, dependency)
+    jobplaces.check_required(spec)
     engine_args = runtime.args(spec)
     if nodes > 1:
         scheduler = spread_scheduler_for(spec.scheduler, nodes)
         options = _spread_options(spec, options, nodes)
     outp = user_path(out_dir or "out").absolute()
     _directive_path(outp / "logs", scheduler.name)  # before anything is fetched
+    cache = _check_job_places(spec, outp)
     git = not source or looks_like_url(source)
     if not git:  # checked here, where the node's failure would be named hours later
-        if ref:
-            raise UsageError(f"--ref {ref} applies to git sources only", hint="drop --ref")
-        job_source = local_source(source)
+        job_source = _local_job_source(spec, source, ref)
     if not dry_run and shutil.which(scheduler.submit_tool) is None:
         raise scheduler.missing()
     if not dry_run:
@@ -768,16 +841,47 @@ def submit_build(
             f"warning: cache_dir {spec.cache_dir} is node-local on most clusters: ccache will not be shared", file=out
         )
     if dry_run:
-        out.write(scheduler.render(job))
-        print(
-            f"# dry run: nothing written or submitted; it would be: {shell_words(scheduler.submit_args(job, scheduler.script_path(job)))}",
-            file=out,
-        )
+        _print_dry_run(scheduler, job, out)
         return None
+    if not engine_args:  # natively: the build venv made here, where PyPI answers
+        jobplaces.make_build_venv(spec, job_source, cache, job.logs / f"{job.name}-buildenv.log", out)
     submitted = submit(scheduler, job, profile_file, out)
     if wait:
         follow(scheduler, submitted, out)
     return submitted
+
+
+_MOUNTED_HINT = "move it to a file system the compute nodes mount (ARCHER2: your project's /work)"
+
+
+def _local_job_source(spec: BuildSpec, source: str, ref: str) -> str:
+    """A local --source as the job names it: no --ref, present here, on a file system the nodes mount."""
+    if ref:
+        raise UsageError(f"--ref {ref} applies to git sources only", hint="drop --ref")
+    job_source = local_source(source)
+    jobplaces.check_mounted(spec, [("--source", job_source, _MOUNTED_HINT)])
+    return job_source
+
+
+def _print_dry_run(scheduler: Scheduler, job: Job, out: TextIO) -> None:
+    out.write(scheduler.render(job))
+    args = shell_words(scheduler.submit_args(job, scheduler.script_path(job)))
+    print(f"# dry run: nothing written or submitted; it would be: {args}", file=out)
+
+
+def _check_job_places(spec: BuildSpec, out_dir: Path) -> Path:
+    """The job's Python one its node can run, and its cache, --out, working directory, Python
+    and torchbuild on file systems the nodes mount; the cache's absolute path."""
+    jobplaces.job_python(spec)
+    cache = user_path(spec.cache_dir, "cache_dir").absolute()
+    places = [jobplaces.cache_place(spec, cache), *_job_places(out_dir), *jobplaces.runtime_places(spec)]
+    jobplaces.check_mounted(spec, places)
+    return cache
+
+
+def _job_places(out_dir: Path) -> list[jobplaces.Place]:
+    """--out and the directory the job starts in (this one)."""
+    return [("--out", str(out_dir), _MOUNTED_HINT), ("the working directory", str(Path.cwd()), _MOUNTED_HINT)]
 
 
 def _node_slots(spec: BuildSpec) -> tuple[int, int]:
@@ -868,7 +972,7 @@ def _make_job(request: _JobRequest, account: str, dependency: str) -> tuple[Job,
     key = key_of(spec, places, "", request.options, request.runtime.engine, ",".join(pythons))
     name = f"torchbuild-{spec.profile}-{key[:8]}"
     profile_file = outp / ".torchbuild" / "jobs" / key / f"{spec.profile}.yaml"
-    command = [sys.executable, "-m", "torchbuild", "build", "--resume", "--progress", "lines"]
+    command = [jobplaces.job_python(spec), "-m", "torchbuild", "build", "--resume", "--progress", "lines"]
     command += ["--profile", str(profile_file), "--source", request.source, "--out", str(outp), *request.engine_args]
     command += build_option_args(request.options, request.verify)
     if pythons:
@@ -876,6 +980,8 @@ def _make_job(request: _JobRequest, account: str, dependency: str) -> tuple[Job,
     job = Job(
         name, tuple(command), Path.cwd(), outp, spec, account, dependency, first=_comms_first(request, profile_file)
     )
+    if spec.job_rounds:
+        job = dataclasses.replace(job, rounds=profile_file.parent / "rounds.json")
     return job, profile_file
 
 
@@ -886,7 +992,7 @@ def _comms_first(request: _JobRequest, profile_file: Path) -> tuple[tuple[str, .
     the job with the comms step's error, not hours into the build."""
     if not comms_wanted(request.spec):
         return ()
-    command = [sys.executable, "-m", "torchbuild", "comms", "--profile", str(profile_file)]
+    command = [jobplaces.job_python(request.spec), "-m", "torchbuild", "comms", "--profile", str(profile_file)]
     command += ["--out", str(request.out), *request.engine_args]
     if request.options.jobs:
         command += ["--jobs", str(request.options.jobs)]
@@ -1130,16 +1236,28 @@ def check_run_request(spec: BuildSpec, script: str, wheelhouse: str, requirement
     return path, house
 
 
-def _run_name(spec: BuildSpec, script: Path) -> str:
+def _run_token() -> str:
+    """What makes each run job's name its own: when it was submitted, and a random part."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def _run_name(spec: BuildSpec, script: Path, token: str) -> str:
+    """The run job's name, its kept script's and (PBS, which has no job id in -o) its log's:
+    the script's stem in plain characters (with a digest of the real one where any was
+    replaced: `a b.py` and `a_b.py` stay apart) and token, so no two jobs share a file."""
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", script.stem)[:40] or "script"
-    return f"torchbuild-run-{spec.profile}-{stem}"
+    if stem != script.stem:
+        stem += "-" + hashlib.sha256(os.fsencode(script.stem)).hexdigest()[:6]
+    return f"torchbuild-run-{spec.profile}-{stem}-{token}"
 
 
-def run_job(spec: BuildSpec, request: RunRequest, account: str, dependency: str = "") -> Job:
-    """The job: directives from the profile; command is the user's script and its argv."""
+def run_job(spec: BuildSpec, request: RunRequest, account: str, dependency: str = "", token: str = "") -> Job:
+    """The job: directives from the profile; command is the user's script and its argv; a name
+    of its own (token, default _run_token())."""
     lead = ("python",) if request.script.suffix == ".py" else ()
     command = (*lead, str(request.script), *request.args)
-    return Job(_run_name(spec, request.script), command, Path.cwd(), request.out, spec, account, dependency)
+    name = _run_name(spec, request.script, token or _run_token())
+    return Job(name, command, Path.cwd(), request.out, spec, account, dependency)
 
 
 def render_run(scheduler: Scheduler, job: Job, request: RunRequest) -> str:
@@ -1155,8 +1273,8 @@ def render_run(scheduler: Scheduler, job: Job, request: RunRequest) -> str:
         "set -eo pipefail",
         f'echo "torchbuild: {scheduler.name} run job ${{{scheduler.id_variable}:-?}} on $(hostname) at $(date -Is)"',
     ]
-    if spec.module_purge:
-        lines.append("module purge")
+    if spec.purge_command:
+        lines.append(spec.purge_command)
     if spec.runtime_modules:
         lines += [shell_words(["module", "load", *spec.runtime_modules]), "module list 2>&1"]
     lines += [f"cd {shlex.quote(str(job.workdir))}", *_venv_lines(spec, site), *_install_lines(spec, request)]
@@ -1206,13 +1324,17 @@ def submit_run(
     out: TextIO = sys.stdout,
 ) -> Submitted | None:
     """`invoke submit --run`: write the run job's script beside the logs and submit it (or print
-    it, --dry-run); with wait, follow its log and exit with the script's code."""
+    it, --dry-run); with wait, follow its log and exit with the script's code. The job asks for
+    the build's job keys with the profile's run_job over them (the Alliance's pytorch-test.sh)."""
+    spec = run_job_spec(spec)
     scheduler = scheduler_for(spec.scheduler)
     check_job_keys(spec)
     account = job_account(spec)
     if dependency and not _JOB_ID.fullmatch(dependency):
         raise UsageError(f"--dependency {dependency!r} is no job id", hint="pass the id sbatch or qsub printed")
     _directive_path(request.out / "logs", scheduler.name)
+    places = [("--run", str(request.script), _MOUNTED_HINT), ("--wheelhouse", str(request.wheelhouse), _MOUNTED_HINT)]
+    jobplaces.check_mounted(spec, [*places, *_job_places(request.out)])
     job = run_job(spec, request, account, dependency)
     text = render_run(scheduler, job, request)
     if dry_run:
@@ -1225,7 +1347,12 @@ def submit_run(
     writable_dir(request.out, "--out")
     script = scheduler.script_path(job)
     with named_os_errors(job.logs, "writing the batch script"):
-        script.parent.mkdir(parents=True, exist_ok=True)
+        if script.exists() or scheduler.log_path(job).exists():  # another job's: never overwritten
+            raise PathError(
+                f"{script} already exists: the kept script of another run job has this job's name",
+                hint="submit again: each run job's name has the time and a random part of its own",
+            )
+        make_dirs(script.parent)
         atomic_write_text(script, text, mode=0o755)
     try:
         job_id = scheduler.submit(job, script)

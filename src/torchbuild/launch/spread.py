@@ -264,7 +264,7 @@ def spread_lines(
     point the build at them (local_slots on its own node), and stop them when the script exits
     (the build's command follows, not exec'd)."""
     return [
-        f"# the compiles spread over the allocation's {nodes} nodes (distcc; README: invoke submit --nodes)",
+        f"# the compiles spread over the allocation's {nodes} nodes (distcc; docs: Several nodes, the compile spread)",
         *job_id_lines(id_variable),
         f'tb_log={shlex.quote(log_dir)}/{DISTRIBUTOR}-"$tb_id"-daemons.log',
         *_address_lines(scheduler, nodes, remote_slots),

@@ -30,6 +30,7 @@ from torchbuild.launch import scheduler as sched
 MAX_NODES = 4096
 MAX_TASKS_PER_NODE = 1024
 DEFAULT_TIMEOUT_S = 1800.0  # queueing included
+MAX_TIMEOUT_S = 7 * 86400.0  # a week: more than any queue's wait a person would sit through
 CHECK_TIMEOUT_S = 300  # one collective's, in each rank
 
 
@@ -53,6 +54,11 @@ def check_request(req: NodesRequest) -> None:
         raise UsageError(f"--tasks-per-node {shape.tasks_per_node} is out of range", hint="e.g. --tasks-per-node 4")
     if not req.timeout > 0:
         raise UsageError(f"--timeout {req.timeout:g} gives the job no time", hint="e.g. --timeout 1800 (seconds)")
+    if not req.timeout <= MAX_TIMEOUT_S:  # inf, 1e309 (inf too) and the like: an unbounded wait
+        raise UsageError(
+            f"--timeout {req.timeout:g} is more than the {MAX_TIMEOUT_S // 86400:.0f} days torchbuild waits for a job",
+            hint="e.g. --timeout 1800 (seconds, queueing included); the job keeps its own --walltime",
+        )
     for part in ("bin/activate", "bin/python"):
         if not (req.prefix / part).exists():
             raise PathError(
@@ -83,6 +89,8 @@ def prepare(req: NodesRequest) -> tuple[sched.Scheduler, sched.Job, Path]:
         "world_size": shape.world_size,
         "mpi": "mpi" in spec.distributed,
         "nccl": "nccl" in spec.distributed,
+        # a CUDA build with MPI: its MPI must take CUDA tensors (CUDA-aware) where GPUs are visible
+        "mpi_cuda": spec.cuda and "mpi" in spec.distributed,
         "timeout": CHECK_TIMEOUT_S,
     }
     scheduler = sched.nodes_scheduler_for(spec.scheduler, shape.nodes, shape.tasks_per_node)

@@ -7,6 +7,7 @@ build does is decided by it and the host facts read here (cores, memory limit).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -22,7 +23,8 @@ from typing import Any, TextIO, TypeVar
 from torchbuild import __version__
 from torchbuild.core.atomic import atomic_write_text
 from torchbuild.core.console import table
-from torchbuild.core.errors import BuildFailed, TorchbuildError, named_os_errors
+from torchbuild.core.dirs import make_dirs
+from torchbuild.core.errors import BuildFailed, PathError, TorchbuildError, named_os_errors
 from torchbuild.core.process import Finished
 from torchbuild.core.progress import Tee
 from torchbuild.delivery import manifest
@@ -31,7 +33,8 @@ from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import NO_CCACHE, ccache_launcher, compile_env, format_env
 from torchbuild.inputs.jobs import peaks_file, record_measured, record_unit_peaks, units_file
 from torchbuild.inputs.source import sha256_file
-from torchbuild.steps import buildenv, cmakecache, codegen, compile_job
+from torchbuild.steps import buildenv, cmakecache, codegen, compile_job, unitpeak
+from torchbuild.steps.bound import bound_of, efficiency_record, ninja_graph, parse_graph, render_bound, render_heaviest
 from torchbuild.steps.compile_job import (
     CompileJob,
     check_wheel_tools,
@@ -44,7 +47,7 @@ from torchbuild.steps.compile_job import (
 )
 from torchbuild.steps.heavy import apply_pool
 from torchbuild.steps.oom import run_watched
-from torchbuild.steps.report import LogMark, mark, write_report
+from torchbuild.steps.report import LogMark, Report, Step, mark, write_report
 from torchbuild.steps.repro import normalize_wheel
 
 
@@ -95,6 +98,26 @@ def run_logged(
 
 def build_dir(source: str) -> Path:
     return Path(source) / "build"
+
+
+def remove_build_dir(source: str, tee: Tee) -> None:
+    """--clean: remove the tree's build/ directory. A symbolic link there is refused (PathError
+    naming it and its target): shutil.rmtree refuses links with an OSError that named nothing
+    ("invoke build: .: OSError"), and what a link points to is not the tree's to remove."""
+    build = build_dir(source)
+    if build.is_symlink():
+        with named_os_errors(build, "--clean"):
+            target = os.readlink(build)
+        raise PathError(
+            f"--clean: {build} is a symbolic link (to {target}): --clean removes the tree's own build "
+            "directory, never what a link points to",
+            hint=f"remove the link (rm {build}) or empty what it points to yourself, then build again",
+        )
+    if not build.exists():
+        return
+    tee.line(f"removing {build} (--clean)")
+    with named_os_errors(build, "--clean: removing the build directory"):
+        shutil.rmtree(build)
 
 
 def configure(
@@ -325,9 +348,8 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
     run: Run | None = None
     try:
         run = _start(req, tee, log)
-        if req.clean and build_dir(req.source).exists():
-            tee.line(f"removing {build_dir(req.source)} (--clean)")
-            shutil.rmtree(build_dir(req.source))
+        if req.clean:
+            remove_build_dir(req.source, tee)
         run.ninja_mark = mark(build_dir(req.source) / ".ninja_log")
         # another interpreter is another configure (Python's paths are in CMake's cache); ninja
         # and ccache still reuse every object whose command line is the same
@@ -341,8 +363,13 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
         return _finish(run, _build_wheel(run, watch))
     finally:
         tee.close()
-        if run is not None:
-            shutil.rmtree(run.tmp, ignore_errors=True)
+        # this run's TMPDIR, also when it stopped while starting (Ctrl-C during the tool probes)
+        shutil.rmtree(run_tmp(req), ignore_errors=True)
+
+
+def run_tmp(req: BuildRequest) -> Path:
+    """TMPDIR of the run (pip's temporary trees): cache_dir/tmp/<run id>, removed at its end."""
+    return Path(req.cache_root) / "tmp" / req.run_id
 
 
 def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
@@ -355,10 +382,10 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     if req.source_date_epoch and "SOURCE_DATE_EPOCH" not in spec.env:
         env_vars["SOURCE_DATE_EPOCH"] = str(req.source_date_epoch)
     python = interpreter(req.python)
-    tmp = Path(req.cache_root) / "tmp" / req.run_id
+    tmp = run_tmp(req)
     for d in (env_vars["CCACHE_DIR"], env_vars["PIP_CACHE_DIR"], tmp):
         with named_os_errors(d, "creating the build's cache directories"):
-            Path(d).mkdir(parents=True, exist_ok=True)
+            make_dirs(d)
     tee.line(f"torchbuild {__version__}: {'preflight' if req.preflight else 'wheel build'} of {req.source}")
     tee.line(f"profile {spec.profile} (sha256 {spec.hash[:16]}), version {spec.build_version}, on {req.backend}")
     tee.line(f"jobs: {plan.jobs} ({plan.reason})")
@@ -374,11 +401,40 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     tee.line("environment:")
     for line in format_env(env_vars).splitlines():
         tee.line(f"  {line}")
+    _measure_units(req, env, tmp, tee)
     job = CompileJob(spec, plan, env_vars, env, tee, req.oom_retry, started, t0)
     job.toolchain()
     run = Run(req, tee, log, job, tmp)
     run.python, run.epoch_origin, run.venv = python, req.epoch_origin, venv
     return run
+
+
+UNITS_RECORD = "torchbuild-units.tsv"  # in the build directory: a resumed build adds to it
+
+
+def _measure_units(req: BuildRequest, env: dict[str, str], tmp: Path, tee: Tee) -> None:
+    """Each real compile's peak memory and time into build/torchbuild-units.tsv, through ccache's
+    prefix command (steps/unitpeak.py): not where ccache is not the launcher, nor in a spread
+    over nodes, whose CCACHE_PREFIX is distcc (a remote compile's memory is not this node's)."""
+    if "CMAKE_CXX_COMPILER_LAUNCHER" not in env or env.get("CCACHE_PREFIX", "").strip():
+        return
+    measure = unitpeak.launcher(str(tmp), str(build_dir(req.source) / UNITS_RECORD))
+    if measure is None:
+        tee.line("torchbuild: units' peak memory not measured: a path has whitespace (ccache splits CCACHE_PREFIX)")
+        return
+    env.update(measure)
+    tee.line(f"torchbuild: each compile's peak memory and time go to build/{UNITS_RECORD} (through CCACHE_PREFIX)")
+
+
+def _heaviest(run: Run) -> list[dict[str, object]]:
+    """The ten units with the highest peak memory this tree's builds measured; every measured
+    unit's peak is kept for the heavy pool of the next plans (inputs.jobs.record_unit_peaks)."""
+    units = unitpeak.read_record(str(build_dir(run.req.source) / UNITS_RECORD), run.req.source)
+    if units:
+        measured = [{"file": f, "peak_rss_bytes": peak} for f, (peak, _) in units.items()]
+        with contextlib.suppress(OSError):
+            record_unit_peaks(units_file(run.req.cache_root, run.req.spec.hash), measured)
+    return unitpeak.heaviest(units)
 
 
 def _codegen(req: BuildRequest, python: str, env_vars: dict[str, str], tee: Tee) -> None:
@@ -501,27 +557,59 @@ def _finish(run: Run, wheel: Path | None) -> Outcome:
     return Outcome(wheel, manifest, run.log)
 
 
-def _report(run: Run) -> dict[str, str] | None:
+def _report(run: Run) -> dict[str, Any] | None:
     """The build report next to the log, from what this build added to the tree's .ninja_log
-    (text, Chrome trace, picture). A report that cannot be written is a note, not a failure."""
+    (text, Chrome trace, picture) with the build's lower bound on its jobs (steps/bound.py). A
+    report that cannot be written is a note, not a failure."""
     req, tee = run.req, run.tee
     ninja_log = build_dir(req.source) / ".ninja_log"
     if not ninja_log.is_file():
         return None
+    found: dict[str, Any] = {}
+
+    def appendix(summary: Report, steps: list[Step]) -> str:
+        try:  # the report's figures never fail a build whose wheel is made
+            graph = ninja_graph(build_dir(req.source))
+            b = bound_of(steps, parse_graph(graph) if graph else None, run.job.jobs.start)
+            wall = time.monotonic() - run.job.t0
+            heaviest = _heaviest(run)
+            text = render_bound(b, summary.wall_seconds, wall) + render_heaviest(heaviest)
+        except Exception as exc:  # named in the log; the build goes on
+            tee.line(f"torchbuild: no lower bound in the report: {type(exc).__name__}: {exc}")
+            return ""
+        found["efficiency"] = efficiency_record(b, summary.wall_seconds, wall)
+        found["heaviest"] = heaviest
+        return text
+
     try:
-        rep = write_report(ninja_log, run.log.parent, f"report-{req.spec.profile}-{req.run_id}", since=run.ninja_mark)
+        rep = write_report(
+            ninja_log,
+            run.log.parent,
+            f"report-{req.spec.profile}-{req.run_id}",
+            since=run.ninja_mark,
+            appendix=appendix,
+        )
     except TorchbuildError as err:
         tee.line(f"torchbuild: no build report: {err.message}")
         return None
     if rep.summary.slowest:
         slowest = rep.summary.slowest[0]
         tee.line(f"slowest translation unit: {slowest.output} ({slowest.seconds:.1f} s)")
+    if "efficiency" in found:
+        e = found["efficiency"]
+        tee.line(
+            f"efficiency: wall {e['build_wall_s']:.0f} s = {e['build_wall_s'] / e['bound_s']:.2f} x the lower bound "
+            f"{e['bound_s']:.0f} s on {e['jobs']} jobs (limited by {e['limited_by']})"
+            if e["bound_s"] > 0
+            else "efficiency: no step took measurable time"
+        )
     if rep.notice:
         tee.line(rep.notice)
-    return {"text": rep.text.name, "trace": rep.trace.name, **({"png": rep.png.name} if rep.png else {})}
+    files = {"text": rep.text.name, "trace": rep.trace.name, **({"png": rep.png.name} if rep.png else {})}
+    return {**files, **found}
 
 
-def _write_manifest(run: Run, fields: Mapping[str, Any], wheel: Path | None, report: Mapping[str, str] | None) -> Path:
+def _write_manifest(run: Run, fields: Mapping[str, Any], wheel: Path | None, report: Mapping[str, Any] | None) -> Path:
     req, spec = run.req, run.req.spec
     m = manifest.for_build(
         spec,
@@ -564,7 +652,7 @@ def _summary(
     manifest: Path,
     seconds: float,
     ccache: tuple[int, int, float],
-    report: Mapping[str, str] | None,
+    report: Mapping[str, Any] | None,
 ) -> None:
     """The artifacts (name, size, sha256) and the build's figures, as two tables."""
     files = [f for f in (wheel, manifest) if f is not None]
@@ -593,7 +681,11 @@ def _summary(
             for c in run.canaries
         ],
         ("log", str(run.log)),
-        *([("report", ", ".join(str(run.log.parent / name) for name in report.values()))] if report else []),
+        *(
+            [("report", ", ".join(str(run.log.parent / report[k]) for k in ("text", "trace", "png") if k in report))]
+            if report
+            else []
+        ),
     ]
     run.tee.line(table(["", ""], facts, header=False))
 

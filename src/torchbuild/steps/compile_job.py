@@ -34,7 +34,7 @@ from typing import Any, TextIO, TypeVar
 from torchbuild import __version__
 from torchbuild.core.atomic import PARTIAL_PREFIX
 from torchbuild.core.errors import ToolMissing, TorchbuildError, named_os_errors
-from torchbuild.core.process import Finished
+from torchbuild.core.process import Finished, run_captured
 from torchbuild.core.progress import Tee
 from torchbuild.inputs import remote_cache
 from torchbuild.inputs.config import BuildSpec
@@ -48,11 +48,18 @@ def now_utc() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
+VERSION_PROBE_S = 60.0  # `cc --version` and the like: a site's wrapper may load a module first
+
+
 def first_line(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """The first line a tool's version command prints ("" when the tool is not there, or says
+    nothing within VERSION_PROBE_S). It runs in a process group of its own that is stopped on
+    every way out: Ctrl-C or SIGTERM during the probe of a wrapper (a site's `cc` script) left
+    the wrapper's child running after torchbuild had said its processes were stopped."""
     if shutil.which(cmd[0], path=(env or os.environ).get("PATH")) is None:
         return ""
-    proc = subprocess.run(list(cmd), capture_output=True, text=True, env=dict(env) if env else None, check=False)
-    lines = (proc.stdout or proc.stderr).strip().splitlines()
+    done = run_captured(cmd, env=env or None, timeout=VERSION_PROBE_S)
+    lines = (done.stdout or done.stderr).strip().splitlines()
     return lines[0] if lines else ""
 
 
@@ -69,11 +76,7 @@ def toolchain_versions(spec: BuildSpec, env: Mapping[str, str]) -> dict[str, str
     }
     if spec.cuda:
         nvcc = env.get("CUDACXX", "nvcc")
-        proc = (
-            subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=False)
-            if shutil.which(nvcc)
-            else None
-        )
+        proc = run_captured([nvcc, "--version"], timeout=VERSION_PROBE_S) if shutil.which(nvcc) else None
         lines = proc.stdout.strip().splitlines() if proc and proc.returncode == 0 else []
         # "Cuda compilation tools, release 12.4, V12.4.131"
         versions["nvcc"] = next((ln for ln in lines if "release" in ln), lines[-1] if lines else "not found")
@@ -224,7 +227,12 @@ class CompileJob:
         return {**self.env, **jobs_env(n)}
 
     def zero_ccache(self) -> None:
-        """ccache's counters from zero: the hit rate recorded is this job's."""
+        """ccache's counters from zero: the hit rate recorded is this job's. What they held is
+        said first: a build cut before its manifest leaves its figures only there, and the run
+        that resumes it shows them (a unit compiled again would be a hit on the next run)."""
+        hits, misses, _ = hit_rate(ccache_stats(self.env))
+        if hits or misses:
+            self.sink.line(f"ccache before this run (the run before it, cut or finished): {hits} hits, {misses} misses")
         with contextlib.suppress(OSError):  # no ccache here: nothing to zero
             subprocess.run(["ccache", "--zero-stats"], env=self.env, capture_output=True, check=False)
 

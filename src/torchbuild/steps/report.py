@@ -25,7 +25,7 @@ import os
 import re
 import tempfile
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -371,9 +371,16 @@ class ReportFiles:
     notice: str | None  # one line for the user when the picture was not drawn
 
 
-def write_report(ninja_log: Path, dest_dir: Path, stem: str, since: LogMark | None = None) -> ReportFiles:
+def write_report(
+    ninja_log: Path,
+    dest_dir: Path,
+    stem: str,
+    since: LogMark | None = None,
+    appendix: Callable[[Report, list[Step]], str] | None = None,
+) -> ReportFiles:
     """dest_dir/<stem>.txt, <stem>.trace.json and (with matplotlib) <stem>.png from ninja_log:
     what ninja logged after `since` (from mark() before the build), or the whole log.
+    appendix: more text for the summary, from the summary and the steps (the bound, steps/bound.py).
 
     The stem is used as it is (dots included). The files appear together or not at all:
     PathError or InsufficientSpace (named) if the log cannot be read or dest_dir written.
@@ -388,7 +395,8 @@ def write_report(ninja_log: Path, dest_dir: Path, stem: str, since: LogMark | No
         tempfile.TemporaryDirectory(prefix=".report-", dir=dest_dir) as tmp,
     ):
         staged = {kind: Path(tmp) / path.name for kind, path in final.items()}
-        staged["text"].write_text(render_text(summary, str(ninja_log)))
+        more = appendix(summary, steps) if appendix is not None and summary.steps else ""
+        staged["text"].write_text(render_text(summary, str(ninja_log)) + (f"\n{more}" if more else ""))
         staged["trace"].write_text(render_trace(steps, f"ninja: {ninja_log}"))
         drawn = render_png(steps, summary, staged["png"], stem)
         for kind, path in staged.items():

@@ -46,6 +46,15 @@ PLAIN_TREE_EPOCH = ZIP_EPOCH
 PLAIN_TREE = "plain tree: constant 1980-01-01"
 # manifest.diff of two wheels compares at most this many members each (a torch wheel has ~15,000)
 MEMBERS_LIMIT = 500_000
+# ... and inflates the members both hold with the same size and CRC, to compare their bytes: at
+# most DIFF_INFLATE_LIMIT of both wheels together, and at most INFLATE_RATIO times each archive's
+# own size once past INFLATE_FLOOR. A torch wheel inflates 2 to 4 times (2.14.1 CUDA: 528 MiB to
+# 1.1 GiB; 2.13.0 CPU: 182 MiB to 666 MiB); two 4 MB wheels of zeros declared 16 GiB each, and
+# took 42 s of CPU to compare. Member sizes are checked from the central directory, before any
+# byte is inflated (zipfile stops a member at its declared size).
+DIFF_INFLATE_LIMIT = 16 * 2**30
+INFLATE_RATIO = 100
+INFLATE_FLOOR = 64 * 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,6 +295,7 @@ def diff_wheels(a: Path, b: Path) -> WheelDiff:
             return WheelDiff(sa, sb, ())
         with _open_wheel(a) as za, _open_wheel(b) as zb:
             ia, ib = _members(za, a), _members(zb, b)
+            _check_inflate(ia, ib, a, b)
             # each shared member's place among the shared members (a dict: one look-up per name)
             place_a = {n: i for i, n in enumerate(n for n in ia if n in ib)}
             place_b = {n: i for i, n in enumerate(n for n in ib if n in ia)}
@@ -309,6 +319,29 @@ def diff_wheels(a: Path, b: Path) -> WheelDiff:
                 if place_a[name] != place_b[name]:
                     found.append(MemberDifference(name, "position", str(place_a[name]), str(place_b[name])))
     return WheelDiff(sa, sb, tuple(found))
+
+
+def _check_inflate(ia: dict[str, zipfile.ZipInfo], ib: dict[str, zipfile.ZipInfo], a: Path, b: Path) -> None:
+    """WheelError when comparing the members both wheels hold with the same size and CRC would
+    inflate more than DIFF_INFLATE_LIMIT, or more than INFLATE_RATIO times a wheel's size."""
+    same = [(ia[n], ib[n]) for n in ia if n in ib and ia[n].CRC == ib[n].CRC and ia[n].file_size == ib[n].file_size]
+    per_wheel = [sum(x.file_size for x, _ in same), sum(y.file_size for _, y in same)]
+    total = sum(per_wheel)
+    hint = "compare wheels that pip or `invoke build` wrote; these declare far more content than any torch wheel"
+    if total > DIFF_INFLATE_LIMIT:
+        raise WheelError(
+            f"comparing {a.name} and {b.name} would inflate {total / 2**30:.1f} GiB, more than the "
+            f"{DIFF_INFLATE_LIMIT // 2**30} GiB torchbuild inflates for a diff",
+            hint=hint,
+        )
+    for wheel, inflated in zip((a, b), per_wheel):
+        size = max(wheel.stat().st_size, 1)
+        if inflated > INFLATE_FLOOR and inflated > INFLATE_RATIO * size:
+            raise WheelError(
+                f"{wheel} would inflate to {inflated / 2**20:.0f} MiB, {inflated // size} times its "
+                f"{size / 2**20:.1f} MiB (torchbuild inflates at most {INFLATE_RATIO} times a wheel's size)",
+                hint=hint,
+            )
 
 
 def _stamp(info: zipfile.ZipInfo) -> str:

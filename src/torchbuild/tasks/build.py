@@ -6,6 +6,7 @@ import sys
 
 from invoke.context import Context
 
+from torchbuild.core.console import printable
 from torchbuild.core.errors import UsageError, writable_dir
 from torchbuild.core.problems import Problems
 from torchbuild.core.progress import MODES
@@ -110,7 +111,8 @@ def progress_mode(progress: str) -> str:
         "source": SOURCE_HELP,
         "ref": "git tag, branch or commit (default: the profile's)",
         "dest": "where to put the tree (default <cache_dir>/src/pytorch-<ref>)",
-        "update": "bring an existing checkout (--dest or --source DIR) to the head of its branch",
+        "update": "bring an existing checkout (--dest or --source DIR) and the profile's companion checkouts to the "
+        "head of their branches (fast-forward; submodules too)",
         "no_patch": "do not apply the patch series",
     },
     iterable=["set_"],
@@ -140,7 +142,7 @@ def source(
     if not no_patch:
         series, result = patch_tree(spec, info.path)
         print(describe_patches(series, result))
-    print(f"{info.path} ({info.kind}{', ' + info.commit[:12] if info.commit else ''})")
+    print(printable(f"{info.path} ({info.kind}{', ' + info.commit[:12] if info.commit else ''})"))
 
 
 @launch_task(

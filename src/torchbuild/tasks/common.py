@@ -3,20 +3,29 @@ one place a task turns its runtime options into a backend."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
+import re
+import select
+import signal
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+import invoke.parser.parser
 from invoke.collection import Collection
-from invoke.exceptions import Exit
+from invoke.exceptions import Exit, ParseError
 from invoke.parser.argument import Argument
+from invoke.parser.context import translate_underscores
 from invoke.tasks import Task
 from invoke.tasks import task as invoke_task
 
+from torchbuild.core.console import printable as console_printable
+from torchbuild.core.dirs import removing_made_dirs
 from torchbuild.core.errors import (
     PathError,
     ProfileError,
@@ -53,18 +62,66 @@ RUNTIME_HELP = {
 EXTRA_RUNTIME = ("host_mpi",)
 
 
+# `invoke config | head -1`: the exit status of a program whose reader went away, as a shell
+# reports a Unix tool killed by SIGPIPE (Python ignores SIGPIPE and raises BrokenPipeError)
+BROKEN_PIPE_EXIT = 128 + signal.SIGPIPE
+
+
+def stdout_reader_gone() -> bool:
+    """Whether standard output is a pipe (or socket) whose reading end was closed: poll(2)
+    says POLLERR for the writing end then. A BrokenPipeError from elsewhere (a child's stdin)
+    is a real fault, not this."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no stdout, or one without a descriptor
+        return False
+
+
+def quiet_exit_for_closed_stdout() -> int:
+    """Point standard output at /dev/null (Python's last flush at exit would fail again and say
+    so) and return BROKEN_PIPE_EXIT: nothing is printed, as `yes | head -1` prints nothing."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return BROKEN_PIPE_EXIT
+
+
+def _broken_pipe_hook(previous: Callable[..., Any]) -> Callable[..., Any]:
+    """sys.excepthook for what invoke itself prints before a task runs (`invoke --list | head`):
+    a BrokenPipeError on a closed stdout ends the program quietly; anything else goes on to the
+    hook there was."""
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        if issubclass(kind, BrokenPipeError) and stdout_reader_gone() and not debug_enabled():
+            os._exit(quiet_exit_for_closed_stdout())  # the interpreter's exit would flush stdout again
+        previous(kind, value, tb)
+
+    return hook
+
+
+sys.excepthook = _broken_pipe_hook(sys.excepthook)
+
+
 def handles_errors(fn: F) -> F:
     """Print named errors as `error:` + `hint:` and exit with their code (traceback with --debug).
     An operating-system fault no step named (a full disk, a read-only or vanished path) is named
-    here: InsufficientSpace or PathError with the path, never a traceback."""
+    here: InsufficientSpace or PathError with the path, never a traceback. A reader that closed
+    standard output early (`invoke config | head -1`) ends the task quietly (BROKEN_PIPE_EXIT).
+    A failed task removes the directories it made (core/dirs.make_dirs) that are still empty."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with removing_made_dirs():  # a failed task leaves no empty directory it made
+                return fn(*args, **kwargs)
         except (TorchbuildError, OSError) as exc:
             if debug_enabled():
                 raise
+            if isinstance(exc, BrokenPipeError) and stdout_reader_gone():
+                raise Exit(code=quiet_exit_for_closed_stdout()) from None
             err = (
                 exc
                 if isinstance(exc, TorchbuildError)
@@ -207,36 +264,116 @@ def print_task_help(task: Task) -> None:  # type: ignore[type-arg]
     program.print_task_help(name)
 
 
+def _flag(name: str) -> str:
+    """An argument's long flag as the help shows it: --set for set_, --gpu-type for gpu_type."""
+    return "--" + translate_underscores(name)
+
+
+def _usage_exit(err: UsageError) -> Exit:
+    """The Exit that ends the program with err reported (err itself with --debug)."""
+    if debug_enabled():
+        raise err
+    return Exit(code=report(err))
+
+
+# what an option of each kind takes, for the error naming a value it cannot take
+_KINDS = {int: ("a whole number", "2"), float: ("a number", "1800")}
+
+
 class TaskArgument(Argument):
     """An option or positional of a torchbuild task. Invoke's parser gives a positional (or an
     option waiting for its value) the next word whatever it is, so `invoke wheelhouse --help`
     made a wheelhouse named ./--help. Here `--help`/`-h` print the task's help and end the
     program before any task runs; any other value starting with '-' is a UsageError (except
-    where the value is itself an option: OPTION_VALUES)."""
+    where the value is itself an option: OPTION_VALUES), and so is a value an int or float
+    option cannot take (`--nodes 2.5`: invoke's int() raised ValueError, a traceback)."""
 
     owner: _Owner
     takes_options: bool = False
 
     def set_value(self, value: Any, cast: bool = True) -> None:
+        flag = _flag(self.names[0])
         if isinstance(value, str) and value.startswith("-"):
             if value in HELP_WORDS:
                 print_task_help(self.owner.task)
                 raise Exit(code=0)
             if not self.takes_options:
-                flag = "--" + self.names[0]
                 try:
                     not_an_option(value, flag)
                 except UsageError as err:
-                    if debug_enabled():
-                        raise
-                    raise Exit(code=report(err)) from None
-        super().set_value(value, cast)
+                    raise _usage_exit(err) from None
+        try:
+            super().set_value(value, cast)
+        except ValueError:
+            if not cast or self.kind not in _KINDS:
+                raise
+            what, example = _KINDS[self.kind]
+            raise _usage_exit(
+                UsageError(f"{flag} {value!r} is not {what}", hint=f"give {flag} {what}, e.g. {flag} {example}")
+            ) from None
+
+
+class CommandLineError(ParseError, Exit):
+    """A command line invoke's parser cannot read (an option missing its value, an unknown word):
+    reported as a UsageError (`error: UsageError: ...`, a hint, exit 2) instead of invoke's own
+    line, which named internal objects (`Flag <TaskArgument: prefix (r) *> needed value`) and
+    exited 1. It is a ParseError, so every `except ParseError` of invoke still catches it, and
+    an Exit, so invoke's Program exits with its code (Program.run checks Exit before ParseError
+    for the code, and prints no Exit message: the text is this error's str)."""
+
+    def __init__(self, msg: str, context: Any = None) -> None:
+        ParseError.__init__(self, msg, context)
+        Exit.__init__(self, None, UsageError.exit_code)
+        self.usage = self._usage(msg, context)
+
+    @staticmethod
+    def _usage(msg: str, context: Any) -> UsageError:
+        # <TaskArgument: prefix (r) *> -> --prefix; <TaskArgument: set_ ...> -> --set
+        text = re.sub(r"<\w*Argument: ([\w-]+)[^>]*>", lambda m: _flag(m.group(1)), msg)
+        missing = re.fullmatch(r"Flag (--[\w-]+) needed value and was not given one!", text)
+        unknown = re.fullmatch(r"No idea what '(.*)' is!", text, re.DOTALL)
+        task = getattr(context, "name", None)
+        program = "torchbuild" if PROGRAM["binary"] == "torchbuild" else "invoke"
+        where = f"{program} {task}: " if task else ""
+        positional = re.fullmatch(r"'.*' did not receive required positional arguments: (.*)", text)
+        if positional:
+            return UsageError(
+                f"{where}the argument {positional.group(1)} is missing",
+                hint=f"`{program} --help {task}` shows the task's arguments",
+            )
+        if missing:
+            flag = missing.group(1)
+            return UsageError(
+                f"{where}{flag} needs a value",
+                hint=f"write {flag} VALUE (a word starting with '-' is the next option, not the value)",
+            )
+        if unknown:
+            return UsageError(
+                f"{where}no option or task {console_printable(unknown.group(1))!r}",
+                hint="`invoke --list` lists the tasks, `invoke --help TASK` the options of one",
+            )
+        return UsageError(f"{where}{console_printable(text.rstrip('!'))}")
+
+    def __str__(self) -> str:
+        name = type(self.usage).__name__
+        return f"error: {name}: {self.usage.message}\nhint: {self.usage.hint}"
+
+
+# Invoke's parser raises the ParseError its module names (invoke/parser/parser.py's `from
+# ..exceptions import ParseError`); naming CommandLineError there makes every parse error of
+# `invoke` (tasks.py imports this package before it parses the tasks' words) and of the
+# `torchbuild` program a UsageError. Invoke offers no other hook: its Program is not ours
+# when the `invoke` command runs.
+setattr(invoke.parser.parser, "ParseError", CommandLineError)  # noqa: B010
 
 
 class TorchbuildTask(Task):  # type: ignore[type-arg]
     """Every torchbuild task (`task` below makes them): its arguments are TaskArguments, and no
     option has a reserved short flag (RESERVED_SHORT): the option invoke would give one has none,
-    and every other option keeps the short flag it had."""
+    and every other option keeps the short flag it had. A repeatable option given without a
+    value (`--set` at the end, or before another option) is a UsageError. Invoke's parser keeps
+    no trace of a repeatable option seen again after it had a value, so `--set a=1 --set` still
+    drops the second, bare one."""
 
     def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
         given_help = dict(self.help)  # invoke pops each help text as it uses it: keep them for the next call
@@ -251,6 +388,10 @@ class TorchbuildTask(Task):  # type: ignore[type-arg]
             guarded = cast(TaskArgument, arg)
             guarded.owner = owner
             guarded.takes_options = arg.name in OPTION_VALUES
+            if arg.kind is list:
+                # invoke starts a repeatable option's raw value as [], never None, so its parser's
+                # "needed value and was not given one" never fired: a bare `--set` was dropped
+                arg.raw_value = None
         return args
 
 

@@ -27,8 +27,8 @@ def comms(c: Context, launch: Launch, out: str = "out", jobs: str = "", no_retry
     Into <cache_dir>/comms/<versions>-<key>: a rerun with the same inputs is a no-op. Natively, in the image
     (--in-container) or in the SIF (--in-container --engine apptainer: at the site, against its
     libfabric_prefix bound read-only; the SIF then gets the prefix bound at /opt/torchbuild/comms, and the
-    --bind to give it is printed); `invoke build` and `invoke submit`'s job run it first. See README "NCCL
-    and the Slingshot plugin"."""
+    --bind to give it is printed); `invoke build` and `invoke submit`'s job run it first. See the docs' "NCCL
+    and the Slingshot plugin" (docs/guide/nccl.md)."""
     problems = Problems()  # a bad --jobs and a bad profile named at once
     max_jobs = problems.check(lambda: parse_jobs_option(jobs))
     spec = problems.check(launch.spec)

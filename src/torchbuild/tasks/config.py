@@ -6,7 +6,7 @@ import json
 
 from invoke.context import Context
 
-from torchbuild.core.console import table
+from torchbuild.core.console import redact, table
 from torchbuild.core.errors import UsageError
 from torchbuild.inputs.config import available_profiles, describe_keys, resolve
 from torchbuild.inputs.render import config_data, config_text
@@ -49,7 +49,7 @@ def config(
     backend = engine_for(engine, in_container)
     spec = spec_from(profile, set_, arch)
     data = config_data(spec, backend=backend)
-    print(json.dumps(data, indent=2) if format == "json" else config_text(spec, backend=backend))
+    print(redact(json.dumps(data, indent=2)) if format == "json" else config_text(spec, backend=backend))
 
 
 def profiles_table() -> str:

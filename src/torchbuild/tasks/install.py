@@ -46,7 +46,7 @@ def install(
     Its activate script and Lmod/Tcl modulefiles set runtime_env; a wheel linked to the NCCL of `invoke comms`
     brings it and the plugin along (copied in, first on LD_LIBRARY_PATH, NCCL_NET_PLUGIN; torch is checked to load
     them). Natively, in the toolchain image (--in-container) or in the SIF (--engine apptainer):
-    the environment runs where it was made. See README "After the build"."""
+    the environment runs where it was made. See the docs' "After the build" (docs/guide/after-the-build.md)."""
     spec = launch.spec()
     install_env(
         spec,

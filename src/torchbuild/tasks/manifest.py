@@ -17,8 +17,8 @@ from torchbuild.delivery.verify import check_wheel_file
 from torchbuild.steps import repro
 from torchbuild.tasks.common import handles_errors, task
 
-# `invoke manifest diff` when the manifests differ. Not 1: invoke itself exits 1 for a bad
-# option or a missing argument (and Python for a traceback), and 2..19 and 130 are named errors.
+# `invoke manifest diff` when the manifests differ. Not 1: invoke exits 1 for its own errors
+# (and Python for a traceback), and 2..29 and 130 are named errors (2 a bad option or argument).
 DIFFERENT = 99
 
 FILE_HELP = "a *.manifest.json that `invoke build` wrote (next to the wheel, or preflight-*.manifest.json)"
@@ -51,7 +51,7 @@ def diff(c: Context, a: str, b: str, all_: bool = False) -> None:
     Wheels: identical (same sha256), or each member that differs (content, only in one,
     timestamp, mode, compression, position in the archive).
     Exit status: 0 when identical ("identical" is printed), 99 when they differ, any other
-    non-zero on an error (invoke's own 1 for a bad option; torchbuild's named errors)."""
+    non-zero on an error (a named error's code: 2 for a bad option or a missing argument)."""
     pa, pb = user_path(a), user_path(b)
     if pa.suffix == ".whl" or pb.suffix == ".whl":
         for p in (pa, pb):

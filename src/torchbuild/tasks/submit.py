@@ -9,9 +9,10 @@ from typing import Any
 
 from invoke.context import Context
 
+from torchbuild.core.console import printable
 from torchbuild.core.errors import UsageError
 from torchbuild.core.safeio import user_path
-from torchbuild.inputs.config import BuildSpec
+from torchbuild.inputs.config import RUN_JOB_KEYS, BuildSpec
 from torchbuild.launch.backends import ENGINE_HELP
 from torchbuild.launch.runner import pythons_option
 from torchbuild.launch.scheduler import (
@@ -38,8 +39,8 @@ JOB_OPTIONS = ("scheduler", "account", "partition", "qos", "walltime", "cpus", "
         "account": "project to charge (default: the profile's, else $SLURM_ACCOUNT / $PBS_ACCOUNT)",
         "partition": "Slurm partition or PBS queue (default: the profile's, else the site's)",
         "qos": "Slurm QoS (default: the profile's)",
-        "walltime": "time limit, [D-]HH:MM:SS (default: the profile's, 04:00:00)",
-        "cpus": "cores for the job (default: the profile's `cpus`)",
+        "walltime": "time limit in Slurm's forms: HH:MM:SS, D-HH[:MM[:SS]], MM:SS, minutes (default: the profile's)",
+        "cpus": "cores for the job (default: the profile's `cpus`; with --run, run_job's)",
         "mem": "memory for the job, e.g. 64G (default: the profile's `mem`, else the site's)",
         "gpus": "GPUs for the job (default: the profile's `gpus`); with the SIF, > 0 adds --nv",
         "gpu_type": "GPU model, e.g. a100 (default: the profile's `gpu_type`)",
@@ -155,12 +156,24 @@ def _submit_build(spec: BuildSpec, given: Mapping[str, Any]) -> None:
 
 def _submit_run(spec: BuildSpec, given: Mapping[str, Any], remainder: str) -> None:
     """--run: the run job of the script, from the wheelhouse; its argv --arg, then the words after `--`."""
+    args = (*(given["arg"] or []), *_remainder_words(remainder))
     requirements = run_requirements(spec, given["package"] or [])
     script, house = check_run_request(spec, given["run"], given["wheelhouse"], requirements)
-    args = (*(given["arg"] or []), *shlex.split(remainder))
     out = user_path(given["out"] or "out").absolute()
     request = RunRequest(script, args, house, tuple(requirements), out)
     submit_run(spec, request, dependency=given["dependency"], dry_run=given["dry_run"], wait=given["wait"])
+
+
+def _remainder_words(remainder: str) -> list[str]:
+    """The words after `--` (invoke hands them over joined by spaces; they are split again as a
+    shell would); UsageError for an unbalanced quote, which shlex refuses with ValueError."""
+    try:
+        return shlex.split(remainder)
+    except ValueError as exc:
+        raise UsageError(
+            f"the words after `--` cannot be split into arguments ({exc}): {printable(remainder[:80])!r}",
+            hint="quote each argument once for the shell, or give it with --arg (kept exactly, repeatable)",
+        ) from None
 
 
 # build options a run job has no use for
@@ -195,6 +208,12 @@ def _check_run_options(given: Mapping[str, Any]) -> None:
         )
 
 
+def _job_key(key: str, run: bool) -> str:
+    """The profile key a job option sets: with --run, cpus, mem, gpus, gpu_type and walltime
+    are the run job's (run_job.KEY), over what the profile's run_job says."""
+    return f"run_job.{key}" if run and key in RUN_JOB_KEYS else key
+
+
 def _job_spec(
     profile: str,
     arch: str,
@@ -209,7 +228,8 @@ def _job_spec(
     --module replaces the profile's modules (runtime_modules for a run job: the key modules names),
     --directive adds to its directives."""
     sets = list(set_ or [])
-    sets += [f"{key}={value}" for key, value in job_options.items() if value]
+    run = "runtime_modules" in modules  # a run job: its own cpus, mem... are run_job's entries
+    sets += [f"{_job_key(key, run)}={value}" for key, value in job_options.items() if value]
     sets += [f"{key}={json.dumps(given)}" for key, given in modules.items() if given]
     if module_purge:
         sets.append("module_purge=true")

@@ -19,6 +19,7 @@ from torchbuild.delivery.wheelhouse import (
     listing,
     plain_columns,
     wheels_in,
+    wheels_in_house,
 )
 from torchbuild.tasks.common import HELP, handles_errors, spec_from, task
 
@@ -78,13 +79,13 @@ def wheelhouse(
         links = [Path(f) for f in find_links or []]
         added = build_mpi4py_wheel(spec, target, python=python, find_links=links)
     else:
-        wheels = [Path(w) for w in wheel or []] or [w.path for w in wheels_in(user_path(out))]
+        wheels = [Path(w) for w in wheel or []] or [w.path for w in wheels_in(user_path(out).absolute())]
         if not wheels:
             raise UsageError(f"no wheels in {out}", hint="build one first, or give --wheel W")
         added = add_wheels(target, wheels, allow_mixed=mix_local_versions)
     for p in added:
-        print(f"added {p.name}")
-    print(f"{len(wheels_in(target))} wheels in {target}; index: {target / 'simple'}")
+        print(f"added {console.printable(p.name)}")
+    print(console.printable(f"{len(wheels_in_house(target))} wheels in {target}; index: {target / 'simple'}"))
     print(f"use: pip install --no-index --find-links {target} <name>")
 
 

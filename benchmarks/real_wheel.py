@@ -1,0 +1,168 @@
+"""The main job for real: Debian trixie's PyTorch 2.6.0+dfsg source built into a wheel by
+`invoke build --in-container` with the debian-pytorch-2.6 test profile, at the lowest priority,
+in a work directory outside the repository. Hours on 2 cores: run the same command again after
+any cut (a stop, a reboot, Ctrl-C) and the build resumes where it stopped.
+
+  python benchmarks/real_wheel.py build   [--work DIR]   # make or resume the wheel (nice -n 19)
+  python benchmarks/real_wheel.py audit   [--work DIR]   # the build's own records after cuts
+  python benchmarks/real_wheel.py rebuild [--work DIR]   # a fresh tree at another path, warm cache
+
+`build` prepares what it needs on the first run (a debootstrapped trixie base, the .dsc through
+apt-get source, the toolchain image) and prints, once the wheel is there, the figures from its
+manifest: wall and CPU time, compile units, peak memory, the lower bound and wall / bound.
+`audit` reads the tree's .ninja_log (every output each ninja run finished) and ccache's
+counters: an output listed twice was compiled twice; a unit in flight at a cut is never listed
+(ninja logs an edge when it finishes), so a clean resume lists each output once. `rebuild`
+builds the same source again in a fresh tree at another path with the warm ccache and the saved
+code generation, and prints rebuild / cold and `invoke manifest.diff` of the two wheels.
+Disk: the work directory holds the tree (about 4 GB built), ccache (about 2 GB) and the wheels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILE = ROOT / "tests" / "fixtures" / "profiles" / "debian-pytorch-2.6.yaml"
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "fixtures")]
+
+
+def invoke(*args: str, log: Path | None = None) -> int:
+    cmd = ["nice", "-n", "19", sys.executable, "-m", "invoke", *args]
+    if log is None:
+        return subprocess.run(cmd, cwd=ROOT, check=False).returncode
+    with log.open("a") as f:
+        return subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+
+
+def site_sets(work: Path, cache: str = "cache") -> list[str]:
+    certs = sorted(str(p) for p in Path("/usr/local/share/ca-certificates").glob("*.crt"))
+    sets = [f"cache_dir={work / cache}"]
+    if certs:
+        sets.append("ca_certificates=" + ",".join(certs))
+    return [a for s in sets for a in ("--set", s)]
+
+
+def prepare(work: Path) -> Path:
+    """The trixie base, the .dsc and the toolchain image (each made once)."""
+    from debian_source import fetch_debian_pytorch
+
+    from torchbuild.core.arch import Arch
+    from torchbuild.inputs.baseimage import make_base_image
+    from torchbuild.inputs.engine import Engine
+
+    engine = Engine.connect()
+    tag, _ = make_base_image(
+        engine, suite="trixie", arch=Arch.X86_64, work_dir=work / "rootfs", ignore_valid_until=True
+    )
+    dsc = fetch_debian_pytorch(engine, tag, work / "src")
+    if invoke("image", "--profile", str(PROFILE), *site_sets(work), log=work / "image.log") != 0:
+        sys.exit(f"invoke image failed: {work / 'image.log'}")
+    return dsc
+
+
+def build(work: Path, out: str = "out", cache: str = "cache", source: Path | None = None) -> int:
+    dsc = prepare(work)
+    logs = sorted(work.glob(f"{out}-run-*.log"))
+    log = work / f"{out}-run-{len(logs) + 1}.log"
+    print(f"building (nice -n 19), log {log}", flush=True)
+    args = ["build", "--in-container", "--resume", "--progress", "lines", "--profile", str(PROFILE)]
+    args += ["--source", str(source or dsc), "--out", str(work / out), *site_sets(work, cache)]
+    code = invoke(*args, log=log)
+    if code == 0:
+        figures(work / out)
+    return code
+
+
+def figures(out: Path) -> None:
+    (manifest,) = sorted(out.glob("torch-*.whl.manifest.json"))[-1:]
+    m = json.loads(manifest.read_text())
+    eff = (m.get("report") or {}).get("efficiency") or {}
+    heavy = (m.get("report") or {}).get("heaviest") or []
+    print(f"wheel {m['wheel']['name']} ({m['wheel']['size'] / 1e6:.0f} MB)")
+    print(
+        f"wall {m['duration_s']:.0f} s in the last run; ccache {m['ccache']['hits']} hits, {m['ccache']['misses']} misses"
+    )
+    if eff:
+        print(
+            f"lower bound {eff['bound_s']:.0f} s on {eff['jobs']} jobs ({eff['limited_by']}); "
+            f"wall / bound {eff['build_wall_s'] / eff['bound_s']:.2f} (goal <= 1.10)"
+        )
+    if heavy:
+        print(f"highest peak: {heavy[0]['file']} {heavy[0]['peak_rss_bytes'] / 2**30:.2f} GiB")
+
+
+def audit(work: Path) -> None:
+    trees = sorted((work / "cache" / "src").glob("pytorch_*"))
+    if not trees:
+        sys.exit(f"no tree under {work / 'cache' / 'src'}: run `build` first")
+    log = trees[0] / "build" / ".ninja_log"
+    from torchbuild.steps.report import outputs_of, read_ninja_log
+
+    steps = read_ninja_log(log)
+    outputs = outputs_of(log)
+    twice = sorted(o for o, n in Counter(outputs).items() if n > 1)
+    compiled_twice = [o for o in twice if o.endswith((".o", ".obj"))]
+    print(f"{log}: {len(outputs)} outputs logged over {len({s.run for s in steps})} ninja runs")
+    print(
+        f"objects compiled more than once: {len(compiled_twice)}"
+        + (f" ({', '.join(compiled_twice[:5])})" if compiled_twice else "")
+    )
+    env = {**os.environ, "CCACHE_DIR": str(work / "cache" / "ccache")}
+    stats = subprocess.run(["ccache", "--print-stats"], env=env, capture_output=True, text=True, check=False).stdout
+    counts = dict(line.split("\t", 1) for line in stats.splitlines() if "\t" in line)
+    print(
+        f"ccache: {counts.get('direct_cache_hit', '?')} direct hits, {counts.get('preprocessed_cache_hit', '?')} preprocessed hits, {counts.get('cache_miss', '?')} misses"
+    )
+    units = trees[0] / "build" / "torchbuild-units.tsv"
+    if units.is_file():
+        names = [ln.split("\t")[2] for ln in units.read_text().splitlines() if ln.count("\t") == 3]
+        again = [n for n, c in Counter(names).items() if c > 1]
+        print(f"units measured through ccache's prefix: {len(names)}, compiled more than once: {len(again)}")
+
+
+def rebuild(work: Path) -> None:
+    cold = json.loads(sorted((work / "out").glob("torch-*.whl.manifest.json"))[-1].read_text())
+    t0 = time.monotonic()
+    other = work / "elsewhere" / "deeper" / "pytorch"
+    if not other.is_dir():  # the same .dsc unpacked afresh at another path (dpkg-source applies Debian's series)
+        other.parent.mkdir(parents=True, exist_ok=True)
+        dsc = sorted((work / "src").glob("*.dsc"))[0]
+        subprocess.run(["dpkg-source", "-x", "--", str(dsc), str(other)], check=True, capture_output=True)
+    code = build(work, out="out-rebuild", source=other)
+    if code != 0:
+        sys.exit(f"the rebuild failed ({code})")
+    warm = json.loads(sorted((work / "out-rebuild").glob("torch-*.whl.manifest.json"))[-1].read_text())
+    print(
+        f"rebuild / cold: {warm['duration_s'] / cold['duration_s']:.2f} (goal <= 0.10; {time.monotonic() - t0:.0f} s)"
+    )
+    a = work / "out" / cold["wheel"]["name"]
+    b = work / "out-rebuild" / warm["wheel"]["name"]
+    print(f"byte-identical: {'yes' if cold['wheel']['sha256'] == warm['wheel']['sha256'] else 'no'}")
+    invoke("manifest.diff", str(a) + ".manifest.json", str(b) + ".manifest.json")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["build", "audit", "rebuild"], nargs="?", default="build")
+    ap.add_argument("--work", type=Path, default=Path.home() / ".cache" / "torchbuild-bench" / "real-wheel")
+    args = ap.parse_args()
+    work = args.work.absolute()
+    work.mkdir(parents=True, exist_ok=True)
+    if args.what == "build":
+        sys.exit(build(work))
+    if args.what == "audit":
+        audit(work)
+    else:
+        rebuild(work)
+
+
+if __name__ == "__main__":
+    main()
