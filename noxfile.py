@@ -73,16 +73,20 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(tags=["docker"])
 def integration(session: nox.Session) -> None:
-    """Integration tests: the real Docker engine (base and toolchain images, in-container builds,
-    real PyTorch preflight) and native builds on this host; the documentation site in Chromium."""
+    """Integration tests: the real Docker engine (base and toolchain images, in-container builds
+    and preflights of the fixture source, SIFs, comms, a real Slurm), native builds on this host
+    and the documentation site in Chromium. The images are built once per run (session fixtures)
+    and reused from the engine."""
     session.install("-e", ".[test,report,docs]")
-    # the 15 slowest tests' times in the log: what to move to `slow` when CI nears its 45 min
-    session.run("pytest", "tests/integration", "--durations=15", *session.posargs)
+    # the 20 slowest tests' times in the log: what to move to `slow` when CI nears its 45 min
+    session.run("pytest", "tests/integration", "--durations=20", *session.posargs)
 
 
 @nox.session(tags=["slow"], default=False)
 def slow(session: nox.Session) -> None:
-    """Tens of minutes: under qemu, the arm64 toolchain image (debootstrap, apt and pip emulated; about
+    """Tens of minutes: the preflight of the real PyTorch 2.6 source in the images made from its
+    Build-Depends, on the CPU (twice: ccache, CMake's probes and ATen's code generation reused) and
+    with Debian's CUDA 12.4 (c10_cuda, a .cu canary); under qemu, the arm64 toolchain image (debootstrap, apt and pip emulated; about
     25 min on 2 cores) and the aarch64 canary (int4mm_kernel.cpp of real PyTorch 2.6, gh200 flags); NCCL
     from the shared release tarballs (../shared/sources: 2.22.3-1 in the cuda-offline image, then the
     PyTorch 2.6 preflight against it); the Derecho rehearsal on a bookworm stand-in node (Lmod with

@@ -1,12 +1,14 @@
 """CUDA toolchains without NVIDIA's servers or a GPU: Debian's packaged CUDA 12.4 compiles
-(never runs) device code for sm_90, and the real PyTorch 2.6 source configures with CUDA."""
+(never runs) device code for sm_90, and the fixture's preflight with CUDA builds its c10_cuda
+and a .cu canary with nvcc in the cuda-offline image. The real PyTorch 2.6 source's CUDA
+preflight is tests/slow/test_real_preflight.py (8 to 10 minutes with its image)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import shutil
 
 import pytest
-from helpers import FIXTURES, image_ok, preflight_ok, set_args
+from helpers import FIXTURES, preflight_ok, set_args
 
 pytestmark = pytest.mark.docker
 
@@ -36,17 +38,26 @@ def test_offline_cuda_image_compiles_for_sm90(engine, cuda_image, tmp_path):
     assert (tmp_path / "axpy.o").stat().st_size > 0
 
 
-@pytest.mark.slow
-def test_real_pytorch_cuda_preflight(engine, local_base, site_certs, debian_dsc, tmp_path):
-    profile = str(FIXTURES / "profiles" / "debian-pytorch-2.6-cuda.yaml")
-    sets = set_args([f"base_image={local_base}", *site_certs, f"cache_dir={tmp_path / 'cache'}"])
-    image_ok(profile, sets)
-    stdout, data = preflight_ok(profile, debian_dsc, tmp_path / "out", sets)
-    assert "USE_CUDA=1" in stdout and "TORCH_CUDA_ARCH_LIST=9.0" in stdout
-    assert "PyTorch: CUDA detected: 12.4" in stdout
+def test_fixture_cuda_preflight_builds_c10_cuda_and_a_cu_canary(cuda_image, tmp_path):
+    """`invoke build --in-container --preflight` of the fixture with the cuda-offline profile:
+    the build environment turns CUDA on for the arch list asked, nvcc compiles the fixture's
+    c10_cuda for it and the .cu canary is timed; the manifest records nvcc."""
+    _, image_sets = cuda_image
+    tree = tmp_path / "minitorch"
+    shutil.copytree(FIXTURES / "minitorch", tree, ignore=shutil.ignore_patterns("build", "*.so", "_version.py"))
+    # the image was made for the plugin too (test_comms): this build makes none, and names the
+    # plugin's build tools as extra packages so that it asks for the very same image
+    plugin_tools = "apt_packages=[make, autoconf, automake, libtool, libhwloc-dev, libfabric-dev]"
+    sets = [*image_sets, "aws_ofi_nccl_version=", plugin_tools, f"cache_dir={tmp_path / 'cache'}", "patches=none"]
+    sets.append('cuda_arch_list=["9.0"]')
+    sets.append("preflight_targets=[c10, c10_cuda]")
+    stdout, data = preflight_ok("cuda-offline", tree, tmp_path / "out", set_args(sets), "--canary", "csrc/c10_cuda.cu")
+    assert "USE_CUDA=1" in stdout and "TORCH_CUDA_ARCH_LIST=9.0" in stdout, stdout[-3000:]
     assert data["preflight"]["targets"] == ["c10", "c10_cuda"]
     assert "release 12.4" in data["toolchain"]["nvcc"]
     (canary,) = data["preflight"]["canaries"]
-    assert canary["file"].endswith(".cu") and canary["seconds"] > 0
-    tree = Path(data["source"]["path"])
-    assert list((tree / "build" / "lib").glob("libc10_cuda.so*"))
+    assert canary["file"] == "csrc/c10_cuda.cu" and canary["seconds"] > 0, canary
+    assert (tree / "build" / "libc10_cuda.a").is_file()
+    # nvcc compiles the device code for the architecture asked (sm_90), not its default
+    ninja = (tree / "build" / "build.ninja").read_text()
+    assert "arch=compute_90" in ninja and "compute_52" not in ninja, [ln for ln in ninja.splitlines() if "arch=" in ln]

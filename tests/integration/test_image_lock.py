@@ -1,8 +1,9 @@
 """Several Pythons in one toolchain image, locked images and the installed list, on a real
-engine: the sid-pythons image (Python 3.13 and 3.14 from Debian sid), `invoke image --lock`
-and a rebuild from the lock that installs the very same packages, a lock that no longer
-installs (LockError, exit 28), and the installed list a build in the image records in its
-manifest."""
+engine: the sid-pythons image (Python 3.13 and 3.14 from Debian sid) and the installed list a
+build in the image records in its manifest. `invoke image --lock` and the rebuild from the lock
+that installs the very same packages, a lock that no longer installs (LockError, exit 28) and a
+lock made for other inputs are tests/slow/test_image_lock_round_trip.py (about 2 minutes: the
+image is built again from the lock, apt and pip, no cache)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import json
 import shutil
 
 import pytest
-from helpers import FIXTURES, preflight_ok, run_invoke, set_args
+from helpers import FIXTURES, preflight_ok, set_args
 
 from torchbuild.inputs import lock as lk
 from torchbuild.inputs.image import read_image_files
@@ -53,53 +54,6 @@ def test_each_python_has_its_venv_with_the_requirements(engine, sid_pythons_imag
     for venv in ("/opt/venv", "/opt/venv-3.14"):
         assert any(line.startswith(f"pip {venv} setuptools==") for line in listed), venv
     assert any(line.startswith("dpkg python3.14-venv=") for line in listed)
-
-
-@pytest.mark.slow  # about 2.5 min: the image is built again from the lock (apt and pip, no cache)
-def test_lock_round_trip_installs_the_same_packages(engine, sid_pythons_image, tmp_path):
-    spec, sets = sid_pythons_image
-    lock_file = tmp_path / "sid-pythons.x86_64.lock"
-    args = ["image", "--profile", SID_PYTHONS, "--arch", "x86_64", *set_args([*sets, f"image_name={LOCKED_NAME}"])]
-    locked_tag = spec.image_tag.replace(spec.image_name, LOCKED_NAME)
-    try:
-        res = run_invoke(*args, "--lock", "--lock-file", str(lock_file))
-        assert res.returncode == 0, res.stdout[-4000:] + res.stderr
-        assert "both images list the same packages" in res.stdout
-        lock, sha256 = lk.read(lock_file)
-        apt, pip = lock.counts()
-        assert apt > 50 and list(lock.pip) == ["3.13", "3.14"] and pip > 10
-        assert any(p.startswith("python3.14-venv=") for p in lock.apt)
-        labels = engine.image_attrs(locked_tag)["Config"]["Labels"]
-        assert labels["org.torchbuild.locked"] == "true" and labels["org.torchbuild.lock-sha256"] == sha256
-        # what the lock installed is what the unlocked image has, to the version
-        assert installed(engine, locked_tag) == installed(engine, spec.image_tag)
-        # the lock travels into the image: the lists it installed and which file they came from
-        shown = run_in(engine, locked_tag, "cat", "/opt/torchbuild/inputs/lock/lock.sha256")
-        assert shown == f"{sha256}  {lock_file.name}"
-        # present, the lock is used: a cache hit (or, where torchbuild's source changed meanwhile,
-        # the apt and pip layers from Docker's cache: the lock is the same input)
-        again = run_invoke(*args, "--lock-file", str(lock_file))
-        assert again.returncode == 0, again.stdout[-2000:] + again.stderr
-        assert "up to date (cache hit)" in again.stdout or _cached_step(again.stdout, "RUN mapfile -t pythons")
-
-        # a pinned version the archive does not have: the named error, with the refresh command
-        stale = tmp_path / "stale.lock"
-        text = lock_file.read_text()
-        cmake = next(line for line in text.splitlines() if line.startswith("- cmake="))
-        stale.write_text(text.replace(cmake, "- cmake=9.9.9-1"))
-        res = run_invoke(*args, "--lock-file", str(stale))
-        assert res.returncode == 28, res.stdout[-3000:] + res.stderr
-        assert "LockError" in res.stderr and "no longer installs: the locked apt packages did not install" in res.stderr
-        assert "Version '9.9.9-1' for 'cmake' was not found" in res.stderr
-        assert f"--lock --rebuild --lock-file {stale}" in res.stderr
-        assert engine.image_attrs(locked_tag)["Config"]["Labels"]["org.torchbuild.lock-sha256"] == sha256
-
-        # a lock made for other inputs is refused before anything is built
-        other = run_invoke(*args, "--set", "python_versions=3.13", "--lock-file", str(lock_file))
-        assert other.returncode == 28 and "python_versions: lock has 3.14 the profile does not" in other.stderr
-    finally:
-        if engine.image_attrs(locked_tag):
-            engine.client.images.remove(locked_tag, force=True)
 
 
 def test_a_build_in_the_image_records_its_installed_list(engine, sid_pythons_image, tmp_path):

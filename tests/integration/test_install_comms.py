@@ -8,11 +8,14 @@ without the install's environment and the prefix's copy with it (activated, or `
 that NCCL_NET_PLUGIN names a library exporting ncclNetPlugin_v*, and that a prefix whose
 libnccl torch does not load fails the install and leaves nothing.
 
-The image: the debian-pytorch-2.6-cuda toolchain image with Lmod and Debian's torch-cuda
-packages unpacked (not installed: their nvidia-cudnn dependency downloads cuDNN from NVIDIA
-at install time), and a stub libcudnn.so.9 defining the cudnn* symbols torch's libraries bind
-(BIND_NOW) so that torch imports; nothing here calls cuDNN or a GPU. torch's include/ links
-into libtorch-dev's headers, not unpacked: the links are removed (the wheel needs no headers)."""
+The image: the debian-torch-installed toolchain image (Debian's CPU torch 2.6, shared with the
+install and companion tests) with Lmod, the CUDA 12.4 runtime libraries and NCCL 2.22.3 that
+Debian's torch-cuda packages link (contrib and non-free: libcudart12, libcublas12, ...,
+libnccl2; not the 6 GB toolkit, which nothing here compiles with) and those torch-cuda packages
+unpacked over the CPU torch (not installed: their nvidia-cudnn dependency downloads cuDNN from
+NVIDIA at install time), and a stub libcudnn.so.9 defining the cudnn* symbols torch's libraries
+bind (BIND_NOW) so that torch imports; nothing here calls cuDNN or a GPU.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import CALLER, FIXTURES, OFI_PLUGIN, image_ok, run_in, set_args
+from helpers import CALLER, FIXTURES, OFI_PLUGIN, run_in
 
 import torchbuild
 from torchbuild.delivery import manifest as mf
@@ -31,12 +34,18 @@ from torchbuild.inputs.config import resolve
 
 pytestmark = pytest.mark.docker
 
-BASE = "torchbuild/toolchain:debian-pytorch-2.6-cuda-2.6.0-x86_64"
 TAG = "torchbuild-test/torch-cuda-lmod:2.6.0"
-DOCKERFILE = f"""FROM {BASE}
+# the runtime libraries libtorch-cuda-2.6, libgloo-cuda-0 and libtensorpipe-cuda-0 depend on
+# beyond the CPU torch's (apt-cache depends), nvidia-cudnn left out
+CUDA_RUNTIME = (
+    "libcudart12 libcublas12 libcublaslt12 libcufft11 libcurand10 libcusolver11 libcusparse12 libnvrtc12 "
+    "libnvtoolsext1 libnccl2 libhiredis1.1.0 libibverbs1 libuv1t64"
+)
+DOCKERFILE = """FROM {base}
 USER 0
-RUN apt-get -o Acquire::Check-Valid-Until=false update -qq \\
- && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends lmod libvulkan1 >/dev/null \\
+RUN echo 'deb http://deb.debian.org/debian trixie contrib non-free' > /etc/apt/sources.list.d/tb-cuda.list \\
+ && apt-get -o Acquire::Check-Valid-Until=false update -qq \\
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends lmod {runtime} >/dev/null \\
  && cd /tmp && apt-get download -qq libtorch-cuda-2.6 python3-torch-cuda libgloo-cuda-0 libtensorpipe-cuda-0 \\
  && for d in /tmp/*.deb; do dpkg -x "$d" /; done && rm -f /tmp/*.deb \\
  && find /usr/lib/python3/dist-packages/torch -xtype l -delete
@@ -54,14 +63,12 @@ LMOD = "/usr/share/lmod/lmod/init/bash"
 
 
 @pytest.fixture(scope="module")
-def torch_cuda(engine, local_base, site_certs) -> str:
-    """The image above (Docker's layer cache makes it instant after the first time), on the
-    debian-pytorch-2.6-cuda toolchain image made (or found up to date) as test_cuda makes it,
-    so a new machine builds it instead of skipping this test."""
-    sets = set_args([f"base_image={local_base}", *site_certs])
-    image_ok(str(FIXTURES / "profiles" / "debian-pytorch-2.6-cuda.yaml"), sets)
-    assert engine.image_attrs(BASE) is not None, f"`invoke image` made no {BASE}"
-    engine.client.images.build(fileobj=io.BytesIO(DOCKERFILE.encode()), tag=TAG, rm=True, forcerm=True)
+def torch_cuda(engine, torch_image) -> str:
+    """The image above on the session's debian-torch-installed image (Docker's layer cache makes
+    it instant after the first time)."""
+    spec, _ = torch_image
+    dockerfile = DOCKERFILE.format(base=spec.image_tag, runtime=CUDA_RUNTIME)
+    engine.client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=TAG, rm=True, forcerm=True)
     return TAG
 
 

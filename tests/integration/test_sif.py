@@ -1,5 +1,7 @@
 """Apptainer SIFs from toolchain images: real Apptainer 1.4 in the apptainer-builder container
-(this host has no Apptainer of its own), real Docker engine, real PyTorch 2.6 source."""
+(this host has no Apptainer of its own), real Docker engine. A second conversion with
+--compression zstd is tests/slow/test_sif_zstd.py; the real PyTorch 2.6 preflight in a SIF is
+tests/slow/test_sif_preflight.py."""
 
 from __future__ import annotations
 
@@ -187,22 +189,3 @@ def test_sif_builds_and_verifies_the_fixture_wheel(engine, cpu_sif, tmp_path):
     verified = json.loads((out / f"{m['wheel']['name']}.verify.json").read_text())
     assert verified["ok"] and verified["python"].startswith("3.13"), verified
     assert not run_containers(engine)
-
-
-@pytest.mark.slow
-def test_sif_with_zstd_runs_on_apptainer_1_4(cpu_sif, tmp_path):
-    """--compression zstd: the label and the squashfs say zstd level 3, and Apptainer 1.4
-    (squashfuse, as unprivileged Apptainer mounts it) runs it."""
-    _spec, _sif, _, apptainer, sets = cpu_sif
-    args = ["sif", "--profile", "cpu", "--arch", "x86_64", "--apptainer", "docker", "--out", str(tmp_path)]
-    res = run_invoke(*args, "--compression", "zstd", *set_args(sets))
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
-    assert "(zstd:3)" in first_output_line(res.stdout, "written in")
-    sif = tmp_path / "torch-build-cpu-x86_64.sif"
-    assert apptainer.labels(sif)["org.torchbuild.sif.compression"] == "zstd:3"
-    assert squashfs_compression(apptainer, sif) == ["Compression zstd", "compression-level 3"]
-    rc, text = call(apptainer, ["exec", "--userns", str(sif), "python3", "--version"], [sif.parent])
-    assert rc == 0 and re.search(r"^Python 3\.\d+\.\d+$", text, re.M), text
-    # the same compression again: up to date; another one: converted again
-    res = run_invoke(*args, "--compression", "zstd:3", *set_args(sets))
-    assert res.returncode == 0 and "up to date" in res.stdout, res.stdout[-3000:] + res.stderr

@@ -6,7 +6,7 @@ import json
 import shutil
 
 import pytest
-from helpers import FIXTURES, image_ok, manifest_of, run_invoke, set_args
+from helpers import TORCH_PROFILE, manifest_of, run_invoke, set_args
 from test_build import build_args, workspace  # noqa: F401 - the fixture is used by name
 
 pytestmark = pytest.mark.docker
@@ -39,12 +39,12 @@ def test_verify_passes_the_wheel_and_fails_retagged_copies(engine, cpu_image, si
     assert not list(out.glob(".verify-*.json")), "request files were left behind"
 
 
-@pytest.mark.slow
-def test_verify_installed_debian_torch_with_gloo_and_mpi(engine, local_base, site_certs, tmp_path):
-    """Debian trixie's python3-torch 2.6 (built with MPI) in an image built by the tool."""
-    profile = str(FIXTURES / "profiles" / "debian-torch-installed.yaml")
-    sets = set_args([f"base_image={local_base}", *site_certs])
-    image_ok(profile, sets)
+def test_verify_installed_debian_torch_with_gloo_and_mpi(engine, torch_image, tmp_path):
+    """Debian trixie's python3-torch 2.6 (built with MPI) in an image built by the tool (the
+    session's debian-torch-installed image)."""
+    _, image_sets = torch_image
+    profile = TORCH_PROFILE
+    sets = set_args(image_sets)
     report = tmp_path / "torch.verify.json"
     res = run_invoke(
         "verify", "--installed", "torch", "--in-container", "--profile", profile, "--report", str(report), *sets,

@@ -1,7 +1,11 @@
-"""The slow tests share the integration tests' fixtures (engine, test cache, local bases, sources, the one-node Slurm)."""
+"""The slow tests share the integration tests' fixtures (engine, test cache, local bases, the
+toolchain images, sources, the one-node Slurm)."""
 
 from integration.conftest import (
     arm64_base,
+    cpu_image,
+    cpu_sif,
+    cuda_image,
     debian_dsc,
     debian_torch_wheel,
     engine,
@@ -10,7 +14,9 @@ from integration.conftest import (
     node_tmp,
     ofi_sources,
     sid_base,
+    sid_pythons_image,
     site_certs,
+    site_overrides,
     slurm,
     test_cache,
     torch_image,
@@ -18,6 +24,9 @@ from integration.conftest import (
 
 __all__ = [
     "arm64_base",
+    "cpu_image",
+    "cpu_sif",
+    "cuda_image",
     "debian_dsc",
     "debian_torch_wheel",
     "engine",
@@ -26,7 +35,9 @@ __all__ = [
     "node_tmp",
     "ofi_sources",
     "sid_base",
+    "sid_pythons_image",
     "site_certs",
+    "site_overrides",
     "slurm",
     "test_cache",
     "torch_image",

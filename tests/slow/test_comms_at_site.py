@@ -14,7 +14,13 @@ plugin that exists.
 The SIF: the SIF definition `invoke sif` writes (its %environment, labels, runscript), on a
 small trixie image with the comms tools (make, autotools, hwloc, gcc-13), torchbuild's venv and
 Debian's CUDA 12.4 headers and runtime from the cuda-offline image (nccl: system, as that
-profile has): a few minutes, where converting the 8.7 GB cuda-offline image would take ten."""
+profile has): a few minutes, where converting the 8.7 GB cuda-offline image would take ten.
+
+In tests/slow since the integration suite's measured new-machine run: its setup (the two
+images, the SIF built by `apptainer build --fakeroot`: about 5 minutes on 2 cores) was the
+suite's longest after the real preflights. The integration suite keeps the plugin built by
+`invoke comms` in the cuda-offline image (tests/integration/test_comms.py); the apptainer
+route's binds, keys and carried libraries are unit-tested with stand-ins (tests/unit/test_comms.py)."""
 
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ from torchbuild.inputs.config import resolve
 from torchbuild.inputs.image import LABEL_PREFIX
 from torchbuild.inputs.sif import SIF_COMMS, definition, ensure_builder, remove_tree, write_oci_layout
 
-pytestmark = [pytest.mark.docker, pytest.mark.apptainer]
+pytestmark = [pytest.mark.docker, pytest.mark.apptainer, pytest.mark.slow]
 
 PLUGIN = "1.6.0"  # Derecho's pin; it does not compile against libfabric 2.x
 FABRIC_DEBS = "libfabric1 libfabric-dev libibverbs1 librdmacm1 ibverbs-providers libpsm2-2 libpsm-infinipath1"
