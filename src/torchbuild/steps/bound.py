@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from torchbuild.core import console
+from torchbuild.core.process import run_captured
 from torchbuild.steps.report import Step
 
 GRAPH_TIMEOUT_S = 120
@@ -65,17 +65,10 @@ def parse_graph(dot: str) -> dict[str, set[str]]:
 def ninja_graph(build_dir: Path, ninja: str = "ninja") -> str | None:
     """`ninja -C build_dir -t graph` (the default targets), or None where it cannot be had."""
     try:
-        proc = subprocess.run(
-            [ninja, "-C", str(build_dir), "-t", "graph"],
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=GRAPH_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        done = run_captured([ninja, "-C", str(build_dir), "-t", "graph"], timeout=GRAPH_TIMEOUT_S)
+    except OSError:
         return None
-    return proc.stdout if proc.returncode == 0 else None
+    return done.stdout if done.returncode == 0 else None
 
 
 def longest_chain(deps: Mapping[str, Iterable[str]], seconds: Mapping[str, float]) -> tuple[float, list[str]]:
