@@ -33,7 +33,7 @@ from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import NO_CCACHE, ccache_launcher, compile_env, format_env
 from torchbuild.inputs.jobs import peaks_file, record_measured, record_unit_peaks, units_file
 from torchbuild.inputs.source import sha256_file
-from torchbuild.steps import buildenv, cmakecache, codegen, compile_job, unitpeak
+from torchbuild.steps import buildenv, cmakecache, codegen, compile_job, flatbuf, unitpeak
 from torchbuild.steps.bound import bound_of, efficiency_record, ninja_graph, parse_graph, render_bound, render_heaviest
 from torchbuild.steps.compile_job import (
     CompileJob,
@@ -357,6 +357,10 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
         prepare_configure(req.source, inputs, tee)
         watch = ConfigureWatch(req.source, inputs)
         run.job.zero_ccache()
+        # before configure: a pinned generated header that cannot compile fails here, not at 90 %
+        regenerated = flatbuf.regenerate(req.source, run.env)
+        if regenerated:
+            tee.line(regenerated)
         if req.preflight:
             _preflight(run, watch)
             return _finish(run, None)
