@@ -11,6 +11,8 @@ import shutil
 import pytest
 from helpers import FIXTURES, manifest_of, run_invoke, set_args
 
+from torchbuild.steps import unitpeak
+
 pytestmark = pytest.mark.skipif(
     not all(shutil.which(t) for t in ("g++", "cmake", "ninja", "ccache")),
     reason="native builds need g++, cmake, ninja and ccache on PATH",
@@ -55,6 +57,10 @@ def test_native_wheel_and_preflight_with_a_canary(tree, tmp_path):
     (canary,) = data["preflight"]["canaries"]
     assert canary["file"] == "csrc/ops.cpp" and canary["seconds"] > 0 and canary["peak_rss_bytes"] > 1 << 20
     assert data["preflight"]["targets"] == ["c10"]
+    # the canary was compiled for real although ccache held its object from the wheel build: its
+    # peak is the compiler's (a cache hit's would be ccache's own, recorded for the next plans)
+    units = unitpeak.read_record(str(tree / "build" / "torchbuild-units.tsv"), str(tree))
+    assert "csrc/ops.cpp" in units, units
     # c10 was compiled by the wheel build before: --clean removed build/, ccache had it
     assert data["ccache"]["hits"] >= 1
     # the summary names the canary with its time and peak, and where the peaks went for the next plans

@@ -487,19 +487,29 @@ def _preflight(run: Run, watch: ConfigureWatch) -> None:
         )
         run.phases["targets_s"] = round(seconds, 1)
     for canary in req.canaries or req.spec.canaries:
-        target = object_target(req.source, canary, run.env)
-        done = run_logged(
-            ["ninja", "-C", str(build_dir(req.source)), target],
-            cwd=req.source,
-            env=run.env,
-            tee=tee,
-            what=f"canary {canary}",
-        )
+        done = _canary(run, canary)
         run.canaries.append({"file": canary, "seconds": round(done.seconds, 2), "peak_rss_bytes": done.peak_rss})
     if run.canaries:
         record_unit_peaks(units_file(req.cache_root, req.spec.hash), run.canaries)
         measured = record_measured(peaks_file(req.cache_root, req.spec.hash), run.canaries)
         tee.line(f"canary peaks recorded for the next plans: {_fmt_peaks(measured)}")
+
+
+def _canary(run: Run, canary: str) -> Finished:
+    """Compile one canary for real, alone: its object (in the build directory torchbuild made)
+    is removed first and ccache compiles again (CCACHE_RECACHE), since an object a preflight
+    target already built, or a cache hit, would record ninja's or ccache's memory as its peak."""
+    req = run.req
+    target = object_target(req.source, canary, run.env)
+    with named_os_errors(build_dir(req.source) / target, "removing the canary's object"):
+        (build_dir(req.source) / target).unlink(missing_ok=True)
+    return run_logged(
+        ["ninja", "-C", str(build_dir(req.source)), target],
+        cwd=req.source,
+        env={**run.env, "CCACHE_RECACHE": "1"},
+        tee=run.tee,
+        what=f"canary {canary}",
+    )
 
 
 def _heavy_pool(run: Run, jobs: int) -> int:
