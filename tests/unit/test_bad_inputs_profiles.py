@@ -31,7 +31,11 @@ BAD_PROFILE_FILES = [
     ),
     ("torch_version not PEP 440", b"torch_version: 2.6.0abc\n", ["bad.yaml:1", "'torch_version'", "PEP 440"]),
     ("torch_version with two dots", b"torch_version: 2.6.0..\n", ["bad.yaml:1", "PEP 440"]),
-    ("a raw ESC (YAML's reader refuses it)", b"description: a\x1b[31mb\n", ["bad.yaml", "holds the control character U+001B (ESC)"]),
+    (
+        "a raw ESC (YAML's reader refuses it)",
+        b"description: a\x1b[31mb\n",
+        ["bad.yaml", "holds the control character U+001B (ESC)"],
+    ),
     ("a raw NUL", b"description: a\x00b\n", ["bad.yaml", "holds the control character U+0000"]),
 ]
 
