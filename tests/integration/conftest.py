@@ -9,10 +9,13 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import FIXTURES, OFI_PLUGIN, SUITE, SUITE_PYTHON, TORCH_PROFILE, image_ok, run_in, run_invoke, set_args
+from image_builds import Builds
 from slurm_cluster import SlurmCluster, missing_tools
 
 from torchbuild.core.arch import Arch
@@ -20,7 +23,7 @@ from torchbuild.core.errors import EngineUnavailable
 from torchbuild.inputs.baseimage import make_base_image
 from torchbuild.inputs.config import resolve
 from torchbuild.inputs.engine import Engine
-from torchbuild.inputs.sif import DockerApptainer, locate, remove_tree
+from torchbuild.inputs.sif import DockerApptainer, ensure_builder, locate, remove_tree
 
 
 @pytest.fixture(scope="session")
@@ -36,17 +39,99 @@ def test_cache(tmp_path_factory) -> Path:
     return Path(os.environ.get("TORCHBUILD_TEST_CACHE", tmp_path_factory.mktemp("cache")))
 
 
-@pytest.fixture(scope="session")
-def local_base(engine: Engine, test_cache: Path) -> str:
+# the session's image builds, started together before the first test (prebuilt_images)
+BUILDS = Builds()
+
+
+def _base(engine: Engine, test_cache: Path, suite: str) -> str:
     """torchbuild/base:<suite>-x86_64, made with the product's own base-image code if missing."""
     tag, _ = make_base_image(
         engine,
-        suite=SUITE,
+        suite=suite,
         arch=Arch.X86_64,
         work_dir=test_cache / "rootfs",
         ignore_valid_until=True,  # snapshot mirrors serve expired Release files
     )
     return tag
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prebuilt_images(request, test_cache: Path, site_certs: list[str], tmp_path_factory):
+    """Start the image builds the selected tests need (image_builds.py), dependencies first and the
+    longest early, and wait for them before the first test; one line per build in the log. The
+    fixtures below take the results. TORCHBUILD_TEST_PREBUILD=0 leaves each build to its fixture."""
+    if os.environ.get("TORCHBUILD_TEST_PREBUILD", "1") == "0":
+        yield
+        return
+    needed = {name for item in request.session.items for name in item.fixturenames}
+    _start_builds(needed, test_cache, site_certs, tmp_path_factory)
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    t0 = time.monotonic()
+    lines = BUILDS.wait()
+    if reporter is not None and lines:
+        reporter.write_line(f"images built before the first test in {time.monotonic() - t0:.0f} s, two at a time:")
+        for line in lines:
+            reporter.write_line(f"  {line}")
+    yield
+    BUILDS.shutdown()
+
+
+def _start_builds(needed: set[str], test_cache: Path, site_certs: list[str], tmp_path_factory) -> None:
+    """Queue what needed (the selected tests' fixture names) asks for; each thread its own engine
+    client. A dependency is queued before what waits for it."""
+    want = {
+        name
+        for name in ("local_base", "sid_base", "cpu_image", "cuda_image", "torch_image", "sid_pythons_image", "cpu_sif")
+        if name in needed
+    }
+    if "debian_torch_wheel" in needed:
+        want |= {"torch_image", "debian_torch_wheel"}
+    if want & {"cpu_image", "cuda_image", "torch_image", "cpu_sif"}:
+        want.add("local_base")
+    if want & {"sid_pythons_image", "cpu_sif"}:
+        want.add("sid_base")
+    local = lambda: BUILDS.get("local_base", lambda: "")  # noqa: E731 - queued before its users
+    sid = lambda: BUILDS.get("sid_base", lambda: "")  # noqa: E731
+    queue: list[tuple[str, Any]] = [
+        ("local_base", lambda: _base(Engine.connect(), test_cache, SUITE)),
+        ("sid_base", lambda: _base(Engine.connect(), test_cache, "sid")),
+        # longest first: the CUDA toolkit image, then the cpu image the most tests use
+        ("cuda_image", lambda: _cuda_image(local(), site_certs)),
+        ("cpu_image", lambda: _cpu_image(_site_overrides(local(), site_certs))),
+        ("torch_image", lambda: _torch_image(local(), site_certs)),
+        ("apptainer_builder", lambda: ensure_builder(_builder_spec(sid(), site_certs), Engine.connect())),
+        ("sid_pythons_image", lambda: _sid_pythons_image(sid(), site_certs)),
+    ]
+    if "cpu_sif" in want:
+        want.add("apptainer_builder")
+        sif_dir = tmp_path_factory.mktemp("sif")
+        queue.append(
+            (
+                "cpu_sif",
+                lambda: _cpu_sif(
+                    _site_overrides(local(), site_certs), sid(), sif_dir, after=("cpu_image", "apptainer_builder")
+                ),
+            )
+        )
+    if "debian_torch_wheel" in want:
+        dirs = (tmp_path_factory.mktemp("debian-torch-wheel"), tmp_path_factory.mktemp("fx"))
+        torch = lambda: BUILDS.get("torch_image", lambda: None)  # noqa: E731
+        queue.append(("debian_torch_wheel", lambda: _debian_torch_wheel(Engine.connect(), torch(), *dirs)))
+    for name, build in queue:
+        if name in want:
+            BUILDS.start(name, build)
+
+
+def _builder_spec(sid_base: str, site_certs: list[str]):
+    """The spec the apptainer-builder image is made for (its base and this host's CAs), as
+    `invoke sif` of the cpu image and test_sif_recipe's node resolve it."""
+    return resolve("cpu", [f"sif_builder_base={sid_base}", *site_certs])
+
+
+@pytest.fixture(scope="session")
+def local_base(engine: Engine, test_cache: Path) -> str:
+    """torchbuild/base:<suite>-x86_64, made with the product's own base-image code if missing."""
+    return BUILDS.get("local_base", lambda: _base(engine, test_cache, SUITE))
 
 
 @pytest.fixture(scope="session")
@@ -75,6 +160,10 @@ def site_overrides(local_base: str, site_certs: list[str]) -> list[str]:
     with the cpu profile's python_packages plus SPECIFIED_PACKAGES, and MPICH in the image (the
     cray-mpich ABI: the SIF's host MPI test binds another MPICH build over it; distributed stays
     [gloo], so builds still have USE_MPI=0)."""
+    return _site_overrides(local_base, site_certs)
+
+
+def _site_overrides(local_base: str, site_certs: list[str]) -> list[str]:
     packages = [*resolve("cpu").python_packages, *SPECIFIED_PACKAGES]
     return [
         f"base_image={local_base}",
@@ -92,6 +181,10 @@ SIF_RUNTIME_ENV = 'runtime_env={NCCL_SOCKET_IFNAME: hsn, TB_RUNTIME_CHECK: "two 
 @pytest.fixture(scope="session")
 def cpu_image(engine, site_overrides):
     """The cpu profile image, built through the CLI a user types; returns (spec, first run output)."""
+    return BUILDS.get("cpu_image", lambda: _cpu_image(site_overrides))
+
+
+def _cpu_image(site_overrides: list[str]):
     res = run_invoke("image", "--profile", "cpu", "--arch", "x86_64", *set_args(site_overrides))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
     return resolve("cpu", site_overrides, arch="x86_64"), res.stdout
@@ -121,18 +214,19 @@ def node_tmp():
 @pytest.fixture(scope="session")
 def sid_base(engine: Engine, test_cache: Path) -> str:
     """torchbuild/base:sid-x86_64: Apptainer is packaged in Debian sid only."""
-    tag, _ = make_base_image(
-        engine, suite="sid", arch=Arch.X86_64, work_dir=test_cache / "rootfs", ignore_valid_until=True
-    )
-    return tag
+    return BUILDS.get("sid_base", lambda: _base(engine, test_cache, "sid"))
 
 
 @pytest.fixture(scope="session")
 def cpu_sif(engine, cpu_image, site_overrides, sid_base, tmp_path_factory):
     """`invoke sif` of the cpu image, as a user types it; returns (spec, sif, first output, builder, sets)."""
-    spec, _ = cpu_image
+    return BUILDS.get("cpu_sif", lambda: _cpu_sif(site_overrides, sid_base, tmp_path_factory.mktemp("sif")))
+
+
+def _cpu_sif(site_overrides: list[str], sid_base: str, out: Path, after: tuple[str, ...] = ()):
+    for name in after:  # queued with the image it converts and the builder: their builds first
+        BUILDS.get(name, lambda: None)
     sets = [*site_overrides, f"sif_builder_base={sid_base}", SIF_RUNTIME_ENV]
-    out = tmp_path_factory.mktemp("sif")
     res = run_invoke(
         "sif", "--profile", "cpu", "--arch", "x86_64", "--apptainer", "docker", "--out", str(out), *set_args(sets)
     )
@@ -228,6 +322,10 @@ def nccl_sources(test_cache) -> dict[str, tuple[Path, str]]:
 def cuda_image(engine, local_base, site_certs) -> tuple[object, list[str]]:
     """The cuda-offline toolchain image, made for building the aws-ofi-nccl plugin too (autotools,
     hwloc, trixie's libfabric-dev 2.1): one image for the CUDA and the comms tests."""
+    return BUILDS.get("cuda_image", lambda: _cuda_image(local_base, site_certs))
+
+
+def _cuda_image(local_base: str, site_certs: list[str]) -> tuple[object, list[str]]:
     sets = [f"base_image={local_base}", *site_certs, f"aws_ofi_nccl_version={OFI_PLUGIN}"]
     res = run_invoke("image", "--profile", "cuda-offline", *set_args(sets))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
@@ -238,6 +336,10 @@ def cuda_image(engine, local_base, site_certs) -> tuple[object, list[str]]:
 def torch_image(engine, local_base, site_certs):
     """The debian-torch-installed image (python3-torch 2.6, Open MPI, pybind11), built through
     the CLI: (its spec, the --set values it was built with)."""
+    return BUILDS.get("torch_image", lambda: _torch_image(local_base, site_certs))
+
+
+def _torch_image(local_base: str, site_certs: list[str]):
     sets = [f"base_image={local_base}", *site_certs]
     image_ok(TORCH_PROFILE, set_args(sets))
     return resolve(TORCH_PROFILE, sets), sets
@@ -251,6 +353,10 @@ SID_PYTHONS = str(FIXTURES / "profiles" / "sid-pythons.yaml")
 def sid_pythons_image(engine, sid_base, site_certs):
     """The sid-pythons toolchain image (tests/fixtures/profiles/sid-pythons.yaml), built through
     the CLI: (its spec, the --set values it was built with)."""
+    return BUILDS.get("sid_pythons_image", lambda: _sid_pythons_image(sid_base, site_certs))
+
+
+def _sid_pythons_image(sid_base: str, site_certs: list[str]):
     sets = [f"base_image={sid_base}", *site_certs]
     image_ok(SID_PYTHONS, set_args(sets))
     return resolve(SID_PYTHONS, sets, arch="x86_64"), sets
@@ -259,9 +365,12 @@ def sid_pythons_image(engine, sid_base, site_certs):
 @pytest.fixture(scope="session")
 def debian_torch_wheel(engine, torch_image, tmp_path_factory) -> Path:
     """Debian's installed torch 2.6.0+debian packed as a wheel (tests/fixtures/debian_torch_wheel.py)."""
+    dirs = (tmp_path_factory.mktemp("debian-torch-wheel"), tmp_path_factory.mktemp("fx"))
+    return BUILDS.get("debian_torch_wheel", lambda: _debian_torch_wheel(engine, torch_image, *dirs))
+
+
+def _debian_torch_wheel(engine: Engine, torch_image, out: Path, fixtures: Path) -> Path:
     spec, _ = torch_image
-    out = tmp_path_factory.mktemp("debian-torch-wheel")
-    fixtures = tmp_path_factory.mktemp("fx")
     shutil.copy(FIXTURES / "debian_torch_wheel.py", fixtures)
     run_in(engine, spec.image_tag, "python3 /fx/debian_torch_wheel.py /out", {str(out): "/out", str(fixtures): "/fx"})
     (wheel,) = out.glob("torch-2.6.0+debian-cp313-cp313-linux_x86_64.whl")
