@@ -94,7 +94,16 @@ def test_a_line_the_parser_cannot_read_is_a_usage_error_naming_the_option(capsys
 
 @pytest.mark.parametrize("which", PROGRAMS)
 @pytest.mark.parametrize(
-    "args", [["config", "--set"], ["config", "--set", "--profile", "cpu"], ["config", "-s"], ["build", "--target"]]
+    "args",
+    [
+        ["config", "--set"],
+        ["config", "--set", "--profile", "cpu"],
+        ["config", "-s"],
+        ["build", "--target"],
+        ["config", "--set", "max_jobs=2", "--set"],
+        ["config", "--set", "max_jobs=2", "--set", "--profile", "cpu"],
+        ["build", "--target", "c10", "--target"],
+    ],
 )
 def test_a_repeatable_option_without_its_value_is_refused(capsys, ran, which, args):
     """Item 21: a bare `--set` (any repeatable option) was silently ignored."""

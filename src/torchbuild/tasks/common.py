@@ -367,13 +367,32 @@ class CommandLineError(ParseError, Exit):
 setattr(invoke.parser.parser, "ParseError", CommandLineError)  # noqa: B010
 
 
+_invoke_complete_flag = invoke.parser.parser.ParseMachine.complete_flag
+
+
+def _complete_flag(machine: Any) -> None:
+    """Invoke's ParseMachine.complete_flag, which also refuses a repeatable option seen again
+    without a value (`--set a=1 --set`): invoke's own check looks only at the option's raw value,
+    already the list of the earlier values, so the bare one was dropped. The machine's
+    flag_got_value says whether this occurrence had its value. Set on invoke's class like
+    ParseError above: the machine is fluidity's state machine, whose states a subclass does not
+    inherit, and invoke offers no hook."""
+    flag = machine.flag
+    repeatable = flag is not None and flag.takes_value and flag.kind is list and not flag.optional
+    if repeatable and not machine.flag_got_value:
+        machine.error(f"Flag {flag!r} needed value and was not given one!")
+    _invoke_complete_flag(machine)
+
+
+setattr(invoke.parser.parser.ParseMachine, "complete_flag", _complete_flag)  # noqa: B010
+
+
 class TorchbuildTask(Task):  # type: ignore[type-arg]
     """Every torchbuild task (`task` below makes them): its arguments are TaskArguments, and no
     option has a reserved short flag (RESERVED_SHORT): the option invoke would give one has none,
     and every other option keeps the short flag it had. A repeatable option given without a
-    value (`--set` at the end, or before another option) is a UsageError. Invoke's parser keeps
-    no trace of a repeatable option seen again after it had a value, so `--set a=1 --set` still
-    drops the second, bare one."""
+    value (`--set` at the end, or before another option, also after an earlier `--set a=1`) is
+    a UsageError (_complete_flag)."""
 
     def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
         given_help = dict(self.help)  # invoke pops each help text as it uses it: keep them for the next call
