@@ -108,3 +108,31 @@ def test_a_profile_with_a_typo_still_names_the_unknown_key(tmp_path):
     path.write_text("description: x\npython_verison: '3.12'\n")
     with pytest.raises(ProfileError, match="unknown key 'python_verison'; did you mean 'python_version'"):
         resolve(str(path))
+
+
+def test_image_labels_and_the_profile_baked_into_a_sif_carry_no_credentials():
+    """Item 5: a requirement's URL token and a git URL's password reached the image's labels
+    (`docker image inspect`, anyone with the engine) and the profile inside the SIF (a file
+    people copy); the profile beside a batch job keeps them (it runs the build, 0600)."""
+    from torchbuild.inputs.config import profile_text, shareable_profile_text
+    from torchbuild.inputs.image import labels
+
+    token = "ghp_" + "s3cr3t" * 4
+    spec = resolve(
+        "cpu",
+        [
+            f"python_packages=[numpy, 'mypkg @ https://bot:{token}@git.example.org/mypkg.tar.gz']",
+            "torch_repo=https://oauth2:hunter2pass@gitlab.site.example/ml/pytorch.git",
+        ],
+    )
+    lab = labels(spec, "abc", "sha256:base")
+    assert "mypkg @ https://bot:***@git.example.org/mypkg.tar.gz" in lab["org.torchbuild.python-packages"]
+    assert not any(token in v for v in lab.values())
+    baked = shareable_profile_text(spec)
+    assert (
+        token not in baked
+        and "hunter2pass" not in baked
+        and "https://oauth2:***@gitlab.site.example/ml/pytorch.git" in baked
+    )
+    assert baked.startswith("# credentials in URLs removed")
+    assert "hunter2pass" in profile_text(spec)  # the batch job's own copy still works

@@ -1566,6 +1566,20 @@ def profile_text(spec: BuildSpec) -> str:
     return header + yaml.safe_dump(data, sort_keys=False)
 
 
+def shareable_profile_text(spec: BuildSpec) -> str:
+    """profile_text without the credentials of its URLs (core.console.redact): what is baked
+    into a SIF, a file people copy and share. A build in the SIF that needs one (a ccache_remote
+    password) is given it with --set there; the profile beside a batch job keeps them (0600)."""
+    from torchbuild.core.console import redact
+
+    text = profile_text(spec)
+    shared = redact(text)
+    if shared == text:
+        return text
+    note = "# credentials in URLs removed (***); give them with --set where a build here needs them\n"
+    return note + shared
+
+
 def cache_dir(spec: BuildSpec) -> Path:
     """The profile's cache directory on this host (ccache, pip cache, sources, logs)."""
     return home_path(spec.cache_dir, "cache_dir")

@@ -23,6 +23,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from torchbuild import __version__
 from torchbuild.core.arch import Arch, binfmt_ready
+from torchbuild.core.console import redact
 from torchbuild.core.errors import (
     ImageBuildFailed,
     ImageNotFound,
@@ -358,7 +359,9 @@ def wanted_inputs(spec: BuildSpec, base_id: str | None = None) -> dict[str, str]
     }
     if base_id:
         wanted["base_image_id"] = base_id
-    return wanted
+    # labels and locks are read by whoever can list the images: no credential of a requirement's
+    # URL (`pkg @ https://user:token@host/...`) goes into them
+    return {k: redact(v) for k, v in wanted.items()}
 
 
 def labels(spec: BuildSpec, inputs_hash: str, base_id: str, lock_sha256: str = "") -> dict[str, str]:

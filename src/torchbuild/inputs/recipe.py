@@ -64,7 +64,7 @@ from torchbuild.core.errors import (
 )
 from torchbuild.core.process import interrupts_unwind
 from torchbuild.core.safeio import RECIPE_LIMIT, loads_json, read_text
-from torchbuild.inputs.config import BuildSpec, cache_dir, profile_text
+from torchbuild.inputs.config import BuildSpec, cache_dir, shareable_profile_text
 from torchbuild.inputs.image import build_args, image_context, labels, tree_digest
 from torchbuild.inputs.sif import (
     DEFAULT_COMPRESSION,
@@ -712,7 +712,7 @@ def _definition_in(
 ) -> tuple[Path, str]:
     """The resolved profile and the definition written into work; (definition path, its text)."""
     profile_file = work / f"{spec.profile}.yaml"
-    profile_file.write_text(profile_text(spec))
+    profile_file.write_text(shareable_profile_text(spec))
     text = recipe_definition(
         spec, context, bootstrap, profile_file=profile_file, compression=compression, digest=digest
     )

@@ -68,7 +68,7 @@ from torchbuild.core.errors import BuildInterrupted, ImageNotFound, Insufficient
 from torchbuild.core.process import interrupts_unwind, run_streamed
 from torchbuild.core.progress import Tee
 from torchbuild.core.safeio import read_head
-from torchbuild.inputs.config import DEFAULT_PROFILE, BuildSpec, cache_dir, profile_text
+from torchbuild.inputs.config import DEFAULT_PROFILE, BuildSpec, cache_dir, shareable_profile_text
 from torchbuild.inputs.config import wanted as comms_wanted
 from torchbuild.inputs.engine import Engine
 from torchbuild.inputs.environment import COMMS_DEPS, build_env, comms_runtime_env, prepend_path_lines, runtime_env
@@ -1011,7 +1011,7 @@ def _write_definition(
 ) -> Path:
     """Write the profile and the definition file into the work directory; returns the definition."""
     profile_file = job.work / f"{spec.profile}.yaml"
-    profile_file.write_text(profile_text(spec))
+    profile_file.write_text(shareable_profile_text(spec))
     deffile = job.work / "torch-build.def"
     deffile.write_text(
         definition(
