@@ -6,6 +6,7 @@ any cut (a stop, a reboot, Ctrl-C) and the build resumes where it stopped.
   python benchmarks/real_wheel.py build   [--work DIR]   # make or resume the wheel (nice -n 19)
   python benchmarks/real_wheel.py audit   [--work DIR]   # the build's own records after cuts
   python benchmarks/real_wheel.py rebuild [--work DIR]   # a fresh tree at another path, warm cache
+  python benchmarks/real_wheel.py downstream [--work DIR] # verify, torchvision, install, module load
 
 `build` prepares what it needs on the first run (a debootstrapped trixie base, the .dsc through
 apt-get source, the toolchain image) and prints, once the wheel is there, the figures from its
@@ -14,7 +15,12 @@ manifest: wall and CPU time, compile units, peak memory, the lower bound and wal
 counters: an output listed twice was compiled twice; a unit in flight at a cut is never listed
 (ninja logs an edge when it finishes), so a clean resume lists each output once. `rebuild`
 builds the same source again in a fresh tree at another path with the warm ccache and the saved
-code generation, and prints rebuild / cold and `invoke manifest.diff` of the two wheels.
+code generation, and prints rebuild / cold and `invoke manifest.diff` of the two wheels. `downstream` takes the wheel on: `invoke verify`
+(PyTorch's own tests included, the profile's verify_tests), `invoke companions` builds
+torchvision 0.21 (Debian's orig tarball, upstream's release archive) against it, `invoke
+install` puts both in a prefix with its modulefile, and a real Lmod `module load` of it imports
+both and runs torchvision's nms; the manifest, the verify report and the report's summary go
+to benchmarks/results/debian-pytorch-2.6/ with the commit they were made from.
 Disk: the work directory holds the tree (about 4 GB built), ccache (about 2 GB) and the wheels.
 """
 
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -149,9 +156,98 @@ def rebuild(work: Path) -> None:
     invoke("manifest.diff", str(a) + ".manifest.json", str(b) + ".manifest.json")
 
 
+VISION = (
+    "http://deb.debian.org/debian/pool/main/p/pytorch-vision/pytorch-vision_0.21.0.orig.tar.gz",
+    "0a4a967bbb7f9810f792cd0289a07fb98c8fb5d1303fae8b63e3a6b05d720058",
+)
+NMS = (
+    "import torch, torchvision; from torchvision.ops import nms; "
+    "b = torch.tensor([[0., 0, 10, 10], [1, 1, 11, 11], [50, 50, 60, 60]]); "
+    "print('imported', torch.__version__, torchvision.__version__, torch.__file__); "
+    "print('nms', nms(b, torch.tensor([0.9, 0.8, 0.7]), 0.5).tolist())"
+)
+RESULTS = ROOT / "benchmarks" / "results" / "debian-pytorch-2.6"
+
+
+def timed(what: str, *args: str, log: Path) -> float:
+    t0 = time.monotonic()
+    code = invoke(*args, log=log)
+    seconds = time.monotonic() - t0
+    print(f"{what}: exit {code} in {seconds:.0f} s (log {log})", flush=True)
+    if code != 0:
+        sys.exit(f"{what} failed: {log}")
+    return seconds
+
+
+def downstream(work: Path) -> None:
+    out = work / "out"
+    (wheel,) = sorted(out.glob("torch-*.whl"))[-1:]
+    base = ["--in-container", "--profile", str(PROFILE), *site_sets(work)]
+    timed("verify", "verify", *base, "--wheel", str(wheel), log=work / "verify.log")
+    vision = ["companions=[torchvision]", f'companion_repos={{"torchvision": "{VISION[0]}"}}']
+    vision.append(f'companion_sha256={{"torchvision": "{VISION[1]}"}}')
+    sets = [a for v in vision for a in ("--set", v)]
+    seconds = timed("companions", "companions", *base, *sets, "--wheel", str(wheel), log=work / "companions.log")
+    (tv,) = sorted(out.glob("torchvision-*.whl"))[-1:]
+    tvm = json.loads(Path(f"{tv}.manifest.json").read_text())
+    print(
+        f"torchvision {tv.name}: {seconds:.0f} s, ccache {tvm['ccache']['hits']} hits, {tvm['ccache']['misses']} misses"
+    )
+    prefix = work / "prefix"
+    force = ["--force"] if prefix.exists() else []
+    timed("install", "install", *base, *force, "--prefix", str(prefix), "--wheel", str(wheel), "--wheel", str(tv),
+          log=work / "install.log")  # fmt: skip
+    module_load(work, prefix)
+    keep_results(out, wheel, tv)
+
+
+def module_load(work: Path, prefix: Path) -> None:
+    """A real Lmod in the toolchain image (an image layer on top): `module load` of the prefix's
+    modulefile, then torch and torchvision imported and nms run."""
+    from torchbuild.inputs.config import resolve
+
+    spec = resolve(str(PROFILE))
+    tag = "torchbuild-bench/real-wheel-lmod:latest"
+    dockerfile = f"FROM {spec.image_tag}\nUSER 0\nRUN apt-get update -qq && apt-get install -y -qq lmod >/dev/null\n"
+    subprocess.run(["docker", "build", "-q", "-t", tag, "-"], input=dockerfile, text=True, check=True)
+    (name,) = [p.relative_to(prefix / "modulefiles") for p in (prefix / "modulefiles").rglob("*.lua")][:1]
+    module = str(name.with_suffix(""))
+    q = shlex.quote
+    script = (
+        f"source /usr/share/lmod/lmod/init/bash && module use {q(str(prefix / 'modulefiles'))} "
+        f"&& module load {q(module)} && module list 2>&1 && cd /tmp && python -c {q(NMS)}"
+    )
+    res = subprocess.run(
+        ["docker", "run", "--rm", "-v", f"{prefix}:{prefix}:ro", tag, "bash", "-c", script],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    (work / "module-load.log").write_text(res.stdout + res.stderr)
+    print(f"module load {module}: exit {res.returncode}")
+    print("\n".join(ln for ln in res.stdout.splitlines() if ln.startswith(("imported", "nms"))))
+    if res.returncode != 0:
+        sys.exit(f"module load failed: {work / 'module-load.log'}")
+
+
+def keep_results(out: Path, wheel: Path, tv: Path) -> None:
+    """The wheel's manifest, its verify report and its report's summary (not the wheels), with the
+    commit they were made from."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    m = json.loads(Path(f"{wheel}.manifest.json").read_text())
+    copies = [Path(f"{wheel}.manifest.json"), Path(f"{wheel}.verify.json"), Path(f"{tv}.manifest.json")]
+    text = (m.get("report") or {}).get("text")
+    if text:
+        copies.append(out / "logs" / text)
+    for path in copies:
+        if path.is_file():
+            (RESULTS / path.name).write_bytes(path.read_bytes())
+    (RESULTS / "COMMIT").write_text(f"made by torchbuild at commit {commit.strip()}\n")
+    print(f"results in {RESULTS}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["build", "audit", "rebuild"], nargs="?", default="build")
+    ap.add_argument("what", choices=["build", "audit", "rebuild", "downstream"], nargs="?", default="build")
     ap.add_argument("--work", type=Path, default=Path.home() / ".cache" / "torchbuild-bench" / "real-wheel")
     args = ap.parse_args()
     work = args.work.absolute()
@@ -160,6 +256,8 @@ def main() -> None:
         sys.exit(build(work))
     if args.what == "audit":
         audit(work)
+    elif args.what == "downstream":
+        downstream(work)
     else:
         rebuild(work)
 
