@@ -4,12 +4,15 @@ an interpreter, its counts from pytest's JUnit XML, the failure budget, the whol
 
 from __future__ import annotations
 
+import json
+import shutil
 import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from helpers import FIXTURES
 
 from torchbuild.delivery import upstream_tests
 from torchbuild.delivery.verify import _upstream
@@ -79,3 +82,25 @@ def test_verify_adds_one_check_and_the_counts_for_its_report(tests_dir: Path):
     (missing,) = _upstream(sys.executable, tests_dir, _spec(verify_tests=("test_linalg.py",)), {})
     assert missing.status == "skip"
     assert _upstream(sys.executable, tests_dir.parent / "no-test-dir", _spec(), {}) == []  # not PyTorch's tree
+
+
+def test_verify_on_its_own_finds_the_tree_its_wheels_manifest_names(tmp_path: Path):
+    """`invoke verify --wheel W` after the build (issue 42): PyTorch's own tests come from the
+    tree W's manifest names, as they do in the verify the build runs; not without verify_tests,
+    a manifest, or the tree."""
+    from torchbuild.inputs.config import resolve
+    from torchbuild.launch.runner import tests_tree
+
+    tree = tmp_path / "pytorch"
+    (tree / "test").mkdir(parents=True)
+    wheel = tmp_path / "out" / "torch-2.6.0+debian-cp313-cp313-linux_x86_64.whl"
+    wheel.parent.mkdir()
+    data = json.loads((FIXTURES / "manifests" / "wheel-docker-schema5.manifest.json").read_text())
+    data["source"]["path"] = str(tree)
+    Path(f"{wheel}.manifest.json").write_text(json.dumps(data))
+    wants = resolve("cpu", ["verify_tests=[test_torch.py]"])
+    assert tests_tree(wants, wheel) == tree
+    assert tests_tree(resolve("cpu", ["verify_tests=[]"]), wheel) is None  # the profile asks for none
+    assert tests_tree(wants, tmp_path / "elsewhere.whl") is None  # no manifest beside it
+    shutil.rmtree(tree)
+    assert tests_tree(wants, wheel) is None  # the tree is gone

@@ -411,6 +411,16 @@ def _built_tree(manifest_path: Path) -> Path | None:
     return tree if tree is not None and tree.is_dir() else None
 
 
+def tests_tree(spec: BuildSpec, wheel: Path) -> Path | None:
+    """For `invoke verify --wheel W` on its own: the tree W's manifest names, where it still is,
+    whose test/ holds PyTorch's own tests (as verify after the build has); None when the profile
+    asks for none or W has no manifest beside it."""
+    manifest_path = Path(f"{wheel}.manifest.json")
+    if not spec.verify_tests or not manifest_path.is_file():
+        return None
+    return _built_tree(manifest_path)
+
+
 def verify_with(
     spec: BuildSpec,
     backend: Backend,
@@ -433,6 +443,7 @@ def verify_with(
         raise UsageError("give exactly one of --wheel W and --installed NAME", hint="invoke verify --wheel out/x.whl")
     if wheel is not None:
         check_wheel_file(wheel)
+        tree = tree or tests_tree(spec, wheel)
     if not checked:
         backend.check()
     host_dir = (wheel or report or Path.cwd() / "-").parent
