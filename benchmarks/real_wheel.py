@@ -186,7 +186,7 @@ def downstream(work: Path) -> None:
     if not Path(f"{wheel}.verify.json").is_file():  # the build verifies its wheel (PyTorch's tests too)
         timed("verify", "verify", *base, "--wheel", str(wheel), log=work / "verify.log")
     report = json.loads(Path(f"{wheel}.verify.json").read_text())
-    print(f"verify: {json.dumps(report.get('upstream_tests') or report.get('summary') or '')[:400]}")
+    print(f"verify ok: {report.get('ok')}; PyTorch's own tests: {json.dumps(report.get('tests', {}))[:400]}")
     vision = ["companions=[torchvision]", f'companion_repos={{"torchvision": "{VISION[0]}"}}']
     vision.append(f'companion_sha256={{"torchvision": "{VISION[1]}"}}')
     sets = [a for v in vision for a in ("--set", v)]
