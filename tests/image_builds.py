@@ -71,3 +71,7 @@ class Builds:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+# the integration session's builds: conftest.py queues them, the fixtures and test modules take them
+BUILDS = Builds()

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from helpers import FIXTURES, OFI_PLUGIN, SUITE, SUITE_PYTHON, TORCH_PROFILE, image_ok, run_in, run_invoke, set_args
-from image_builds import Builds
+from image_builds import BUILDS
 from slurm_cluster import SlurmCluster, missing_tools
 
 from torchbuild.core.arch import Arch
@@ -40,7 +40,6 @@ def test_cache(tmp_path_factory) -> Path:
 
 
 # the session's image builds, started together before the first test (prebuilt_images)
-BUILDS = Builds()
 
 
 def _base(engine: Engine, test_cache: Path, suite: str) -> str:
@@ -65,6 +64,7 @@ def prebuilt_images(request, test_cache: Path, site_certs: list[str], tmp_path_f
         return
     needed = {name for item in request.session.items for name in item.fixturenames}
     _start_builds(needed, test_cache, site_certs, tmp_path_factory)
+    _start_module_builds(request.session.items, test_cache)
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     t0 = time.monotonic()
     lines = BUILDS.wait()
@@ -119,6 +119,21 @@ def _start_builds(needed: set[str], test_cache: Path, site_certs: list[str], tmp
         queue.append(("debian_torch_wheel", lambda: _debian_torch_wheel(Engine.connect(), torch(), *dirs)))
     for name, build in queue:
         if name in want:
+            BUILDS.start(name, build)
+
+
+def _start_module_builds(items, test_cache: Path) -> None:
+    """Queue, after the shared images, the images a selected test module makes for itself: a
+    module with `prebuild(items, test_cache, after)` returns [(name, build)] for its selected
+    items, and its tests take each result with BUILDS.get(name, build). after(name) waits for a
+    shared build (its base)."""
+    by_module: dict[Any, list[Any]] = {}
+    for item in items:
+        if getattr(getattr(item, "module", None), "prebuild", None) is not None:
+            by_module.setdefault(item.module, []).append(item)
+    after = lambda name: BUILDS.get(name, lambda: None)  # noqa: E731
+    for module, selected in by_module.items():
+        for name, build in module.prebuild(selected, test_cache, after):
             BUILDS.start(name, build)
 
 
