@@ -183,6 +183,24 @@ def test_verify_installs_a_wheel_into_a_fresh_venv_and_probes_it_there(tmp_path)
     assert got["tiny_pkg.__version__"].detail == "1.2.3+tb (expected 1.2.3+tb)"
 
 
+@pytest.mark.skipif(not Path("/usr/lib/python3/dist-packages/jwt").is_dir(), reason="needs Debian's python3-jwt")
+def test_the_fresh_venv_sees_the_system_packages_a_system_site_base_sees(tmp_path):
+    """The real Debian 2.6 build's verify (issue 42): its image's venv takes Debian's packages
+    (python_system_site_packages), yet the fresh venv saw only the venv's own, so PyTorch's
+    tests found no pytest. Here: a base venv of the system Python with its packages (Debian's
+    python3-jwt), and the fresh venv made from it imports jwt from there."""
+    import subprocess
+
+    from torchbuild.delivery.verify import _fresh_venv
+
+    base = tmp_path / "base"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", "--system-site-packages", str(base)], check=True)
+    python = _fresh_venv(tmp_path / "fresh", str(base / "bin" / "python"))
+    code = "import jwt, sys; print(jwt.__file__); print(sys.prefix)"
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[0].startswith("/usr/lib/python3/dist-packages/") and out[1] == str(tmp_path / "fresh" / "venv")
+
+
 def test_run_request_prints_the_table_and_writes_the_report(tmp_path, capsys):
     wheel = make_wheel(tmp_path / "tiny_pkg-1.2.3+tb-py3-none-any.whl")
     req = request(resolve("cpu"), wheel=wheel, installed="", expect_version="9.9", report=None)

@@ -20,7 +20,6 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import zipfile
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -149,15 +148,19 @@ def tag_checks(wheel_name: str, expect_version: str, supported: Sequence[Tag] | 
     return checks
 
 
+_SITE_DIRS = (
+    "import os, sys; "
+    "print('\\n'.join(p for p in sys.path if p.endswith(('site-packages', 'dist-packages')) and os.path.isdir(p)))"
+)
+
+
 def _site_paths(python: str = sys.executable) -> list[str]:
-    """The interpreter's package directories: the fresh venv sees them for dependencies only."""
-    if python == sys.executable:
-        paths = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-    else:
-        code = "import sysconfig; p = sysconfig.get_paths(); print(p['purelib']); print(p['platlib'])"
-        out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout
-        paths = set(out.split())
-    return [p for p in sorted(paths) if os.path.isdir(p)]
+    """The interpreter's package directories, as its sys.path has them: the fresh venv sees
+    them for dependencies only. Those of a base that is itself a venv with the system's
+    packages (python_system_site_packages: Debian's numpy, pytest, expecttest) included: the
+    verify venv's torch then runs PyTorch's own tests with them, as the build's interpreter would."""
+    out = subprocess.run([python, "-c", _SITE_DIRS], capture_output=True, text=True, check=True, timeout=120).stdout
+    return list(dict.fromkeys(line for line in out.splitlines() if line))
 
 
 def torch_expectations(spec: BuildSpec, version: str) -> dict[str, Any]:
