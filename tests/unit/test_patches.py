@@ -60,6 +60,16 @@ def test_series_applies_in_order_then_rerun_is_a_noop(tmp_path, tree):
     assert tree_digest(tree) == before
 
 
+def test_a_series_named_by_a_relative_path_applies(tmp_path, tree, monkeypatch):
+    """`patches: tests/fixtures/patches/...` in a profile, relative to where invoke runs: git
+    apply runs in the tree, where the relative path named nothing (PatchConflict "can't open
+    patch" in the first real build)."""
+    make_patch(tmp_path, "01-a.patch", "src/a.cpp", "int a() {\n  return 1;\n}\n", "int a() {\n  return 10;\n}\n")
+    monkeypatch.chdir(tmp_path)
+    done = apply_series(tree, load_series("series", "2.6.0"))
+    assert done.applied == ("01-a.patch",) and "return 10;" in (tree / "src/a.cpp").read_text()
+
+
 def test_conflict_names_patch_and_hunk_and_leaves_tree_untouched(tmp_path, tree):
     make_patch(tmp_path, "01-ok.patch", "src/b.cpp", "int b() {\n  return 2;\n}\n", "int b() {\n  return 20;\n}\n")
     make_patch(tmp_path, "02-bad.patch", "src/a.cpp", "int a() {\n  return 999;\n}\n", "int a() {\n  return 0;\n}\n")

@@ -84,7 +84,7 @@ def load_series(setting: str, version: str, pkg: str = "pytorch") -> Series:
     if setting == "auto":
         directory = find_series_dir(version, patches_root() / pkg)
     else:
-        directory = user_path(setting)
+        directory = user_path(setting).absolute()  # git apply runs in the tree: a relative path would miss
         if not directory.is_dir():
             raise SourceError(
                 f"patches: {directory} is not a directory", hint="use auto, none or a directory of .patch files"
