@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from torchbuild.delivery import manifest
-from torchbuild.steps.bound import bound_of, longest_chain, ninja_graph, parse_graph, render_bound
+from torchbuild.steps.bound import bound_of, longest_chain, ninja_graph, not_this_run, parse_graph, render_bound
 from torchbuild.steps.report import Step, write_report
 
 # a code generator with two outputs, a unit that includes one, another that does not, a library
@@ -146,3 +146,21 @@ def test_nodes_ninja_leaves_undeclared_are_kept_by_their_id():
     deps = parse_graph(dot)
     assert deps["CMakeFiles/slow_units"] == {"slow/unit_1.done"} and deps["0x4"] == {"slow/unit_1.done"}
     assert longest_chain(deps, {"slow/unit_1.done": 8.0}) == (8.0, ["slow/unit_1.done"])
+
+
+@pytest.mark.parametrize(
+    ("ninja_wall", "build_wall", "mixed"),
+    [
+        (4800.0, 5047.6, False),  # the steps fit in the run that made them
+        (5100.0, 5047.6, False),  # ninja's clock and the run's agree within 5 %
+        # the real Debian build's last runs after cuts: the log held every run's steps, in the
+        # order ninja's recompaction left them (614,065 s of timeline for a 5,048 s run; 174 s)
+        (614065.5, 5047.6, True),
+        (16686.0, 174.6, True),
+    ],
+)
+def test_a_log_with_earlier_runs_steps_gives_no_efficiency(ninja_wall, build_wall, mixed):
+    why = not_this_run(ninja_wall, build_wall)
+    assert (why is not None) == mixed
+    if mixed:
+        assert f"{ninja_wall:.0f} s" in why and "resumed build" in why

@@ -151,6 +151,19 @@ def render_bound(bound: Bound, ninja_wall: float, build_wall: float | None = Non
     return "\n".join(lines) + "\n"
 
 
+def not_this_run(ninja_wall: float, build_wall: float) -> str | None:
+    """Why the steps read from the ninja log are not this run's alone, or None. Their timeline
+    cannot be longer than the run that made them: when it is, the log holds steps of earlier
+    runs too (a build resumed after a cut, or a log ninja recompacted, whose entries then lose
+    their order) and wall / bound would compare this run's wall with all of their work."""
+    if ninja_wall <= build_wall * 1.05 + 5:
+        return None
+    return (
+        f"the ninja log's steps span {ninja_wall:.0f} s, longer than this run's {build_wall:.0f} s: they are "
+        "not this run's alone (a resumed build, or a log ninja recompacted)"
+    )
+
+
 def efficiency_record(bound: Bound, ninja_wall: float, build_wall: float) -> dict[str, Any]:
     """The manifest's report.efficiency (delivery.manifest.EfficiencyRecord's fields)."""
     return {
