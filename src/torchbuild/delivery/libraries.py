@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from torchbuild.core.errors import CommsFailed
-from torchbuild.inputs.source import sha256_file
+from torchbuild.core.safeio import sha256_file
 
 # the symbols NCCL looks up in a net plugin (one per interface version it speaks)
 NET_VERSIONS = range(2, 12)

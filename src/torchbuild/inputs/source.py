@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 from torchbuild.core.console import redact
 from torchbuild.core.errors import InsufficientSpace, PathError, SourceError, ToolMissing, UsageError, named_os_errors
-from torchbuild.core.safeio import not_an_option, user_path
+from torchbuild.core.safeio import not_an_option, sha256_file, user_path
 from torchbuild.inputs.config import BuildSpec
 
 _GIT = ["git", "-c", "advice.detachedHead=false"]
@@ -287,14 +287,6 @@ def describe_dir(tree: Path) -> SourceInfo:
     return SourceInfo(
         kind="dir", path=tree, url=url, commit=commit, submodules=submodule_commits(tree) if commit else ()
     )
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def unpack_archive(archive: Path, dest_root: Path, out: TextIO = sys.stdout) -> SourceInfo:

@@ -27,12 +27,12 @@ from torchbuild.core.dirs import make_dirs
 from torchbuild.core.errors import BuildFailed, PathError, TorchbuildError, named_os_errors
 from torchbuild.core.process import Finished
 from torchbuild.core.progress import Tee
+from torchbuild.core.safeio import sha256_file
 from torchbuild.delivery import manifest
 from torchbuild.delivery.pipenv import interpreter
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import NO_CCACHE, ccache_launcher, compile_env, format_env
 from torchbuild.inputs.jobs import peaks_file, record_measured, record_unit_peaks, units_file
-from torchbuild.inputs.source import sha256_file
 from torchbuild.steps import buildenv, cmakecache, codegen, compile_job, flatbuf, unitpeak
 from torchbuild.steps.bound import bound_of, efficiency_record, ninja_graph, parse_graph, render_bound, render_heaviest
 from torchbuild.steps.compile_job import (
@@ -168,7 +168,7 @@ def _stamp(source: str) -> Path:
 def write_stamp(source: str, inputs: Mapping[str, str], complete: bool) -> None:
     path = _stamp(source)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, json.dumps({"complete": complete, "inputs": dict(inputs)}, indent=2) + "\n")
+    atomic_write_text(path, json.dumps({"complete": complete, "inputs": dict(inputs)}, indent=2) + "\n")
 
 
 def stale_configure(source: str, inputs: Mapping[str, str]) -> str | None:
@@ -302,10 +302,6 @@ class Outcome:
     wheel: Path | None  # None for a preflight
     manifest: Path
     log: Path
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    atomic_write_text(path, text)
 
 
 @dataclasses.dataclass

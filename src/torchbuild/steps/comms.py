@@ -47,7 +47,7 @@ from torchbuild.core.errors import (
 )
 from torchbuild.core.problems import Problems
 from torchbuild.core.process import Finished
-from torchbuild.core.safeio import MANIFEST_LIMIT, MiB, read_bytes, read_json, user_path
+from torchbuild.core.safeio import MANIFEST_LIMIT, MiB, read_bytes, read_json, sha256_file, user_path
 from torchbuild.delivery.libraries import (
     copy_dependencies,
     nccl_version_of,
@@ -61,7 +61,7 @@ from torchbuild.inputs.environment import COMMS_DEPS, build_env, compile_env
 from torchbuild.inputs.image import tree_digest
 from torchbuild.inputs.jobs import JobPlan
 from torchbuild.inputs.nccl_arch import gencode, nccl_release
-from torchbuild.inputs.source import describe_dir, fetch_git, looks_like_url, sha256_file, unpack_archive
+from torchbuild.inputs.source import describe_dir, fetch_git, looks_like_url, unpack_archive
 from torchbuild.steps import compile_job
 from torchbuild.steps.compile_job import CompileJob, into_place, now_utc
 

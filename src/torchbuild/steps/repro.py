@@ -32,7 +32,7 @@ from pathlib import Path
 
 from torchbuild.core.atomic import atomic_writer
 from torchbuild.core.errors import WheelError, named_os_errors
-from torchbuild.core.safeio import MEMBER_LIMIT
+from torchbuild.core.safeio import MEMBER_LIMIT, sha256_file
 from torchbuild.inputs.source import SourceInfo
 
 # zip cannot say a date before 1980; ZipInfo stores even seconds
@@ -279,18 +279,12 @@ def _digest(archive: zipfile.ZipFile, info: zipfile.ZipInfo, wheel: Path) -> str
     return h.hexdigest()
 
 
-def _file_sha256(path: Path) -> str:
-    from torchbuild.inputs.source import sha256_file
-
-    return sha256_file(path)
-
-
 def diff_wheels(a: Path, b: Path) -> WheelDiff:
     """Whether two wheels are byte-identical and, if not, each member that differs: present in
     one only, other content (sha256 of the uncompressed bytes), or the same content with another
     timestamp, mode, compression or place in the archive."""
     with named_os_errors(a, "reading the wheel"), named_os_errors(b, "reading the wheel"):
-        sa, sb = _file_sha256(a), _file_sha256(b)
+        sa, sb = sha256_file(a), sha256_file(b)
         if sa == sb:
             return WheelDiff(sa, sb, ())
         with _open_wheel(a) as za, _open_wheel(b) as zb:
