@@ -33,6 +33,7 @@ from packaging.version import InvalidVersion, Version
 
 from torchbuild.core import console
 from torchbuild.core.errors import CommsFailed, PathError, TorchbuildError, UsageError, WheelError, named_os_errors
+from torchbuild.core.process import QUERY_TIMEOUT, run_captured
 from torchbuild.core.safeio import open_regular
 from torchbuild.delivery import pipenv, probe, upstream_tests
 from torchbuild.delivery.manifest import write_json
@@ -155,7 +156,7 @@ def _site_paths(python: str = sys.executable) -> list[str]:
         paths = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     else:
         code = "import sysconfig; p = sysconfig.get_paths(); print(p['purelib']); print(p['platlib'])"
-        out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout
+        out = run_captured([python, "-c", code], timeout=QUERY_TIMEOUT).checked()
         paths = set(out.split())
     return [p for p in sorted(paths) if os.path.isdir(p)]
 
@@ -180,7 +181,7 @@ def _probe(python: str, name: str, spec: BuildSpec, version: str) -> list[Check]
         args = [python, str(PROBE), "torch", json.dumps(torch_expectations(spec, version))]
     else:
         args = [python, str(PROBE), "package", name, version]
-    proc = subprocess.run(args, capture_output=True, text=True, check=False, cwd=tempfile.gettempdir())
+    proc = run_captured(args, cwd=tempfile.gettempdir())
     lines = proc.stdout.strip().splitlines()
     try:
         return [Check(**c) for c in json.loads(lines[-1])]
@@ -192,12 +193,10 @@ def _fresh_venv(root: Path, base: str = sys.executable) -> str:
     """A venv of `base` without pip under root that sees base's packages (for dependencies
     only); returns its python. CalledProcessError or OSError when it cannot be made."""
     venv = root / "venv"
-    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True, check=True)
+    run_captured([base, "-m", "venv", "--without-pip", str(venv)]).checked()
     python = str(venv / "bin" / "python")
-    purelib = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    purelib = run_captured([python, "-c", code], timeout=QUERY_TIMEOUT).checked().strip()
     Path(purelib, "torchbuild-deps.pth").write_text("\n".join(_site_paths(base)) + "\n")
     return python
 
@@ -215,13 +214,13 @@ def _install(wheel: Path, root: Path, base: str = sys.executable) -> tuple[str, 
         name, version, _, _ = parse_wheel_filename(wheel.name)
         env = {**os.environ}
         env.update(pipenv.keep_built(root / "constraints.txt", {name: str(version)}, sys.executable, env))
-        proc = subprocess.run(
+        proc = run_captured(
             [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--no-index", "--", str(plain)],
-            capture_output=True, text=True, env=env, check=False,
+            env=env,
         )  # fmt: skip
     except subprocess.CalledProcessError as exc:
         return "", f"no fresh venv: {exc.stderr or exc}"
-    except (OSError, TorchbuildError) as exc:
+    except (OSError, TorchbuildError, subprocess.TimeoutExpired) as exc:  # TimeoutExpired: a query past its deadline
         return "", f"no fresh venv: {exc}"
     return (python, "") if proc.returncode == 0 else ("", proc.stderr)
 
@@ -266,7 +265,7 @@ def _linked_nccl(torch_lib: Path | None, prefix: Path, nccl: Mapping[str, Any], 
     cuda_libs = sorted(torch_lib.glob("libtorch_cuda*.so")) if torch_lib else []
     if not cuda_libs:
         return Check(name, "fail", f"no libtorch_cuda*.so in {torch_lib}: not a CUDA build")
-    proc = subprocess.run(["ldd", str(cuda_libs[0])], capture_output=True, text=True, check=False)
+    proc = run_captured(["ldd", str(cuda_libs[0])], timeout=QUERY_TIMEOUT)
     if re.search(r"libnccl\.so\.2 => not found", proc.stdout):
         return Check(
             name, "fail", f"{cuda_libs[0].name} needs libnccl.so.2: not found (no rpath or LD_LIBRARY_PATH leads to it)"

@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 from torchbuild.core.console import redact
 from torchbuild.core.errors import InsufficientSpace, PathError, SourceError, ToolMissing, UsageError, named_os_errors
+from torchbuild.core.process import run_captured
 from torchbuild.core.safeio import not_an_option, sha256_file, user_path
 from torchbuild.inputs.config import BuildSpec
 
@@ -335,9 +336,7 @@ def _run_dpkg_source(archive: Path, tree: Path, out: TextIO) -> Path:
     if shutil.which("dpkg-source") is None:
         raise ToolMissing("dpkg-source is needed to unpack a .dsc", hint="apt-get install dpkg-dev")
     print(f"$ dpkg-source -x {archive}", file=out, flush=True)
-    proc = subprocess.run(
-        ["dpkg-source", "--no-check", "-x", str(archive), str(tree)], capture_output=True, text=True, check=False
-    )
+    proc = run_captured(["dpkg-source", "--no-check", "-x", str(archive), str(tree)])
     if proc.returncode != 0:
         raise SourceError(f"dpkg-source -x {archive.name} failed: {proc.stderr.strip()[-300:]}")
     check_links(tree, f"{archive.name} (as dpkg-source unpacked it)")

@@ -12,7 +12,6 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 import uuid
@@ -25,7 +24,7 @@ from torchbuild.core.atomic import atomic_write_text
 from torchbuild.core.console import table
 from torchbuild.core.dirs import make_dirs
 from torchbuild.core.errors import BuildFailed, PathError, TorchbuildError, named_os_errors
-from torchbuild.core.process import Finished
+from torchbuild.core.process import Finished, run_captured
 from torchbuild.core.progress import Tee
 from torchbuild.core.safeio import sha256_file
 from torchbuild.delivery import manifest
@@ -274,13 +273,8 @@ def with_checks(run: Run, watch: ConfigureWatch, step: Callable[[Callable[[str],
 def object_target(source: str, file: str, env: Mapping[str, str]) -> str:
     """The ninja target that compiles one source file: .../Foo.cpp.o, or for ATen's per-CPU-
     capability kernels (native/cpu/*.cpp) the DEFAULT variant .../Foo.cpp.DEFAULT.cpp.o."""
-    proc = subprocess.run(
-        ["ninja", "-C", str(build_dir(source)), "-t", "targets", "all"],
-        capture_output=True,
-        text=True,
-        env=dict(env),
-        check=False,
-    )
+    # ninja reads the whole build.ninja and lists every target
+    proc = run_captured(["ninja", "-C", str(build_dir(source)), "-t", "targets", "all"], env=env, timeout=600)
     targets = [line.split(":", 1)[0] for line in proc.stdout.splitlines()]
     rel = Path(file).as_posix()
     for suffix in (".o", ".DEFAULT.cpp.o"):

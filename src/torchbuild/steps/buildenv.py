@@ -34,7 +34,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,7 +48,7 @@ from packaging.utils import canonicalize_name
 
 from torchbuild.core.atomic import umask
 from torchbuild.core.errors import BuildFailed, SourceError, ToolMissing, TorchbuildError, named_os_errors
-from torchbuild.core.process import run_streamed
+from torchbuild.core.process import QUERY_TIMEOUT, run_captured, run_streamed
 from torchbuild.core.progress import Tee
 from torchbuild.core.safeio import read_text
 from torchbuild.inputs.config import BuildSpec
@@ -231,7 +230,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _python_version(python: str) -> str:
-    proc = subprocess.run([python, "-c", "import sys; print(sys.version)"], capture_output=True, text=True, check=False)
+    proc = run_captured([python, "-c", "import sys; print(sys.version)"], timeout=QUERY_TIMEOUT)
     if proc.returncode != 0:
         raise ToolMissing(f"{python} does not run: {proc.stderr.strip()[-300:]}")
     return proc.stdout.strip()
@@ -317,5 +316,5 @@ def _installed(python: str) -> dict[str, str]:
         "    except m.PackageNotFoundError: pass\n"
         "print(json.dumps(out))\n"
     )
-    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False)
+    proc = run_captured([python, "-c", code], timeout=QUERY_TIMEOUT)
     return dict(json.loads(proc.stdout)) if proc.returncode == 0 else {}

@@ -56,6 +56,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from torchbuild.core.atomic import atomic_write_bytes, umask
+from torchbuild.core.process import QUERY_TIMEOUT, run_captured
 from torchbuild.core.safeio import sha256_file
 
 FORMAT = 2  # of a saved entry; bumped whenever what is kept changes (2: the aoti dir's files)
@@ -153,7 +154,7 @@ def inputs_of(args: Sequence[str], cwd: Path) -> dict[str, str]:
 
 def key_of(python: str, args: Sequence[str], cwd: Path) -> str:
     """The entry's name for one generator run (see the module's docstring)."""
-    version = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, check=False).stdout.strip()
+    version = run_captured([python, "-c", PROBE], timeout=QUERY_TIMEOUT).stdout.strip()
     blob = json.dumps(
         {
             "format": FORMAT,

@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 import urllib.error
@@ -46,7 +45,7 @@ from torchbuild.core.errors import (
     writable_dir,
 )
 from torchbuild.core.problems import Problems
-from torchbuild.core.process import Finished
+from torchbuild.core.process import QUERY_TIMEOUT, Finished, run_captured
 from torchbuild.core.safeio import MANIFEST_LIMIT, MiB, read_bytes, read_json, sha256_file, user_path
 from torchbuild.delivery.libraries import (
     copy_dependencies,
@@ -656,7 +655,7 @@ class _Step:
         nvcc = Path(self.spec.cuda_home) / "bin" / "nvcc"
         if not nvcc.exists():
             return ""
-        proc = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, check=False)
+        proc = run_captured([str(nvcc), "--version"], timeout=QUERY_TIMEOUT)
         found = re.search(r"release (\d+\.\d+)", proc.stdout)
         return found[1] if found else ""
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from torchbuild.core.atomic import atomic_writer
 from torchbuild.core.errors import WheelError, named_os_errors
+from torchbuild.core.process import QUERY_TIMEOUT, run_captured
 from torchbuild.core.safeio import MEMBER_LIMIT, sha256_file
 from torchbuild.inputs.source import SourceInfo
 
@@ -76,10 +77,8 @@ def source_date_epoch(info: SourceInfo, environ: dict[str, str] | None = None) -
         return Epoch(int(given), "env")
     if info.commit:
         with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
-            out = subprocess.run(
-                ["git", "-C", str(info.path), "log", "-1", "--format=%ct", "--end-of-options", info.commit],
-                capture_output=True, text=True, check=True,
-            ).stdout.strip()  # fmt: skip
+            git = ["git", "-C", str(info.path), "log", "-1", "--format=%ct", "--end-of-options", info.commit]
+            out = run_captured(git, timeout=QUERY_TIMEOUT).checked().strip()
             return Epoch(int(out), f"commit {info.commit[:12]}")
     if info.kind == "dsc":
         seconds = _changelog_time(info.path)
