@@ -33,7 +33,7 @@ RUN apt-get -o Acquire::Check-Valid-Until=false update -qq \\
     slurmd slurmctld slurm-client munge python3-mpi4py procps >/dev/null \\
  && rm -rf /var/lib/apt/lists/*
 RUN python3 -m pip install -q "invoke>=2.2" "jsonschema>=4" "pyyaml>=6" "packaging>=23" "cattrs>=23.2" \\
-    "docker>=7.0" "spython>=0.3" "rich>=13"
+    "docker>=7.0" "spython>=0.3" "rich>=13" "filelock>=3.10.6" "platformdirs>=2.5"
 """
 # ReturnToService=1: a node that was DOWN only for not responding comes back when its slurmd
 # registers; one set DOWN by an admin stays down. With 2, slurmctld's next ping brought node2

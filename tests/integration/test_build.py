@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from helpers import FIXTURES, REPO, preflight_ok, run_invoke, set_args
 
-from torchbuild.inputs.source import sha256_file
+from torchbuild.core.safeio import sha256_file
 
 pytestmark = pytest.mark.docker
 

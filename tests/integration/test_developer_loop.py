@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from helpers import FIXTURES, TORCH_PROFILE, run_in, run_invoke, set_args
 
+from torchbuild.core.safeio import sha256_file
 from torchbuild.delivery import manifest
-from torchbuild.inputs.source import sha256_file
 
 pytestmark = pytest.mark.docker
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import FIXTURES, run_invoke, set_args
 
-from torchbuild.inputs.source import sha256_file
+from torchbuild.core.safeio import sha256_file
 from torchbuild.steps.repro import PLAIN_TREE, PLAIN_TREE_EPOCH
 
 NATIVE_TOOLS = ("g++", "cmake", "ninja", "ccache")

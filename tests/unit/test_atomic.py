@@ -16,7 +16,7 @@ from torchbuild.core.errors import InsufficientSpace, PathError
 from torchbuild.delivery.manifest import write_json
 from torchbuild.inputs import jobs, lock
 from torchbuild.launch import scheduler
-from torchbuild.steps import build, resume
+from torchbuild.steps import resume
 
 LOCK = lock.Lock(
     profile="p",
@@ -120,7 +120,7 @@ def _victim(tmp_path: Path) -> Path:
     "write, planted",
     [
         (lambda d: lock.write(LOCK, d / "torch.lock"), ".torch.lock.tmp"),
-        (lambda d: build._atomic_write(d / "state.json", "{}\n"), ".partial-state.json"),
+        (lambda d: atomic_write_text(d / "state.json", "{}\n"), ".partial-state.json"),  # build's state files
         (lambda d: jobs.record_measured(d / "measured.json", [{"file": "a.cu", "peak_rss_bytes": 5}]), "measured.tmp"),
         # {pid}: the running process's id, filled in at run time (the test's id stays the same in
         # every pytest-xdist worker, which must collect the same tests)
@@ -179,3 +179,18 @@ def test_write_json_keeps_the_old_record_when_the_write_fails(tmp_path, monkeypa
     monkeypatch.undo()
     write_json(path, {"ok": False}, "verify report")
     assert json.loads(path.read_text()) == {"ok": False}
+
+
+def test_without_fsync_the_file_is_replaced_all_the_same(tmp_path, monkeypatch):
+    """codegen's restore writes thousands of generated files through the same writer without
+    waiting for the disk each time (fsync=False); the other writers wait."""
+    target = tmp_path / "generated.cpp"
+    target.write_text("old")
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", synced.append)
+    atomic_write_bytes(target, b"new", fsync=False)
+    assert target.read_bytes() == b"new" and synced == []
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask()
+    atomic_write_bytes(target, b"newer")
+    assert target.read_bytes() == b"newer" and len(synced) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["generated.cpp"]

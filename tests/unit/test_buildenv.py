@@ -41,10 +41,31 @@ def test_the_trees_requirements_with_includes_and_pyproject(tmp_path):
     )
     reqs, digests = buildenv.tree_requirements(str(tree))
     assert reqs[:4] == ["astunparse", "ninja", "pyyaml", 'sympy==1.13.1 ; python_version >= "3.9"']
-    if sys.version_info >= (3, 11):
-        assert reqs[4:] == ["setuptools", "cmake", "typing-extensions>=4.10"]
-        assert set(digests) == {"requirements.txt", "requirements-build.txt", "pyproject.toml"}
+    assert reqs[4:] == ["setuptools", "cmake", "typing-extensions>=4.10"]
+    assert set(digests) == {"requirements.txt", "requirements-build.txt", "pyproject.toml"}
     assert buildenv.tree_requirements(str(_tree(tmp_path / "none", {}))) == ([], {})
+
+
+def test_pyproject_is_read_before_python_3_11_too(tmp_path, monkeypatch):
+    """Python 3.9 and 3.10 have no tomllib: tomli (a dependency there, the same parser) reads
+    pyproject.toml, whose build requirements were left out before."""
+    import tomllib
+
+    monkeypatch.setattr(sys, "version_info", (3, 10, 14, "final", 0))
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # import tomllib fails, as on 3.10
+    monkeypatch.setitem(sys.modules, "tomli", tomllib)  # tomli's API is tomllib's
+    reqs, digests = buildenv.tree_requirements(str(_tree(tmp_path, {"pyproject.toml": PYPROJECT})))
+    assert reqs == ["setuptools", "cmake", "typing-extensions>=4.10"]
+    assert set(digests) == {"pyproject.toml"}
+
+
+def test_the_lock_beside_the_venv_is_open_to_a_group_sharing_the_cache(tmp_path):
+    old = os.umask(0o002)
+    try:
+        with buildenv._locked(tmp_path / "k.lock"):
+            assert (tmp_path / "k.lock").stat().st_mode & 0o777 == 0o664
+    finally:
+        os.umask(old)
 
 
 @pytest.mark.parametrize(

@@ -4,13 +4,13 @@ and build.with_checks, which does that around the step that configures."""
 from __future__ import annotations
 
 import json
-import os
 import stat
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from torchbuild.core.atomic import umask
 from torchbuild.core.errors import BuildFailed
 from torchbuild.steps import cmakecache
 from torchbuild.steps.build import (
@@ -215,7 +215,7 @@ def test_saved_then_seeded_into_a_fresh_tree(tmp_path):
         ["CMakeLists.txt", "cmake/Checks.cmake", str(tmp_path / "prefix" / "pkgConfig.cmake")]
     )
     assert not [p for p in checks.path.parent.iterdir() if p.name.startswith(".partial-")]
-    assert stat.S_IMODE(checks.path.stat().st_mode) == 0o666 & ~_umask()
+    assert stat.S_IMODE(checks.path.stat().st_mode) == 0o666 & ~umask()
 
     assert checks.seed(b, src) == (0, cmakecache.OWN_CACHE)  # a configured tree keeps its own
     (b / "CMakeCache.txt").unlink()
@@ -448,9 +448,3 @@ def test_natively_the_step_runs_alone(tmp_path, tree):
     with_checks(run, ConfigureWatch(str(tree), {}), step)
     assert step.found == [None] and not (tmp_path / "cache").exists()
     assert any("not reused outside a toolchain image" in line for line in run.tee.lines)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

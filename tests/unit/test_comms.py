@@ -35,7 +35,7 @@ from torchbuild.core.errors import (
     ToolMissing,
     UsageError,
 )
-from torchbuild.core.safeio import MANIFEST_LIMIT
+from torchbuild.core.safeio import MANIFEST_LIMIT, sha256_file
 from torchbuild.delivery import manifest as mf
 from torchbuild.delivery.libraries import (
     copy_dependencies,
@@ -55,7 +55,6 @@ from torchbuild.inputs.environment import comms_install_env, comms_runtime_env
 from torchbuild.inputs.image import apt_packages, comms_packages, tree_digest
 from torchbuild.inputs.jobs import GiB, HostResources, plan_make
 from torchbuild.inputs.sif import SIF_COMMS, definition, environment_section, runtime_binds, runtime_hash, sif_id
-from torchbuild.inputs.source import sha256_file
 from torchbuild.launch.backends import Binds, Options, choose, container_view
 from torchbuild.launch.backends.apptainer import ApptainerBackend, run_args, sif_record
 from torchbuild.launch.backends.native import NativeBackend

@@ -185,3 +185,19 @@ def test_arch_option_overrides_profile_and_accepts_aliases():
     assert resolve("cpu", arch="amd64").arch is Arch.X86_64
     with pytest.raises(ProfileError, match="unknown arch"):
         resolve("cpu", arch="riscv64")
+
+
+def test_cache_dir_default_follows_xdg_cache_home(tmp_path, monkeypatch):
+    """$XDG_CACHE_HOME/torchbuild where XDG_CACHE_HOME is set (a site that puts caches on scratch
+    says so once for every tool); unset, or naming ~/.cache, the default stays the text
+    defaults.yaml documents; a profile's or --set's cache_dir wins over both."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert resolve("cpu").cache_dir == "~/.cache/torchbuild"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home" / ".cache"))
+    assert resolve("cpu").cache_dir == "~/.cache/torchbuild"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "scratch"))
+    spec = resolve("cpu")
+    assert spec.cache_dir == str(tmp_path / "scratch" / "torchbuild")
+    assert spec.origins["cache_dir"] == "defaults.yaml"
+    assert resolve("cpu", [f"cache_dir={tmp_path}/mine"]).cache_dir == f"{tmp_path}/mine"

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +81,42 @@ def test_nice_prefix_carries_the_callers_priority_into_a_container_step():
     own = os.getpriority(os.PRIO_PROCESS, 0)  # the suite itself may run under nice
     assert normal.stdout.strip() == ("[]" if own == 0 else f"['nice', '-n', '{own}', '--']")
     assert low.stdout.strip() == "['nice', '-n', '19', '--']"
+
+
+def test_run_captured_merged_keeps_the_order_the_command_wrote_in():
+    code = "import sys; print('out 1', flush=True); print('err', file=sys.stderr, flush=True); print('out 2')"
+    done = process.run_captured([sys.executable, "-c", code], merged=True)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "out 1\nerr\nout 2\n", "")
+
+
+def test_checked_raises_what_subprocess_run_check_true_raises():
+    """The calls that had check=True keep their errors (verify's fresh venv, the lock's dpkg-query)."""
+    assert process.run_captured([sys.executable, "-c", "print('x')"]).checked() == "x\n"
+    failed = process.run_captured([sys.executable, "-c", "import sys; sys.exit(3)"])
+    with pytest.raises(subprocess.CalledProcessError) as exc:
+        failed.checked()
+    assert exc.value.returncode == 3 and exc.value.cmd[0] == sys.executable
+    late = process.run_captured([sys.executable, "-c", "import time; time.sleep(30)"], timeout=0.5)
+    with pytest.raises(subprocess.TimeoutExpired) as expired:
+        late.checked()
+    assert late.returncode is None and expired.value.timeout == 0.5
+
+
+def test_a_query_past_its_deadline_is_stopped_with_its_children(tmp_path, monkeypatch):
+    """hostcheck's commands go through run_captured: a child the command started (a wrapper's)
+    is stopped with it at the deadline, where subprocess.run killed the command alone."""
+    from torchbuild.launch import hostcheck
+
+    pidfile = tmp_path / "child.pid"
+    script = tmp_path / "slow"
+    script.write_text(f"#!/bin/sh\nsleep 60 &\necho $! > {pidfile}\nwait\n")
+    script.chmod(0o755)
+    monkeypatch.setattr(hostcheck, "COMMAND_TIMEOUT", 1)
+    assert hostcheck.run_command([str(script)]).returncode == 124
+    stat = Path(f"/proc/{int(pidfile.read_text())}/stat")
+    deadline = time.monotonic() + 5
+    while stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (
+        not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    )  # gone, or dead awaiting its reaper

@@ -36,6 +36,8 @@ WRONG = {
     "unknown nested key": ({"jobs": 1, "items": [{"n": 1, "m": 2}]}, r"items\[0\] has unknown keys m"),
     "missing": ({"name": "x"}, "jobs: missing"),
     "bad mapping value": ({"jobs": 1, "env": {"A": 1}}, "env.A: expected a string, found a number 1"),
+    "key with a quote": ({"jobs": 1, "env": {"it's": 1}}, "env.it's: expected a string, found a number 1"),
+    "value with an at": ({"jobs": 1, "env": {"A": " @ x"}, "name": 2}, "name: expected a string"),
 }
 
 

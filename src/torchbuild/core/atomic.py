@@ -47,10 +47,13 @@ def _named(path: Path, what: str | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def atomic_writer(path: StrPath, *, mode: int | None = None, what: str | None = None) -> Iterator[BinaryIO]:
+def atomic_writer(
+    path: StrPath, *, mode: int | None = None, what: str | None = None, fsync: bool = True
+) -> Iterator[BinaryIO]:
     """A binary file to write path's new content to; on a clean exit of the block it replaces
     path, on an exception (the block's or the write's) path is left as it was and nothing of
-    the temporary file remains."""
+    the temporary file remains. fsync=False: not flushed to the disk before the rename (a file
+    that is made again when lost, among thousands: a build tree's generated sources)."""
     target = Path(path)
     with _named(target, what):
         fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -59,7 +62,8 @@ def atomic_writer(path: StrPath, *, mode: int | None = None, what: str | None = 
                 os.fchmod(f.fileno(), (0o666 & ~umask()) if mode is None else mode)
                 yield f
                 f.flush()
-                os.fsync(f.fileno())
+                if fsync:
+                    os.fsync(f.fileno())
             os.replace(name, target)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -68,10 +72,15 @@ def atomic_writer(path: StrPath, *, mode: int | None = None, what: str | None = 
 
 
 def atomic_write_bytes(
-    path: StrPath, data: bytes | Iterable[bytes], *, mode: int | None = None, what: str | None = None
+    path: StrPath,
+    data: bytes | Iterable[bytes],
+    *,
+    mode: int | None = None,
+    what: str | None = None,
+    fsync: bool = True,
 ) -> None:
     """path holds data (bytes, or chunks of it) or what it held before, never a part."""
-    with atomic_writer(path, mode=mode, what=what) as f:
+    with atomic_writer(path, mode=mode, what=what, fsync=fsync) as f:
         if isinstance(data, (bytes, bytearray, memoryview)):
             f.write(data)
         else:

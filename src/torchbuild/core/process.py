@@ -4,7 +4,21 @@ Every command runs in a process group of its own (a new session), so that stoppi
 everything it started: setup.py, cmake, ninja and the compilers under pip, or Apptainer's
 helpers. On any way out (normal exit, an exception, Ctrl-C, SIGTERM turned into
 KeyboardInterrupt by `interrupts_unwind`), a group that is still there gets SIGTERM, then
-SIGKILL after a grace period.
+SIGKILL after a grace period. `run_streamed` hands each line on as it comes; `run_captured`
+returns the output, with a deadline where one is given (QUERY_TIMEOUT for a tool asked a
+question); stdin is /dev/null for both.
+
+The subprocess calls left outside this module, and why each is not one of these:
+- steps/codegen.run (2): the wrapper CMake and ninja run in torchgen's place; the real command
+  must have the wrapper's own stdin, stdout, stderr and process group, as if run directly.
+- inputs/source._git (1): git may ask for a URL's credentials on the terminal, which a process
+  in a new session has no more.
+- delivery/probe.py (3): a script run by another interpreter (a fresh venv's), where torchbuild
+  is not importable: the standard library only.
+- delivery/upstream_tests._run_bounded (1): at its bound PyTorch's pytest gets SIGINT, so it
+  reports what ran, before SIGKILL; here a group gets SIGTERM.
+- launch/rounds.run_round (1): the build of one round is stopped by a thread watching the
+  walltime, which needs the process while it runs.
 """
 
 from __future__ import annotations
@@ -141,31 +155,48 @@ def run_streamed(
     return Finished(proc.returncode, time.monotonic() - start, usage.ru_maxrss * 1024)
 
 
+QUERY_TIMEOUT = 120.0  # seconds for a tool asked a question (ldd, a `python -c`, a scheduler's query)
+
+
 @dataclasses.dataclass(frozen=True)
 class Captured:
     returncode: int | None  # None: stopped at its deadline; negative: killed by that signal
     stdout: str
     stderr: str
+    args: tuple[str, ...] = ()
+    timeout: float | None = None
+
+    def checked(self) -> str:
+        """stdout, or the error subprocess.run(check=True) raises: CalledProcessError for a
+        non-zero exit, TimeoutExpired for a command stopped at its deadline."""
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(list(self.args), self.timeout or 0.0, self.stdout, self.stderr)
+        if self.returncode != 0:
+            raise subprocess.CalledProcessError(self.returncode, list(self.args), self.stdout, self.stderr)
+        return self.stdout
 
 
 def run_captured(
     cmd: Sequence[str],
     *,
     env: Mapping[str, str] | None = None,
-    cwd: str | None = None,
+    cwd: str | os.PathLike[str] | None = None,
     timeout: float | None = None,
+    merged: bool = False,
 ) -> Captured:
-    """Run cmd with stdout and stderr captured as text, in a process group of its own; on every
-    way out (its deadline, an exception, Ctrl-C or SIGTERM as KeyboardInterrupt) the group is
-    stopped, so a wrapper's child (a site's `cc` script running gcc, ccache running the
-    compiler) is never left behind. OSError when it cannot start."""
+    """Run cmd with stdout and stderr captured as text (merged: stderr into stdout, in the order
+    written), in a process group of its own; on every way out (its deadline, an exception,
+    Ctrl-C or SIGTERM as KeyboardInterrupt) the group is stopped, so a wrapper's child (a site's
+    `cc` script running gcc, ccache running the compiler) is never left behind. Undecodable
+    bytes are replaced. OSError when it cannot start."""
+    argv = tuple(cmd)
     proc = subprocess.Popen(
-        list(cmd),
+        list(argv),
         cwd=cwd,
         env=dict(env) if env is not None else None,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merged else subprocess.PIPE,
         text=True,
         errors="replace",
         start_new_session=True,
@@ -177,7 +208,7 @@ def run_captured(
         stop_group(proc.pid, grace=0.0, leader=proc)
         stopped = True
         out, err = _leftover_output(proc)
-        return Captured(None, out, err)
+        return Captured(None, out, err, argv, timeout)
     except BaseException:  # Ctrl-C, SIGTERM (interrupts_unwind), or any error while waiting
         stop_group(proc.pid, grace=GRACE_S, leader=proc)
         stopped = True
@@ -186,7 +217,7 @@ def run_captured(
     finally:
         if not stopped:  # the leader exited: stop whatever it left running in its group
             stop_group(proc.pid, grace=0.0)
-    return Captured(proc.returncode, out, err)
+    return Captured(proc.returncode, out or "", err or "", argv, timeout)
 
 
 def _leftover_output(proc: subprocess.Popen[str]) -> tuple[str, str]:

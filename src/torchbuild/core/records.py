@@ -10,8 +10,10 @@ nothing else of torchbuild but errors.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
+import re
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -57,33 +59,38 @@ def from_dict(
         raise error(f"{what}: {exc}", hint=hint) from None
 
 
-def _where(path: str, notes: list[Any]) -> str:
-    """path extended by where cattrs notes a leaf failed: "Structuring class R @ attribute jobs"
-    (path.jobs), "Structuring typing.Tuple[R, ...] @ index 0" (path[0]), a mapping's key (path.key)."""
-    for note in map(str, notes):
-        if "@ attribute " in note:
-            name = note.split("@ attribute ", 1)[1].split()[0]
-            return f"{path}.{name}" if path else name
-        if "@ index " in note:
-            return f"{path}[{note.split('@ index ', 1)[1].split()[0]}]"
-        if "@ key " in note:  # "Structuring mapping value @ key 'cc'" (path.cc)
-            key = note.split("@ key ", 1)[1].strip("'")
-            return f"{path}.{key}" if path else key
-    return path
+# cattrs' paths, as transform_error writes them: ".name" for a field, "[0]" for an index and
+# "['key']" (the key's repr) for a mapping's key; shown as "name", "[0]" and ".key"
+_KEY = re.compile(r"""\[('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")\]""")
 
 
-def _reasons(exc: BaseException, path: str = "") -> list[str]:
-    """One short reason per leaf of cattrs' exception group ('spec.jobs: expected int')."""
+def _reason(exc: BaseException, path: str) -> str:
+    """One leaf's reason at path ("" for the record itself)."""
     if isinstance(exc, ForbiddenExtraKeysError):
-        return [f"{path or 'the record'} has unknown keys {', '.join(sorted(exc.extra_fields))}"]
-    if isinstance(exc, cattrs.BaseValidationError):
-        out: list[str] = []
-        for sub in exc.exceptions:
-            out += _reasons(sub, _where(path, getattr(sub, "__notes__", [])))
-        return out or [str(exc)]
+        return f"{path or 'the record'} has unknown keys {', '.join(sorted(exc.extra_fields))}"
     if isinstance(exc, KeyError):
-        return [f"{path}: missing" if path else f"missing {exc}"]
-    return [f"{path}: {exc}" if path else str(exc)]
+        return f"{path}: missing" if path else f"missing {exc}"
+    return f"{path}: {exc}" if path else str(exc)
+
+
+def _reasons(exc: BaseException) -> list[str]:
+    """One short reason per leaf of cattrs' exception group ('spec.jobs: expected int'), the
+    leaves and their paths found by cattrs.transform_error. Its format_exception hook sees a
+    leaf but not its path, and its result is the text "<description> @ <path>": the hook keeps
+    the leaf and describes it by its number, so a path is split from a description that cannot
+    hold " @ " (a message can: a value is shown)."""
+    leaves: list[BaseException] = []
+
+    def keep(leaf: BaseException, _: type | None) -> str:
+        leaves.append(leaf)
+        return str(len(leaves) - 1)
+
+    out = []
+    for line in cattrs.transform_error(exc, path="", format_exception=keep):
+        number, _, path = line.partition(" @ ")
+        path = _KEY.sub(lambda m: "." + str(ast.literal_eval(m.group(1))), path)
+        out.append(_reason(leaves[int(number)], path.removeprefix(".")))
+    return out or [str(exc)]
 
 
 # --------------------------------------------------------------------------- JSON's types, strictly

@@ -10,6 +10,7 @@ starts with `-` would be read as an option) and placed after `--` / `--end-of-op
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -96,6 +97,16 @@ def read_bytes(path: StrPath, limit: int, what: str, error: type[TorchbuildError
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def sha256_file(path: StrPath) -> str:
+    """The sha256 of a file's content, read in blocks (a wheel is gigabytes). The one file digest
+    of torchbuild (hashlib.file_digest from Python 3.11 only); OSError as open() raises it."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def read_text(path: StrPath, limit: int, what: str, error: type[TorchbuildError] = PathError) -> str:

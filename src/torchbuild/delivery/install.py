@@ -31,7 +31,6 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -46,6 +45,7 @@ from packaging.version import Version
 from torchbuild import __version__
 from torchbuild.core import console
 from torchbuild.core.errors import InstallFailed, ToolMissing, named_os_errors
+from torchbuild.core.process import QUERY_TIMEOUT, run_captured
 from torchbuild.delivery.manifest import (
     INSTALL_MANIFEST,
     InstallCommsRecord,
@@ -470,7 +470,7 @@ class _Step:
 
     def _capture(self, cmd: Sequence[str], what: str, env: Mapping[str, str] | None = None) -> str:
         with named_os_errors(cmd[0], what):
-            proc = subprocess.run(list(cmd), capture_output=True, text=True, env=env or self.env, check=False)
+            proc = run_captured(cmd, env=env or self.env)
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
             raise InstallFailed(f"{what} failed in {self.prefix}: " + " | ".join(tail))
@@ -494,7 +494,7 @@ def interpreter_for(req: InstallRequest, env: Mapping[str, str]) -> str:
         return found
     code = "import sys; print('%d.%d' % sys.version_info[:2])"
     with named_os_errors(found, f"asking {option} {given} its version"):
-        proc = subprocess.run([found, "-c", code], capture_output=True, text=True, env=dict(env), check=False)
+        proc = run_captured([found, "-c", code], env=env, timeout=QUERY_TIMEOUT)
     have = proc.stdout.strip()
     if proc.returncode != 0 or have != req.python_version:
         raise InstallFailed(
@@ -539,22 +539,13 @@ def _run_check(step: _Step, pkg: RuntimePackage) -> str:
             hint="fix check in its runtime_packages entry (a program the package installs, e.g. horovodrun)",
         )
     say(f"checking {pkg.requirement}: {' '.join(pkg.check)}")
-    try:
-        with named_os_errors(program, f"the check of {pkg.requirement}"):
-            proc = subprocess.run(
-                [program, *pkg.check[1:]],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=env,
-                check=False,
-                timeout=CHECK_TIMEOUT,
-            )
-    except subprocess.TimeoutExpired:
+    with named_os_errors(program, f"the check of {pkg.requirement}"):
+        proc = run_captured([program, *pkg.check[1:]], env=env, timeout=CHECK_TIMEOUT, merged=True)
+    if proc.returncode is None:
         raise InstallFailed(
             f"the check of {pkg.requirement} did not end in {CHECK_TIMEOUT} s: {' '.join(pkg.check)}",
             hint="a check must end by itself (horovodrun --check-build takes seconds); nothing was installed",
-        ) from None
+        )
     tail = "\n".join(proc.stdout.rstrip().splitlines()[-CHECK_TAIL:])
     if proc.returncode != 0:
         raise InstallFailed(
@@ -575,9 +566,8 @@ def run_mpi_step(req: MpiRequest) -> int:
     python = req.python or sys.executable
     env = {**os.environ, **runtime_env(req.spec)}
     with named_os_errors(python, "--python"):
-        proc = subprocess.run(
-            [python, mpiinfo.__file__, "mpi4py.MPI", "torch"], capture_output=True, text=True, env=env, check=False
-        )
+        # imports torch and mpi4py: seconds, minutes from a cold parallel file system
+        proc = run_captured([python, mpiinfo.__file__, "mpi4py.MPI", "torch"], env=env, timeout=600)
     lines = proc.stdout.strip().splitlines()
     try:
         info = json.loads(lines[-1]) if lines else {}

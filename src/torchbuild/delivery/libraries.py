@@ -12,14 +12,14 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from torchbuild.core.errors import CommsFailed
-from torchbuild.inputs.source import sha256_file
+from torchbuild.core.process import QUERY_TIMEOUT, run_captured
+from torchbuild.core.safeio import sha256_file
 
 # the symbols NCCL looks up in a net plugin (one per interface version it speaks)
 NET_VERSIONS = range(2, 12)
@@ -43,9 +43,7 @@ def plugin_symbols_in(library: Path, env: Mapping[str, str]) -> list[str]:
     the loader searches: a running process's cannot change); CommsFailed when it does not load."""
     code = "import json, sys; from pathlib import Path; from torchbuild.delivery.libraries import plugin_symbols; "
     code += "print(json.dumps(plugin_symbols(Path(sys.argv[1]))))"
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(library)], capture_output=True, text=True, env=dict(env), check=False
-    )
+    proc = run_captured([sys.executable, "-c", code, str(library)], env=env, timeout=QUERY_TIMEOUT)
     if proc.returncode != 0:
         why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise CommsFailed(f"{library.name} does not load: {why}")
@@ -55,7 +53,7 @@ def plugin_symbols_in(library: Path, env: Mapping[str, str]) -> list[str]:
 
 def unresolved(library: Path, env: Mapping[str, str] | None = None) -> list[str]:
     """The libraries `ldd` cannot find for library (empty: every dependency resolves)."""
-    proc = subprocess.run(["ldd", str(library)], capture_output=True, text=True, env=env, check=False)
+    proc = run_captured(["ldd", str(library)], env=env, timeout=QUERY_TIMEOUT)
     if proc.returncode != 0:
         return [proc.stderr.strip() or f"ldd {library} failed"]
     return [ln.split("=>")[0].strip() for ln in proc.stdout.splitlines() if "not found" in ln]
@@ -125,7 +123,7 @@ class Resolved:
 def _ldd(library: Path, env: Mapping[str, str] | None) -> tuple[list[Resolved], list[str]]:
     """(what the loader resolves for library, the names it finds nowhere), as `ldd` reports them
     in that environment: the vDSO and the loader itself aside. CommsFailed when ldd fails."""
-    proc = subprocess.run(["ldd", str(library)], capture_output=True, text=True, env=env, check=False)
+    proc = run_captured(["ldd", str(library)], env=env, timeout=QUERY_TIMEOUT)
     if proc.returncode != 0:
         raise CommsFailed(f"ldd {library} failed: {proc.stderr.strip() or proc.stdout.strip()}")
     found, missing = [], []
@@ -184,7 +182,7 @@ def system_dirs(env: Mapping[str, str] | None = None) -> set[str]:
 
 def _quiet(cmd: Sequence[str], env: Mapping[str, str] | None) -> str:
     try:
-        return subprocess.run(list(cmd), capture_output=True, text=True, env=env, check=False).stdout
+        return run_captured(cmd, env=env, timeout=QUERY_TIMEOUT).stdout
     except OSError:
         return ""
 

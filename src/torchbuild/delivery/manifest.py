@@ -230,7 +230,7 @@ class WheelRecord:
 
     @classmethod
     def of(cls, wheel: Path) -> WheelRecord:
-        from torchbuild.inputs.source import sha256_file
+        from torchbuild.core.safeio import sha256_file
 
         with named_os_errors(wheel, "reading the wheel for its manifest"):
             return cls(name=wheel.name, sha256=sha256_file(wheel), size=wheel.stat().st_size)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -32,6 +31,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from torchbuild.core.errors import ToolMissing, TorchbuildError, named_os_errors
+from torchbuild.core.process import QUERY_TIMEOUT, run_captured
 from torchbuild.core.safeio import MiB, read_text
 
 CONSTRAINTS_LIMIT = 1 * MiB  # a site's constraint file: a few hundred lines at most
@@ -52,15 +52,10 @@ def site_constraint_files(python: str, env: Mapping[str, str]) -> list[str]:
     """The constraint files `python -m pip install` would read from pip's configuration files
     and PIP_CONSTRAINT under env (`pip config list`): [] when there are none or pip cannot say."""
     try:
-        proc = subprocess.run(
-            [python, "-m", "pip", "config", "list"],
-            env=dict(env),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
+        proc = run_captured([python, "-m", "pip", "config", "list"], env=env, timeout=QUERY_TIMEOUT)
+    except OSError:
+        return []
+    if proc.returncode is None:
         return []
     found: dict[str, str] = {}
     for line in proc.stdout.splitlines():

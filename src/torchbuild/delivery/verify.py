@@ -32,6 +32,7 @@ from packaging.version import InvalidVersion, Version
 
 from torchbuild.core import console
 from torchbuild.core.errors import CommsFailed, PathError, TorchbuildError, UsageError, WheelError, named_os_errors
+from torchbuild.core.process import QUERY_TIMEOUT, run_captured
 from torchbuild.core.safeio import open_regular
 from torchbuild.delivery import pipenv, probe, upstream_tests
 from torchbuild.delivery.manifest import write_json
@@ -159,7 +160,7 @@ def _site_paths(python: str = sys.executable) -> list[str]:
     them for dependencies only. Those of a base that is itself a venv with the system's
     packages (python_system_site_packages: Debian's numpy, pytest, expecttest) included: the
     verify venv's torch then runs PyTorch's own tests with them, as the build's interpreter would."""
-    out = subprocess.run([python, "-c", _SITE_DIRS], capture_output=True, text=True, check=True, timeout=120).stdout
+    out = run_captured([python, "-c", _SITE_DIRS], timeout=QUERY_TIMEOUT).checked()
     return list(dict.fromkeys(line for line in out.splitlines() if line))
 
 
@@ -183,7 +184,7 @@ def _probe(python: str, name: str, spec: BuildSpec, version: str) -> list[Check]
         args = [python, str(PROBE), "torch", json.dumps(torch_expectations(spec, version))]
     else:
         args = [python, str(PROBE), "package", name, version]
-    proc = subprocess.run(args, capture_output=True, text=True, check=False, cwd=tempfile.gettempdir())
+    proc = run_captured(args, cwd=tempfile.gettempdir())
     lines = proc.stdout.strip().splitlines()
     try:
         return [Check(**c) for c in json.loads(lines[-1])]
@@ -195,12 +196,10 @@ def _fresh_venv(root: Path, base: str = sys.executable) -> str:
     """A venv of `base` without pip under root that sees base's packages (for dependencies
     only); returns its python. CalledProcessError or OSError when it cannot be made."""
     venv = root / "venv"
-    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True, check=True)
+    run_captured([base, "-m", "venv", "--without-pip", str(venv)]).checked()
     python = str(venv / "bin" / "python")
-    purelib = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    purelib = run_captured([python, "-c", code], timeout=QUERY_TIMEOUT).checked().strip()
     Path(purelib, "torchbuild-deps.pth").write_text("\n".join(_site_paths(base)) + "\n")
     return python
 
@@ -218,13 +217,13 @@ def _install(wheel: Path, root: Path, base: str = sys.executable) -> tuple[str, 
         name, version, _, _ = parse_wheel_filename(wheel.name)
         env = {**os.environ}
         env.update(pipenv.keep_built(root / "constraints.txt", {name: str(version)}, sys.executable, env))
-        proc = subprocess.run(
+        proc = run_captured(
             [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--no-index", "--", str(plain)],
-            capture_output=True, text=True, env=env, check=False,
+            env=env,
         )  # fmt: skip
     except subprocess.CalledProcessError as exc:
         return "", f"no fresh venv: {exc.stderr or exc}"
-    except (OSError, TorchbuildError) as exc:
+    except (OSError, TorchbuildError, subprocess.TimeoutExpired) as exc:  # TimeoutExpired: a query past its deadline
         return "", f"no fresh venv: {exc}"
     return (python, "") if proc.returncode == 0 else ("", proc.stderr)
 
@@ -269,7 +268,7 @@ def _linked_nccl(torch_lib: Path | None, prefix: Path, nccl: Mapping[str, Any], 
     cuda_libs = sorted(torch_lib.glob("libtorch_cuda*.so")) if torch_lib else []
     if not cuda_libs:
         return Check(name, "fail", f"no libtorch_cuda*.so in {torch_lib}: not a CUDA build")
-    proc = subprocess.run(["ldd", str(cuda_libs[0])], capture_output=True, text=True, check=False)
+    proc = run_captured(["ldd", str(cuda_libs[0])], timeout=QUERY_TIMEOUT)
     if re.search(r"libnccl\.so\.2 => not found", proc.stdout):
         return Check(
             name, "fail", f"{cuda_libs[0].name} needs libnccl.so.2: not found (no rpath or LD_LIBRARY_PATH leads to it)"

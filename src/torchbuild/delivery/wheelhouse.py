@@ -39,10 +39,9 @@ from torchbuild.core.errors import (
     named_os_errors,
 )
 from torchbuild.core.process import run_streamed
-from torchbuild.core.safeio import MiB, read_text, user_path
+from torchbuild.core.safeio import MiB, read_text, sha256_file, user_path
 from torchbuild.delivery.verify import check_wheel_file
 from torchbuild.inputs.config import BuildSpec
-from torchbuild.inputs.source import sha256_file
 
 SIMPLE = "simple"
 PARTIAL = ".partial-"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -14,6 +13,7 @@ from typing import TextIO
 
 from torchbuild.core.arch import Arch
 from torchbuild.core.errors import BaseImageError, ToolMissing
+from torchbuild.core.process import run_captured
 from torchbuild.inputs.engine import Engine
 from torchbuild.inputs.image import LABEL_PREFIX, check_platform, require_emulation
 
@@ -62,7 +62,7 @@ def _debootstrap(
     if mirror:
         cmd.append(mirror)
     print(f"$ {' '.join(cmd)}", file=out, flush=True)
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
+    proc = run_captured(cmd, merged=True)
     (rootfs.parent / "debootstrap.log").write_text(proc.stdout)
     for line in proc.stdout.splitlines()[-5:]:
         print(f"  {line}", file=out)

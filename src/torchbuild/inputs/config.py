@@ -21,6 +21,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NoReturn, Union
 
+import platformdirs
 import yaml
 from jsonschema import Draft202012Validator, ValidationError, validators
 from packaging.version import InvalidVersion, Version
@@ -1475,6 +1476,7 @@ def resolve(
     layers.append(cli)
 
     merged: dict[str, Any] = _checked({k: s.default for k, s in keys.items()}, lambda _: "defaults.yaml")
+    merged["cache_dir"] = default_cache_dir()
     origins: dict[str, str] = {k: "defaults.yaml" for k in keys}
     for layer in layers:
         for key, value in _checked(layer.values, layer.where).items():
@@ -1578,6 +1580,16 @@ def shareable_profile_text(spec: BuildSpec) -> str:
         return text
     note = "# credentials in URLs removed (***); give them with --set where a build here needs them\n"
     return note + shared
+
+
+def default_cache_dir() -> str:
+    """cache_dir's default on this host: the user cache directory platformdirs names for
+    torchbuild ($XDG_CACHE_HOME/torchbuild where that is set, else ~/.cache/torchbuild). Where it
+    is the directory defaults.yaml's default names, that text itself (~/.cache/torchbuild): a
+    resolved profile, a manifest and what is keyed on the spec stay as they were."""
+    documented = str(schema()["cache_dir"].default)
+    path = platformdirs.user_cache_path("torchbuild")
+    return documented if path == Path(documented).expanduser() else str(path)
 
 
 def cache_dir(spec: BuildSpec) -> Path:

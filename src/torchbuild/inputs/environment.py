@@ -14,11 +14,11 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from torchbuild.core.process import run_captured
 from torchbuild.inputs import remote_cache
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.jobs import JobPlan
@@ -274,16 +274,12 @@ def readonly_shell_variables() -> frozenset[str]:
     bash = shutil.which("bash")
     if bash:
         try:
-            proc = subprocess.run(
-                [bash, "--norc", "--noprofile", "-c", "readonly -p"],
-                capture_output=True,
-                text=True,
-                env={"PATH": os.defpath},
-                timeout=10,
-                check=False,
+            proc = run_captured(
+                [bash, "--norc", "--noprofile", "-c", "readonly -p"], env={"PATH": os.defpath}, timeout=10
             )
-            names.update(_DECLARED_READONLY.findall(proc.stdout))
-        except (OSError, subprocess.SubprocessError):
+            if proc.returncode is not None:
+                names.update(_DECLARED_READONLY.findall(proc.stdout))
+        except OSError:
             pass
     return frozenset(names)
 

@@ -34,6 +34,7 @@ from torchbuild.core.errors import (
     named_os_errors,
     writable_dir,
 )
+from torchbuild.core.process import run_captured
 from torchbuild.core.safeio import MiB, read_bytes, user_path
 from torchbuild.inputs import lock as lockfile
 from torchbuild.inputs.config import BuildSpec, data_dir
@@ -867,7 +868,6 @@ def registry_is_insecure(engine: Engine, image_name: str) -> bool:
 
 def push_images(engine: Engine, specs: list[BuildSpec], out: TextIO = sys.stdout) -> str:
     """Push each per-arch image, then a manifest list naming them all; returns the list's tag."""
-    import subprocess
 
     hint = "set image_name to a registry path (registry.example.org/group/toolchain) and `docker login` to it"
     for s in specs:
@@ -878,7 +878,7 @@ def push_images(engine: Engine, specs: list[BuildSpec], out: TextIO = sys.stdout
                 raise ImageBuildFailed(f"pushing {s.image_tag} failed: {chunk['error']}", hint=hint)
     for cmd in manifest_commands(specs, insecure=registry_is_insecure(engine, specs[0].image_name)):
         print(f"$ {' '.join(cmd)}", file=out, flush=True)
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        proc = run_captured(cmd)
         if proc.returncode != 0:
             raise ImageBuildFailed(f"{' '.join(cmd[:3])} failed: {proc.stderr.strip()[-300:]}", hint=hint)
     return specs[0].manifest_tag

@@ -42,6 +42,7 @@ from packaging.version import InvalidVersion, Version
 from torchbuild.core.atomic import atomic_write_bytes
 from torchbuild.core.errors import LockError as LockError  # defined in errors.py (its registry); importable here too
 from torchbuild.core.errors import named_os_errors
+from torchbuild.core.process import QUERY_TIMEOUT, run_captured
 
 LOCK_VERSION = 1
 SUFFIX = ".lock"
@@ -384,8 +385,8 @@ def dpkg_installed() -> list[str]:
     """`name=version` of every installed Debian package ([] where there is no dpkg)."""
     fmt = "${db:Status-Status} ${binary:Package}=${Version}\n"
     try:
-        out = subprocess.run(["dpkg-query", "-W", f"-f={fmt}"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
+        out = run_captured(["dpkg-query", "-W", f"-f={fmt}"], timeout=QUERY_TIMEOUT).checked()
+    except (OSError, subprocess.SubprocessError):
         return []
     return [line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("installed ")]
 

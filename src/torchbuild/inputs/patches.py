@@ -16,11 +16,11 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path, PurePosixPath
 
 from torchbuild.core.errors import PatchConflict, SourceError, ToolMissing, UnsafePatch
+from torchbuild.core.process import Captured, run_captured
 from torchbuild.core.safeio import user_path
 from torchbuild.inputs.config import data_dir
 
@@ -97,18 +97,16 @@ def load_series(setting: str, version: str, pkg: str = "pytorch") -> Series:
     return Series(directory, patches)
 
 
-def _git_apply(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _git_apply(tree: Path, *args: str) -> Captured:
     if shutil.which("git") is None:
         raise ToolMissing("git is needed to apply patches", hint="apt-get install git")
     # --unsafe-paths is not given: patches may touch only paths inside the tree. The ceiling
     # keeps git from finding an enclosing repository, whose root would change path handling.
-    return subprocess.run(
+    return run_captured(
         ["git", "apply", "--whitespace=nowarn", *args],
         cwd=tree,
-        capture_output=True,
-        text=True,
-        check=False,
         env={**os.environ, "GIT_CEILING_DIRECTORIES": str(tree.resolve().parent)},
+        timeout=600,  # local files only
     )
 
 
@@ -182,7 +180,7 @@ class _Scratch:
                 (self.dir / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, self.dir / rel)
 
-    def apply(self, patch: Patch, reverse: bool = False) -> subprocess.CompletedProcess[str]:
+    def apply(self, patch: Patch, reverse: bool = False) -> Captured:
         return _git_apply(self.dir, *(["--reverse"] if reverse else []), "--", str(patch.path))
 
     def check_links(self, patches: tuple[Patch, ...]) -> None:

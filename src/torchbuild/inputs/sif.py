@@ -49,7 +49,6 @@ import posixpath
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -65,7 +64,7 @@ from spython.main.parse.writers.singularity import SingularityWriter
 from torchbuild import __version__
 from torchbuild.core.arch import Arch
 from torchbuild.core.errors import BuildInterrupted, ImageNotFound, InsufficientSpace, SifError, ToolMissing, UsageError
-from torchbuild.core.process import interrupts_unwind, run_streamed
+from torchbuild.core.process import QUERY_TIMEOUT, interrupts_unwind, run_captured, run_streamed
 from torchbuild.core.progress import Tee
 from torchbuild.core.safeio import read_head
 from torchbuild.inputs.config import DEFAULT_PROFILE, BuildSpec, cache_dir, shareable_profile_text
@@ -648,9 +647,7 @@ class HostApptainer(Apptainer):
             labels = (((data or {}).get("data") or {}).get("attributes") or {}).get("labels")
             if isinstance(labels, dict):
                 return {str(k): str(v) for k, v in labels.items()}
-        proc = subprocess.run(
-            [self.exe, "inspect", "--json", "--labels", "--", str(sif)], capture_output=True, text=True, check=False
-        )
+        proc = run_captured([self.exe, "inspect", "--json", "--labels", "--", str(sif)], timeout=QUERY_TIMEOUT)
         if proc.returncode != 0:
             raise SifError(f"cannot inspect {sif}: {proc.stderr.strip()[-300:]}")
         return {str(k): str(v) for k, v in json.loads(proc.stdout)["data"]["attributes"]["labels"].items()}

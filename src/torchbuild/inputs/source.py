@@ -23,7 +23,8 @@ from typing import Any, TextIO
 
 from torchbuild.core.console import redact
 from torchbuild.core.errors import InsufficientSpace, PathError, SourceError, ToolMissing, UsageError, named_os_errors
-from torchbuild.core.safeio import not_an_option, user_path
+from torchbuild.core.process import run_captured
+from torchbuild.core.safeio import not_an_option, sha256_file, user_path
 from torchbuild.inputs.config import BuildSpec
 
 _GIT = ["git", "-c", "advice.detachedHead=false"]
@@ -289,14 +290,6 @@ def describe_dir(tree: Path) -> SourceInfo:
     )
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def unpack_archive(archive: Path, dest_root: Path, out: TextIO = sys.stdout) -> SourceInfo:
     """Unpack a tarball or a Debian .dsc (with its patch series) under dest_root/<name>-<sha>.
 
@@ -343,9 +336,7 @@ def _run_dpkg_source(archive: Path, tree: Path, out: TextIO) -> Path:
     if shutil.which("dpkg-source") is None:
         raise ToolMissing("dpkg-source is needed to unpack a .dsc", hint="apt-get install dpkg-dev")
     print(f"$ dpkg-source -x {archive}", file=out, flush=True)
-    proc = subprocess.run(
-        ["dpkg-source", "--no-check", "-x", str(archive), str(tree)], capture_output=True, text=True, check=False
-    )
+    proc = run_captured(["dpkg-source", "--no-check", "-x", str(archive), str(tree)])
     if proc.returncode != 0:
         raise SourceError(f"dpkg-source -x {archive.name} failed: {proc.stderr.strip()[-300:]}")
     check_links(tree, f"{archive.name} (as dpkg-source unpacked it)")

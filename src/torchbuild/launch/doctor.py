@@ -10,7 +10,6 @@ import os
 import secrets
 import shutil
 import socket
-import subprocess
 import tempfile
 import time
 import urllib.parse
@@ -69,8 +68,8 @@ def _version_of(cmd: list[str]) -> str | None:
     if exe is None:
         return None
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        proc = run_captured(cmd, timeout=20)
+    except OSError:
         return None
     text = (proc.stdout or proc.stderr).strip().splitlines()
     return text[0] if proc.returncode == 0 and text else None
@@ -80,10 +79,10 @@ def _gpus() -> str | None:
     listing = None
     if shutil.which("nvidia-smi"):
         try:
-            proc = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
+            proc = run_captured(["nvidia-smi", "-L"], timeout=20)
             if proc.returncode == 0 and proc.stdout.strip():
                 listing = "; ".join(proc.stdout.strip().splitlines())
-        except (OSError, subprocess.TimeoutExpired):
+        except OSError:
             pass
     if listing is None and Path("/dev/nvidia0").exists():
         listing = "/dev/nvidia0 present (no nvidia-smi)"

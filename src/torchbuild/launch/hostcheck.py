@@ -46,7 +46,6 @@ import os
 import re
 import shutil
 import stat
-import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -56,6 +55,7 @@ from torchbuild.core.atomic import atomic_write_bytes
 from torchbuild.core.console import table
 from torchbuild.core.dirs import make_dirs
 from torchbuild.core.errors import HostSetupFailed, PathError, StrPath, TorchbuildError
+from torchbuild.core.process import run_captured
 from torchbuild.core.safeio import STATE_LIMIT, KiB, loads_json, read_bytes
 
 READY = "ready"
@@ -132,11 +132,11 @@ def run_command(argv: Sequence[str]) -> CommandResult:
     if exe is None:
         return CommandResult(127, "", f"{argv[0]}: not found on PATH")
     try:
-        proc = subprocess.run([exe, *argv[1:]], capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False)
-    except subprocess.TimeoutExpired:
-        return CommandResult(124, "", f"{argv[0]}: no answer in {COMMAND_TIMEOUT} s")
+        proc = run_captured([exe, *argv[1:]], timeout=COMMAND_TIMEOUT)
     except OSError as exc:
         return CommandResult(126, "", f"{argv[0]}: {exc.strerror or exc}")
+    if proc.returncode is None:
+        return CommandResult(124, "", f"{argv[0]}: no answer in {COMMAND_TIMEOUT} s")
     return CommandResult(proc.returncode, proc.stdout, proc.stderr)
 
 

@@ -40,7 +40,7 @@ from typing import Any, TextIO
 
 from torchbuild.core.atomic import atomic_write_text
 from torchbuild.core.errors import ManifestError, NoProgress, RoundsExhausted, SubmissionRefused, TorchbuildError
-from torchbuild.core.process import stop_group
+from torchbuild.core.process import run_captured, stop_group
 from torchbuild.core.safeio import KiB, read_bytes
 
 STATE_LIMIT = 256 * KiB
@@ -110,10 +110,8 @@ class _Relay:
 def slurm_time_left(job: str) -> float | None:
     """Seconds the Slurm job has left (`squeue -o %L`: [[D-]HH:]MM:SS), None where unknown."""
     try:
-        done = subprocess.run(
-            ["squeue", "-h", "-j", job, "-o", "%L"], capture_output=True, text=True, timeout=30, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        done = run_captured(["squeue", "-h", "-j", job, "-o", "%L"], timeout=30)
+    except OSError:
         return None
     m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", done.stdout.strip()) if done.returncode == 0 else None
     if not m:
@@ -251,7 +249,9 @@ def _next_round(state: dict[str, Any], record: Round, state_path: Path, out: Tex
     argv = [a.replace("{job}", record.job) for a in state["submit"]]
     print(f"torchbuild: round {record.round + 1} is submitted: {' '.join(argv)}", file=out, flush=True)
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+        done = run_captured(argv, timeout=120)
+        if done.returncode is None:
+            done.checked()  # TimeoutExpired, said as before
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SubmissionRefused(
             f"the next round could not be submitted ({argv[0]}: {exc})",

@@ -21,13 +21,13 @@ from typing import Any, TextIO
 
 from torchbuild.core import records
 from torchbuild.core.errors import SourceError, TorchbuildError, UsageError, named_os_errors, writable_dir
-from torchbuild.core.safeio import user_path
+from torchbuild.core.safeio import sha256_file, user_path
 from torchbuild.delivery import manifest
 from torchbuild.inputs.config import BuildSpec, cache_dir
 from torchbuild.inputs.config import wanted as comms_wanted
 from torchbuild.inputs.environment import cuda_home
 from torchbuild.inputs.patches import ApplyResult, Series, apply_series, load_series
-from torchbuild.inputs.source import SourceInfo, get_source, looks_like_url, sha256_file
+from torchbuild.inputs.source import SourceInfo, get_source, looks_like_url
 from torchbuild.launch.backends import Backend, Binds
 from torchbuild.launch.comms import comms as build_comms
 from torchbuild.steps.build import BuildRequest, Outcome

@@ -26,7 +26,6 @@ import re
 import secrets
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -49,6 +48,7 @@ from torchbuild.core.errors import (
     named_os_errors,
     writable_dir,
 )
+from torchbuild.core.process import QUERY_TIMEOUT, run_captured
 from torchbuild.core.safeio import user_path
 from torchbuild.inputs.config import BuildSpec, check_value, profile_text, requirement_of, run_job_spec
 from torchbuild.inputs.config import wanted as comms_wanted
@@ -187,7 +187,7 @@ class Scheduler(abc.ABC):
         """Submit script; the job id, or SubmissionRefused with the scheduler's own words."""
         args = self.submit_args(job, script)
         try:
-            done = subprocess.run(args, capture_output=True, text=True, check=False, cwd=job.workdir)
+            done = run_captured(args, cwd=job.workdir)  # no deadline: a job a late answer submitted would run twice
         except FileNotFoundError:
             raise self.missing() from None
         if done.returncode != 0:
@@ -238,7 +238,7 @@ def _rounds_lines(job: Job) -> list[str]:
 def _query(args: list[str]) -> list[str]:
     """The words a query tool prints; [] when it is missing or fails (best effort)."""
     try:
-        done = subprocess.run(args, capture_output=True, text=True, check=False)
+        done = run_captured(args, timeout=QUERY_TIMEOUT)
     except OSError:
         return []
     return done.stdout.split() if done.returncode == 0 else []
@@ -338,14 +338,11 @@ class Slurm(Scheduler):
         return _query(["squeue", "-h", f"--user={user}", f"--name={name}", "-o", "%i"])
 
     def status(self, job_id: str) -> JobStatus | None:
-        shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=False)
+        shown = run_captured(["scontrol", "show", "job", "-o", job_id], timeout=QUERY_TIMEOUT)
         if shown.returncode == 0 and "JobState=" in shown.stdout:
             return slurm_status(scontrol_fields(shown.stdout))
-        acct = subprocess.run(
-            ["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State,ExitCode,NodeList"],
-            capture_output=True,
-            text=True,
-            check=False,
+        acct = run_captured(
+            ["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State,ExitCode,NodeList"], timeout=QUERY_TIMEOUT
         )
         rows = [r.split("|") for r in acct.stdout.splitlines() if r.count("|") == 2] if acct.returncode == 0 else []
         if not rows:
@@ -453,7 +450,7 @@ class Pbs(Scheduler):
         return _query(["qselect", "-u", user, "-N", pbs_name(name), "-s", "QHRWT"])
 
     def status(self, job_id: str) -> JobStatus | None:
-        shown = subprocess.run(["qstat", "-x", "-f", "-F", "json", job_id], capture_output=True, text=True, check=False)
+        shown = run_captured(["qstat", "-x", "-f", "-F", "json", job_id], timeout=QUERY_TIMEOUT)
         if shown.returncode != 0:
             return None
         return pbs_status(shown.stdout, job_id)
@@ -1125,8 +1122,8 @@ def launcher_command(launcher: str, nodes: int, tasks_per_node: int) -> list[str
 
 def cancel(scheduler: Scheduler, job_id: str) -> None:
     """Cancel the job (best effort: it may have ended meanwhile)."""
-    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-        subprocess.run([scheduler.cancel_tool, job_id], capture_output=True, text=True, check=False, timeout=60)
+    with contextlib.suppress(OSError):
+        run_captured([scheduler.cancel_tool, job_id], timeout=60)
 
 
 def wait_bounded(

@@ -15,7 +15,6 @@ import dataclasses
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from torchbuild.core.errors import BenchFailed, PathError, SourceError, named_os_errors
+from torchbuild.core.process import QUERY_TIMEOUT, run_captured, run_streamed
 from torchbuild.delivery import pipenv
 
 PINNED = ("torch", "torchvision", "torchaudio", "torchtext")
@@ -43,12 +43,8 @@ print(json.dumps(found))
 
 def pinned_packages(python: Path, env: Mapping[str, str] | None = None) -> dict[str, dict[str, str]]:
     """{name: {version, location}} of torch and the companions installed for python."""
-    proc = subprocess.run(
-        [str(python), "-c", _PROBE.replace("NAMES", repr(PINNED))],
-        capture_output=True,
-        text=True,
-        env=dict(env) if env else None,
-        check=False,
+    proc = run_captured(
+        [str(python), "-c", _PROBE.replace("NAMES", repr(PINNED))], env=env or None, timeout=QUERY_TIMEOUT
     )
     if proc.returncode != 0:
         raise BenchFailed(f"{python} cannot list its packages: {(proc.stderr or proc.stdout).strip()[-500:]}")
@@ -95,14 +91,12 @@ class Request:
 def _run(cmd: Sequence[str], cwd: Path, env: Mapping[str, str], log: TextIO, out: TextIO) -> int:
     print(f"$ {shlex.join(cmd)}", file=out, flush=True)
     log.write(f"$ {shlex.join(cmd)}\n")
-    proc = subprocess.Popen(
-        list(cmd), cwd=cwd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        out.write(line)
-        log.write(line)
-    return proc.wait()
+
+    def line(text: str) -> None:
+        out.write(text)
+        log.write(text)
+
+    return run_streamed(cmd, on_line=line, cwd=str(cwd), env=env).returncode
 
 
 def bench(req: Request, out: TextIO = sys.stdout) -> dict[str, Any]:

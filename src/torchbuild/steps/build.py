@@ -12,7 +12,6 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 import uuid
@@ -25,14 +24,14 @@ from torchbuild.core.atomic import atomic_write_text
 from torchbuild.core.console import table
 from torchbuild.core.dirs import make_dirs
 from torchbuild.core.errors import BuildFailed, PathError, TorchbuildError, named_os_errors
-from torchbuild.core.process import Finished
+from torchbuild.core.process import Finished, run_captured
 from torchbuild.core.progress import Tee
+from torchbuild.core.safeio import sha256_file
 from torchbuild.delivery import manifest
 from torchbuild.delivery.pipenv import interpreter
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import NO_CCACHE, ccache_launcher, compile_env, format_env
 from torchbuild.inputs.jobs import peaks_file, record_measured, record_unit_peaks, units_file
-from torchbuild.inputs.source import sha256_file
 from torchbuild.steps import buildenv, cmakecache, codegen, compile_job, flatbuf, unitpeak
 from torchbuild.steps.bound import (
     bound_of,
@@ -176,7 +175,7 @@ def _stamp(source: str) -> Path:
 def write_stamp(source: str, inputs: Mapping[str, str], complete: bool) -> None:
     path = _stamp(source)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, json.dumps({"complete": complete, "inputs": dict(inputs)}, indent=2) + "\n")
+    atomic_write_text(path, json.dumps({"complete": complete, "inputs": dict(inputs)}, indent=2) + "\n")
 
 
 def stale_configure(source: str, inputs: Mapping[str, str]) -> str | None:
@@ -282,13 +281,8 @@ def with_checks(run: Run, watch: ConfigureWatch, step: Callable[[Callable[[str],
 def object_target(source: str, file: str, env: Mapping[str, str]) -> str:
     """The ninja target that compiles one source file: .../Foo.cpp.o, or for ATen's per-CPU-
     capability kernels (native/cpu/*.cpp) the DEFAULT variant .../Foo.cpp.DEFAULT.cpp.o."""
-    proc = subprocess.run(
-        ["ninja", "-C", str(build_dir(source)), "-t", "targets", "all"],
-        capture_output=True,
-        text=True,
-        env=dict(env),
-        check=False,
-    )
+    # ninja reads the whole build.ninja and lists every target
+    proc = run_captured(["ninja", "-C", str(build_dir(source)), "-t", "targets", "all"], env=env, timeout=600)
     targets = [line.split(":", 1)[0] for line in proc.stdout.splitlines()]
     rel = Path(file).as_posix()
     for suffix in (".o", ".DEFAULT.cpp.o"):
@@ -310,10 +304,6 @@ class Outcome:
     wheel: Path | None  # None for a preflight
     manifest: Path
     log: Path
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    atomic_write_text(path, text)
 
 
 @dataclasses.dataclass

@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
-import subprocess
+import sys
 import tempfile
 import time
 from collections import deque
@@ -43,12 +42,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from torchbuild.core.atomic import umask
 from torchbuild.core.errors import BuildFailed, SourceError, ToolMissing, TorchbuildError, named_os_errors
-from torchbuild.core.process import run_streamed
+from torchbuild.core.process import QUERY_TIMEOUT, run_captured, run_streamed
 from torchbuild.core.progress import Tee
 from torchbuild.core.safeio import read_text
 from torchbuild.inputs.config import BuildSpec
@@ -143,10 +143,10 @@ def _requirements_txt(root: Path, name: str, digests: dict[str, str], depth: int
 
 
 def _build_system_requires(root: Path, digests: dict[str, str]) -> list[str]:
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ImportError:  # Python < 3.11: requirements.txt only
-        return []
+    else:  # tomli, the same parser before it joined the standard library (a dependency there)
+        import tomli as tomllib
     text = _read(root, "pyproject.toml", digests)
     try:
         requires = tomllib.loads(text).get("build-system", {}).get("requires", [])
@@ -222,16 +222,15 @@ def ensure(spec: BuildSpec, source: str, cache_root: str, python: str, log: Tee)
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    with named_os_errors(path, "locking the build venv"), path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    """Held while one build makes the venv (filelock: flock(2) on path, waiting as long as it
+    takes). The lock file's mode is what open() would give it, not filelock's older fixed 0644:
+    another user of a group's shared cache opens it too."""
+    with named_os_errors(path, "locking the build venv"), FileLock(path, mode=0o666 & ~umask()):
+        yield
 
 
 def _python_version(python: str) -> str:
-    proc = subprocess.run([python, "-c", "import sys; print(sys.version)"], capture_output=True, text=True, check=False)
+    proc = run_captured([python, "-c", "import sys; print(sys.version)"], timeout=QUERY_TIMEOUT)
     if proc.returncode != 0:
         raise ToolMissing(f"{python} does not run: {proc.stderr.strip()[-300:]}")
     return proc.stdout.strip()
@@ -317,5 +316,5 @@ def _installed(python: str) -> dict[str, str]:
         "    except m.PackageNotFoundError: pass\n"
         "print(json.dumps(out))\n"
     )
-    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False)
+    proc = run_captured([python, "-c", code], timeout=QUERY_TIMEOUT)
     return dict(json.loads(proc.stdout)) if proc.returncode == 0 else {}

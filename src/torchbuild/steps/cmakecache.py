@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from torchbuild.core.atomic import atomic_write_text
+from torchbuild.core.safeio import sha256_file
 
 FORMAT = 1  # of the saved file; bumped whenever what is kept changes
 DIRNAME = "cmake-checks"
@@ -164,14 +165,6 @@ def cmake_read(build: Path) -> list[str]:
     return []
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def source_scripts(build: Path, source: Path) -> dict[str, str]:
     """{path: sha256} of the files the last configure read (CMakeLists.txt, .cmake modules,
     templates, files read with file(READ)): relative to the source tree for its own, absolute for
@@ -188,7 +181,7 @@ def source_scripts(build: Path, source: Path) -> dict[str, str]:
             continue
         name = real.relative_to(root).as_posix() if root in real.parents else str(path)
         try:
-            found[name] = _sha256(path)
+            found[name] = sha256_file(path)
         except OSError:
             continue
     return dict(sorted(found.items()))
@@ -280,7 +273,7 @@ class CheckCache:
         if setup_py and {e.name for e in saved.setup} != set(SETUP_READS):
             return 0, f"setup.py reads {', '.join(SETUP_READS)} from the cache, and the configure left none"
         build.mkdir(parents=True, exist_ok=True)
-        _atomic_write(build / CACHE_FILE, saved.cache_text(self.path, setup_py))
+        atomic_write_text(build / CACHE_FILE, saved.cache_text(self.path, setup_py))
         return len(saved.entries), ""
 
     def save(self, build: Path, source: Path, toolchain: Mapping[str, str]) -> tuple[int, bool]:
@@ -307,7 +300,7 @@ class CheckCache:
             "setup": [dataclasses.asdict(e) for e in setup],
         }
         self.root.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.path, json.dumps(data, indent=1) + "\n")
+        atomic_write_text(self.path, json.dumps(data, indent=1) + "\n")
         return len(entries), True
 
     def drop(self) -> None:
@@ -316,16 +309,9 @@ class CheckCache:
 
 def _same(path: Path, digest: str) -> bool:
     try:
-        return _sha256(path) == digest
+        return sha256_file(path) == digest
     except OSError:
         return False
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    """Write through a temporary file beside path (its own name: a build with the same key may
-    write beside this one), then rename: a reader sees the old file or the new one, never half of
-    one. The mode is the umask's, as for any file the build writes."""
-    atomic_write_text(path, text)
 
 
 def for_build(

@@ -55,7 +55,9 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from torchbuild.core.atomic import atomic_write_bytes
+from torchbuild.core.atomic import atomic_write_bytes, umask
+from torchbuild.core.process import QUERY_TIMEOUT, run_captured
+from torchbuild.core.safeio import sha256_file
 
 FORMAT = 2  # of a saved entry; bumped whenever what is kept changes (2: the aoti dir's files)
 DIRNAME = "codegen"
@@ -69,14 +71,6 @@ KINDS = ("headers", "sources", "declarations_yaml")  # torchgen.gen's --generate
 _LISTED = re.compile(r'"([^"]+)"')  # the paths a generated_T.cmake lists
 # what the key records of the interpreter: its Python's version and PyYAML's (torchgen's parser)
 PROBE = "import sys\ntry:\n import yaml; y = yaml.__version__\nexcept ImportError:\n y = None\nprint(sys.version, y)"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _option(args: Sequence[str], *names: str) -> str | None:
@@ -152,7 +146,7 @@ def inputs_of(args: Sequence[str], cwd: Path) -> dict[str, str]:
     found = {}
     for path in files:
         try:
-            found[str(path.resolve())] = _sha256(path)
+            found[str(path.resolve())] = sha256_file(path)
         except OSError:
             found[str(path)] = "missing"
     return dict(sorted(found.items()))
@@ -160,7 +154,7 @@ def inputs_of(args: Sequence[str], cwd: Path) -> dict[str, str]:
 
 def key_of(python: str, args: Sequence[str], cwd: Path) -> str:
     """The entry's name for one generator run (see the module's docstring)."""
-    version = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, check=False).stdout.strip()
+    version = run_captured([python, "-c", PROBE], timeout=QUERY_TIMEOUT).stdout.strip()
     blob = json.dumps(
         {
             "format": FORMAT,
@@ -252,7 +246,8 @@ class Store:
                 if _create(path, blob):
                     written += 1
                     continue
-            _replace(path, blob)
+            # not fsync'd: a build tree's file, thousands of them, and a lost one is generated again
+            atomic_write_bytes(path, blob, fsync=False)
             written += 1
         with contextlib.suppress(OSError):  # a read-only cache: restored all the same
             os.utime(self.path)
@@ -269,7 +264,7 @@ class Store:
                 shutil.copyfile(path, tmp / "files" / str(i))
             doc = {"format": FORMAT, "outputs": [str(p) for p in outputs]}
             (tmp / "outputs.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-            os.chmod(tmp, 0o777 & ~_umask())
+            os.chmod(tmp, 0o777 & ~umask())
             try:
                 os.rename(tmp, self.path)
             except OSError:
@@ -327,26 +322,6 @@ def _create(path: Path, blob: bytes) -> bool:
         path.unlink(missing_ok=True)
         raise
     return True
-
-
-def _replace(path: Path, blob: bytes) -> None:
-    """path holds blob or what it held before (a temporary file renamed onto it); not fsync'd: a
-    build tree's file, thousands of them, and a lost one is generated again."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def run(root: Path, python: str, args: Sequence[str], cwd: Path, say: bool = True) -> int:
@@ -433,7 +408,7 @@ def hook(cache_root: str | Path, python: str, source: str | Path, write: bool = 
     if not write:
         return {"CMAKE_PROJECT_INCLUDE": str(include)}
     wrapper.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(wrapper, wrapper_script(root, python).encode(), mode=0o755 & ~_umask())
+    atomic_write_bytes(wrapper, wrapper_script(root, python).encode(), mode=0o755 & ~umask())
     text = (
         "# torchbuild: ATen's code generation through its cache (torchbuild.steps.codegen)\n"
         f'set(Python_EXECUTABLE "{wrapper}")\n'

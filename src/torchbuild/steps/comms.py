@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 import urllib.error
@@ -46,8 +45,8 @@ from torchbuild.core.errors import (
     writable_dir,
 )
 from torchbuild.core.problems import Problems
-from torchbuild.core.process import Finished
-from torchbuild.core.safeio import MANIFEST_LIMIT, MiB, read_bytes, read_json, user_path
+from torchbuild.core.process import QUERY_TIMEOUT, Finished, run_captured
+from torchbuild.core.safeio import MANIFEST_LIMIT, MiB, read_bytes, read_json, sha256_file, user_path
 from torchbuild.delivery.libraries import (
     copy_dependencies,
     nccl_version_of,
@@ -61,7 +60,7 @@ from torchbuild.inputs.environment import COMMS_DEPS, build_env, compile_env
 from torchbuild.inputs.image import tree_digest
 from torchbuild.inputs.jobs import JobPlan
 from torchbuild.inputs.nccl_arch import gencode, nccl_release
-from torchbuild.inputs.source import describe_dir, fetch_git, looks_like_url, sha256_file, unpack_archive
+from torchbuild.inputs.source import describe_dir, fetch_git, looks_like_url, unpack_archive
 from torchbuild.steps import compile_job
 from torchbuild.steps.compile_job import CompileJob, into_place, now_utc
 
@@ -656,7 +655,7 @@ class _Step:
         nvcc = Path(self.spec.cuda_home) / "bin" / "nvcc"
         if not nvcc.exists():
             return ""
-        proc = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, check=False)
+        proc = run_captured([str(nvcc), "--version"], timeout=QUERY_TIMEOUT)
         found = re.search(r"release (\d+\.\d+)", proc.stdout)
         return found[1] if found else ""
 

@@ -21,7 +21,6 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -32,6 +31,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from torchbuild.core.errors import CompanionError, SourceError, WheelError, named_os_errors
+from torchbuild.core.process import run_captured
 from torchbuild.core.safeio import KiB, read_text, user_path
 from torchbuild.delivery import manifest, pipenv
 from torchbuild.inputs.companion_table import REPOS, default_ref, version_problem
@@ -353,9 +353,7 @@ def check_wheel(
         )
     script = _CHECK.replace("NAME", repr(name)).replace("BODY", CHECKS[name])
     run_env = {**env, "PYTHONPATH": os.pathsep.join([str(target), str(torch_dir), str(deps)])}
-    proc = subprocess.run(
-        [sys.executable, "-c", script], cwd=work, env=run_env, capture_output=True, text=True, check=False
-    )
+    proc = run_captured([sys.executable, "-c", script], cwd=work, env=run_env)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("TORCHBUILD_CHECK ")), "")
     if proc.returncode != 0 or not line:
         detail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
@@ -382,9 +380,7 @@ def unpack_torch(torch_wheel: Path, torch_dir: Path, env: Mapping[str, str], wor
 
 
 def _pip(args: Sequence[str], env: Mapping[str, str], what: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", *args], env=dict(env), capture_output=True, text=True, check=False
-    )
+    proc = run_captured([sys.executable, "-m", "pip", *args], env=env)
     if proc.returncode != 0:
         raise CompanionError(f"{what} failed:\n{(proc.stderr or proc.stdout).strip()[-2000:]}")
 

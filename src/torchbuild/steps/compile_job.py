@@ -23,7 +23,6 @@ import dataclasses
 import datetime as dt
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +33,7 @@ from typing import Any, TextIO, TypeVar
 from torchbuild import __version__
 from torchbuild.core.atomic import PARTIAL_PREFIX
 from torchbuild.core.errors import ToolMissing, TorchbuildError, named_os_errors
-from torchbuild.core.process import Finished, run_captured
+from torchbuild.core.process import QUERY_TIMEOUT, Finished, run_captured
 from torchbuild.core.progress import Tee
 from torchbuild.inputs import remote_cache
 from torchbuild.inputs.config import BuildSpec
@@ -87,7 +86,7 @@ def ccache_stats(env: Mapping[str, str]) -> dict[str, int]:
     """ccache's counters (ccache >= 4.4 `--print-stats`), {} when unavailable (also when there is
     no ccache at all: `invoke comms` natively on a site node without one)."""
     try:
-        proc = subprocess.run(["ccache", "--print-stats"], capture_output=True, text=True, env=dict(env), check=False)
+        proc = run_captured(["ccache", "--print-stats"], env=env, timeout=QUERY_TIMEOUT)
     except OSError:
         return {}
     stats: dict[str, int] = {}
@@ -123,7 +122,7 @@ def check_wheel_tools(source: str, python: str = sys.executable) -> None:
     if not (Path(source) / "setup.py").is_file():
         return
     # asked of the interpreter itself (another Python's packages are not this process's)
-    proc = subprocess.run([python, "-c", _WHEEL_TOOLS], capture_output=True, text=True, check=False)
+    proc = run_captured([python, "-c", _WHEEL_TOOLS], timeout=QUERY_TIMEOUT)
     if proc.returncode != 0:
         raise ToolMissing(f"{python} does not run: {proc.stderr.strip()[-300:]}")
     missing = proc.stdout.split()
@@ -234,7 +233,7 @@ class CompileJob:
         if hits or misses:
             self.sink.line(f"ccache before this run (the run before it, cut or finished): {hits} hits, {misses} misses")
         with contextlib.suppress(OSError):  # no ccache here: nothing to zero
-            subprocess.run(["ccache", "--zero-stats"], env=self.env, capture_output=True, check=False)
+            run_captured(["ccache", "--zero-stats"], env=self.env, timeout=QUERY_TIMEOUT)
 
     def compile(
         self,

@@ -16,7 +16,6 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
 import time
@@ -27,6 +26,7 @@ from typing import Any, TextIO
 from packaging.version import InvalidVersion, Version
 
 from torchbuild.core.errors import BuildFailed, TorchbuildError, named_os_errors
+from torchbuild.core.process import QUERY_TIMEOUT, run_captured
 from torchbuild.core.progress import Tee
 from torchbuild.core.safeio import KiB, read_text
 from torchbuild.inputs.config import BuildSpec
@@ -80,15 +80,13 @@ def make_venv(venv: Path, say: Callable[[str], None]) -> Path:
 
 def _make_venv(venv: Path, python: Path) -> None:
     with named_os_errors(venv, "making the develop venv"):
-        proc = subprocess.run(
-            [sys.executable, "-m", "venv", "--system-site-packages", str(venv)], capture_output=True, text=True
-        )
+        proc = run_captured([sys.executable, "-m", "venv", "--system-site-packages", str(venv)])
         if proc.returncode != 0:
             raise BuildFailed(f"python -m venv {venv} failed: {(proc.stderr or proc.stdout).strip()}")
         if sys.prefix != sys.base_prefix:  # this interpreter is a venv: its packages too
             paths = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
             code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-            site = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+            site = run_captured([str(python), "-c", code], timeout=QUERY_TIMEOUT)
             if site.returncode != 0:
                 raise BuildFailed(f"the new venv's python does not run: {(site.stderr or site.stdout).strip()}")
             (Path(site.stdout.strip()) / BASE_PTH).write_text("".join(f"{p}\n" for p in paths))
@@ -159,13 +157,9 @@ def _job(req: Request, tee: Tee) -> CompileJob:
 
 def _editable_project(python: Path, tree: Path, venv: Path, env: Mapping[str, str]) -> str:
     """name==version of the project pip lists as installed in development mode from tree."""
-    listed = subprocess.run(
-        [str(python), "-m", "pip", "list", "--editable", "--format", "json"],
-        env=dict(env),
-        capture_output=True,
-        text=True,
-    )
-    editable = [p for p in (json.loads(listed.stdout or "[]")) if Path(p.get("editable_project_location", "")) == tree]
+    listed = run_captured([str(python), "-m", "pip", "list", "--editable", "--format", "json"], env=env, timeout=600)
+    shown = listed.stdout if listed.returncode is not None else ""  # past its deadline: a part of the JSON
+    editable = [p for p in (json.loads(shown or "[]")) if Path(p.get("editable_project_location", "")) == tree]
     if not editable:
         raise BuildFailed(
             f"{tree} is not installed in development mode in {venv} (pip list --editable does not show it)"

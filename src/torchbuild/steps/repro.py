@@ -32,7 +32,8 @@ from pathlib import Path
 
 from torchbuild.core.atomic import atomic_writer
 from torchbuild.core.errors import WheelError, named_os_errors
-from torchbuild.core.safeio import MEMBER_LIMIT
+from torchbuild.core.process import QUERY_TIMEOUT, run_captured
+from torchbuild.core.safeio import MEMBER_LIMIT, sha256_file
 from torchbuild.inputs.source import SourceInfo
 
 # zip cannot say a date before 1980; ZipInfo stores even seconds
@@ -76,10 +77,8 @@ def source_date_epoch(info: SourceInfo, environ: dict[str, str] | None = None) -
         return Epoch(int(given), "env")
     if info.commit:
         with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
-            out = subprocess.run(
-                ["git", "-C", str(info.path), "log", "-1", "--format=%ct", "--end-of-options", info.commit],
-                capture_output=True, text=True, check=True,
-            ).stdout.strip()  # fmt: skip
+            git = ["git", "-C", str(info.path), "log", "-1", "--format=%ct", "--end-of-options", info.commit]
+            out = run_captured(git, timeout=QUERY_TIMEOUT).checked().strip()
             return Epoch(int(out), f"commit {info.commit[:12]}")
     if info.kind == "dsc":
         seconds = _changelog_time(info.path)
@@ -279,18 +278,12 @@ def _digest(archive: zipfile.ZipFile, info: zipfile.ZipInfo, wheel: Path) -> str
     return h.hexdigest()
 
 
-def _file_sha256(path: Path) -> str:
-    from torchbuild.inputs.source import sha256_file
-
-    return sha256_file(path)
-
-
 def diff_wheels(a: Path, b: Path) -> WheelDiff:
     """Whether two wheels are byte-identical and, if not, each member that differs: present in
     one only, other content (sha256 of the uncompressed bytes), or the same content with another
     timestamp, mode, compression or place in the archive."""
     with named_os_errors(a, "reading the wheel"), named_os_errors(b, "reading the wheel"):
-        sa, sb = _file_sha256(a), _file_sha256(b)
+        sa, sb = sha256_file(a), sha256_file(b)
         if sa == sb:
             return WheelDiff(sa, sb, ())
         with _open_wheel(a) as za, _open_wheel(b) as zb:

@@ -5,18 +5,19 @@ from __future__ import annotations
 from invoke.context import Context
 
 from torchbuild.core.safeio import user_path
+from torchbuild.inputs.config import default_cache_dir
 from torchbuild.launch.doctor import render, run_checks
 from torchbuild.tasks.common import HELP, handles_errors, profile_name, task
 
 
 @task(
     help={
-        "cache_dir": "cache directory whose free space is reported (default ~/.cache/torchbuild)",
+        "cache_dir": "cache directory whose free space is reported (default $XDG_CACHE_HOME/torchbuild, else ~/.cache/torchbuild)",
         "profile": HELP["profile"] + "; its ca_certificates and ccache_remote are checked",
     }
 )
 @handles_errors
-def doctor(c: Context, cache_dir: str = "~/.cache/torchbuild", profile: str = "") -> None:
+def doctor(c: Context, cache_dir: str = "", profile: str = "") -> None:
     """Report engine, BuildKit, Apptainer, qemu binfmt, cores, memory, disk, GPU, added host CAs and the
     profile's shared compile cache (ccache_remote); a verdict per task."""
-    print(render(*run_checks(user_path(cache_dir), profile=profile_name(profile))))
+    print(render(*run_checks(user_path(cache_dir or default_cache_dir()), profile=profile_name(profile))))

@@ -8,7 +8,7 @@ from torchbuild.core.arch import Arch
 from torchbuild.core.errors import UsageError
 from torchbuild.core.safeio import user_path
 from torchbuild.inputs.baseimage import DEFAULT_COMPONENTS, make_base_image
-from torchbuild.inputs.config import DEFAULT_PROFILE, cache_dir
+from torchbuild.inputs.config import DEFAULT_PROFILE, cache_dir, default_cache_dir
 from torchbuild.inputs.engine import Engine
 from torchbuild.inputs.image import build_image, default_lock_path, find_lock, lock_image, push_images
 from torchbuild.tasks.common import HELP, handles_errors, spec_from, task
@@ -99,7 +99,7 @@ def image(
         "components": f"archive components, comma-separated (default {','.join(DEFAULT_COMPONENTS)})",
         "ignore_valid_until": "let apt in the image accept expired Release files (snapshot mirrors)",
         "rebuild": "make it again even if the tag exists",
-        "cache_dir": "where the temporary root filesystem is made (default ~/.cache/torchbuild)",
+        "cache_dir": "where the temporary root filesystem is made (default $XDG_CACHE_HOME/torchbuild, else ~/.cache/torchbuild)",
     },
 )
 @handles_errors
@@ -111,7 +111,7 @@ def base_image(
     components: str = ",".join(DEFAULT_COMPONENTS),
     ignore_valid_until: bool = False,
     rebuild: bool = False,
-    cache_dir: str = "~/.cache/torchbuild",
+    cache_dir: str = "",
 ) -> None:
     """Make a local Debian base image (debootstrap + import) for hosts without registry access."""
 
@@ -121,7 +121,7 @@ def base_image(
         engine,
         suite=suite,
         arch=target,
-        work_dir=user_path(cache_dir) / "rootfs",
+        work_dir=user_path(cache_dir or default_cache_dir()) / "rootfs",
         mirror=mirror or None,
         components=tuple(x for x in components.split(",") if x),
         ignore_valid_until=ignore_valid_until,
