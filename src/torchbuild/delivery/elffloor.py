@@ -386,3 +386,41 @@ def _fitting(spec: BuildSpec) -> str:
     fits = glibc.bases_meeting(spec.glibc_floor, spec.libstdcxx_floor)
     where = f"set base_image to {' or '.join(fits[:2])}" if fits else "use a base as old as the site's OS"
     return f"{where}, or build natively on the site; or empty the floor (--set glibc_floor=) for a wheel for this base only"
+
+
+# --------------------------------------------------------------------------- before an install
+
+
+def recorded_or_measured(wheel: Path) -> FloorRecord:
+    """The wheel's floor from its manifest beside it (`<wheel>.manifest.json`, schema 8 on), where
+    that was measured; else measured now."""
+    from torchbuild.delivery import manifest
+
+    path = Path(f"{wheel}{manifest.SUFFIX}")
+    if path.is_file():
+        recorded = manifest.read(path).floor
+        if recorded is not None and not recorded.reason.startswith("not measured"):
+            return recorded
+    return analyse(wheel)
+
+
+def check_host(wheels: Iterable[Path], host: str | None = None) -> None:
+    """FloorError naming each wheel whose shared objects need a newer glibc than this host's
+    (host: its version, default the running one): `import` would fail there with
+    `version 'GLIBC_2.xx' not found`. Nothing where the host's glibc is unknown (musl)."""
+    own = glibc.host_glibc() if host is None else host
+    if not own:
+        return
+    above = [(w, f.glibc) for w in wheels for f in (recorded_or_measured(w),) if glibc.above(f.glibc, own)]
+    if above:
+        names = ", ".join(f"{w.name} needs GLIBC_{v}" for w, v in above)
+        fits = glibc.bases_meeting(own)
+        raise FloorError(
+            f"{names}; this host's glibc is {own}: importing it here would fail "
+            f"(version 'GLIBC_{above[0][1]}' not found)",
+            hint=(
+                f'build it for this host: glibc_floor: "{own}" in the profile and a base that meets it'
+                + (f" ({fits[0]})" if fits else "")
+                + ", or install with --engine docker or apptainer (the image's glibc)"
+            ),
+        )

@@ -948,7 +948,7 @@ def show(m: Manifest) -> str:
         *_result_tables(m),
         *_jobs_tables(m),
         *_rounds_tables(m),
-        *floor_tables(m.floor),
+        *(floor_tables(m.floor) if m.wheel is not None else []),
     ]
     return "\n\n".join(parts)
 
