@@ -124,6 +124,19 @@ def test_a_site_library_keeps_the_tag_another_outside_library_loses_it(built, tm
     assert "libprotobuf.so.32" in other.reason and "not a site library" in other.reason
 
 
+def test_a_wheel_whose_tag_names_another_machine_earns_no_tag(built, tmp_path):
+    floor = elffloor.analyse(_wheel(tmp_path, built["plain"], tag="cp311-cp311-linux_aarch64"))
+    assert floor.policy == "" and "not linux_x86_64" in floor.reason
+
+
+def test_symbols_newer_than_any_policy_keep_linux_and_say_which(built, tmp_path, monkeypatch):
+    import auditwheel.policy
+
+    monkeypatch.setattr(auditwheel.policy.WheelPolicies, "versioned_symbols_policy", lambda self, _: self.linux)
+    floor = elffloor.analyse(_wheel(tmp_path, built["plain"]))
+    assert floor.policy == "" and "GLIBC_2.36, GLIBCXX_3.4.21" in floor.reason and "auditwheel 6." in floor.reason
+
+
 def test_a_wheel_without_elf_files_has_no_floor(tmp_path):
     from helpers import make_wheel
 

@@ -44,7 +44,7 @@ _BASE_GLIBC = (
 
 
 def parse(text: str) -> tuple[int, ...]:
-    """"2.31" -> (2, 31); ValueError for anything else (the profile's pattern says the same)."""
+    """ "2.31" -> (2, 31); ValueError for anything else (the profile's pattern says the same)."""
     if not _VERSION.fullmatch(text):
         raise ValueError(f"{text!r} is not a version like 2.31")
     return tuple(int(p) for p in text.split("."))
@@ -84,9 +84,5 @@ def base_glibc(base_image: str) -> str:
 def bases_meeting(glibc_floor: str, libstdcxx_floor: str = "") -> list[str]:
     """The known bases whose glibc (and default libstdc++) are at most the floors, newest first:
     what the toolchain check proposes instead of a base that is too new."""
-    fits = [
-        (name, g)
-        for name, g, cxx in KNOWN_BASES
-        if not above(g, glibc_floor) and not above(cxx, libstdcxx_floor)
-    ]
+    fits = [(name, g) for name, g, cxx in KNOWN_BASES if not above(g, glibc_floor) and not above(cxx, libstdcxx_floor)]
     return [f"{name} (glibc {g})" for name, g in sorted(fits, key=lambda f: parse(f[1]), reverse=True)]

@@ -120,7 +120,7 @@ def _elfdata(wheel: Path) -> Any:
 def auditwheel_version() -> str:
     from importlib.metadata import version
 
-    return version("auditwheel")
+    return f"auditwheel {version('auditwheel')}"
 
 
 def analyse(wheel: Path) -> FloorRecord:
@@ -129,7 +129,7 @@ def analyse(wheel: Path) -> FloorRecord:
     wheel = Path(wheel)
     members = check_bounds(wheel)
     data = _elfdata(wheel)
-    tool = f"auditwheel {auditwheel_version()}"
+    tool = auditwheel_version()
     if data is None:
         return FloorRecord(auditwheel=tool, reason="no ELF file in the wheel: it runs on any glibc")
     symbols: dict[str, set[str]] = {k: set(v) for k, v in data.versioned_symbols.items()}
@@ -168,21 +168,19 @@ def _earned(
     that policy's whitelist or a site library; else ("", why not)."""
     best = policies.versioned_symbols_policy(dict(symbols))
     if best.priority == 0:  # linux: no manylinux policy auditwheel knows allows these versions
-        newest = max(
-            (f"{p}{glibc.newest(vs, p)}" for vs in symbols.values() for p in ("GLIBC_",) if glibc.newest(vs, p)),
-            default="",
-        )
-        return "", f"its symbol versions ({newest or 'see the libraries'}) are newer than any manylinux policy of auditwheel"
+        every = [v for vs in symbols.values() for v in vs]
+        needs = ", ".join(f"{p}{glibc.newest(every, p)}" for p in ("GLIBC_", "GLIBCXX_") if glibc.newest(every, p))
+        return "", f"its symbol versions ({needs}) are newer than any manylinux policy of {auditwheel_version()}"
     outside = [r.soname for r in libraries if not r.site and r.soname not in best.whitelist]
     if outside:
         return "", (
             f"it needs {', '.join(outside)}: outside the {best.name} whitelist and not a site library "
             "(bundling them is not torchbuild's to do)"
         )
-    arch = parse_wheel_filename(wheel.name)[3]
-    tags = {t.platform for t in arch}
-    if not any(t.startswith("linux_") for t in tags) and not any(t.startswith("manylinux") for t in tags):
-        return "", f"its platform tag ({', '.join(sorted(tags))}) is not a linux one"
+    plats = set(platform_tags(wheel.name))
+    machine = best.name.split("_", 3)[-1]  # manylinux_2_31_x86_64 -> x86_64
+    if f"linux_{machine}" not in plats and best.name not in plats:
+        return "", f"its platform tag ({', '.join(sorted(plats))}) is not linux_{machine}, its ELF files' machine"
     return best.name, ""
 
 
@@ -310,7 +308,9 @@ def measure(wheel: Path, glibc_floor: str, say: Callable[[str], None]) -> tuple[
     except Exception as exc:  # auditwheel's or pyelftools' own on an ELF file they cannot read
         floor = FloorRecord(reason=f"not measured: auditwheel: {type(exc).__name__}: {exc}")
     if floor.policy and not glibc_floor:
-        floor = dataclasses.replace(floor, reason=f"keeps its tag: the profile names no glibc_floor (it earns {floor.policy})")
+        floor = dataclasses.replace(
+            floor, reason=f"keeps its tag: the profile names no glibc_floor (it earns {floor.policy})"
+        )
     elif floor.policy:
         wheel = retag(wheel, floor.policy)
     floor = dataclasses.replace(floor, tag=".".join(platform_tags(wheel.name)))

@@ -356,7 +356,9 @@ class FloorRecord:
     def summary(self) -> str:
         """One line: `glibc 2.36, GLIBCXX 3.4.30, CXXABI 1.3.13; manylinux_2_36_x86_64`."""
         needs = ", ".join(
-            f"{name} {v}" for name, v in (("glibc", self.glibc), ("GLIBCXX", self.glibcxx), ("CXXABI", self.cxxabi)) if v
+            f"{name} {v}"
+            for name, v in (("glibc", self.glibc), ("GLIBCXX", self.glibcxx), ("CXXABI", self.cxxabi))
+            if v
         )
         return f"{needs or 'no versioned glibc symbol'}; tag {self.tag or '-'}" + (
             f" ({self.reason})" if self.reason else ""
@@ -606,8 +608,7 @@ def for_build(
     "nvcc_threads", "retries": [retry dicts]}; wheel: the finished wheel (name, sha256 and size
     are read here); preflight: {"targets", "canaries": [{"file", "seconds", "peak_rss_bytes"}],
     "configure_s", "targets_s"}. Exactly one of wheel and preflight. ccache_remote: the
-    CcacheRemoteRecord's fields, when the profile has a ccache_remote.
-    """
+    CcacheRemoteRecord's fields, when the profile has a ccache_remote; floor: the wheel's ELF floor."""
     data: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "torchbuild_version": __version__,

@@ -331,8 +331,8 @@ def floor_check(wheel: Path, spec: BuildSpec, results: dict[str, Any]) -> Check:
     floored = bool(spec.glibc_floor or spec.libstdcxx_floor)
     try:
         floor = elffloor.analyse(wheel)
-    except (ImportError, TorchbuildError) as exc:
-        why = exc.message if isinstance(exc, TorchbuildError) else f"auditwheel is not installed ({exc})"
+    except Exception as exc:  # auditwheel missing, a damaged wheel, an ELF file it cannot read: said in the row
+        why = exc.message if isinstance(exc, TorchbuildError) else f"{type(exc).__name__}: {exc}"
         return Check("ELF floor", "fail" if floored else "skip", f"not measured: {why}")
     floor = dataclasses.replace(floor, tag=".".join(elffloor.platform_tags(wheel.name)))
     results["floor"] = records.to_dict(floor)
