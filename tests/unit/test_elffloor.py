@@ -268,6 +268,19 @@ def test_the_build_refuses_a_libstdcxx_above_its_floor():
     assert "GLIBCXX 3.4.30" in elffloor.check_toolchain(resolve("cpu", ["libstdcxx_floor=3.4.30"]), env, "this host")
 
 
+def test_config_notes_a_base_above_the_floor_and_a_build_in_its_image_is_refused_on_the_host():
+    from torchbuild.inputs.render import config_text
+
+    spec = resolve("archer2")  # ubuntu:24.04 (glibc 2.39) for SLES 15's 2.31: resolves, with a note
+    text = config_text(spec)
+    assert "# note: base_image ubuntu:24.04 has glibc 2.39, above glibc_floor 2.31" in text and "bullseye" in text
+    assert "# note:" not in config_text(resolve("cpu"))
+    with pytest.raises(FloorError, match=r"base_image ubuntu:24\.04 has glibc 2\.39") as err:
+        elffloor.check_base(spec)
+    assert "archer2.yaml" in err.value.message and "debian:bullseye" in err.value.hint
+    elffloor.check_base(resolve("archer2", ["base_image=torchbuild/base:bullseye-x86_64"]))
+
+
 def test_bases_meeting_a_floor_are_the_known_ones_at_or_below_it():
     assert glibc.bases_meeting("2.28")[0].startswith(("quay.io/pypa/manylinux_2_28", "rockylinux:8"))
     assert all("2.39" not in b and "2.41" not in b for b in glibc.bases_meeting("2.36"))

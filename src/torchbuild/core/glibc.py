@@ -21,7 +21,7 @@ _VERSION = re.compile(r"[0-9]{1,4}(\.[0-9]{1,4}){1,3}")
 KNOWN_BASES: tuple[tuple[str, str, str], ...] = (
     ("quay.io/pypa/manylinux_2_28_x86_64 (AlmaLinux 8, the manylinux_2_28 builder)", "2.28", "3.4.25"),
     ("rockylinux:8", "2.28", "3.4.25"),
-    ("debian:bullseye (torchbuild base-image --suite bullseye)", "2.31", "3.4.28"),
+    ("debian:bullseye (or `invoke base-image --suite bullseye`)", "2.31", "3.4.28"),
     ("ubuntu:20.04", "2.31", "3.4.28"),
     ("rockylinux:9", "2.34", "3.4.29"),
     ("ubuntu:22.04", "2.35", "3.4.30"),
