@@ -7,7 +7,8 @@ ld.so.conf), the manylinux policies' symbol versions and library whitelists. It 
 library here, and only here, because its API is not stable: `analyze_wheel_abi` and
 `get_wheel_elfdata` changed their parameters between 6.4 (the last release for Python 3.9, which
 the toolchain image may run) and 6.8 (`args_ldpaths` added without a default, keywords made
-keyword-only). `_elfdata` passes what the installed release takes.
+keyword-only), and the pure-wheel exception was renamed (NonPlatformWheel, NonPlatformWheelError).
+`_elfdata` passes what the installed release takes; both releases pass tests/unit/test_elffloor.py.
 
 What torchbuild decides, not auditwheel: a site library (MPI, NCCL, the OFI plugin, the CUDA
 driver and toolkit: SITE_LIBRARIES) is never bundled, so it does not keep a wheel from a
@@ -105,13 +106,16 @@ def check_bounds(wheel: Path) -> list[str]:
 def _elfdata(wheel: Path) -> Any:
     """auditwheel's ELF data of the wheel (its versioned symbols, each ELF file's tree), with the
     parameters the installed release takes; None for a wheel without ELF files."""
-    from auditwheel.wheel_abi import NonPlatformWheelError, get_wheel_elfdata
+    from auditwheel import error
+    from auditwheel.wheel_abi import get_wheel_elfdata
 
+    # a pure wheel: NonPlatformWheel in 6.4, NonPlatformWheelError from 6.5 on
+    pure = getattr(error, "NonPlatformWheelError", None) or error.NonPlatformWheel
     params = inspect.signature(get_wheel_elfdata).parameters
     extra: dict[str, Any] = {"args_ldpaths": None} if "args_ldpaths" in params else {}
     try:
         return get_wheel_elfdata(None, None, wheel, frozenset(), **extra)
-    except NonPlatformWheelError:
+    except pure:
         return None
     except RuntimeError as exc:  # auditwheel's "shared library in purelib" refusal
         raise WheelError(f"{wheel.name}: {str(exc).splitlines()[0]}") from None
