@@ -335,3 +335,32 @@ def test_install_task_refuses_before_touching_the_prefix(built, tmp_path, monkey
     )
     assert code == FloorError.exit_code and not prefix.exists()
     assert "this host's glibc is 2.31" in capsys.readouterr().err
+
+
+def test_build_and_companions_stop_before_compiling_on_a_toolchain_above_the_floor(tmp_path, monkeypatch):
+    import io
+
+    from torchbuild.steps import build, companions, compile_job
+
+    compiled: list[object] = []
+    monkeypatch.setattr(compile_job, "run_compile", lambda *a, **k: compiled.append(a))
+    monkeypatch.setattr(companions, "unpack_torch", lambda *a: None)
+    spec = resolve("cpu", [f"cache_dir={tmp_path / 'cache'}", "build_venv=false", "glibc_floor=2.31"])
+    out = tmp_path / "out"
+    for d in (out, tmp_path / "pytorch", tmp_path / "vision"):
+        d.mkdir()
+    req = build.BuildRequest(
+        spec=spec, source=str(tmp_path / "pytorch"), out_dir=str(out), cache_root=str(tmp_path / "cache")
+    )
+    with pytest.raises(FloorError, match=r"glibc is 2\.36 \(this host\)"):
+        build.run_build(req, out=io.StringIO())
+    job = companions.Job(
+        name="torchvision", tree=str(tmp_path / "vision"), origin="o", digest="d", version="0.21.0", kind="dir"
+    )
+    creq = companions.Request(
+        spec=spec, torch_wheel=str(out / "torch-2.6.0-cp311-cp311-linux_x86_64.whl"), jobs=(job,),
+        out_dir=str(out), cache_root=str(tmp_path / "cache"), run_id="r1",
+    )  # fmt: skip
+    with pytest.raises(FloorError, match=r"glibc_floor 2\.31"):
+        companions.build_all(creq, out=io.StringIO())
+    assert compiled == [] and not list(out.glob("*.whl"))
