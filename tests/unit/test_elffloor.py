@@ -364,3 +364,14 @@ def test_build_and_companions_stop_before_compiling_on_a_toolchain_above_the_flo
     with pytest.raises(FloorError, match=r"glibc_floor 2\.31"):
         companions.build_all(creq, out=io.StringIO())
     assert compiled == [] and not list(out.glob("*.whl"))
+
+
+def test_submit_refuses_a_job_in_the_sif_whose_base_is_above_the_floor_before_writing_it(tmp_path):
+    from torchbuild.launch.runner import BuildOptions
+    from torchbuild.launch.scheduler import Runtime, submit_build
+
+    spec = resolve("archer2", [f"cache_dir={tmp_path / 'cache'}"])
+    with pytest.raises(FloorError, match=r"base_image ubuntu:24\.04 has glibc 2\.39"):
+        submit_build(spec, Runtime(), source="", ref="", out_dir=str(tmp_path / "out"), options=BuildOptions(),
+                     verify=True, dry_run=True)  # fmt: skip
+    assert not (tmp_path / "out").exists()
