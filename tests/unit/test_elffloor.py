@@ -375,3 +375,21 @@ def test_submit_refuses_a_job_in_the_sif_whose_base_is_above_the_floor_before_wr
         submit_build(spec, Runtime(), source="", ref="", out_dir=str(tmp_path / "out"), options=BuildOptions(),
                      verify=True, dry_run=True)  # fmt: skip
     assert not (tmp_path / "out").exists()
+
+
+def test_verify_and_install_take_the_manifests_floor_only_for_the_wheel_it_describes(built, tmp_path, monkeypatch):
+    test_manifest_records_and_shows_the_floor_and_reads_back(built, tmp_path)  # w.manifest.json of the wheel
+    wheel = next(tmp_path.glob("*.whl"))
+    (tmp_path / "w.manifest.json").rename(f"{wheel}{mf.SUFFIX}")
+    measured = elffloor.analyse
+
+    def no_analysis(_: Path) -> mf.FloorRecord:
+        raise AssertionError("measured again although the manifest records this wheel's floor")
+
+    monkeypatch.setattr(elffloor, "analyse", no_analysis)
+    assert elffloor.recorded_or_measured(wheel).glibc == "2.36"
+    with zipfile.ZipFile(wheel, "a") as z:  # another wheel under the same name: measured again
+        z.writestr("tbext/extra.txt", "x")
+    calls = []
+    monkeypatch.setattr(elffloor, "analyse", lambda w: calls.append(w) or measured(w))
+    assert elffloor.recorded_or_measured(wheel).glibc == "2.36" and calls == [wheel]

@@ -411,14 +411,22 @@ def _fitting(spec: BuildSpec) -> str:
 
 
 def recorded_or_measured(wheel: Path) -> FloorRecord:
-    """The wheel's floor from its manifest beside it (`<wheel>.manifest.json`, schema 8 on), where
-    that was measured; else measured now."""
+    """The wheel's floor from its manifest beside it (`<wheel>.manifest.json`, schema 8 on) where
+    that measured it and records this wheel's sha256; else measured now (auditwheel reads a CPU
+    torch wheel in about a minute, hashing it takes seconds)."""
     from torchbuild.delivery import manifest
+    from torchbuild.inputs.source import sha256_file
 
     path = Path(f"{wheel}{manifest.SUFFIX}")
     if path.is_file():
-        recorded = manifest.read(path).floor
-        if recorded is not None and not recorded.reason.startswith("not measured"):
+        m = manifest.read(path)
+        recorded = m.floor
+        if (
+            recorded is not None
+            and not recorded.reason.startswith("not measured")
+            and m.wheel is not None
+            and m.wheel.sha256 == sha256_file(wheel)
+        ):
             return recorded
     return analyse(wheel)
 

@@ -323,14 +323,15 @@ def verify_wheel(
 
 
 def floor_check(wheel: Path, spec: BuildSpec, results: dict[str, Any]) -> Check:
-    """The wheel's ELF floor, measured now (elffloor.analyse, auditwheel), against the profile's
-    glibc_floor and libstdcxx_floor: a fail names what is above; the floor goes into results."""
+    """The wheel's ELF floor (its manifest's where that is of this wheel, else measured now with
+    auditwheel: elffloor.recorded_or_measured) against the profile's glibc_floor and
+    libstdcxx_floor: a fail names what is above; the floor goes into results."""
     from torchbuild.core import records
     from torchbuild.delivery import elffloor
 
     floored = bool(spec.glibc_floor or spec.libstdcxx_floor)
     try:
-        floor = elffloor.analyse(wheel)
+        floor = elffloor.recorded_or_measured(wheel)
     except Exception as exc:  # auditwheel missing, a damaged wheel, an ELF file it cannot read: said in the row
         why = exc.message if isinstance(exc, TorchbuildError) else f"{type(exc).__name__}: {exc}"
         return Check("ELF floor", "fail" if floored else "skip", f"not measured: {why}")
