@@ -393,3 +393,16 @@ def test_verify_and_install_take_the_manifests_floor_only_for_the_wheel_it_descr
     calls = []
     monkeypatch.setattr(elffloor, "analyse", lambda w: calls.append(w) or measured(w))
     assert elffloor.recorded_or_measured(wheel).glibc == "2.36" and calls == [wheel]
+
+
+def test_auditwheel_unpacks_in_the_builds_directory_and_the_default_is_restored(built, tmp_path, monkeypatch):
+    import tempfile
+
+    seen: list[str] = []
+    real = elffloor._elfdata
+    monkeypatch.setattr(elffloor, "_elfdata", lambda w: seen.append(tempfile.gettempdir()) or real(w))
+    before = tempfile.tempdir
+    work = tmp_path / "run-tmp"
+    work.mkdir()
+    assert elffloor.analyse(_wheel(tmp_path, built["plain"]), work).glibc == "2.36"
+    assert seen == [str(work)] and tempfile.tempdir == before

@@ -23,15 +23,17 @@ auditwheel unpacks it); libstdc++ is read for its version definitions only below
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import inspect
 import re
 import shlex
 import subprocess
+import tempfile
 import typing
 import zipfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -127,12 +129,30 @@ def auditwheel_version() -> str:
     return f"auditwheel {version('auditwheel')}"
 
 
-def analyse(wheel: Path) -> FloorRecord:
+@contextlib.contextmanager
+def _unpacking_in(workdir: Path | None) -> Iterator[None]:
+    """auditwheel unpacks the wheel with tempfile (a CUDA torch wheel: gigabytes) and takes no
+    directory: within this block tempfile's default is workdir (the build's TMPDIR in its cache,
+    not a node's small /tmp), restored after."""
+    if workdir is None:
+        yield
+        return
+    before = tempfile.tempdir
+    tempfile.tempdir = str(workdir)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = before
+
+
+def analyse(wheel: Path, workdir: Path | None = None) -> FloorRecord:
     """The wheel's ELF floor and the manylinux tag it earns without bundling (FloorRecord.policy;
-    "" with FloorRecord.reason saying why not)."""
+    "" with FloorRecord.reason saying why not). workdir: where auditwheel unpacks it (default
+    the system's temporary directory)."""
     wheel = Path(wheel)
     members = check_bounds(wheel)
-    data = _elfdata(wheel)
+    with _unpacking_in(workdir):
+        data = _elfdata(wheel)
     tool = auditwheel_version()
     if data is None:
         return FloorRecord(auditwheel=tool, reason="no ELF file in the wheel: it runs on any glibc")
@@ -298,13 +318,15 @@ def _retagged_record(text: str, name: str, content: str) -> str:
 # --------------------------------------------------------------------------- after the build
 
 
-def measure(wheel: Path, glibc_floor: str, say: Callable[[str], None]) -> tuple[Path, FloorRecord]:
+def measure(
+    wheel: Path, glibc_floor: str, say: Callable[[str], None], workdir: Path | None = None
+) -> tuple[Path, FloorRecord]:
     """The wheel's floor, and the wheel re-tagged with the manylinux policy it earns where the
     profile names a glibc_floor (the site said which systems it is for); said in one line. A
     floor that cannot be measured (auditwheel missing, an ELF file it cannot read) is recorded
     as such, and the wheel keeps its tag: the build made it, `invoke verify` judges it."""
     try:
-        floor = analyse(wheel)
+        floor = analyse(wheel, workdir)
     except ImportError as exc:
         floor = FloorRecord(reason=f"not measured: auditwheel is not installed here ({exc.name})")
     except WheelError as err:

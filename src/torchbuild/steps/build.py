@@ -562,7 +562,7 @@ def _build_wheel(run: Run, watch: ConfigureWatch) -> Path:
         wheels = sorted(partial.glob("*.whl"))
         if len(wheels) != 1:
             raise BuildFailed(f"pip wheel produced {len(wheels)} wheels in {partial}; expected one")
-        wheel, run.floor = elffloor.measure(wheels[0], req.spec.glibc_floor, run.tee.line)
+        wheel, run.floor = elffloor.measure(wheels[0], req.spec.glibc_floor, run.tee.line, run.tmp)
         epoch = int(run.env_vars.get("SOURCE_DATE_EPOCH") or 0)
         if epoch:
             run.normalized = normalize_wheel(wheel, epoch)

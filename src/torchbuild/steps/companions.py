@@ -500,7 +500,7 @@ def _build_one(
         name, got, _, _ = parse_wheel_filename(built[0].name)
         if canonicalize_name(name) != canonicalize_name(job.name) or got != Version(version):
             raise CompanionError(f"{job.name}: pip built {built[0].name}, not {job.name} {version}")
-        wheel, floor = elffloor.measure(built[0], compiled.spec.glibc_floor, tee.line)
+        wheel, floor = elffloor.measure(built[0], compiled.spec.glibc_floor, tee.line, work)
         normalized = normalize_wheel(wheel, int(env_vars["SOURCE_DATE_EPOCH"]))
         checked = check_wheel(job.name, wheel, torch.tree, work, compiled.env, str(torch.version))
         tee.line(f"{job.name}: {checked['op']} (torch from {checked['torch_file']})")
