@@ -69,6 +69,8 @@ def _profile_sets() -> list[str]:
         "patches=none",
         # the stand-in's cray-python is bookworm's 3.11 (the profile's default Python is 3.12)
         f"python_version={STANDIN_PYTHON}",
+        # the stand-in is bookworm (glibc 2.36), not SLES 15 (2.31): no bullseye stand-in yet
+        "glibc_floor=",
         # horovod 0.28.1 cannot build against any torch >= 2.1 (see the module's docstring): the
         # same mechanism with a package that builds like it
         f"runtime_packages=[mpi4py, {entry}]",

@@ -67,6 +67,8 @@ def _profile_sets(nccl: tuple[Path, str], plugin: tuple[Path, str]) -> list[str]
         "cuda_version=11.8",
         # the stand-in's base (the profile's nvidia/cuda 12.6 base would refuse cuda_version 11.8)
         "base_image=torchbuild/base:bookworm-x86_64",
+        # bookworm's glibc is 2.36, Derecho's SLES 15 SP4+ 2.31: the stand-in cannot meet the floor
+        "glibc_floor=",
         # bookworm's Python (the site's conda Python is left out by the profile as well)
         f"python_version={STANDIN_PYTHON}",
         # Debian's PyTorch 2.6 source is what is reachable here; it is de-vendored (third_party

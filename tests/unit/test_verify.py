@@ -178,7 +178,8 @@ def test_a_real_wheel_passes_the_file_check(tmp_path):
 def test_verify_installs_a_wheel_into_a_fresh_venv_and_probes_it_there(tmp_path):
     wheel = make_wheel(tmp_path / "tiny_pkg-1.2.3+tb-py3-none-any.whl")
     got = {c.name: c for c in verify_wheel(wheel, resolve("cpu"), "1.2.3+tb")}
-    assert [c.status for c in got.values()] == ["pass"] * 7, got
+    assert [c.status for c in got.values()] == ["pass"] * 8, got
+    assert "no ELF file" in got["ELF floor"].detail  # a pure wheel: no glibc floor
     assert "/torchbuild-verify-" in got["import tiny_pkg"].detail  # the fresh venv's copy
     assert got["tiny_pkg.__version__"].detail == "1.2.3+tb (expected 1.2.3+tb)"
 
@@ -207,7 +208,7 @@ def test_run_request_prints_the_table_and_writes_the_report(tmp_path, capsys):
     with pytest.raises(VerifyFailed, match=re.escape("version, tiny_pkg.__version__")):
         run_request(req)
     out = capsys.readouterr().out.splitlines()
-    assert out[-2] == "5 passed, 2 failed, 0 skipped" and out[-1] == f"report: {wheel}.verify.json"
+    assert out[-2] == "6 passed, 2 failed, 0 skipped" and out[-1] == f"report: {wheel}.verify.json"
     data = json.loads(Path(f"{wheel}.verify.json").read_text())
     assert data["ok"] is False and data["subject"] == wheel.name
 

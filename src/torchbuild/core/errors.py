@@ -328,6 +328,14 @@ class RoundsExhausted(TorchbuildError):
     default_hint = "raise job_rounds or walltime and submit the same request again: the build resumes"
 
 
+class FloorError(TorchbuildError):
+    """A toolchain or a wheel needs a newer glibc or libstdc++ than where the wheel must run: the
+    profile's glibc_floor or libstdcxx_floor, a wheelhouse's floor, or the install host's glibc."""
+
+    exit_code = 32
+    default_hint = "build in a base whose glibc is at most the floor (the message names one), or raise the floor"
+
+
 class TooLarge(PathError):
     """A file the user named (a manifest, a CA file, the host-check state file, a ninja log, a
     constraint file) is larger than torchbuild will read for that purpose."""
@@ -368,6 +376,7 @@ ERRORS: tuple[type[TorchbuildError], ...] = (
     RecipeError,
     NoProgress,
     RoundsExhausted,
+    FloorError,
     BuildInterrupted,
 )
 

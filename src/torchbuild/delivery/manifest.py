@@ -48,7 +48,8 @@ if typing.TYPE_CHECKING:
 # 5: `packages` (the toolchain image's installed list: its sha256, and the copy in <out>/logs)
 # 6: `build_venv` (a native build's venv from PyPI: its key, made or reused, cmake/ninja/mkl versions)
 # 7: `ccache.remote` (ccache's remote storage, profile ccache_remote: its local and remote hits, misses, errors)
-SCHEMA_VERSION = 7
+# 8: `floor` (the wheel's ELF floor: glibc, libstdc++ and C++ ABI versions, libraries, manylinux tag)
+SCHEMA_VERSION = 8
 SUFFIX = ".manifest.json"
 ENGINES = ("native", "docker", "apptainer")
 KINDS = ("wheel", "preflight")
@@ -328,6 +329,43 @@ class BuildVenvRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class LibraryRecord:
+    """A shared library a wheel's ELF files need that the wheel does not hold."""
+
+    soname: str
+    path: str  # where it resolved at build time ("" where it was not found)
+    site: bool  # a site library (MPI, NCCL, the OFI plugin, CUDA): never bundled, comes from the site
+
+
+@dataclasses.dataclass(frozen=True)
+class FloorRecord:
+    """A wheel's ELF floor (delivery/elffloor.py, measured with auditwheel): the newest glibc,
+    libstdc++ (GLIBCXX_) and C++ ABI (CXXABI_) versions its shared objects need ("" for none),
+    the libraries it takes from outside, the manylinux policy it earns without bundling, and the
+    platform tag it carries."""
+
+    glibc: str = ""
+    glibcxx: str = ""
+    cxxabi: str = ""
+    libraries: tuple[LibraryRecord, ...] = ()
+    policy: str = ""  # manylinux_2_31_x86_64; "" when it earns none
+    reason: str = ""  # why it earns none, or why it keeps linux_* although it earns one
+    tag: str = ""  # the platform tag(s) of the wheel's file name, after tagging
+    auditwheel: str = ""  # "auditwheel 6.8.2"
+
+    def summary(self) -> str:
+        """One line: `glibc 2.36, GLIBCXX 3.4.30, CXXABI 1.3.13; manylinux_2_36_x86_64`."""
+        needs = ", ".join(
+            f"{name} {v}"
+            for name, v in (("glibc", self.glibc), ("GLIBCXX", self.glibcxx), ("CXXABI", self.cxxabi))
+            if v
+        )
+        return f"{needs or 'no versioned glibc symbol'}; tag {self.tag or '-'}" + (
+            f" ({self.reason})" if self.reason else ""
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class Manifest:
     """One build. Field order is the JSON's key order; exactly one of wheel and preflight."""
 
@@ -344,6 +382,7 @@ class Manifest:
         "packages",
         "build_venv",
         "rounds",
+        "floor",
     )
 
     schema_version: int
@@ -374,6 +413,7 @@ class Manifest:
     packages: Optional[PackagesRecord] = None  # a build in a toolchain image (schema 5)
     build_venv: Optional[BuildVenvRecord] = None  # a native build in its build venv (schema 6)
     rounds: Optional[tuple[RoundRecord, ...]] = None  # the job rounds that built it (launch/rounds.py)
+    floor: Optional[FloorRecord] = None  # the wheel's ELF floor (schema 8)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -559,6 +599,7 @@ def for_build(
     companion: Mapping[str, Any] | None = None,
     reproducibility: Mapping[str, Any] | None = None,
     ccache_remote: Mapping[str, Any] | None = None,
+    floor: FloorRecord | None = None,
 ) -> Manifest:
     """The manifest of a build that just finished, from what the build knows.
 
@@ -567,8 +608,7 @@ def for_build(
     "nvcc_threads", "retries": [retry dicts]}; wheel: the finished wheel (name, sha256 and size
     are read here); preflight: {"targets", "canaries": [{"file", "seconds", "peak_rss_bytes"}],
     "configure_s", "targets_s"}. Exactly one of wheel and preflight. ccache_remote: the
-    CcacheRemoteRecord's fields, when the profile has a ccache_remote.
-    """
+    CcacheRemoteRecord's fields, when the profile has a ccache_remote; floor: the wheel's ELF floor."""
     data: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "torchbuild_version": __version__,
@@ -597,6 +637,7 @@ def for_build(
         "preflight": dict(preflight) if preflight is not None else None,
         **({"companion": dict(companion)} if companion is not None else {}),
         **({"reproducibility": dict(reproducibility)} if reproducibility is not None else {}),
+        **({"floor": records.to_dict(floor)} if floor is not None else {}),
     }
     return _structure(data)
 
@@ -908,8 +949,35 @@ def show(m: Manifest) -> str:
         *_result_tables(m),
         *_jobs_tables(m),
         *_rounds_tables(m),
+        *(floor_tables(m.floor) if m.wheel is not None else []),
     ]
     return "\n\n".join(parts)
+
+
+def floor_tables(f: FloorRecord | None) -> list[str]:
+    """The wheel's ELF floor (what its shared objects need of glibc and libstdc++, its tag and the
+    libraries it takes from outside), as `manifest.show` and `verify` print it."""
+    if f is None:
+        return [_facts("ELF floor", [("floor", "not recorded (a manifest before schema 8)")])]
+    rows: list[tuple[str, Any]] = [
+        ("glibc", f.glibc or "none"),
+        ("libstdc++ (GLIBCXX)", f.glibcxx or "none"),
+        ("C++ ABI (CXXABI)", f.cxxabi or "none"),
+        ("earns", f.policy or "no manylinux tag"),
+        ("tag", f.tag or "-"),
+        *([("why", f.reason)] if f.reason else []),
+        ("measured by", f.auditwheel),
+    ]
+    out = [_facts("ELF floor", rows)]
+    if f.libraries:
+        out.append(
+            table(
+                ("library", "found at build time", "from"),
+                [(r.soname, r.path or "not found", "the site" if r.site else "the system") for r in f.libraries],
+                title="libraries from outside the wheel",
+            )
+        )
+    return out
 
 
 def _rounds_tables(m: Manifest) -> list[str]:

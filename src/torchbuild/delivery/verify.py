@@ -305,6 +305,7 @@ def verify_wheel(
     check_wheel_file(wheel)
     base = interpreter(python)
     checks = tag_checks(wheel.name, expect_version, supported_tags(python=python) if python else None)
+    checks.append(floor_check(wheel, spec, results if results is not None else {}))
     name = parse_wheel_filename(wheel.name)[0].replace("-", "_")  # the import name, by convention
     with named_os_errors(tempfile.gettempdir(), "verify: a folder for the fresh venv"):
         root = Path(tempfile.mkdtemp(prefix="torchbuild-verify-"))
@@ -321,6 +322,30 @@ def verify_wheel(
         return checks
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def floor_check(wheel: Path, spec: BuildSpec, results: dict[str, Any]) -> Check:
+    """The wheel's ELF floor (its manifest's where that is of this wheel, else measured now with
+    auditwheel: elffloor.recorded_or_measured) against the profile's glibc_floor and
+    libstdcxx_floor: a fail names what is above; the floor goes into results."""
+    from torchbuild.core import records
+    from torchbuild.delivery import elffloor
+
+    floored = bool(spec.glibc_floor or spec.libstdcxx_floor)
+    try:
+        floor = elffloor.recorded_or_measured(wheel)
+    except Exception as exc:  # auditwheel missing, a damaged wheel, an ELF file it cannot read: said in the row
+        why = exc.message if isinstance(exc, TorchbuildError) else f"{type(exc).__name__}: {exc}"
+        return Check("ELF floor", "fail" if floored else "skip", f"not measured: {why}")
+    floor = dataclasses.replace(floor, tag=".".join(elffloor.platform_tags(wheel.name)))
+    results["floor"] = records.to_dict(floor)
+    above = elffloor.problems(floor, spec.glibc_floor, spec.libstdcxx_floor)
+    wanted = " and ".join(
+        f"{k} {v}" for k, v in (("glibc_floor", spec.glibc_floor), ("libstdcxx_floor", spec.libstdcxx_floor)) if v
+    )
+    if above:
+        return Check("ELF floor", "fail", f"{'; '.join(above)} ({floor.summary()})")
+    return Check("ELF floor", "pass", floor.summary() + (f" (within {wanted})" if wanted else ""))
 
 
 def _upstream(python: str, tests_dir: Path, spec: BuildSpec, results: dict[str, Any]) -> list[Check]:

@@ -30,6 +30,7 @@ from packaging.version import Version
 
 from torchbuild.core.atomic import atomic_write_text
 from torchbuild.core.errors import (
+    FloorError,
     InstallFailed,
     PathError,
     ToolMissing,
@@ -118,11 +119,19 @@ def check_mix(wheels: Iterable[WheelFile], *, allow_mixed: bool = False, what: s
             )
 
 
-def add_wheels(dest: Path, wheels: Sequence[Path], *, allow_mixed: bool = False, link: bool = True) -> list[Path]:
+def add_wheels(
+    dest: Path,
+    wheels: Sequence[Path],
+    *,
+    allow_mixed: bool = False,
+    link: bool = True,
+    floor: tuple[str, str] = ("", ""),
+) -> list[Path]:
     """Copy wheels into dest (hard links where dest is on the same file system, with link) and
     rewrite its index. A wheel already there with the same content is kept; one with the same
-    name and other content is a WheelhouseConflict. Returns the paths of the wheels added.
-    Nothing is copied when a check fails."""
+    name and other content is a WheelhouseConflict; one whose ELF floor is above the house's
+    floor (glibc_floor, libstdcxx_floor: the site profile's) a FloorError. Returns the paths of
+    the wheels added. Nothing is copied when a check fails."""
     incoming: list[WheelFile] = []
     for w in (WheelFile.read(user_path(p).resolve()) for p in wheels):
         twin = next((x for x in incoming if x.path.name == w.path.name), None)
@@ -135,6 +144,7 @@ def add_wheels(dest: Path, wheels: Sequence[Path], *, allow_mixed: bool = False,
             )
     if not incoming:
         raise UsageError("no wheels to add", hint="give --wheel W (repeatable), or build one into --out first")
+    check_floor(incoming, *floor)
     made = [d for d in (dest, *dest.parents) if not d.exists()]  # what a failure removes again
     with named_os_errors(dest, "the wheelhouse"):
         dest.mkdir(parents=True, exist_ok=True)
@@ -152,6 +162,29 @@ def add_wheels(dest: Path, wheels: Sequence[Path], *, allow_mixed: bool = False,
                 write_index(dest)  # the pages as they were, where the index was half rewritten
         raise
     return added
+
+
+def check_floor(incoming: Sequence[WheelFile], glibc_floor: str, libstdcxx_floor: str) -> None:
+    """FloorError naming each wheel whose shared objects need a newer glibc or libstdc++ than
+    the house's floor (measured with auditwheel, elffloor.analyse); nothing without a floor."""
+    if not glibc_floor and not libstdcxx_floor:
+        return
+    from torchbuild.delivery import elffloor
+
+    above = []
+    for w in incoming:
+        found = elffloor.problems(elffloor.analyse(w.path), glibc_floor, libstdcxx_floor)
+        if found:
+            above.append(f"{w.path.name} {'; '.join(found)}")
+    if above:
+        raise FloorError(
+            f"the wheelhouse's floor is {_floor_text(glibc_floor, libstdcxx_floor)}: {', '.join(above)}",
+            hint="rebuild the wheel on a base that meets the floor (`invoke config` names it); nothing was added",
+        )
+
+
+def _floor_text(glibc_floor: str, libstdcxx_floor: str) -> str:
+    return " and ".join(f"{k} {v}" for k, v in (("glibc", glibc_floor), ("GLIBCXX", libstdcxx_floor)) if v)
 
 
 def _add(dest: Path, incoming: list[WheelFile], allow_mixed: bool, link: bool, added: list[Path]) -> None:

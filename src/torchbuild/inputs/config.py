@@ -320,6 +320,8 @@ class BuildSpec:
     patches: str
     arch: Arch
     base_image: str
+    glibc_floor: str
+    libstdcxx_floor: str
     python_version: str
     python_versions: tuple[str, ...]
     compiler: str

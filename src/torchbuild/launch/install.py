@@ -31,6 +31,7 @@ from torchbuild.core.errors import (
 )
 from torchbuild.core.process import interrupts_unwind
 from torchbuild.core.safeio import MANIFEST_LIMIT, read_json, user_path
+from torchbuild.delivery import elffloor
 from torchbuild.delivery import manifest as wheel_manifest
 from torchbuild.delivery.install import (
     CommsSource,
@@ -260,6 +261,8 @@ def install(
     if module_name and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*", module_name):
         raise UsageError(f"--module-name {module_name!r} is not a module name", hint="letters, digits, . _ + -")
     runtime_env(spec)  # a runtime_env that clashes with the build's is refused now, not in the step
+    if backend.engine == "native":  # in the image or the SIF the environment runs on the image's glibc
+        elffloor.check_host([w.path for w in chosen])
     comms = wheel_comms(chosen)
     backend.check()
     out_dir = writable_dir(out_dir, "--out")

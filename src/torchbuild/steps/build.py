@@ -27,7 +27,7 @@ from torchbuild.core.errors import BuildFailed, PathError, TorchbuildError, name
 from torchbuild.core.process import Finished, run_captured
 from torchbuild.core.progress import Tee
 from torchbuild.core.safeio import sha256_file
-from torchbuild.delivery import manifest
+from torchbuild.delivery import elffloor, manifest
 from torchbuild.delivery.pipenv import interpreter
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import NO_CCACHE, ccache_launcher, compile_env, format_env
@@ -323,6 +323,7 @@ class Run:
     normalized: bool = False  # the wheel's zip was rewritten into canonical form
     epoch_origin: str = ""  # where SOURCE_DATE_EPOCH came from
     venv: buildenv.BuildVenv | None = None  # the native build venv (profile key build_venv)
+    floor: manifest.FloorRecord | None = None  # the wheel's ELF floor (delivery/elffloor.py)
 
     @property
     def env_vars(self) -> dict[str, str]:
@@ -393,6 +394,7 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     tee.line(f"jobs: {plan.jobs} ({plan.reason})")
     if req.backend == "native" and not ccache_launcher(req.backend):
         tee.line(NO_CCACHE)
+    _check_floor(req, env_vars, tee)
     venv = _build_venv(req, python, env_vars, tee)
     python = venv.python if venv else python
     _codegen(req, python, env_vars, tee)
@@ -409,6 +411,16 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     run = Run(req, tee, log, job, tmp)
     run.python, run.epoch_origin, run.venv = python, req.epoch_origin, venv
     return run
+
+
+def _check_floor(req: BuildRequest, env_vars: Mapping[str, str], tee: Tee) -> None:
+    """The toolchain against the profile's glibc_floor and libstdcxx_floor, before anything
+    compiles (FloorError naming a base that fits)."""
+    engine = req.provenance.get("engine", req.backend)
+    where = "this host" if engine == "native" else f"the toolchain image's base {req.spec.base_image}"
+    said = elffloor.check_toolchain(req.spec, {**os.environ, **env_vars}, where)
+    if said:
+        tee.line(said)
 
 
 UNITS_RECORD = "torchbuild-units.tsv"  # in the build directory: a resumed build adds to it
@@ -548,12 +560,13 @@ def _build_wheel(run: Run, watch: ConfigureWatch) -> Path:
         wheels = sorted(partial.glob("*.whl"))
         if len(wheels) != 1:
             raise BuildFailed(f"pip wheel produced {len(wheels)} wheels in {partial}; expected one")
+        wheel, run.floor = elffloor.measure(wheels[0], req.spec.glibc_floor, run.tee.line, run.tmp)
         epoch = int(run.env_vars.get("SOURCE_DATE_EPOCH") or 0)
         if epoch:
-            run.normalized = normalize_wheel(wheels[0], epoch)
+            run.normalized = normalize_wheel(wheel, epoch)
             if run.normalized:
-                run.tee.line(f"torchbuild: rewrote {wheels[0].name} in canonical zip form (SOURCE_DATE_EPOCH {epoch})")
-        return into_place(wheels[0], out_dir / wheels[0].name, "the wheel")
+                run.tee.line(f"torchbuild: rewrote {wheel.name} in canonical zip form (SOURCE_DATE_EPOCH {epoch})")
+        return into_place(wheel, out_dir / wheel.name, "the wheel")
     finally:
         shutil.rmtree(partial, ignore_errors=True)
 
@@ -646,6 +659,7 @@ def _write_manifest(run: Run, fields: Mapping[str, Any], wheel: Path | None, rep
         if wheel is not None
         else {"targets": list(req.targets or spec.preflight_targets), "canaries": run.canaries, **run.phases},
         reproducibility=_repro_record(run),
+        floor=run.floor,
     )
     path = manifest.manifest_path(Path(req.out_dir), wheel.name if wheel else None, spec.profile, req.run_id)
     return manifest.write(m, path)

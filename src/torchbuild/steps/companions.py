@@ -33,7 +33,7 @@ from packaging.version import InvalidVersion, Version
 from torchbuild.core.errors import CompanionError, SourceError, WheelError, named_os_errors
 from torchbuild.core.process import run_captured
 from torchbuild.core.safeio import KiB, read_text, user_path
-from torchbuild.delivery import manifest, pipenv
+from torchbuild.delivery import elffloor, manifest, pipenv
 from torchbuild.inputs.companion_table import REPOS, default_ref, version_problem
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import compile_env, compilers
@@ -422,6 +422,11 @@ def build_all(req: Request, out: TextIO = sys.stdout) -> list[Path]:
             torch.tree.mkdir(parents=True, exist_ok=True)
         plan = compile_job.plan(spec, req.cache_root, req.max_jobs)
         base = compile_env(spec, plan, req.cache_root, backend=req.backend)
+        engine = req.provenance.get("engine", req.backend)
+        where = "this host" if engine == "native" else f"the toolchain image's base {spec.base_image}"
+        said = elffloor.check_toolchain(spec, {**os.environ, **base}, where)
+        if said:
+            print(said, file=out, flush=True)
         print(f"companions: unpacking {torch_wheel.name} to build against it", file=out, flush=True)
         unpack_torch(torch_wheel, torch.tree, {**os.environ, **base}, work)
         shims = ccache_shims(work / "ccache-bin", spec)
@@ -491,10 +496,11 @@ def _build_one(
         name, got, _, _ = parse_wheel_filename(built[0].name)
         if canonicalize_name(name) != canonicalize_name(job.name) or got != Version(version):
             raise CompanionError(f"{job.name}: pip built {built[0].name}, not {job.name} {version}")
-        normalized = normalize_wheel(built[0], int(env_vars["SOURCE_DATE_EPOCH"]))
-        checked = check_wheel(job.name, built[0], torch.tree, work, compiled.env, str(torch.version))
+        wheel, floor = elffloor.measure(built[0], compiled.spec.glibc_floor, tee.line, work)
+        normalized = normalize_wheel(wheel, int(env_vars["SOURCE_DATE_EPOCH"]))
+        checked = check_wheel(job.name, wheel, torch.tree, work, compiled.env, str(torch.version))
         tee.line(f"{job.name}: {checked['op']} (torch from {checked['torch_file']})")
-        final = into_place(built[0], out_dir / built[0].name, "the companion wheel")
+        final = into_place(wheel, out_dir / wheel.name, "the companion wheel")
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     fields = compiled.manifest_fields()
@@ -524,6 +530,7 @@ def _build_one(
             "python": "{}.{}".format(*sys.version_info[:2]),
             "normalized": normalized,
         },
+        floor=floor,
     )
     path = manifest.write(m, manifest.manifest_path(out_dir, final.name, compiled.spec.profile, run_id))
     tee.line(f"{job.name}: {final} ({fields['seconds']:.1f} s), manifest {path.name}")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -82,7 +83,11 @@ def wheelhouse(
         wheels = [Path(w) for w in wheel or []] or [w.path for w in wheels_in(user_path(out).absolute())]
         if not wheels:
             raise UsageError(f"no wheels in {out}", hint="build one first, or give --wheel W")
-        added = add_wheels(target, wheels, allow_mixed=mix_local_versions)
+        # the house's floor: the site profile's, where one is given
+        named = profile or set_ or os.environ.get("TORCHBUILD_PROFILE")
+        house = spec_from(profile, set_, None) if named else None
+        floor = (house.glibc_floor, house.libstdcxx_floor) if house else ("", "")
+        added = add_wheels(target, wheels, allow_mixed=mix_local_versions, floor=floor)
     for p in added:
         print(f"added {console.printable(p.name)}")
     print(console.printable(f"{len(wheels_in_house(target))} wheels in {target}; index: {target / 'simple'}"))
