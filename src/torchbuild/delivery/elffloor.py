@@ -436,8 +436,8 @@ def recorded_or_measured(wheel: Path) -> FloorRecord:
     """The wheel's floor from its manifest beside it (`<wheel>.manifest.json`, schema 8 on) where
     that measured it and records this wheel's sha256; else measured now (auditwheel reads a CPU
     torch wheel in about a minute, hashing it takes seconds)."""
-    from torchbuild.delivery import manifest
     from torchbuild.core.safeio import sha256_file
+    from torchbuild.delivery import manifest
 
     path = Path(f"{wheel}{manifest.SUFFIX}")
     if path.is_file():
