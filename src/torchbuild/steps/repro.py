@@ -68,7 +68,8 @@ class Epoch:
 
 def source_date_epoch(info: SourceInfo, environ: dict[str, str] | None = None) -> Epoch:
     """The source's time: SOURCE_DATE_EPOCH from the environment when set (a site's release
-    process), else the commit's committer time, else the Debian changelog's date (a .dsc),
+    process), else the commit's committer time, else the Debian changelog's date (a .dsc, or a
+    tree with debian/changelog),
     else the newest member of the archive, else (a plain tree) PLAIN_TREE_EPOCH: never the
     tree's mtimes, which differ between two copies of the same content."""
     env = os.environ if environ is None else environ
@@ -80,7 +81,9 @@ def source_date_epoch(info: SourceInfo, environ: dict[str, str] | None = None) -
             git = ["git", "-C", str(info.path), "log", "-1", "--format=%ct", "--end-of-options", info.commit]
             out = run_captured(git, timeout=QUERY_TIMEOUT).checked().strip()
             return Epoch(int(out), f"commit {info.commit[:12]}")
-    if info.kind == "dsc":
+    # a .dsc, or a tree unpacked from one (dpkg-source -x): the same time either way, so a
+    # rebuild of the tree at another path stamps its wheel as the .dsc's build did
+    if info.kind in ("dsc", "dir"):
         seconds = _changelog_time(info.path)
         if seconds is not None:
             return Epoch(seconds, "debian/changelog")
