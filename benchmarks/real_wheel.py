@@ -27,6 +27,7 @@ Disk: the work directory holds the tree (about 4 GB built), ccache (about 2 GB) 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,6 +137,19 @@ def audit(work: Path) -> None:
         print(f"units measured through ccache's prefix: {len(names)}, compiled more than once: {len(again)}")
 
 
+def cold_wall(out: Path) -> float:
+    """The cold build's wall time over all its runs: a cut build's manifest has its last run's
+    duration only. Each run's log is named by its start (build-<profile>-YYYYmmdd-HHMMSS-<id>.log)
+    and was last written at its end."""
+    total = 0.0
+    for log in sorted((out / "logs").glob("build-*.log")):
+        stamp = "-".join(log.stem.split("-")[-3:-1])
+        with contextlib.suppress(ValueError):
+            start = datetime.strptime(stamp, "%Y%m%d-%H%M%S").replace(tzinfo=timezone.utc).timestamp()
+            total += max(0.0, log.stat().st_mtime - start)
+    return total or 1.0
+
+
 def rebuild(work: Path) -> None:
     cold = json.loads(sorted((work / "out").glob("torch-*.whl.manifest.json"))[-1].read_text())
     t0 = time.monotonic()
@@ -147,8 +162,10 @@ def rebuild(work: Path) -> None:
     if code != 0:
         sys.exit(f"the rebuild failed ({code})")
     warm = json.loads(sorted((work / "out-rebuild").glob("torch-*.whl.manifest.json"))[-1].read_text())
+    cold_s = cold_wall(work / "out")
     print(
-        f"rebuild / cold: {warm['duration_s'] / cold['duration_s']:.2f} (goal <= 0.10; {time.monotonic() - t0:.0f} s)"
+        f"rebuild / cold: {warm['duration_s'] / cold_s:.3f} (goal <= 0.10): {warm['duration_s']:.0f} s against "
+        f"{cold_s:.0f} s over the cold build's runs ({time.monotonic() - t0:.0f} s with the image check and verify)"
     )
     a = work / "out" / cold["wheel"]["name"]
     b = work / "out-rebuild" / warm["wheel"]["name"]
