@@ -3,6 +3,7 @@ this host, the real Docker engine (or none at all), real file systems (tmpfs mou
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -219,3 +220,97 @@ def test_out_on_a_full_file_system_is_insufficient_space(tree, tmp_path, mount_t
     assert res.returncode == 12, res.stdout[-2000:] + res.stderr
     assert "InsufficientSpace" in res.stderr and str(out) in res.stderr and "Traceback" not in res.stderr
     assert not list(out.glob("*.whl")) and not list(out.glob(".partial-*"))
+
+
+# --------------------------------------------------------------------------- the engine goes away
+
+
+class EngineProxy:
+    """A unix socket that forwards every connection to the real engine until cut(): then it
+    closes them all and stops listening, as an engine that was stopped or restarted does to
+    its clients (the real build met this: docker-py's ConnectionError, named a path fault)."""
+
+    def __init__(self, path: Path, engine_socket: str) -> None:
+        import socket
+        import threading
+
+        self.path, self.engine_socket, self.socks = path, engine_socket, []
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(path))
+        self.listener.listen(8)
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            upstream.connect(self.engine_socket)
+            with self.lock:
+                self.socks += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def cut(self) -> None:
+        import socket
+
+        with self.lock:
+            self.listener.close()
+            self.path.unlink(missing_ok=True)
+            for s in self.socks:
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+
+
+@pytest.mark.docker
+def test_an_engine_that_goes_away_mid_run_is_engine_unavailable(engine, local_base, tmp_path, monkeypatch):
+    """The engine stopped during a containerised build: EngineUnavailable (exit 3) with the
+    hint to start it and rerun, not `PathError: invoke build: .: ConnectionError`."""
+    import io
+
+    from torchbuild.core.errors import EngineUnavailable
+    from torchbuild.inputs.engine import Engine, engine_address
+
+    real = engine_address().removeprefix("unix://")
+    proxy = EngineProxy(tmp_path / "engine.sock", real)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{proxy.path}")
+    via_proxy = Engine.connect(timeout=60)
+
+    class CutWhenStarted(io.StringIO):
+        def write(self, text: str) -> int:
+            if "started" in text:
+                proxy.cut()
+            return super().write(text)
+
+    with pytest.raises(EngineUnavailable) as caught:
+        via_proxy.run(
+            local_base,
+            ["sh", "-c", "echo started; sleep 30"],
+            mounts={},
+            user="0:0",
+            environment={},
+            workdir="/",
+            out=CutWhenStarted(),
+        )
+    err = caught.value
+    assert "went away while container torchbuild-" in err.message and str(proxy.path) in err.message
+    assert "rerun the same command" in err.hint and err.exit_code == 3
+    name = err.message.split("container ", 1)[1].split(" ", 1)[0]
+    left = engine.client.containers.list(all=True, filters={"name": name})
+    for c in left:  # the proxy cut the client off, not the engine: its container lives on
+        c.remove(force=True)

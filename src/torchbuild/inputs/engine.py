@@ -20,6 +20,7 @@ try:  # docker-py is a host dependency; the code inside the image never connects
     import docker.auth
     import docker.errors
     import docker.utils
+    import requests.exceptions  # docker-py's own transport: what it raises when the engine goes away
 except ImportError:  # pragma: no cover - exercised only without docker-py
     docker = None
 
@@ -118,12 +119,13 @@ class Engine:
     def pull(self, ref: str, platform: str | None, out: TextIO = sys.stdout) -> None:
         repo, tag = split_reference(ref)
         print(f"pulling {ref} ({platform or 'default platform'})", file=out, flush=True)
-        try:
-            for chunk in self.client.api.pull(repo, tag=tag, platform=platform, stream=True, decode=True):
-                if "error" in chunk:
-                    raise pull_failure(ref, str(chunk["error"]))
-        except docker.errors.APIError as exc:
-            raise pull_failure(ref, _short(exc)) from exc
+        with engine_lost(f"while it pulled {ref}"):
+            try:
+                for chunk in self.client.api.pull(repo, tag=tag, platform=platform, stream=True, decode=True):
+                    if "error" in chunk:
+                        raise pull_failure(ref, str(chunk["error"]))
+            except docker.errors.APIError as exc:
+                raise pull_failure(ref, _short(exc)) from exc
 
     def build(
         self,
@@ -146,7 +148,7 @@ class Engine:
         log.parent.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
         seen = _BuildOutput()
-        with log.open("w") as logf:
+        with log.open("w") as logf, engine_lost(f"while it built {tag}"):
             try:
                 stream = self.client.api.build(
                     path=str(context),
@@ -176,7 +178,7 @@ class Engine:
     def save(self, ref: str, dest: Path) -> int:
         """`docker save ref > dest` (a docker-archive), streamed to disk; returns its size."""
         size = 0
-        with dest.open("wb") as f:
+        with dest.open("wb") as f, engine_lost(f"while it saved {ref}"):
             for chunk in self.client.api.get_image(ref):
                 f.write(chunk)
                 size += len(chunk)
@@ -230,9 +232,14 @@ class Engine:
                 out.flush()
             result = container.wait()
             return int(result.get("StatusCode", 1))
+        except (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
+            raise EngineUnavailable(
+                f"the Docker engine at {engine_address()} went away while container {name} ran: {_short(exc)}",
+                hint=ENGINE_LOST_HINT,
+            ) from exc
         finally:
-            if cid is not None:
-                with contextlib.suppress(docker.errors.NotFound):
+            if cid is not None:  # an engine that went away took its containers (or keeps them: live-restore)
+                with contextlib.suppress(docker.errors.NotFound, requests.exceptions.ConnectionError):
                     api.remove_container(cid, force=True)
 
     def _host_config(
@@ -367,6 +374,25 @@ def registry_of(name: str) -> str:
     except docker.errors.InvalidRepository:
         return ""
     return "" if index == docker.auth.INDEX_NAME else str(index)
+
+
+ENGINE_LOST_HINT = (
+    "start the engine again (`sudo systemctl start docker`) and rerun the same command: "
+    "a build resumes from its tree and ccache"
+)
+
+
+@contextlib.contextmanager
+def engine_lost(what: str) -> Iterator[None]:
+    """EngineUnavailable when the engine goes away mid-call (stopped, restarted, its socket
+    gone): docker-py raises requests' ConnectionError, an OSError, which would otherwise be
+    named a path fault of the task's working directory."""
+    try:
+        yield
+    except (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
+        raise EngineUnavailable(
+            f"the Docker engine at {engine_address()} went away {what}: {_short(exc)}", hint=ENGINE_LOST_HINT
+        ) from exc
 
 
 def _chunks(stream: Iterator[Any]) -> Iterator[dict[str, Any]]:
