@@ -314,3 +314,24 @@ def test_an_engine_that_goes_away_mid_run_is_engine_unavailable(engine, local_ba
     left = engine.client.containers.list(all=True, filters={"name": name})
     for c in left:  # the proxy cut the client off, not the engine: its container lives on
         c.remove(force=True)
+
+
+@pytest.mark.docker
+def test_a_run_after_the_engine_came_back_removes_the_exited_containers_of_the_cut_run(engine, local_base):
+    """The container of a run the engine's stop cut off stays, exited (the real build left one):
+    the next run removes it. Another program's exited container stays."""
+    from torchbuild.inputs.engine import Engine
+
+    ours = engine.client.containers.create(local_base, ["true"], labels={"org.torchbuild.run": "1"})
+    theirs = engine.client.containers.create(local_base, ["true"])
+    try:
+        for c in (ours, theirs):
+            c.start()
+            c.wait()
+        assert Engine(engine.client).run(local_base, ["true"], mounts={}, user="0:0", environment={}, workdir="/") == 0
+        names = {c.id for c in engine.client.containers.list(all=True)}
+        assert ours.id not in names and theirs.id in names
+    finally:
+        theirs.remove(force=True)
+        with contextlib.suppress(Exception):
+            ours.remove(force=True)

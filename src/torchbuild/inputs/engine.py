@@ -211,6 +211,7 @@ class Engine:
         name = f"torchbuild-{uuid.uuid4().hex[:12]}"
         api = self.client.api
         cid = None
+        self.remove_exited_runs()
         try:
             host_config = self._host_config(mounts, read_only, memory_limit, cap_add, devices, security_opt)
             created = api.create_container(
@@ -241,6 +242,18 @@ class Engine:
             if cid is not None:  # an engine that went away took its containers (or keeps them: live-restore)
                 with contextlib.suppress(docker.errors.NotFound, requests.exceptions.ConnectionError):
                     api.remove_container(cid, force=True)
+
+    def remove_exited_runs(self) -> list[str]:
+        """Remove the exited containers of earlier runs (label org.torchbuild.run): run() removes
+        its own on every way out, except when the engine went away under it (a reboot, a stopped
+        daemon); the engine keeps those, exited, after it starts again. Running and created ones
+        may be another torchbuild's, and are left. Returns the names removed."""
+        removed = []
+        for c in self.client.api.containers(all=True, filters={"label": "org.torchbuild.run=1", "status": "exited"}):
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                self.client.api.remove_container(c["Id"])
+                removed += [n.lstrip("/") for n in c.get("Names", [])]
+        return removed
 
     def _host_config(
         self,
