@@ -31,14 +31,29 @@ COPY inputs/ /opt/torchbuild/inputs/
 # apt. Unlocked: the fixed tools, python<v>, -dev and -venv for each Python, the profile's
 # packages. Locked: exactly the lock's pins (dependencies included, so nothing else is chosen).
 # record/dpkg-base.txt (the base image's packages) is what `invoke image --lock` subtracts.
+# A Python the archive lacks (3.12 on a glibc 2.31 base) comes from python-sources.txt
+# (python_sources: version, URL, sha256 a line): its build dependencies are installed here,
+# and it is built in the next step; one neither has stops with a `torchbuild-python:` line.
 RUN mapfile -t apt_options < /opt/torchbuild/inputs/apt-options.txt \
  && mapfile -t apt_packages < /opt/torchbuild/inputs/apt-packages.txt \
  && mapfile -t pythons < /opt/torchbuild/inputs/pythons.txt \
- && for v in "${pythons[@]}"; do apt_packages+=("python$v" "python$v-dev" "python$v-venv"); done \
  && mkdir -p /opt/torchbuild/record \
  && dpkg-query -W -f='${db:Status-Status} ${binary:Package}=${Version}\n' \
       | sed -n 's/^installed //p' | LC_ALL=C sort > /opt/torchbuild/record/dpkg-base.txt \
  && apt-get "${apt_options[@]}" update \
+ && : > /opt/torchbuild/record/python-from-source.txt \
+ && for v in "${pythons[@]}"; do \
+      if [ -n "$(apt-cache "${apt_options[@]}" show --no-all-versions "python$v-venv" 2>/dev/null)" ]; then \
+        apt_packages+=("python$v" "python$v-dev" "python$v-venv"); \
+      elif grep -q "^$v " /opt/torchbuild/inputs/python-sources.txt; then \
+        printf '%s\n' "$v" >> /opt/torchbuild/record/python-from-source.txt; \
+        apt_packages+=(curl xz-utils gcc make libssl-dev zlib1g-dev libbz2-dev libffi-dev liblzma-dev \
+                       libsqlite3-dev uuid-dev libreadline-dev libncurses-dev); \
+      else \
+        printf 'torchbuild-python: python%s is not in the base image'"'"'s apt archive and python_sources names no source for it\n' "$v"; \
+        exit 1; \
+      fi; \
+    done \
  && if [ -f /opt/torchbuild/inputs/lock/apt.txt ]; then \
       mapfile -t apt_lock < /opt/torchbuild/inputs/lock/apt.txt \
       && { apt-get "${apt_options[@]}" install -y --no-install-recommends "${apt_lock[@]}" \
@@ -55,6 +70,27 @@ ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
     SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 # The same shell again: hadolint forgets SHELL after an ENV and would lint bash arrays as sh.
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+# Each Python from source: the tarball python_sources names, refused unless its sha256 is the
+# one given, built without shared libpython (as PyTorch's manylinux builders do) into
+# /opt/python<v>, with python<v> on PATH for the venv step. No Python the archive has is touched.
+# (DL3003: the source directory is made and removed in this one step; a WORKDIR would outlive it.)
+# hadolint ignore=DL3003
+RUN while read -r v; do \
+      read -r _ url sha256 < <(grep "^$v " /opt/torchbuild/inputs/python-sources.txt) \
+      && curl -fsSL --proto '=https,http' --retry 3 -o /tmp/python.tar -- "$url" \
+      && { printf '%s  /tmp/python.tar\n' "$sha256" | sha256sum -c --quiet - \
+           || { printf 'torchbuild-python: the source of python%s (%s) has another sha256 than python_sources gives\n' "$v" "$url"; exit 1; }; } \
+      && mkdir /tmp/python && tar -xf /tmp/python.tar -C /tmp/python --strip-components=1 \
+      && cd /tmp/python \
+      && { ./configure --prefix="/opt/python$v" --with-ensurepip=install > /tmp/python-build.log 2>&1 \
+           && make -j"$(nproc)" >> /tmp/python-build.log 2>&1 && make altinstall >> /tmp/python-build.log 2>&1 \
+           || { tail -n 40 /tmp/python-build.log; printf 'torchbuild-python: python%s did not build from %s\n' "$v" "$url"; exit 1; }; } \
+      && ln -s "/opt/python$v/bin/python$v" "/usr/local/bin/python$v" \
+      && printf '%s %s %s\n' "$v" "$url" "$sha256" >> /opt/torchbuild/record/python-sources.txt \
+      && cd / && rm -rf /tmp/python /tmp/python.tar /tmp/python-build.log \
+      || exit 1; \
+    done < /opt/torchbuild/record/python-from-source.txt
 
 # cuda_version must be the CUDA of the image's nvcc (cuda-check.sh): checked here, not hours
 # into a build. Empty for a CPU build. (Not CUDA_VERSION: nvidia/cuda bases set that ENV, which

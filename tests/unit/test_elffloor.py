@@ -236,13 +236,18 @@ def test_manifest_show_task_prints_the_floor(built, tmp_path, capsys):
 # --------------------------------------------------------------------------- the profile's floor
 
 
+# a site base whose glibc torchbuild does not know by name: config leaves the floor to the
+# build's check of the real toolchain (this host's, glibc 2.36, in these tests)
+SITE_BASE = "base_image=registry.site.example/sles15-toolchain:1"
+
+
 def test_profile_floor_keys_are_validated(tmp_path):
-    assert resolve("cpu", ["glibc_floor=2.31", "libstdcxx_floor=3.4.28"]).glibc_floor == "2.31"
+    assert resolve("cpu", [SITE_BASE, "glibc_floor=2.31", "libstdcxx_floor=3.4.28"]).glibc_floor == "2.31"
     for bad in ("glibc_floor=2.31.x", "glibc_floor=231", "libstdcxx_floor=12", "glibc_floor=2.31;"):
         with pytest.raises(ProfileError, match="floor"):
-            resolve("cpu", [bad])
+            resolve("cpu", [SITE_BASE, bad])
     profile = tmp_path / "p.yaml"
-    profile.write_text("extends: cpu\nglibc_floor: 2.30\n")  # YAML's number 2.3, not 2.30
+    profile.write_text("extends: cpu\nbase_image: site/base:1\nglibc_floor: 2.30\n")  # YAML's number 2.3, not 2.30
     with pytest.raises(ProfileError, match="glibc_floor"):
         resolve(str(profile))
 
@@ -253,11 +258,11 @@ def test_shipped_site_profiles_resolve_with_their_floors():
 
 
 def test_the_build_refuses_a_toolchain_above_the_floor_and_names_a_base_that_fits():
-    spec = resolve("cpu", ["glibc_floor=2.31"])
+    spec = resolve("cpu", [SITE_BASE, "glibc_floor=2.31"])
     with pytest.raises(FloorError, match=r"glibc is 2\.36 .*newer than the profile's glibc_floor 2\.31") as err:
         elffloor.check_toolchain(spec, {"PATH": "/usr/bin:/bin"}, "the toolchain image's base ubuntu:24.04")
     assert "debian:bullseye" in err.value.hint and "ubuntu:20.04" in err.value.hint
-    assert "2.36" in elffloor.check_toolchain(resolve("cpu", ["glibc_floor=2.36"]), {}, "this host")
+    assert "2.36" in elffloor.check_toolchain(resolve("cpu", [SITE_BASE, "glibc_floor=2.36"]), {}, "this host")
     assert elffloor.check_toolchain(resolve("cpu"), {}, "this host") == ""
 
 
@@ -268,17 +273,19 @@ def test_the_build_refuses_a_libstdcxx_above_its_floor():
     assert "GLIBCXX 3.4.30" in elffloor.check_toolchain(resolve("cpu", ["libstdcxx_floor=3.4.30"]), env, "this host")
 
 
-def test_config_notes_a_base_above_the_floor_and_a_build_in_its_image_is_refused_on_the_host():
-    from torchbuild.inputs.render import config_text
-
-    spec = resolve("archer2")  # ubuntu:24.04 (glibc 2.39) for SLES 15's 2.31: resolves, with a note
-    text = config_text(spec)
-    assert "# note: base_image ubuntu:24.04 has glibc 2.39, above glibc_floor 2.31" in text and "bullseye" in text
-    assert "# note:" not in config_text(resolve("cpu"))
-    with pytest.raises(FloorError, match=r"base_image ubuntu:24\.04 has glibc 2\.39") as err:
-        elffloor.check_base(spec)
+def test_config_refuses_a_base_above_the_floor_and_names_the_bases_that_meet_it():
+    with pytest.raises(
+        ProfileError, match=r"'base_image': ubuntu:24\.04 has glibc 2\.39, newer than glibc_floor 2\.31"
+    ) as err:
+        resolve("archer2", ["base_image=ubuntu:24.04"])
     assert "archer2.yaml" in err.value.message and "debian:bullseye" in err.value.hint
-    elffloor.check_base(resolve("archer2", ["base_image=torchbuild/base:bullseye-x86_64"]))
+    assert "--set glibc_floor=" in err.value.hint
+    with pytest.raises(ProfileError, match=r"trixie-x86_64 has glibc 2\.41"):
+        resolve("cpu", ["base_image=torchbuild/base:trixie-x86_64", "glibc_floor=2.36"])
+    # a base that meets it, one it does not know (the build checks the real toolchain), no floor
+    assert resolve("archer2", ["base_image=torchbuild/base:bullseye-x86_64"]).glibc_floor == "2.31"
+    assert resolve("archer2", [SITE_BASE]).glibc_floor == "2.31"
+    assert resolve("archer2", ["base_image=ubuntu:24.04", "glibc_floor="]).glibc_floor == ""
 
 
 def test_bases_meeting_a_floor_are_the_known_ones_at_or_below_it():
@@ -294,10 +301,10 @@ def test_bases_meeting_a_floor_are_the_known_ones_at_or_below_it():
 def test_verify_fails_a_wheel_above_the_floor_and_passes_one_within(built, tmp_path):
     wheel = _wheel(tmp_path, built["plain"])
     results: dict = {}
-    check = verify.floor_check(wheel, resolve("cpu", ["glibc_floor=2.31"]), results)
+    check = verify.floor_check(wheel, resolve("cpu", [SITE_BASE, "glibc_floor=2.31"]), results)
     assert check.status == "fail" and "needs GLIBC_2.36, above the glibc_floor 2.31" in check.detail
     assert results["floor"]["glibc"] == "2.36"
-    ok = verify.floor_check(wheel, resolve("cpu", ["glibc_floor=2.36"]), {})
+    ok = verify.floor_check(wheel, resolve("cpu", [SITE_BASE, "glibc_floor=2.36"]), {})
     assert ok.status == "pass" and "within glibc_floor 2.36" in ok.detail
     assert verify.floor_check(wheel, resolve("cpu"), {}).status == "pass"
 
@@ -313,7 +320,17 @@ def test_wheelhouse_refuses_a_wheel_above_the_house_floor_and_adds_nothing(built
 
 def test_wheelhouse_task_takes_the_floor_from_the_profile(built, tmp_path, capsys):
     wheel = _wheel(tmp_path / "out", built["plain"])
-    code = invoke_here("wheelhouse", "--dest", str(tmp_path / "h"), "--wheel", str(wheel), "--set", "glibc_floor=2.31")
+    code = invoke_here(
+        "wheelhouse",
+        "--dest",
+        str(tmp_path / "h"),
+        "--wheel",
+        str(wheel),
+        "--set",
+        "glibc_floor=2.31",
+        "--set",
+        SITE_BASE,
+    )
     assert code == FloorError.exit_code and not (tmp_path / "h").exists()
     assert "GLIBC_2.36" in capsys.readouterr().err
 
@@ -345,7 +362,7 @@ def test_build_and_companions_stop_before_compiling_on_a_toolchain_above_the_flo
     compiled: list[object] = []
     monkeypatch.setattr(compile_job, "run_compile", lambda *a, **k: compiled.append(a))
     monkeypatch.setattr(companions, "unpack_torch", lambda *a: None)
-    spec = resolve("cpu", [f"cache_dir={tmp_path / 'cache'}", "build_venv=false", "glibc_floor=2.31"])
+    spec = resolve("cpu", [f"cache_dir={tmp_path / 'cache'}", "build_venv=false", SITE_BASE, "glibc_floor=2.31"])
     out = tmp_path / "out"
     for d in (out, tmp_path / "pytorch", tmp_path / "vision"):
         d.mkdir()
@@ -366,15 +383,13 @@ def test_build_and_companions_stop_before_compiling_on_a_toolchain_above_the_flo
     assert compiled == [] and not list(out.glob("*.whl"))
 
 
-def test_submit_refuses_a_job_in_the_sif_whose_base_is_above_the_floor_before_writing_it(tmp_path):
-    from torchbuild.launch.runner import BuildOptions
-    from torchbuild.launch.scheduler import Runtime, submit_build
-
-    spec = resolve("archer2", [f"cache_dir={tmp_path / 'cache'}"])
-    with pytest.raises(FloorError, match=r"base_image ubuntu:24\.04 has glibc 2\.39"):
-        submit_build(spec, Runtime(), source="", ref="", out_dir=str(tmp_path / "out"), options=BuildOptions(),
-                     verify=True, dry_run=True)  # fmt: skip
-    assert not (tmp_path / "out").exists()
+def test_submit_refuses_a_job_in_the_sif_whose_base_is_above_the_floor_before_writing_it(tmp_path, capsys):
+    out = tmp_path / "out"
+    code = invoke_here(
+        "submit", "--profile", "archer2", "--set", "base_image=ubuntu:24.04", "--out", str(out), "--dry-run"
+    )
+    assert code == ProfileError.exit_code and not out.exists()
+    assert "ubuntu:24.04 has glibc 2.39, newer than glibc_floor 2.31" in capsys.readouterr().err
 
 
 def test_verify_and_install_take_the_manifests_floor_only_for_the_wheel_it_describes(built, tmp_path, monkeypatch):

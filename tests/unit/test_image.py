@@ -615,3 +615,38 @@ def test_cuda_version_must_be_the_cuda_of_an_nvidia_cuda_base_at_config(sets, pr
     spec = resolve("cuda", ["cuda_version=12.4", "base_image=nvidia/cuda:12.4.1-cudnn-devel-ubuntu22.04"])
     assert spec.cuda_version == "12.4"
     assert resolve("cuda", ["cuda_version=", "cuda_arch_list=[]", "distributed=[gloo]", "nccl=bundled"]).cuda is False
+
+
+PY312 = "https://www.python.org/ftp/python/3.12.12/Python-3.12.12.tar.xz"
+PY312_SHA = "fb85a13414b028c49ba18bbd523c2d055a30b56b18b92ce454ea2c51edc656c4"
+
+
+def test_python_sources_reach_the_image_for_its_own_pythons_only(tmp_path):
+    sources = json.dumps({"3.12": f"{PY312}#sha256={PY312_SHA}", "3.9": f"https://mirror.example/py39.tgz#sha256={'a' * 64}"})
+    spec = resolve("cpu", [f"python_sources={sources}", 'python_versions=["3.13"]'])
+    write_package_lists(spec, tmp_path)
+    lines = (tmp_path / "inputs" / "python-sources.txt").read_text().splitlines()
+    assert lines == [f"3.12 {PY312} {PY312_SHA}"]  # 3.9 is not one of the image's Pythons
+    assert (tmp_path / "inputs" / "pythons.txt").read_text().split() == ["3.12", "3.13"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        f"{PY312}",  # no sha256
+        f"{PY312}#sha256={PY312_SHA[:-1]}",  # 63 digits
+        f"{PY312}#sha256={PY312_SHA.upper()}",
+        f"ftp://www.python.org/Python-3.12.12.tar.xz#sha256={PY312_SHA}",
+        f"https://user:secret@mirror.example/Python-3.12.12.tar.xz#sha256={PY312_SHA}",  # a password
+        f"https://mirror.example/a b.tar.xz#sha256={PY312_SHA}",  # a space would split the Dockerfile's line
+    ],
+)
+def test_a_python_source_without_a_checkable_sha256_or_with_a_password_is_refused(value):
+    with pytest.raises(ProfileError, match=r"python_sources.*entry '3\.12'") as err:
+        resolve("cpu", [f"python_sources={json.dumps({'3.12': value})}"])
+    assert "secret" not in err.value.message and "secret" not in (err.value.hint or "")
+
+
+def test_python_sources_names_a_python_version_not_anything_else():
+    with pytest.raises(ProfileError, match="python_sources"):
+        resolve("cpu", [f"python_sources={json.dumps({'latest': f'{PY312}#sha256={PY312_SHA}'})}"])

@@ -486,7 +486,7 @@ def test_a_comms_profile_gets_the_comms_tools_and_finds_its_nccl_and_plugin_boun
     autotools and hwloc for `invoke comms --engine apptainer` at the site, no libfabric-dev (the
     site's libfabric_prefix is bound in), and an %environment that loads what is bound at
     /opt/torchbuild/comms."""
-    spec = resolve("derecho", ["sif_bootstrap=debootstrap", "base_image=debian:trixie"], arch="x86_64")
+    spec = resolve("derecho", ["sif_bootstrap=debootstrap", "base_image=debian:bullseye"], arch="x86_64")
     text = write_definition(spec, tmp_path / "def").read_text()
     packages = json.loads(re.search(r"org\.torchbuild\.apt-packages (.*)", text)[1])  # type: ignore[index]
     assert {"make", "autoconf", "automake", "libtool", "libhwloc-dev"} <= set(packages)

@@ -408,21 +408,6 @@ def check_toolchain(spec: BuildSpec, env: Mapping[str, str], where: str) -> str:
     return f"torchbuild: toolchain meets the site's floor ({', '.join(said)})"
 
 
-def check_base(spec: BuildSpec) -> None:
-    """On the host, before a build in the image or the SIF: FloorError where the profile's
-    base_image is one whose glibc torchbuild knows by name (core.glibc) and it is above the
-    glibc_floor, so that no image is built or looked for in vain. A base it does not know is
-    left to the step's check of the real toolchain."""
-    own = glibc.base_glibc(spec.base_image)
-    if glibc.above(own, spec.glibc_floor):
-        raise FloorError(
-            f"base_image {spec.base_image} has glibc {own}, newer than the profile's glibc_floor {spec.glibc_floor} "
-            f"({spec.origins.get('glibc_floor', 'the profile')}): a wheel built in its image would need GLIBC_{own} "
-            "and fail to import on the site",
-            hint=_fitting(spec),
-        )
-
-
 def _fitting(spec: BuildSpec) -> str:
     fits = glibc.bases_meeting(spec.glibc_floor, spec.libstdcxx_floor)
     where = f"set base_image to {' or '.join(fits[:2])}" if fits else "use a base as old as the site's OS"

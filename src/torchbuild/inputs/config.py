@@ -26,7 +26,7 @@ import yaml
 from jsonschema import Draft202012Validator, ValidationError, validators
 from packaging.version import InvalidVersion, Version
 
-from torchbuild.core import records
+from torchbuild.core import glibc, records
 from torchbuild.core.arch import Arch, host_machine
 from torchbuild.core.errors import ProfileError, UsageError
 from torchbuild.core.safeio import PROFILE_LIMIT, not_an_option, read_text, user_path
@@ -324,6 +324,7 @@ class BuildSpec:
     libstdcxx_floor: str
     python_version: str
     python_versions: tuple[str, ...]
+    python_sources: StrMap
     compiler: str
     compiler_version: str
     compilers: StrMap
@@ -1226,6 +1227,8 @@ def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], arch: Arch
     _check_not_options(values, where)
     _check_libraries(values, where, arch)
     _check_ccache_remote(values, where)
+    _check_python_sources(values, where)
+    _check_floor_base(values, where)
     _check_required(values, where)
     _run_job_values(values["run_job"], where["run_job"])
 
@@ -1396,6 +1399,49 @@ def _check_python_floor(values: Mapping[str, Any], where: Mapping[str, str]) -> 
                 f"(torch_version {values['torch_version']}, {where['torch_version']}): it needs Python >= {need}"
             )
             _fail(where, key, problem, f"set {key} to {need} or newer (one the base image's apt provides)")
+
+
+# a CPython source tarball with its sha256, pip's own URL#sha256= form; no user or password in
+# the URL (it is printed by config and recorded in the image's labels)
+_PYTHON_SOURCE = re.compile(r"(?P<url>https?://[^\s#@]+)#sha256=(?P<sha256>[0-9a-f]{64})")
+
+
+def python_source(value: str) -> tuple[str, str] | None:
+    """(url, sha256) of a python_sources value, None where it is not `http(s)://...#sha256=HEX`."""
+    m = _PYTHON_SOURCE.fullmatch(value)
+    return (m["url"], m["sha256"]) if m else None
+
+
+def _check_python_sources(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
+    for version, value in values["python_sources"].items():
+        if python_source(str(value)) is None:
+            _fail(
+                where,
+                "python_sources",
+                f"entry {version!r} is not an http(s) URL with its sha256 and no user or password "
+                f"(URL#sha256=<64 lowercase hex digits>)",
+                "e.g. https://www.python.org/ftp/python/3.12.12/Python-3.12.12.tar.xz#sha256=fb85a134...",
+            )
+
+
+def _check_floor_base(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
+    """A base_image whose glibc torchbuild knows by name (core.glibc) above the glibc_floor:
+    every wheel built in its image or SIF would need that glibc and fail to import on the site,
+    so the profile contradicts itself. Found here, before an image is built or a job queued; a
+    base it does not know is left to the build's check of the real toolchain (elffloor)."""
+    own = glibc.base_glibc(values["base_image"])
+    floor = values["glibc_floor"]
+    if not glibc.above(own, floor):
+        return
+    fits = glibc.bases_meeting(floor, values["libstdcxx_floor"])
+    where_to = f"set base_image to {' or '.join(fits[:2])}" if fits else "use a base as old as the site's OS"
+    _fail(
+        where,
+        "base_image",
+        f"{values['base_image']} has glibc {own}, newer than glibc_floor {floor} ({where['glibc_floor']}): a wheel "
+        f"built in its image or SIF would need GLIBC_{own} and fail to import on the site",
+        f"{where_to}; or empty the floor (--set glibc_floor=) for a wheel for that base only",
+    )
 
 
 def _check_libraries(values: Mapping[str, Any], where: Mapping[str, str], arch: Arch) -> None:

@@ -37,7 +37,7 @@ from torchbuild.core.errors import (
 from torchbuild.core.process import run_captured
 from torchbuild.core.safeio import MiB, read_bytes, user_path
 from torchbuild.inputs import lock as lockfile
-from torchbuild.inputs.config import BuildSpec, data_dir
+from torchbuild.inputs.config import BuildSpec, data_dir, python_source
 from torchbuild.inputs.engine import Engine, registry_of, split_reference
 from torchbuild.inputs.environment import compilers
 from torchbuild.inputs.lock import Lock, LockError
@@ -121,6 +121,14 @@ def python_requirements(spec: BuildSpec) -> list[str]:
     return list(spec.python_packages)
 
 
+def python_sources(spec: BuildSpec) -> list[str]:
+    """`version url sha256` for each of the image's Pythons that python_sources names (config
+    checked the form: an http(s) URL without spaces, 64 hex digits); the Dockerfile builds one
+    from it only where the base's apt archive lacks that Python."""
+    found = (python_source(spec.python_sources.get(v, "")) for v in spec.pythons)
+    return [f"{v} {src[0]} {src[1]}" for v, src in zip(spec.pythons, found) if src]
+
+
 def build_args(spec: BuildSpec) -> dict[str, str]:
     """The Dockerfile's ARGs: none of them is ever split by a shell (the package lists and apt
     options travel as files in the context, see write_package_lists)."""
@@ -158,6 +166,7 @@ def write_package_lists(
         "apt-packages.txt": apt_packages(spec),
         "requirements.txt": python_requirements(spec),
         "pythons.txt": list(spec.pythons),
+        "python-sources.txt": python_sources(spec),
         "apt-options.txt": [word for option in apt_options for word in shlex.split(option)],
     }
     inputs = dest / INPUTS_DIR
@@ -624,6 +633,25 @@ def _cuda_failure(spec: BuildSpec, log: Path, err: ImageBuildFailed) -> Torchbui
     )
 
 
+_PYTHON_LINE = re.compile(r"torchbuild-python: (.*)")
+
+
+def _python_failure(spec: BuildSpec, log: Path, err: ImageBuildFailed) -> TorchbuildError:
+    """ProfileError when the build stopped at a Python the base lacks (no python_sources entry,
+    a tarball whose sha256 differs, one that did not build); err otherwise."""
+    try:
+        found = _PYTHON_LINE.search(log.read_text(errors="replace"))
+    except OSError:
+        return err
+    if found is None:
+        return err
+    return ProfileError(
+        f"{spec.origins.get('python_version', 'python_version')}: {found.group(1).strip()} (full log: {log})",
+        hint="choose a Python the base's archive has, or name its CPython source tarball with its sha256 in "
+        'python_sources (python.org\'s, e.g. --set \'python_sources={"3.12": "URL#sha256=HEX"}\')',
+    )
+
+
 def read_image_files(engine: Engine, image: str, paths: Iterable[str]) -> dict[str, bytes]:
     """The regular files at paths in image (a directory's files by name; a missing path is left
     out), read from a container that is created but never started (so a foreign-arch image
@@ -762,6 +790,7 @@ def build_image(
         except ImageBuildFailed as err:
             named = _lock_failure(spec, locked, log, err) if locked else err
             named = _cuda_failure(spec, log, err) if named is err else named
+            named = _python_failure(spec, log, err) if named is err else named
             if named is err:
                 raise
             raise named from err

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from torchbuild.core import console, glibc
+from torchbuild.core import console
 from torchbuild.inputs.config import BuildSpec, cache_dir, derived
 from torchbuild.inputs.environment import build_env, format_env
 from torchbuild.inputs.jobs import HostResources, plan_for
@@ -50,7 +50,6 @@ def config_text(spec: BuildSpec, host: HostResources | None = None, backend: str
         *([f"# {spec.description}"] if spec.description else []),
         f"# sha256 {data['hash']}",
         f"# image {data['image']}, wheel version {data['build_version']}",
-        *floor_note(spec),
         console.table(("key", "value", "set in"), rows),
         "",
         f"# environment the build sees on {backend} (MAX_JOBS {data['jobs_reason']}; replanned where the build runs)",
@@ -59,21 +58,6 @@ def config_text(spec: BuildSpec, host: HostResources | None = None, backend: str
     ]
     # values as written, no terminal escape sequences, no credentials of a URL
     return console.printable(console.redact("\n".join(lines)))
-
-
-def floor_note(spec: BuildSpec) -> list[str]:
-    """A comment line where the base image's glibc (known by name, core.glibc) is above the
-    profile's glibc_floor: a build in the image would be refused before compiling. A note, not
-    an error: the profile stays usable natively on the site, or with another --set base_image."""
-    own = glibc.base_glibc(spec.base_image)
-    if not glibc.above(own, spec.glibc_floor):
-        return []
-    fits = glibc.bases_meeting(spec.glibc_floor, spec.libstdcxx_floor)
-    return [
-        f"# note: base_image {spec.base_image} has glibc {own}, above glibc_floor {spec.glibc_floor}: a build in its "
-        f"image or SIF is refused before compiling (FloorError); natively on the site it is not"
-        + (f"; a base that meets the floor: {fits[0]}" if fits else "")
-    ]
 
 
 def _derived_lines(values: dict[str, dict[str, str]]) -> list[str]:

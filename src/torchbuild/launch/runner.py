@@ -22,7 +22,7 @@ from typing import Any, TextIO
 from torchbuild.core import records
 from torchbuild.core.errors import SourceError, TorchbuildError, UsageError, named_os_errors, writable_dir
 from torchbuild.core.safeio import sha256_file, user_path
-from torchbuild.delivery import elffloor, manifest
+from torchbuild.delivery import manifest
 from torchbuild.inputs.config import BuildSpec, cache_dir
 from torchbuild.inputs.config import wanted as comms_wanted
 from torchbuild.inputs.environment import cuda_home
@@ -131,8 +131,6 @@ def build(
     """Check, fetch, patch, build with `backend`, then verify the wheel where it was built.
     With resume, the steps this request finished in an earlier run are skipped (resume.py).
     python: X.Y to build with (one of spec.pythons); "": the interpreter the step runs on."""
-    if backend.name != "native":  # the image's base by name, before the image is looked at; the step checks for real
-        elffloor.check_base(spec)
     image = backend.check()
     out_dir = writable_dir(where.out, "--out")
     cache = writable_dir(where.cache, "cache_dir")

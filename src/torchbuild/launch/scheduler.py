@@ -813,7 +813,6 @@ def submit_build(
     check_nodes(nodes, runtime.engine, runtime.apptainer)
     scheduler, account = _check_job_request(spec, options, dependency)
     jobplaces.check_required(spec)
-    _check_floor(spec, runtime)
     engine_args = runtime.args(spec)
     if nodes > 1:
         scheduler = spread_scheduler_for(spec.scheduler, nodes)
@@ -847,16 +846,6 @@ def submit_build(
     if wait:
         follow(scheduler, submitted, out)
     return submitted
-
-
-def _check_floor(spec: BuildSpec, runtime: Runtime) -> None:
-    """In the SIF or the image: a base_image above the site's glibc floor is refused at
-    submission (elffloor.check_base), not on the node after the queue."""
-    from torchbuild.delivery.elffloor import check_base
-    from torchbuild.launch.backends import engine_for
-
-    if engine_for(runtime.engine, default="apptainer") != "native":
-        check_base(spec)
 
 
 _MOUNTED_HINT = "move it to a file system the compute nodes mount (ARCHER2: your project's /work)"
