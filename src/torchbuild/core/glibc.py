@@ -30,16 +30,19 @@ KNOWN_BASES: tuple[tuple[str, str, str], ...] = (
     ("debian:trixie", "2.41", "3.4.34"),
 )
 
-# a base_image value (or its tail) -> the glibc of a base in KNOWN_BASES
-_BASE_GLIBC = (
-    (re.compile(r"(^|[/:-])(ubuntu)?20\.04($|[^0-9])"), "2.31"),
-    (re.compile(r"(^|[/:-])(ubuntu)?22\.04($|[^0-9])"), "2.35"),
-    (re.compile(r"(^|[/:-])(ubuntu)?24\.04($|[^0-9])"), "2.39"),
-    (re.compile(r"bullseye"), "2.31"),
-    (re.compile(r"bookworm"), "2.36"),
-    (re.compile(r"trixie"), "2.41"),
-    (re.compile(r"manylinux_?2_28|manylinux2_28|rockylinux:8|almalinux:8"), "2.28"),
-    (re.compile(r"rockylinux:9|almalinux:9"), "2.34"),
+# a base_image value (or its tail) -> the glibc of a base in KNOWN_BASES, and the version of the
+# GCC its `gcc` package installs ("" where the default compiler is not the distribution's: the
+# manylinux builders' gcc-toolset); nvidia/cuda images are named by their Ubuntu or Rocky release
+_BASES = (
+    (re.compile(r"(^|[/:-])(ubuntu)?20\.04($|[^0-9])"), "2.31", "9.4"),
+    (re.compile(r"(^|[/:-])(ubuntu)?22\.04($|[^0-9])"), "2.35", "11.4"),
+    (re.compile(r"(^|[/:-])(ubuntu)?24\.04($|[^0-9])"), "2.39", "13.2"),
+    (re.compile(r"bullseye"), "2.31", "10.2"),
+    (re.compile(r"bookworm"), "2.36", "12.2"),
+    (re.compile(r"trixie"), "2.41", "14.2"),
+    (re.compile(r"manylinux_?2_28|manylinux2_28"), "2.28", ""),
+    (re.compile(r"rockylinux:?8|almalinux:8"), "2.28", "8.5"),
+    (re.compile(r"rockylinux:?9|almalinux:9"), "2.34", "11.4"),
 )
 
 
@@ -75,10 +78,13 @@ def host_glibc() -> str:
 
 def base_glibc(base_image: str) -> str:
     """The glibc of a base image torchbuild knows by name (ubuntu:24.04 -> 2.39), "" otherwise."""
-    for pattern, version in _BASE_GLIBC:
-        if pattern.search(base_image):
-            return version
-    return ""
+    return next((g for pattern, g, _ in _BASES if pattern.search(base_image)), "")
+
+
+def base_gcc(base_image: str) -> str:
+    """The GCC of a base image's own `gcc` package where torchbuild knows the base by name
+    (ubuntu:20.04 -> 9.4), "" otherwise."""
+    return next((gcc for pattern, _, gcc in _BASES if pattern.search(base_image)), "")
 
 
 def bases_meeting(glibc_floor: str, libstdcxx_floor: str = "") -> list[str]:

@@ -30,7 +30,7 @@ from torchbuild.core import glibc, records
 from torchbuild.core.arch import Arch, host_machine
 from torchbuild.core.errors import ProfileError, UsageError
 from torchbuild.core.safeio import PROFILE_LIMIT, not_an_option, read_text, user_path
-from torchbuild.inputs import remote_cache
+from torchbuild.inputs import remote_cache, torch_lines
 from torchbuild.inputs.companion_table import REPOS as COMPANION_REPOS
 from torchbuild.inputs.companion_table import default_ref, is_development, minor, pairing_problem
 from torchbuild.inputs.nccl_arch import nccl_cannot_target
@@ -1349,9 +1349,13 @@ def _check_companions(values: Mapping[str, Any], where: Mapping[str, str]) -> No
             problem = f"names {', '.join(extra)}, which companions does not list"
             _fail(where, key, problem, f"add it to companions or drop it from {key}")
     for name in values["companions"]:
-        problem = pairing_problem(name, values["torch_version"], values["torch_ref"])
+        problem = pairing_problem(
+            name, values["torch_version"], values["torch_ref"], values["companion_refs"].get(name, "")
+        )
         if problem:
             hint = "drop it from companions, or choose a torch_version the table pairs it with"
+            if "companion_refs" in problem:
+                hint = f"name the {name} tag that goes with it in companion_refs, or drop it from companions"
             _fail(where, "companions", problem, hint)
 
 
@@ -1367,38 +1371,53 @@ def _check_not_options(values: Mapping[str, Any], where: Mapping[str, str]) -> N
                 _fail(where, key, exc.message, exc.hint)
 
 
-# The oldest Python each PyTorch line's own setup.py accepts (its python_requires, as PyPI's
-# metadata shows it): from (major, minor) of torch on, (major, minor) of Python. 1.x: 3.7;
-# 2.0 to 2.5: 3.8; 2.6 to 2.8: 3.9; 2.9: 3.10. A newer line than the table knows keeps the last floor.
-PYTHON_FLOORS = (((2, 9), (3, 10)), ((2, 6), (3, 9)), ((2, 0), (3, 8)), ((1, 0), (3, 7)))
-
-
-def python_floor(torch_version: str) -> tuple[int, int] | None:
-    """The oldest Python PyTorch torch_version accepts; None for a version the table cannot place."""
-    line = minor(torch_version)
-    if not line:
-        return None
-    torch = tuple(int(x) for x in line.split("."))
-    return next((python for since, python in PYTHON_FLOORS if torch >= since), None)
-
-
 def _check_python_floor(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
     """python_version (and python_versions) not older than the torch it builds accepts: found at
     config, not when apt or PyTorch's setup.py refuses it in the build (Quansight's guide sets
-    python=3.8, "the minimum required version in PyTorch" when it was written)."""
-    floor = python_floor(values["torch_version"])
-    if floor is None:
+    python=3.8, "the minimum required version in PyTorch" when it was written). The floors are
+    torch_lines.LINES'."""
+    line = torch_lines.line_of(values["torch_version"], values["torch_ref"])
+    if line is None:
         return
     for key in ("python_version", "python_versions"):
         given = values[key] if key == "python_versions" else (values[key],)
-        old = [v for v in given if tuple(int(x) for x in v.split(".")) < floor]
+        old = [v for v in given if torch_lines.older(v, line.python_min)]
         if old:
-            need = "{}.{}".format(*floor)
             problem = (
-                f"Python {old[0]} is older than PyTorch {minor(values['torch_version'])} accepts "
-                f"(torch_version {values['torch_version']}, {where['torch_version']}): it needs Python >= {need}"
+                f"Python {old[0]} is older than PyTorch {line.torch} accepts "
+                f"(torch_version {values['torch_version']}, {where['torch_version']}): it needs Python >= {line.python_min}"
             )
-            _fail(where, key, problem, f"set {key} to {need} or newer (one the base image's apt provides)")
+            _fail(where, key, problem, f"set {key} to {line.python_min} or newer (one the base image's apt provides)")
+
+
+def _check_toolchain_floor(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
+    """The GCC (compiler_version, else the base's own gcc where torchbuild knows the base by name)
+    and the CUDA (cuda_version) not older than the torch line needs (torch_lines.LINES): PyTorch
+    2.12 and later are C++20 and need GCC 11.3, which Ubuntu 20.04's 9.4 is not; found here, not
+    an hour into the image and the configure. Native builds with a site module's compiler are
+    checked by CMake itself."""
+    line = torch_lines.line_of(values["torch_version"], values["torch_ref"])
+    if line is None:
+        return
+    torch = f"PyTorch {line.torch} (torch_version {values['torch_version']}, {where['torch_version']})"
+    if values["compiler"] == "gcc":
+        key = "compiler_version" if values["compiler_version"] else "base_image"
+        gcc = str(values["compiler_version"]) or glibc.base_gcc(values["base_image"])
+        if torch_lines.older(gcc, line.gcc_min):
+            of = "" if key == "compiler_version" else f" (the gcc of {values['base_image']})"
+            _fail(
+                where,
+                key,
+                f"GCC {gcc}{of} is older than {torch} needs: GCC >= {line.gcc_min} (C++{line.cxx_standard})",
+                f"set compiler_version to {line.gcc_min.split('.')[0]} or newer where the base has it, or a newer base_image",
+            )
+    if values["cuda_version"] and torch_lines.older(str(values["cuda_version"]), line.cuda_min):
+        _fail(
+            where,
+            "cuda_version",
+            f"CUDA {values['cuda_version']} is older than {torch} builds with: CUDA >= {line.cuda_min}",
+            "set cuda_version (and a base_image of that CUDA) to a newer one, or choose an older torch_version",
+        )
 
 
 # a CPython source tarball with its sha256, pip's own URL#sha256= form; no user or password in
@@ -1449,6 +1468,7 @@ def _check_libraries(values: Mapping[str, Any], where: Mapping[str, str], arch: 
     if twice:
         _fail(where, "python_versions", f"lists {', '.join(twice)} twice", "list each Python once")
     _check_python_floor(values, where)
+    _check_toolchain_floor(values, where)
     if "mpi" in values["distributed"] and values["mpi"] == "none":
         _fail(where, "distributed", "mpi backend requested but mpi is none", "set mpi: openmpi, mpich or system")
     if values["mkl_threading"] and values["blas"] != "mkl":
