@@ -266,9 +266,24 @@ def keep_results(out: Path, wheel: Path, tv: Path) -> None:
     print(f"results in {RESULTS}")
 
 
+def floor(work: Path) -> None:
+    """The wheel's ELF floor as auditwheel measures it (delivery/elffloor.analyse): what it needs of
+    glibc and libstdc++, the libraries it needs from outside itself, the tag it earns or why not."""
+    from torchbuild.delivery import elffloor
+
+    (wheel,) = sorted((work / "out").glob("torch-*.whl"))
+    start = time.monotonic()
+    record = elffloor.analyse(wheel)
+    outside = [lib.soname for lib in record.libraries if not lib.path and not lib.site]
+    print(f"{wheel.name}: GLIBC_{record.glibc}, GLIBCXX_{record.glibcxx}, CXXABI_{record.cxxabi}")
+    print(f"libraries needed: {len(record.libraries)}, found in no system path here or the wheel: {len(outside)}")
+    print(f"tag: {record.tag or 'none'}; {record.reason}")
+    print(f"measured with {record.auditwheel} in {time.monotonic() - start:.0f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["build", "audit", "rebuild", "downstream"], nargs="?", default="build")
+    ap.add_argument("what", choices=["build", "audit", "rebuild", "downstream", "floor"], nargs="?", default="build")
     ap.add_argument("--work", type=Path, default=Path.home() / ".cache" / "torchbuild-bench" / "real-wheel")
     args = ap.parse_args()
     work = args.work.absolute()
@@ -279,6 +294,8 @@ def main() -> None:
         audit(work)
     elif args.what == "downstream":
         downstream(work)
+    elif args.what == "floor":
+        floor(work)
     else:
         rebuild(work)
 
