@@ -591,3 +591,16 @@ def test_force_refuses_an_install_that_kept_no_list_of_its_files(tmp_path):
         check_prefix(prefix, force=True)
     assert err.value.status == 15 and err.value.hint
     assert (prefix / "bin").is_dir()
+
+
+def test_the_mpi_library_text_loses_open_mpis_trailing_nul_bytes():
+    """The real install's summary said `mpi4py 4.1.2 against Open MPI v5.0.7, ...\\x00`: Open MPI's
+    MPI_Get_library_version fills its buffer with NULs, which json carries through."""
+    from torchbuild.delivery.install import library_text
+
+    raw = json.loads(json.dumps("Open MPI v5.0.7, package: Debian OpenMPI, ident: 5.0.7\n\x00\x00"))
+    assert library_text(raw) == "Open MPI v5.0.7, package: Debian OpenMPI, ident: 5.0.7"
+    assert library_text("MPICH Version:      4.2.0\nMPICH Release date: ...\n") == (
+        "MPICH Version:      4.2.0\nMPICH Release date: ..."
+    )
+    assert library_text("\x00") == ""

@@ -372,9 +372,9 @@ class _Step:
         probe = "from mpi4py import MPI; import mpi4py, json; print(json.dumps([mpi4py.__version__, MPI.Get_library_version()]))"
         text = self._capture([str(self.py), "-c", probe], "mpi4py's MPI library")
         version, library = json.loads(text.strip().splitlines()[-1])
-        first = library.strip().splitlines()[0] if library.strip() else "?"
-        say(f"mpi4py {version} uses: {first}")
-        return MpiRecord(mpicc=mpicc, mpi4py=version, library_version=library.strip())
+        library = library_text(library)
+        say(f"mpi4py {version} uses: {library.splitlines()[0] if library else '?'}")
+        return MpiRecord(mpicc=mpicc, mpi4py=version, library_version=library)
 
     # -- the comms stack the wheel was built with
 
@@ -616,3 +616,10 @@ def _size(root: Path) -> int:
             with contextlib.suppress(OSError):  # a file removed meanwhile counts nothing
                 total += os.lstat(os.path.join(dirpath, f)).st_size
     return total
+
+
+def library_text(raw: str) -> str:
+    """MPI_Get_library_version's text as a record keeps it: Open MPI's ends in NUL bytes (its
+    buffer, not its text: the real install summary printed "Open MPI v5.0.7 ...\\x00"), and
+    every implementation's in blank space."""
+    return raw.replace("\x00", "").strip()
