@@ -622,7 +622,9 @@ PY312_SHA = "fb85a13414b028c49ba18bbd523c2d055a30b56b18b92ce454ea2c51edc656c4"
 
 
 def test_python_sources_reach_the_image_for_its_own_pythons_only(tmp_path):
-    sources = json.dumps({"3.12": f"{PY312}#sha256={PY312_SHA}", "3.9": f"https://mirror.example/py39.tgz#sha256={'a' * 64}"})
+    sources = json.dumps(
+        {"3.12": f"{PY312}#sha256={PY312_SHA}", "3.9": f"https://mirror.example/py39.tgz#sha256={'a' * 64}"}
+    )
     spec = resolve("cpu", [f"python_sources={sources}", 'python_versions=["3.13"]'])
     write_package_lists(spec, tmp_path)
     lines = (tmp_path / "inputs" / "python-sources.txt").read_text().splitlines()
