@@ -261,8 +261,23 @@ def test_an_image_without_input_labels_is_out_of_date():
     spec = resolve("cpu")
     bare = {"Id": "sha256:x", "Config": {"Labels": {"org.torchbuild.version": __version__}}}
     diffs = input_differences(bare, wanted_inputs(spec))
-    assert diffs[0] == "base_image: not recorded in the image, profile ubuntu:24.04"
-    assert len(diffs) == len(wanted_inputs(spec))
+    assert diffs[0].startswith("torchbuild source: the image's was not recorded")
+    assert diffs[1] == "base_image: not recorded in the image, profile ubuntu:24.04"
+    assert len(diffs) == len(wanted_inputs(spec)) + 1
+
+
+def test_an_image_of_another_torchbuild_checkout_is_out_of_date_and_names_it():
+    """The real build's resumed run wrote a request with a key the image's older torchbuild did
+    not know (`keys unknown`); the image's source digest now says so before the build starts."""
+    from torchbuild.inputs.image import source_digest
+
+    spec = resolve("cpu")
+    here = _inspect(spec)
+    assert here["Config"]["Labels"]["org.torchbuild.source"] == source_digest()
+    assert input_differences(here, wanted_inputs(spec, "sha256:base")) == []
+    other = _inspect(spec, **{"org.torchbuild.source": "0" * 64})
+    (diff,) = input_differences(other, wanted_inputs(spec, "sha256:base"))
+    assert diff == "torchbuild source: the image's was another checkout (its steps would run other code)"
 
 
 @pytest.mark.parametrize("value", ["numpy", "{not json", '{"a": 1}', "[1, 2]"])

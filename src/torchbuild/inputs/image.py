@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -199,6 +200,30 @@ def _copy_tree(root: Path, dest: Path) -> None:
             shutil.copy2(src, dest / part)
 
 
+@functools.cache
+def source_digest() -> str:
+    """sha256 of the torchbuild source an image installs (what _copy_tree copies): the image's
+    torchbuild runs the steps, so an image from another checkout is out of date even where
+    the version number is the same (a resumed build met one that did not know a new profile key)."""
+    root = data_dir()
+    h = hashlib.sha256()
+    for part in _SOURCE_PARTS:
+        base = root / part
+        files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file()) if base.is_dir() else []
+        for path in files:
+            rel = path.relative_to(root).as_posix()
+            if (
+                "__pycache__" in rel
+                or rel.endswith((".pyc", lockfile.SUFFIX))
+                or "/." in f"/{rel}"
+                or ".egg-info" in rel
+            ):
+                continue
+            h.update(f"{rel}\0".encode())
+            h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
 def tree_digest(root: Path) -> str:
     """sha256 over relative paths, modes and contents: equal trees give equal digests."""
     h = hashlib.sha256()
@@ -367,6 +392,9 @@ def wanted_inputs(spec: BuildSpec, base_id: str | None = None) -> dict[str, str]
         "python_system_site_packages": json.dumps(spec.python_system_site_packages),
         "ca_certificates": json.dumps(_ca_digests(spec)),
     }
+    sources = python_sources(spec)
+    if sources:  # recorded only where used, so images and locks without one stay comparable
+        wanted["python_sources"] = json.dumps(sources)
     if base_id:
         wanted["base_image_id"] = base_id
     # labels and locks are read by whoever can list the images: no credential of a requirement's
@@ -382,6 +410,7 @@ def labels(spec: BuildSpec, inputs_hash: str, base_id: str, lock_sha256: str = "
         "org.opencontainers.image.title": "torchbuild toolchain",
         "org.opencontainers.image.base.name": spec.base_image,
         f"{p}.version": __version__,
+        f"{p}.source": source_digest(),
         f"{p}.profile": spec.profile,
         f"{p}.profile-hash": spec.hash,
         f"{p}.inputs-hash": inputs_hash,
@@ -448,6 +477,11 @@ def input_differences(attrs: Mapping[str, Any], wanted: Mapping[str, str]) -> li
     found = _labels_of(attrs)
     built_with = found.get(f"{LABEL_PREFIX}.version")
     diffs = [] if built_with == __version__ else [f"torchbuild: image {built_with}, this is {__version__}"]
+    source = found.get(f"{LABEL_PREFIX}.source")
+    if not diffs and source != source_digest():
+        diffs.append(
+            f"torchbuild source: the image's was {'another checkout' if source else 'not recorded'} (its steps would run other code)"
+        )
     recorded = image_inputs(attrs)
     diffs += [_describe(k, recorded.get(k), v) for k, v in wanted.items() if not _same(k, recorded.get(k), v)]
     return diffs
