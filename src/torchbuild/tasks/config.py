@@ -6,9 +6,10 @@ import json
 
 from invoke.context import Context
 
-from torchbuild.core.console import redact, table
-from torchbuild.core.errors import UsageError
-from torchbuild.inputs.config import available_profiles, describe_keys, resolve
+from torchbuild.core.console import printable, redact, table
+from torchbuild.core.errors import TorchbuildError, UsageError
+from torchbuild.inputs import need_build
+from torchbuild.inputs.config import BuildSpec, available_profiles, describe_keys, resolve
 from torchbuild.inputs.render import config_data, config_text
 from torchbuild.launch.backends import ENGINE_HELP, engine_for
 from torchbuild.tasks.common import HELP, handles_errors, spec_from, task
@@ -50,6 +51,17 @@ def config(
     spec = spec_from(profile, set_, arch)
     data = config_data(spec, backend=backend)
     print(redact(json.dumps(data, indent=2)) if format == "json" else config_text(spec, backend=backend))
+    if format == "text":
+        print(need_build_line(spec))
+
+
+def need_build_line(spec: BuildSpec) -> str:
+    """One line: whether the profile needs a source build at all (`invoke doctor --profile P` says why)."""
+    try:
+        said = need_build.assess(spec).summary
+    except TorchbuildError as exc:
+        said = f"cannot tell: {exc.message}"
+    return printable(f"\n# source build needed? {said} (`invoke doctor --profile {spec.profile}` says why)")
 
 
 def profiles_table() -> str:
