@@ -64,10 +64,10 @@ def _major_minor(arch: str) -> tuple[int, int] | None:
 
 
 def arch_runs(arch: str, wheel: ow.Wheel) -> str | None:
-    """The entry of wheel's list whose code runs on arch ("8.9": 8.6's, binary compatible within a
-    major for a higher minor), None when none does. An arch-specific entry ("9.0a": its
-    features all through) only matches itself; "+PTX" is left aside (PTX is for newer GPUs)."""
-    base = arch.removesuffix("+PTX")
+    """The entry of wheel's list whose code runs on arch's GPU ("8.9": 8.6's, binary compatible
+    within a major for a higher minor; "9.0a": 9.0's, without its arch-specific instructions),
+    None when none does. "+PTX" is left aside (PTX is for GPUs newer than the list)."""
+    base = arch.removesuffix("+PTX").removesuffix("a")
     listed = [a.removesuffix("+PTX") for a in wheel.archs]
     if base in listed:
         return base
@@ -254,6 +254,23 @@ def reasons(spec: BuildSpec, series: Series | None = None) -> list[Reason]:
     return found
 
 
+def _arch_notes(spec: BuildSpec, wheel: ow.Wheel) -> list[str]:
+    """The arches the official wheel serves with another entry's code."""
+    out = []
+    for arch in spec.cuda_arch_list if wheel.cuda else ():
+        runs, base = arch_runs(arch, wheel), arch.removesuffix("+PTX")
+        if runs and base.endswith("a"):
+            out.append(
+                f"cuda_arch_list {arch}: the official wheel's {runs} code runs there, without arch-specific "
+                "code throughout (a choice, not a need)"
+            )
+        elif runs and runs != base:
+            out.append(
+                f"cuda_arch_list {arch} runs the official wheel's {runs} code (binary compatible within a major)"
+            )
+    return out
+
+
 def _notes(spec: BuildSpec, line: ow.Line, wheel: ow.Wheel) -> list[str]:
     """The differences from the official wheel that need no build."""
     out = []
@@ -262,12 +279,7 @@ def _notes(spec: BuildSpec, line: ow.Line, wheel: ow.Wheel) -> list[str]:
             f"cuda_version {spec.cuda_version}: the official wheel is CUDA {wheel.cuda}, with its own CUDA "
             f"libraries from pip; a driver for CUDA {wheel.cuda.split('.')[0]} runs it"
         )
-    for arch in spec.cuda_arch_list:
-        runs = arch_runs(arch, wheel) if wheel.cuda else None
-        if runs and runs != arch.removesuffix("+PTX"):
-            out.append(
-                f"cuda_arch_list {arch} runs the official wheel's {runs} code (binary compatible within a major)"
-            )
+    out += _arch_notes(spec, wheel)
     official_blas = "mkl" if spec.arch.value == "x86_64" else "openblas"
     if spec.blas != official_blas and not (spec.arch.value == "aarch64" and spec.blas == "nvpl"):
         out.append(

@@ -6,7 +6,7 @@ import json
 
 from invoke.context import Context
 
-from torchbuild.core.console import printable, redact, table
+from torchbuild.core.console import redact, table
 from torchbuild.core.errors import TorchbuildError, UsageError
 from torchbuild.inputs import need_build
 from torchbuild.inputs.config import BuildSpec, available_profiles, describe_keys, resolve
@@ -50,9 +50,10 @@ def config(
     backend = engine_for(engine, in_container)
     spec = spec_from(profile, set_, arch)
     data = config_data(spec, backend=backend)
-    print(redact(json.dumps(data, indent=2)) if format == "json" else config_text(spec, backend=backend))
-    if format == "text":
-        print(need_build_line(spec))
+    if format == "json":
+        print(redact(json.dumps(data, indent=2)))
+    else:
+        print(config_text(spec, backend=backend, header=[need_build_line(spec)]))
 
 
 def need_build_line(spec: BuildSpec) -> str:
@@ -61,7 +62,7 @@ def need_build_line(spec: BuildSpec) -> str:
         said = need_build.assess(spec).summary
     except TorchbuildError as exc:
         said = f"cannot tell: {exc.message}"
-    return printable(f"\n# source build needed? {said} (`invoke doctor --profile {spec.profile}` says why)")
+    return f"# source build needed? {said} (`invoke doctor --profile {spec.profile}` says why)"
 
 
 def profiles_table() -> str:
