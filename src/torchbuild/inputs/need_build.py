@@ -230,7 +230,7 @@ def _source_reasons(spec: BuildSpec, line: ow.Line | None) -> list[Reason]:
             Reason(
                 "torch_ref",
                 spec.torch_ref,
-                "not the release tag: official wheels are of release tags (nightlies of main's day)",
+                "not the release tag: official wheels are of release tags (nightlies are of main's day, not a chosen commit)",
             )
         )
     return out
@@ -271,7 +271,7 @@ def _arch_notes(spec: BuildSpec, wheel: ow.Wheel) -> list[str]:
     return out
 
 
-def _notes(spec: BuildSpec, line: ow.Line, wheel: ow.Wheel) -> list[str]:
+def _notes(spec: BuildSpec, wheel: ow.Wheel) -> list[str]:
     """The differences from the official wheel that need no build."""
     out = []
     if wheel.cuda and wheel.cuda != spec.cuda_version:
@@ -331,7 +331,7 @@ def assess(spec: BuildSpec, series: Series | None = None, profile: str = "") -> 
     if isinstance(wheel, Reason):
         return Verdict(tuple(found), (), ())
     route = () if found else tuple(_route(spec, wheel, profile or spec.profile))
-    return Verdict(tuple(found), tuple(_notes(spec, line, wheel)), route, wheel.index)
+    return Verdict(tuple(found), tuple(_notes(spec, wheel)), route, wheel.index)
 
 
 def render(verdict: Verdict, profile: str) -> str:
@@ -339,7 +339,7 @@ def render(verdict: Verdict, profile: str) -> str:
     lines = [f"source build needed? (profile {profile})"]
     if verdict.reasons:
         head = "yes" if any(r.known for r in verdict.reasons) else "cannot tell"
-        lines.append(f"  {head}: " + ("official wheels lack what the profile asks:" if head == "yes" else ""))
+        lines.append("  yes: official wheels lack what the profile asks:" if head == "yes" else "  cannot tell:")
         lines += [f"  - {r}" for r in verdict.reasons]
     else:
         lines.append("  no: the official wheel, `invoke comms`' plugin and `invoke install`'s runtime env would do:")

@@ -480,6 +480,8 @@ def need_build_section(profile: str) -> str:
         text = need_build.render(need_build.assess(spec, profile=profile), profile)
     except TorchbuildError as exc:
         text = f"source build needed? (profile {profile})\n  cannot tell: {exc.message}"
+    except OSError as exc:  # a patch of the series that cannot be read
+        text = f"source build needed? (profile {profile})\n  cannot tell: {exc}"
     return console_printable(text)
 
 

@@ -62,6 +62,8 @@ def need_build_line(spec: BuildSpec) -> str:
         said = need_build.assess(spec).summary
     except TorchbuildError as exc:
         said = f"cannot tell: {exc.message}"
+    except OSError as exc:  # a patch of the series that cannot be read
+        said = f"cannot tell: {exc}"
     return f"# source build needed? {said} (`invoke doctor --profile {spec.profile}` says why)"
 
 
