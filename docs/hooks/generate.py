@@ -7,6 +7,7 @@ A page asks for a generated part with a comment on a line of its own:
     <!-- generated: help TASK -->             `invoke --help TASK`, from the task collection
     <!-- generated: spread-model twice -->    the on-paper spread tables of benchmarks/spread_nodes.py
     <!-- generated: spread-model once -->     (ccache's run_second_cpp on, as built today / off)
+    <!-- generated: official-wheels -->       the official wheels `invoke doctor --profile` compares with
 
 and CHANGELOG.md at the repository's root becomes the page changelog.md. An unknown name fails
 the build. Nothing here is hand-maintained text: a new profile key, error class or task option
@@ -99,11 +100,35 @@ def spread_model(passes: str | None) -> str:
     return str(bench.format_table(bench.paper_table(model, overhead_s=bench.MEASURED_OVERHEAD_S)))
 
 
+def official_wheels(_: str | None = None) -> str:
+    """torchbuild's table of PyTorch's official Linux wheels per line (torchbuild.inputs.official_wheels),
+    then each CUDA wheel's arch list."""
+    from torchbuild.inputs import official_wheels as ow
+
+    def cudas(wheels: Any) -> str:
+        return ", ".join(w.cuda for w in wheels if w.cuda) or "none"
+
+    rows = ["| torch | Python | glibc | x86_64 CUDA | aarch64 CUDA |", "|---|---|---|---|---|"]
+    for line in ow.LINES:
+        span = f"{line.python_min} to {line.python_max}"
+        rows.append(f"| {line.torch} | {span} | {line.glibc} | {cudas(line.x86_64)} | {cudas(line.aarch64)} |")
+    first: dict[tuple[str, str, str], str] = {}  # (arch, CUDA, arch list) -> the first line with it
+    for line in ow.LINES:
+        for arch, wheels in (("x86_64", line.x86_64), ("aarch64", line.aarch64)):
+            for w in wheels:
+                if w.cuda:
+                    first.setdefault((arch, w.cuda, ";".join(w.archs)), line.torch)
+    archs = ["| arch | CUDA | TORCH_CUDA_ARCH_LIST | from torch |", "|---|---|---|---|"]
+    archs += [f"| {arch} | {cuda} | {listed} | {torch} |" for (arch, cuda, listed), torch in first.items()]
+    return "\n".join(rows) + "\n\nEvery CPU wheel exists on both arches. Arch lists:\n\n" + "\n".join(archs)
+
+
 GENERATORS: dict[str, Callable[[str | None], str]] = {
     "profile-keys": profile_keys,
     "errors": errors,
     "help": task_help,
     "spread-model": spread_model,
+    "official-wheels": official_wheels,
 }
 
 

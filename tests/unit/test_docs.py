@@ -116,6 +116,13 @@ def test_the_spread_tables_are_the_models() -> None:
     assert bench.format_table(twice) in page and bench.format_table(once) in page
 
 
+def test_the_official_wheels_table_is_generated_from_the_one_doctor_compares_with() -> None:
+    text = hook.render("<!-- generated: official-wheels -->")
+    assert "| 2.15 | 3.11 to 3.14 | 2.28 | 13.0, 13.2 | 13.0, 13.2 |" in text
+    assert "| aarch64 | 12.6 | 9.0 | 2.6 |" in text and "| aarch64 | 12.6 | 8.0;9.0 | 2.9 |" in text
+    assert "<!-- generated: official-wheels -->" in (DOCS / "tasks" / "doctor.md").read_text()
+
+
 def test_an_unknown_generated_part_fails_the_build() -> None:
     with pytest.raises(ValueError, match="unknown generated part 'nope'"):
         hook.render("<!-- generated: nope -->")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,11 @@ def config_data(spec: BuildSpec, host: HostResources | None = None, backend: str
     }
 
 
-def config_text(spec: BuildSpec, host: HostResources | None = None, backend: str = "native") -> str:
+def config_text(
+    spec: BuildSpec, host: HostResources | None = None, backend: str = "native", header: Sequence[str] = ()
+) -> str:
+    """The resolved profile, the build's environment and the derived values; header: more `# ...`
+    lines after the profile's own (the task's word on whether a build is needed at all)."""
     data = config_data(spec, host, backend)
     values: dict[str, Any] = data["values"]
     origins: dict[str, str] = data["origins"]
@@ -50,6 +55,7 @@ def config_text(spec: BuildSpec, host: HostResources | None = None, backend: str
         *([f"# {spec.description}"] if spec.description else []),
         f"# sha256 {data['hash']}",
         f"# image {data['image']}, wheel version {data['build_version']}",
+        *header,
         console.table(("key", "value", "set in"), rows),
         "",
         f"# environment the build sees on {backend} (MAX_JOBS {data['jobs_reason']}; replanned where the build runs)",

@@ -23,7 +23,7 @@ from torchbuild.core.console import table
 from torchbuild.core.errors import EngineUnavailable, TorchbuildError
 from torchbuild.core.process import run_captured
 from torchbuild.core.safeio import user_path
-from torchbuild.inputs import remote_cache
+from torchbuild.inputs import need_build, remote_cache
 from torchbuild.inputs.config import DEFAULT_PROFILE, resolve
 from torchbuild.inputs.engine import HOST_CA_DIRS, Engine, engine_address, host_ca_files
 from torchbuild.inputs.jobs import GiB, HostResources
@@ -470,6 +470,19 @@ def run_checks(
         *_profile_remote_checks(profile),
     ]
     return checks, _verdicts(h)
+
+
+def need_build_section(profile: str) -> str:
+    """Whether profile needs a source build at all (need_build), or the official wheel would do;
+    a profile that does not resolve is named, as the other profile checks do."""
+    try:
+        spec = resolve(profile)
+        text = need_build.render(need_build.assess(spec, profile=profile), profile)
+    except TorchbuildError as exc:
+        text = f"source build needed? (profile {profile})\n  cannot tell: {exc.message}"
+    except OSError as exc:  # a patch of the series that cannot be read
+        text = f"source build needed? (profile {profile})\n  cannot tell: {exc}"
+    return console_printable(text)
 
 
 def render(checks: list[Check], verdicts: list[Verdict]) -> str:

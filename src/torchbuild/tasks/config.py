@@ -7,8 +7,9 @@ import json
 from invoke.context import Context
 
 from torchbuild.core.console import redact, table
-from torchbuild.core.errors import UsageError
-from torchbuild.inputs.config import available_profiles, describe_keys, resolve
+from torchbuild.core.errors import TorchbuildError, UsageError
+from torchbuild.inputs import need_build
+from torchbuild.inputs.config import BuildSpec, available_profiles, describe_keys, resolve
 from torchbuild.inputs.render import config_data, config_text
 from torchbuild.launch.backends import ENGINE_HELP, engine_for
 from torchbuild.tasks.common import HELP, handles_errors, spec_from, task
@@ -49,7 +50,21 @@ def config(
     backend = engine_for(engine, in_container)
     spec = spec_from(profile, set_, arch)
     data = config_data(spec, backend=backend)
-    print(redact(json.dumps(data, indent=2)) if format == "json" else config_text(spec, backend=backend))
+    if format == "json":
+        print(redact(json.dumps(data, indent=2)))
+    else:
+        print(config_text(spec, backend=backend, header=[need_build_line(spec)]))
+
+
+def need_build_line(spec: BuildSpec) -> str:
+    """One line: whether the profile needs a source build at all (`invoke doctor --profile P` says why)."""
+    try:
+        said = need_build.assess(spec).summary
+    except TorchbuildError as exc:
+        said = f"cannot tell: {exc.message}"
+    except OSError as exc:  # a patch of the series that cannot be read
+        said = f"cannot tell: {exc}"
+    return f"# source build needed? {said} (`invoke doctor --profile {spec.profile}` says why)"
 
 
 def profiles_table() -> str:
