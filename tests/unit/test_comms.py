@@ -677,6 +677,55 @@ def test_a_plugin_without_net_symbols_fails_the_step_and_leaves_nothing(tmp_path
     assert list((site.cache / "comms").iterdir()) == []
 
 
+# aws-ofi-nccl's m4/get_version.sh from 1.19.0 on, as AC_INIT runs it (autogen.sh stops when it fails)
+GET_VERSION = """#!/bin/sh
+if test -f .release_version ; then cat .release_version ; exit 0 ; fi
+if git rev-parse --git-dir > /dev/null 2>&1 ; then git describe --tags ; exit 0 ; fi
+echo "No version found.  This usually means you are not building from a git repo or existing release
+tarball.  Cannot continue." 1>&2
+exit 1
+"""
+
+
+def _versioned_plugin_tree(root: Path) -> Path:
+    """A 1.19+ tag archive's layout: autogen.sh (autoreconf) runs m4/get_version.sh first."""
+    tree = _plugin_tree(root)
+    (tree / "m4").mkdir()
+    (tree / "m4" / "get_version.sh").write_text(GET_VERSION)
+    (tree / "m4" / "get_version.sh").chmod(0o755)
+    (tree / "autogen.sh").write_text(
+        "m4/get_version.sh > version.txt || exit 1\ncp configure.sh configure && chmod +x configure\n"
+    )
+    return tree
+
+
+def test_a_tag_archive_of_the_plugin_from_1_19_is_given_the_version_its_autogen_needs(tmp_path, capsys):
+    site = _site(tmp_path, plugin_version="1.21.1")
+    tree = _versioned_plugin_tree(tmp_path / "src" / "aws-ofi-nccl-1.21.1")
+    ofi, sha = _tarball(tree, tmp_path / "dl" / "ofi-1.21.1.tar.gz")
+    spec = site.spec(
+        "nccl=bundled", "nccl_source=", "nccl_sha256=", f"aws_ofi_nccl_source={ofi}", f"aws_ofi_nccl_sha256={sha}"
+    )
+    made = comms(spec, choose(spec, "native", Options()), out_dir=tmp_path / "out", out=io.StringIO())
+    assert made.manifest["plugin"]["version"] == "1.21.1"
+    assert "wrote .release_version (1.21.1)" in capsys.readouterr().out
+    assert not (tree / ".release_version").exists()  # the step's copy has it, not the unpacked source
+
+
+def test_a_plugin_tree_with_its_own_version_or_a_git_checkout_is_left_as_it_is(tmp_path):
+    from torchbuild.steps.comms import _release_version_file
+
+    own = _versioned_plugin_tree(tmp_path / "own")
+    (own / ".release_version").write_text("1.20.0\n")
+    checkout = _versioned_plugin_tree(tmp_path / "checkout")
+    (checkout / ".git").mkdir()
+    older = _plugin_tree(tmp_path / "older")  # before 1.19: no get_version.sh
+    for tree in (own, checkout, older):
+        _release_version_file(tree, "1.21.1")
+    assert (own / ".release_version").read_text() == "1.20.0\n"
+    assert not (checkout / ".release_version").exists() and not (older / ".release_version").exists()
+
+
 def test_the_prefix_is_keyed_by_the_image_id_not_the_backends_name(tmp_path, capsys):
     """comms.py: "the image's id, the same for the image and the SIF made from it"."""
     site = _site(tmp_path)

@@ -30,7 +30,7 @@ from torchbuild.core import glibc, records
 from torchbuild.core.arch import Arch, host_machine
 from torchbuild.core.errors import ProfileError, UsageError
 from torchbuild.core.safeio import PROFILE_LIMIT, not_an_option, read_text, user_path
-from torchbuild.inputs import remote_cache, torch_lines
+from torchbuild.inputs import comms_table, remote_cache, torch_lines
 from torchbuild.inputs.companion_table import REPOS as COMPANION_REPOS
 from torchbuild.inputs.companion_table import default_ref, is_development, minor, pairing_problem
 from torchbuild.inputs.nccl_arch import nccl_cannot_target
@@ -1222,6 +1222,8 @@ def _fail(where: Mapping[str, str], key: str, problem: str, hint: str | None) ->
 def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], arch: Arch) -> None:
     """Rules that involve more than one key; the message names where the later key was set."""
     _check_cuda_and_nccl(values, where)
+    _check_known_bad(values, where, arch)
+    _check_plugin_build(values, where)
     _check_compilers(values, where)
     _check_companions(values, where)
     _check_not_options(values, where)
@@ -1307,6 +1309,70 @@ def _check_cuda_and_nccl(values: Mapping[str, Any], where: Mapping[str, str]) ->
         bad = nccl_cannot_target(values["nccl_version"], values["cuda_arch_list"])
         if bad:
             _fail(where, "nccl_version", bad, "choose a newer nccl_version, or drop that arch from cuda_arch_list")
+
+
+def _comms_of(values: Mapping[str, Any], arch: Arch) -> comms_table.Stack:
+    """What the profile says of its NCCL, plugin and libfabric, as the known-bad table reads it."""
+    return comms_table.Stack(
+        nccl=values["nccl_version"] if values["nccl"] == "source" else "",
+        plugin=values["aws_ofi_nccl_version"],
+        libfabric=comms_table.libfabric_of_prefix(values["libfabric_prefix"]),
+        arch=arch.value,
+        cuda_arch_list=tuple(values["cuda_arch_list"]),
+        runtime_env=values["runtime_env"],
+    )
+
+
+def _stack_text(entry: comms_table.KnownBad, stack: comms_table.Stack) -> str:
+    """The parts of the profile's stack the entry is about: "NCCL 2.29.2-1 on aarch64"."""
+    parts = [f"NCCL {stack.nccl}"] if entry.nccl else []
+    parts += [f"aws-ofi-nccl {stack.plugin}"] if entry.plugin else []
+    parts += [f"libfabric {stack.libfabric}"] if entry.libfabric else []
+    text = " with ".join(parts)
+    if entry.arch:
+        text += f" on {entry.arch}"
+    if entry.gpus:
+        text += f" for sm_{'/'.join(entry.gpus)}x (cuda_arch_list)"
+    return text
+
+
+def _check_known_bad(values: Mapping[str, Any], where: Mapping[str, str], arch: Arch) -> None:
+    """A combination comms_table.KNOWN_BAD names (it builds, then hangs or corrupts at run time):
+    refused here, so `invoke config`, `invoke comms` and the build stop before anything is fetched."""
+    stack = _comms_of(values, arch)
+    entry = comms_table.known_bad(stack)
+    if entry is None:
+        return
+    problem = f"{_stack_text(entry, stack)} is known-bad ({entry.name}): {entry.reason}; see {entry.source}"
+    if entry.unless_no_ll128:
+        problem += " (runtime_env sets neither NCCL_PROTO without LL128 nor NCCL_LL128_C2C=0)"
+    _fail(where, entry.key, problem, entry.instead)
+
+
+def _check_plugin_build(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
+    """What the plugin's configure requires that the profile shows: a libfabric_prefix naming an
+    older libfabric than it accepts, a GCC (compiler_version, else the known base's) older than
+    its C++ standard needs. Found here, not after the download, in autogen and configure."""
+    plugin = values["aws_ofi_nccl_version"]
+    if not plugin:
+        return
+    prefix, low = values["libfabric_prefix"], comms_table.plugin_libfabric_min(plugin)
+    found = comms_table.libfabric_of_prefix(prefix)
+    if comms_table.older(found, low):
+        problem = (
+            f"{prefix} is libfabric {found}; aws-ofi-nccl {plugin}'s configure needs libfabric >= {low} "
+            f"({comms_table.PLUGIN_LIBFABRIC_SOURCE})"
+        )
+        _fail(where, "libfabric_prefix", problem, f"point libfabric_prefix at a libfabric {low} or newer")
+    std, gcc_min = comms_table.plugin_cxx(plugin)
+    key = "compiler_version" if values["compiler_version"] else "base_image"
+    gcc = str(values["compiler_version"]) or glibc.base_gcc(values["base_image"])
+    if values["compiler"] == "gcc" and comms_table.older(gcc, gcc_min):
+        of = "" if key == "compiler_version" else f" (the gcc of {values['base_image']})"
+        problem = f"GCC {gcc}{of} is older than aws-ofi-nccl {plugin} needs: C++{std}, GCC >= {gcc_min}"
+        hint = f"set compiler_version to {gcc_min} or newer where the base has it, or a newer base_image"
+        older_plugin = "; or aws_ofi_nccl_version 1.20.0, the last that needs only C++17" if std == "20" else ""
+        _fail(where, key, problem, hint + older_plugin)
 
 
 _NVIDIA_CUDA_TAG = re.compile(r"(?:^|/)nvidia/cuda:(\d+\.\d+)(?:\.\d+)*-")

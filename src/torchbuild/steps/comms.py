@@ -55,6 +55,7 @@ from torchbuild.delivery.libraries import (
     unresolvable,
 )
 from torchbuild.delivery.manifest import write_json
+from torchbuild.inputs.comms_table import PLUGIN_LIBFABRIC_SOURCE, older, plugin_libfabric_min
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import COMMS_DEPS, build_env, compile_env
 from torchbuild.inputs.image import tree_digest
@@ -68,9 +69,19 @@ COMMS_MANIFEST = "torchbuild-comms.json"
 NCCL_ARCHIVE = "https://github.com/NVIDIA/nccl/archive/refs/tags/v{version}.tar.gz"
 OFI_ARCHIVE = "https://github.com/aws/aws-ofi-nccl/archive/refs/tags/v{version}.tar.gz"
 # sha256 of the release tags' archives as GitHub serves them (checked against the tarballs)
+# (1.6.0 and 1.17.1 downloaded; the others computed from aws/aws-ofi-nccl's tags as GitHub makes
+# its tag archives, `git archive --format=tar --prefix=aws-ofi-nccl-V/ vV | gzip -n -9`, which gives
+# the two downloaded ones byte for byte; aws_ofi_nccl_sha256 overrides a pin)
 OFI_PINS = {
     "1.6.0": "276f800583aa132f7f8a4d4a17795a1da228529d6e04eee6bd312b90b91487ad",
     "1.17.1": "4f6e0d0eb81d9c255a4f2f67f4934fcdffb15c854b932a6b806be6b1cecb7f80",
+    "1.18.0": "5e3523bb6be7e23bbcd397f60165313f1a6a22c9d591b5733ba2d23b7c0791e9",
+    "1.19.0": "65f31361f306e282e600d378d340a29a1002c005bf01eb0f68342fbd2fc9e94f",
+    "1.19.1": "ae8c6a3e513511fb7c06494c5f90c2f150efdc9aa3f12fdecfc99ebab70c8b00",
+    "1.19.2": "bea71ec6c954dc2eaeb97ddb9b13ee6c16202e4eb124d10a2396e7f95c1290e5",
+    "1.20.0": "7a2c0ea48e8a1a72b310e11880cc7a31a5bef02207445ecae747599cd6e2c948",
+    "1.21.0": "9f17e780958e9a77b298bf8e006dabbd21ba74758afb01b75ac28a1bde56267b",
+    "1.21.1": "1612462f1cb8bad97d9cbe1e891a07c6f240d1746e1c5bfbe1b6196f24014f2a",
 }
 # plugin releases that do not compile against a newer libfabric major: 1.6.0 uses
 # container_of, which libfabric 1.x defined in rdma/fabric.h and 2.0 no longer does
@@ -320,7 +331,7 @@ def no_libfabric(message: str) -> ProfileError:
 
 def check_libfabric(spec: BuildSpec) -> tuple[Path, tuple[int, int]]:
     """The libfabric the plugin is built against (libfabric_prefix, else /usr where the step
-    runs) and its version; ProfileError when it is not there, or too new for the plugin."""
+    runs) and its version; ProfileError when it is not there, or too old or too new for the plugin."""
     root = libfabric_root(spec)
     where = "libfabric_prefix" + ("" if spec.libfabric_prefix else " (empty: the image's own, /usr)")
     if not root.is_dir():
@@ -331,6 +342,13 @@ def check_libfabric(spec: BuildSpec) -> tuple[Path, tuple[int, int]]:
         lacking = "include/rdma/fabric.h" if not header.is_file() else "lib/libfabric.so"
         raise no_libfabric(f"{where}: no libfabric at {root} (no {lacking})")
     version = libfabric_version(header)
+    oldest = plugin_libfabric_min(spec.aws_ofi_nccl_version)
+    if older(f"{version[0]}.{version[1]}", oldest):
+        raise ProfileError(
+            f"aws_ofi_nccl_version: {spec.aws_ofi_nccl_version}'s configure needs libfabric >= {oldest}; the one at "
+            f"{root} is {version[0]}.{version[1]} ({PLUGIN_LIBFABRIC_SOURCE})",
+            hint=f"point libfabric_prefix at a libfabric {oldest} or newer",
+        )
     newest = OFI_LIBFABRIC_MAX.get(spec.aws_ofi_nccl_version)
     if newest is not None and version[0] > newest:
         raise ProfileError(
@@ -396,6 +414,24 @@ def find_library(root: Path, name: str) -> Path | None:
 
 def _multiarch() -> str:
     return {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}.get(os.uname().machine, "")
+
+
+# the file `make dist` writes, which m4/get_version.sh reads first (aws-ofi-nccl 1.19.0 and later)
+RELEASE_VERSION_FILE = ".release_version"
+
+
+def _release_version_file(tree: Path, version: str) -> None:
+    """From 1.19.0 the plugin's configure.ac takes its version from m4/get_version.sh (AC_INIT): a
+    git checkout's tag, else the .release_version of a `make dist` tarball, else it stops ("No
+    version found ... Cannot continue."). GitHub's tag archive, the default source, has neither:
+    write aws_ofi_nccl_version there, as `make dist` would. A git checkout (.git) keeps its own."""
+    if not (tree / "m4" / "get_version.sh").is_file():
+        return
+    if (tree / RELEASE_VERSION_FILE).exists() or (tree / ".git").exists():
+        return
+    with named_os_errors(tree, "the plugin's source copy"):
+        (tree / RELEASE_VERSION_FILE).write_text(version + "\n")
+    print(f"comms: wrote {RELEASE_VERSION_FILE} ({version}) for the plugin's m4/get_version.sh", flush=True)
 
 
 def version_code(version: str) -> int:
@@ -541,6 +577,7 @@ class _Step:
         work = self.partial / "work" / "aws-ofi-nccl"
         shutil.copytree(src.tree, work, symlinks=True)
         if not (work / "configure").exists():
+            _release_version_file(work, self.spec.aws_ofi_nccl_version)
             # autogen.sh has no #! line in the release archives: run it with sh
             self._call(["sh", "./autogen.sh"], "aws-ofi-nccl autogen.sh", cwd=work)
         args = [f"--prefix={self.prefix}", "--disable-tests", "--disable-platform-aws"]
