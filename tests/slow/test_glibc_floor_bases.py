@@ -55,6 +55,8 @@ def bullseye_sets(base: str, site_certs: list[str]) -> list[str]:
         f"python_version={PY}",
         f"python_sources={json.dumps({PY: PY_SOURCE})}",
         f"glibc_floor={FLOOR}",
+        # its own image name: the tag is the profile's (cpu-2.6.0-x86_64), which the suite's trixie image has
+        "image_name=torchbuild-test/toolchain-bullseye",
         *site_certs,
     ]
 
