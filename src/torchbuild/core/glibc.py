@@ -92,3 +92,17 @@ def bases_meeting(glibc_floor: str, libstdcxx_floor: str = "") -> list[str]:
     what the toolchain check proposes instead of a base that is too new."""
     fits = [(name, g) for name, g, cxx in KNOWN_BASES if not above(g, glibc_floor) and not above(cxx, libstdcxx_floor)]
     return [f"{name} (glibc {g})" for name, g in sorted(fits, key=lambda f: parse(f[1]), reverse=True)]
+
+
+# Base images whose package manager is dnf (RPM): Rocky/Alma/RHEL/CentOS Stream/Fedora, Red Hat's
+# UBI, the pypa manylinux_2_28+ builders (AlmaLinux 8 and later) and images named after one of
+# them (nvidia/cuda:12.6.2-devel-rockylinux8). manylinux2014 (CentOS 7, yum) is not among them.
+_RPM_BASES = re.compile(
+    r"(^|[/:_-])(rockylinux|almalinux|manylinux_?2_[0-9]+|ubi[0-9]*|rhel[0-9]*|centos|fedora)([0-9.]*)($|[^a-z0-9])"
+)
+
+
+def base_family(base_image: str) -> str:
+    """The package family of a base image by its name: "rpm" (dnf) for the RPM distributions
+    above, "deb" (apt) otherwise; torchbuild's recipe for a base is chosen by it."""
+    return "rpm" if _RPM_BASES.search(base_image.lower()) else "deb"

@@ -32,9 +32,11 @@ from torchbuild.core.errors import (
     ProfileError,
     ToolMissing,
     TorchbuildError,
+    UsageError,
     named_os_errors,
     writable_dir,
 )
+from torchbuild.core.glibc import base_family
 from torchbuild.core.process import run_captured
 from torchbuild.core.safeio import MiB, read_bytes, user_path
 from torchbuild.inputs import lock as lockfile
@@ -45,6 +47,15 @@ from torchbuild.inputs.lock import Lock, LockError
 
 LABEL_PREFIX = "org.torchbuild"
 DOCKERFILE = "toolchain.Dockerfile"
+# the same stages and contract on dnf (RPM) bases: Rocky/Alma/RHEL 8-class, the manylinux_2_28 builder
+DNF_DOCKERFILE = "toolchain-dnf.Dockerfile"
+
+
+def recipe_for(base_image: str) -> str:
+    """The toolchain recipe (a file in containers/) for a base image: the dnf one for an RPM
+    distribution (glibc.base_family), the apt one otherwise."""
+    return DNF_DOCKERFILE if base_family(base_image) == "rpm" else DOCKERFILE
+
 
 # apt packages per profile choice (Debian and Ubuntu names; nvidia/cuda images are Ubuntu)
 BLAS_PACKAGES = {
@@ -108,6 +119,94 @@ def apt_packages(spec: BuildSpec) -> list[str]:
     return list(dict.fromkeys(wanted))
 
 
+# The RPM names (EL 8/9 with EPEL and PowerTools/CRB, Fedora) of the apt packages a profile's
+# choices install; None where the RPM distributions have no package (MKL comes from Intel's own
+# repository, which torchbuild does not add). A table of the choices torchbuild makes, not a
+# general apt -> rpm translation: the profile's apt_packages are Debian names written by a
+# person, and guessing their RPM names would fail an hour into an image build instead of now,
+# so they are refused on a dnf base (ProfileError naming the key; a site adds RPMs by deriving
+# its own base image). A new rpm_packages key would mean a new image input, label and lock
+# field: left for when a site asks.
+RPM_NAMES: dict[str, str | None] = {
+    "gcc": "gcc",
+    "g++": "gcc-c++",
+    "clang": "clang",
+    "libomp-dev": "libomp-devel",
+    "libmkl-dev": None,
+    "libopenblas-dev": "openblas-devel",
+    "nvpl-blas": "nvpl-blas",  # NVIDIA's RPM repository uses the same names
+    "nvpl-lapack": "nvpl-lapack",
+    "libblis-dev": "blis-devel",  # EPEL
+    "libeigen3-dev": "eigen3-devel",
+    "libopenmpi-dev": "openmpi-devel",
+    "openmpi-bin": "openmpi",
+    "libmpich-dev": "mpich-devel",
+    "mpich": "mpich",
+    "make": "make",
+    "autoconf": "autoconf",
+    "automake": "automake",
+    "libtool": "libtool",
+    "libhwloc-dev": "hwloc-devel",
+    "libfabric-dev": "libfabric-devel",
+}
+
+
+def _rpm_names(key: str, value: str, names: Iterable[str]) -> list[str]:
+    """The RPM names of apt names that one profile key chose; ProfileError naming the key where
+    an RPM distribution has none."""
+    found = []
+    for name in names:
+        rpm = RPM_NAMES.get(name)
+        if rpm is None:
+            raise ProfileError(
+                f"{key}: {value} has no package on an RPM (dnf) base ({name} is Debian's)",
+                hint=f"choose another {key}, or a Debian/Ubuntu base_image",
+            )
+        found.append(rpm)
+    return found
+
+
+def _rpm_compiler(spec: BuildSpec) -> list[str]:
+    """The compiler's RPMs: the distribution's gcc, or gcc-toolset-N (RHEL's devtoolset; the
+    recipe links its gcc-N and g++-N onto PATH, the names compilers() gives); clang only unversioned."""
+    if spec.compiler == "clang":
+        if spec.compiler_version:
+            raise ProfileError(
+                f"compiler_version: clang {spec.compiler_version} has no versioned package on an RPM (dnf) base",
+                hint="leave compiler_version empty (the distribution's clang), or use a Debian/Ubuntu base_image",
+            )
+        return ["clang", "libomp-devel"]
+    if spec.compiler_version:
+        return [f"gcc-toolset-{spec.compiler_version}-gcc", f"gcc-toolset-{spec.compiler_version}-gcc-c++"]
+    return ["gcc", "gcc-c++"]
+
+
+def rpm_packages(spec: BuildSpec) -> list[str]:
+    """apt_packages' counterpart on a dnf base: the profile-dependent RPMs, in a stable order
+    without duplicates. cuda_packages pass as they are (NVIDIA's RPM repository names its
+    packages as its apt one does: cuda-toolkit-12-6); apt_packages are refused (see RPM_NAMES)."""
+    if spec.apt_packages:
+        raise ProfileError(
+            f"apt_packages: {', '.join(spec.apt_packages)}: Debian package names, and base_image "
+            f"{spec.base_image} is an RPM (dnf) distribution",
+            hint="drop apt_packages for this base (build a base_image FROM it with the RPMs the site needs), "
+            "or use a Debian/Ubuntu base_image",
+        )
+    wanted = [
+        *_rpm_compiler(spec),
+        *_rpm_names("blas", spec.blas, BLAS_PACKAGES[spec.blas]),
+        *_rpm_names("mpi", spec.mpi, MPI_PACKAGES[spec.mpi]),
+        *_checked_apt_names("cuda_packages", spec.cuda_packages),
+        *_rpm_names("aws_ofi_nccl_version", spec.aws_ofi_nccl_version or spec.nccl, comms_packages(spec)),
+    ]
+    return list(dict.fromkeys(wanted))
+
+
+def image_packages(spec: BuildSpec) -> list[str]:
+    """The packages the profile adds to its base: RPM names on a dnf base, apt ones otherwise."""
+    return rpm_packages(spec) if base_family(spec.base_image) == "rpm" else apt_packages(spec)
+
+
 def python_requirements(spec: BuildSpec) -> list[str]:
     """The profile's python_packages, each checked to be a PEP 508 requirement (`numpy<2`,
     `pkg @ https://...`): a pip option (`--index-url ...`) or a second line cannot slip in."""
@@ -163,8 +262,15 @@ def write_package_lists(
     install -r`, so no profile or lock value is ever re-parsed by a shell: a specifier such as
     `numpy<2` reaches pip intact, and a value cannot become a redirection or a command. An apt
     option is split like a command line (`-o Acquire::Check-Valid-Until=false`)."""
+    apt_options = list(apt_options)
+    if apt_options and base_family(spec.base_image) == "rpm":
+        raise UsageError(
+            f"--apt-option: base_image {spec.base_image} is an RPM (dnf) distribution; apt options do not apply",
+            hint="drop --apt-option for this profile",
+        )
     lists = {
-        "apt-packages.txt": apt_packages(spec),
+        # on a dnf base the RPM names (rpm_packages): the file keeps its name, the recipes their inputs
+        "apt-packages.txt": image_packages(spec),
         "requirements.txt": python_requirements(spec),
         "pythons.txt": list(spec.pythons),
         "python-sources.txt": python_sources(spec),
@@ -558,7 +664,7 @@ def check_platform(engine: Engine, ref: str, arch: Arch) -> None:
 
 def image_context(spec: BuildSpec, dest: Path, apt_options: Iterable[str] = (), locked: LockedBy | None = None) -> None:
     """The toolchain image's build context: make_context plus the package lists (and the lock's)."""
-    make_context(spec, dest, extra=(CUDA_CHECK,))
+    make_context(spec, dest, dockerfile=recipe_for(spec.base_image), extra=(CUDA_CHECK,))
     write_package_lists(spec, dest, apt_options, locked)
 
 
@@ -607,8 +713,20 @@ def _lock_command(spec: BuildSpec, path: Path, *flags: str) -> str:
     return shlex.join([*shlex.split(command), *flags, *given])
 
 
+def require_apt_base(spec: BuildSpec) -> None:
+    """LockError on a dnf base: a lock pins dpkg packages (record/dpkg-base.txt, lock/apt.txt);
+    pinning RPMs (rpm -qa, dnf install name-version) is not made yet, so the dnf recipe and this
+    refuse a lock rather than build an image the lock does not describe."""
+    if base_family(spec.base_image) == "rpm":
+        raise LockError(
+            f"locks are made for apt bases only, and base_image {spec.base_image} is an RPM (dnf) distribution",
+            hint="build this profile's image without a lock (`invoke image` without --lock; remove its .lock file)",
+        )
+
+
 def read_lock(spec: BuildSpec, path: Path) -> LockedBy:
     """The lock in path, checked to fit spec; LockError naming each difference otherwise."""
+    require_apt_base(spec)
     lock, sha256 = lockfile.read(path)
     diffs = lock_differences(lock, spec)
     if diffs:
@@ -735,6 +853,7 @@ def lock_image(
     """`invoke image --lock`: build spec's image without a lock (rebuild: resolving everything
     afresh, without Docker's layer cache), pin what it installed, build the image again from
     those pins, and write the lock to path only when both images list the same packages."""
+    require_apt_base(spec)
     writable_dir(path.parent, "the lock's directory")
     unlocked = build_image(
         spec, engine, logs_dir=logs_dir, rebuild=rebuild, pull=pull, apt_options=apt_options, out=out, locked=None
@@ -794,7 +913,7 @@ def build_image(
     a rerun with nothing changed is a hit."""
     start = time.monotonic()
     platform = spec.arch.docker_platform
-    packages = apt_packages(spec)
+    packages = image_packages(spec)
     python_requirements(spec)  # a bad entry is refused before anything is pulled or built
     ca_certificates(spec)  # and so is a CA file that is not a PEM certificate
     require_emulation(spec.arch)
@@ -844,7 +963,8 @@ def _base_image_id(spec: BuildSpec, engine: Engine, pull: bool, out: TextIO) -> 
 def _announce(spec: BuildSpec, packages: list[str], locked: LockedBy | None, out: TextIO) -> None:
     """What is about to be built: the tag, platform and base, the apt packages, the Pythons and the lock."""
     print(f"building {spec.image_tag} for {spec.arch.docker_platform} from {spec.base_image}", file=out, flush=True)
-    print(f"  apt packages: {' '.join(packages) or '(none beyond the base set)'}", file=out, flush=True)
+    kind = "dnf" if base_family(spec.base_image) == "rpm" else "apt"
+    print(f"  {kind} packages: {' '.join(packages) or '(none beyond the base set)'}", file=out, flush=True)
     if len(spec.pythons) > 1:
         print(f"  Pythons: {', '.join(spec.pythons)} (/opt/venv is {spec.python_version})", file=out, flush=True)
     if locked is None:
