@@ -82,8 +82,8 @@ RUN mapfile -t rpm_packages < /opt/torchbuild/inputs/apt-packages.txt \
       ca-certificates git patch make pkgconf-pkg-config ccache cmake ninja-build which findutils "${rpm_packages[@]}" \
  && find /opt/torchbuild/certs -name '*.crt' -exec cp -t /etc/pki/ca-trust/source/anchors/ {} + \
  && update-ca-trust \
- && for bin in /opt/rh/gcc-toolset-*/root/usr/bin; do \
-      n="${bin#/opt/rh/gcc-toolset-}"; n="${n%%/*}"; \
+ && for root in /opt/rh/gcc-toolset-*; do \
+      bin="$root/root/usr/bin"; n="$(basename "$root")"; n="${n/gcc-toolset-/}"; \
       for tool in gcc g++; do \
         if [ -x "$bin/$tool" ] && [ ! -e "/usr/local/bin/$tool-$n" ]; then ln -s "$bin/$tool" "/usr/local/bin/$tool-$n"; fi; \
       done; \
@@ -97,6 +97,8 @@ RUN mapfile -t rpm_packages < /opt/torchbuild/inputs/apt-packages.txt \
  && rm -rf /var/cache/dnf
 # The gcc-toolset links (gcc-13, g++-13: the CC and CXX a compiler_version names) and the MPI
 # links (EL puts MPI under /usr/lib64/<mpi>/bin, off PATH) are made above for what is installed.
+# No RUN line may hold a '#' (${v#prefix}): spython's parser cuts a line there, and the
+# Apptainer translation (recipe.py) would end the RUN's subshell early.
 # pip and requests use the system trust store, so site CAs apply to them too.
 ENV PIP_CERT=/etc/pki/tls/certs/ca-bundle.crt \
     REQUESTS_CA_BUNDLE=/etc/pki/tls/certs/ca-bundle.crt \

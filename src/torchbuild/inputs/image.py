@@ -493,7 +493,7 @@ def wanted_inputs(spec: BuildSpec, base_id: str | None = None) -> dict[str, str]
         "python_version": spec.python_version,
         "python_versions": json.dumps(list(spec.pythons[1:])),  # the Pythons besides python_version
         "compiler": compiler,
-        "apt_packages": json.dumps(apt_packages(spec)),
+        "apt_packages": json.dumps(image_packages(spec)),  # RPM names on a dnf base
         "python_packages": json.dumps(python_requirements(spec)),
         "python_system_site_packages": json.dumps(spec.python_system_site_packages),
         "ca_certificates": json.dumps(_ca_digests(spec)),

@@ -62,6 +62,7 @@ from torchbuild.core.errors import BuildInterrupted, PathError, SifError, UsageE
 from torchbuild.core.errors import (
     RecipeError as RecipeError,  # defined in errors.py (its registry); importable here too
 )
+from torchbuild.core.glibc import base_family
 from torchbuild.core.process import interrupts_unwind
 from torchbuild.core.safeio import RECIPE_LIMIT, loads_json, read_text
 from torchbuild.inputs.config import BuildSpec, cache_dir, shareable_profile_text
@@ -88,7 +89,8 @@ from torchbuild.inputs.sif import (
 )
 from torchbuild.inputs.sif import build_args as apptainer_build_args
 
-RECIPE = "Dockerfile"  # containers/toolchain.Dockerfile, as image_context lays it out
+# containers/toolchain.Dockerfile (toolchain-dnf.Dockerfile on an RPM base), as image_context lays it out
+RECIPE = "Dockerfile"
 # the root file system a cpu toolchain recipe installs (measured 1.7 GiB as a Docker image): the
 # free space a build needs is sif.space_needed of it (the root file system, its squashfs, the SIF)
 RECIPE_SIZE_ESTIMATE = 2 << 30
@@ -158,6 +160,12 @@ def bootstrap_for(spec: BuildSpec) -> Bootstrap:
     to what base_image names (debian:trixie, ubuntu:24.04, torchbuild/base:trixie-x86_64)."""
     if spec.sif_bootstrap == "docker":
         return Bootstrap("docker", spec.base_image)
+    if base_family(spec.base_image) == "rpm":
+        raise UsageError(
+            f"sif_bootstrap debootstrap: base_image {spec.base_image!r} is an RPM (dnf) distribution, "
+            "and debootstrap makes Debian and Ubuntu systems only",
+            hint="set sif_bootstrap=docker (Apptainer pulls the base image itself)",
+        )
     distro, suite = _suite_of(spec.base_image)
     suite = spec.sif_suite or suite
     if not suite:
