@@ -97,8 +97,6 @@ RUN mapfile -t rpm_packages < /opt/torchbuild/inputs/apt-packages.txt \
  && rm -rf /var/cache/dnf
 # The gcc-toolset links (gcc-13, g++-13: the CC and CXX a compiler_version names) and the MPI
 # links (EL puts MPI under /usr/lib64/<mpi>/bin, off PATH) are made above for what is installed.
-# No RUN line may hold a '#' (${v#prefix}): spython's parser cuts a line there, and the
-# Apptainer translation (recipe.py) would end the RUN's subshell early.
 # pip and requests use the system trust store, so site CAs apply to them too.
 ENV PIP_CERT=/etc/pki/tls/certs/ca-bundle.crt \
     REQUESTS_CA_BUNDLE=/etc/pki/tls/certs/ca-bundle.crt \

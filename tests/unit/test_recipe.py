@@ -499,3 +499,18 @@ def test_a_comms_profile_gets_the_comms_tools_and_finds_its_nccl_and_plugin_boun
         ["aws_ofi_nccl_version=1.17.1", "cuda_version=12.4", 'cuda_arch_list=["9.0"]', "distributed=[gloo, nccl]"],
     )
     assert "libfabric-dev" in apt_packages(own)  # no site libfabric: the image's own
+
+
+def test_a_hash_inside_a_run_line_does_not_end_the_run(tmp_path):
+    """`${v#prefix}` and `$#` are shell, not comments (Docker takes `#` as a comment only where it
+    starts a line): the RUN stays one subshell, and %post does what the RUN does."""
+    script = post_script(
+        tmp_path,
+        "FROM x\n# a comment\n"
+        'RUN for v in gcc-toolset-13 gcc-toolset-14; do \\\n      n="${v#gcc-toolset-}"; \\\n'
+        '      set -- a b; echo "$n $#" >> out; \\\n    done\nRUN echo end >> out\n',
+    )
+    proc = run_bash(script, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out").read_text() == "13 2\n14 2\nend\n"
+    assert script.count("( ") == 2

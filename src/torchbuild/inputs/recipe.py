@@ -243,6 +243,13 @@ class ToolchainParser(DockerParser):  # type: ignore[misc]
     def _where(self) -> str:
         return f"{self.dockerfile.name}:{self.number}"
 
+    def _clean_line(self, line: Any) -> str:
+        """The line as Docker reads it for a continuation: a comment only where `#` starts it.
+        spython's cuts every line at its first `#`, so a RUN line such as `n="${v#x}"; \\` looked
+        unended, and its RUN's subshell was closed in the middle of the command."""
+        text = str(line or "").strip()
+        return "" if text.startswith("#") else text
+
     def _get_mapping(self, line: Any, parser: Any = None, previous: Any = None) -> Any:
         continued = self._clean_line(previous).endswith("\\")
         words = line.split() if isinstance(line, str) else line
