@@ -74,6 +74,13 @@ def bullseye_image(engine, bullseye_base, site_certs) -> tuple[list[str], str]:
 def build_fixture(tmp: Path, sets: list[str], name: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     tree, out = tmp / f"{name}-src", tmp / f"{name}-out"
     shutil.copytree(FIXTURES / "minitorch", tree, ignore=shutil.ignore_patterns("build", "*.so", "_version.py"))
+    # a call whose symbol version follows the C library: g++ on glibc >= 2.38 binds strtol to
+    # __isoc23_strtol@GLIBC_2.38 (C23), on bullseye to strtol@GLIBC_2.2.5; the fixture alone needs
+    # nothing newer than 2.2.5 on either (measured: manylinux_2_5 from the trixie image)
+    with (tree / "csrc" / "ops.cpp").open("a") as f:
+        f.write(
+            '\n#include <cstdlib>\nextern "C" long minitorch_parse(const char* s) { return std::strtol(s, nullptr, 10); }\n'
+        )
     args = ["build", "--in-container", "--profile", "cpu", "--arch", "x86_64", "--source", str(tree), "--out", str(out)]
     common = [f"cache_dir={tmp / 'cache'}", "patches=none", f"local_version={name}"]
     return run_invoke(*args, *set_args([*sets, *common]), timeout=3600), out

@@ -667,3 +667,13 @@ def test_a_python_source_without_a_checkable_sha256_or_with_a_password_is_refuse
 def test_python_sources_names_a_python_version_not_anything_else():
     with pytest.raises(ProfileError, match="python_sources"):
         resolve("cpu", [f"python_sources={json.dumps({'latest': f'{PY312}#sha256={PY312_SHA}'})}"])
+
+
+def test_an_image_built_with_a_python_source_records_it_and_is_current():
+    """The slow bullseye test's build met `python_sources: not recorded in the image` right after
+    `invoke image` had built it: the input was wanted but not among the recorded ones."""
+    sources = json.dumps({"3.12": f"{PY312}#sha256={PY312_SHA}"})
+    spec = resolve("cpu", [f"python_sources={sources}"])
+    image = _inspect(spec)
+    assert json.loads(image_inputs(image)["python_sources"]) == [f"3.12 {PY312} {PY312_SHA}"]
+    assert input_differences(image, wanted_inputs(spec, "sha256:base")) == []

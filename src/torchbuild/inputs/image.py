@@ -464,6 +464,7 @@ IMAGE_INPUTS = (
     "python_packages",
     "python_system_site_packages",
     "ca_certificates",
+    "python_sources",
 )
 _LIST_INPUTS = frozenset({"apt_packages", "python_packages", "ca_certificates", "python_versions"})
 
