@@ -10,8 +10,8 @@ image needs trixie's glibc: a 2.31 floor with that base is refused at `invoke co
 out/), and `invoke install --engine native` run inside the bullseye image refuses that wheel
 before making the prefix.
 
-About 10 minutes on a new machine (the CPython build is about 3 of them): in `nox -s slow`, not
-in CI's integration suite, to keep `.ci/run` within 45 minutes (issue 40).
+The bullseye base and image are built with the suite's shared images, before the first test
+(`prebuild`): 640 s on a new engine beside the rest of the suite, most of it the CPython build.
 
 What is not run here: a RHEL 8-class base (the manylinux_2_28 builder; dnf) and the real PyTorch
 source on bullseye (Debian's de-vendored 2.6 source needs trixie's libraries; a site with the
@@ -20,6 +20,7 @@ full upstream source builds it on this base with the same keys).
 
 from __future__ import annotations
 
+import glob
 import json
 import shutil
 import subprocess
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import pytest
 from helpers import FIXTURES, REPO, run_invoke, set_args
+from image_builds import BUILDS
 
 from torchbuild.core.arch import Arch
 from torchbuild.delivery import elffloor
@@ -44,9 +46,9 @@ PY_SOURCE = (
 FLOOR = "2.31"
 
 
-@pytest.fixture(scope="module")
-def bullseye_base(engine, test_cache) -> str:
-    return make_base_image(engine, suite="bullseye", arch=Arch.X86_64, work_dir=test_cache / "rootfs")[0]
+def _site_certs() -> list[str]:  # as conftest's site_certs: this host's locally added CAs
+    certs = sorted(glob.glob("/usr/local/share/ca-certificates/*.crt"))
+    return ["ca_certificates=" + ",".join(certs)] if certs else []
 
 
 def bullseye_sets(base: str, site_certs: list[str]) -> list[str]:
@@ -61,14 +63,26 @@ def bullseye_sets(base: str, site_certs: list[str]) -> list[str]:
     ]
 
 
-@pytest.fixture(scope="module")
-def bullseye_image(engine, bullseye_base, site_certs) -> tuple[list[str], str]:
-    sets = bullseye_sets(bullseye_base, site_certs)
+def _bullseye_image(test_cache: Path) -> tuple[list[str], str]:
+    """The bullseye base (debootstrap) and the cpu profile's image on it, through the CLI."""
+    from torchbuild.inputs.config import resolve
+    from torchbuild.inputs.engine import Engine
+
+    base = make_base_image(Engine.connect(), suite="bullseye", arch=Arch.X86_64, work_dir=test_cache / "rootfs")[0]
+    sets = bullseye_sets(base, _site_certs())
     res = run_invoke("image", "--profile", "cpu", "--arch", "x86_64", *set_args(sets), timeout=3600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
-    from torchbuild.inputs.config import resolve
-
     return sets, resolve("cpu", sets, arch="x86_64").image_tag
+
+
+def prebuild(items: list, test_cache: Path, after) -> list:
+    """Built with the suite's shared images, before the first test (conftest.prebuilt_images)."""
+    return [("bullseye_image", lambda: _bullseye_image(test_cache))] if items else []
+
+
+@pytest.fixture(scope="module")
+def bullseye_image(engine, test_cache) -> tuple[list[str], str]:
+    return BUILDS.get("bullseye_image", lambda: _bullseye_image(test_cache))
 
 
 def build_fixture(tmp: Path, sets: list[str], name: str) -> tuple[subprocess.CompletedProcess[str], Path]:
