@@ -602,18 +602,30 @@ def test_the_image_runs_the_cuda_check_with_the_profiles_cuda_before_the_venvs(t
 
 
 def test_a_failed_cuda_check_is_a_profile_error_naming_both_versions(tmp_path):
-    from torchbuild.inputs.image import _cuda_failure
+    from torchbuild.inputs.image import _profile_stop
 
     log = tmp_path / "image.log"
     log.write_text("Step 9/20 : RUN bash /opt/torchbuild/cuda-check.sh ...\n"
                    "torchbuild-cuda: cuda_version is 12.6, and the image's nvcc (/usr/bin/nvcc) is CUDA 12.4\n")  # fmt: skip
     err = ImageBuildFailed("building x failed")
-    named = _cuda_failure(resolve("cuda-offline", ["cuda_version=12.6"]), log, err)
+    named = _profile_stop(resolve("cuda-offline", ["cuda_version=12.6"]), log, err)
     assert isinstance(named, ProfileError)
     assert "cuda_version is 12.6, and the image's nvcc (/usr/bin/nvcc) is CUDA 12.4" in named.message
     assert str(log) in named.message and "base image" in (named.hint or "")
     log.write_text("E: Unable to locate package x\n")
-    assert _cuda_failure(resolve("cuda-offline"), log, err) is err
+    assert _profile_stop(resolve("cuda-offline"), log, err) is err
+
+
+def test_a_python_the_base_lacks_is_a_profile_error_naming_python_sources(tmp_path):
+    from torchbuild.inputs.image import _profile_stop
+
+    log = tmp_path / "image.log"
+    log.write_text(
+        "torchbuild-python: python3.12 is not in the base image's apt archive and python_sources names no source for it\n"
+    )
+    named = _profile_stop(resolve("cpu"), log, ImageBuildFailed("building x failed"))
+    assert isinstance(named, ProfileError) and "python3.12 is not in the base image's apt archive" in named.message
+    assert "cpu.yaml" in named.message and "python_sources" in (named.hint or "")
 
 
 @pytest.mark.parametrize(

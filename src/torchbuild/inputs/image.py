@@ -768,41 +768,33 @@ def _lock_failure(spec: BuildSpec, locked: LockedBy, log: Path, err: ImageBuildF
 
 
 CUDA_CHECK = "cuda-check.sh"  # containers/: cuda_version against the image's nvcc
-_CUDA_LINE = re.compile(r"torchbuild-cuda: (cuda_version is .*)")
-
-
-def _cuda_failure(spec: BuildSpec, log: Path, err: ImageBuildFailed) -> TorchbuildError:
-    """ProfileError when the build stopped at cuda-check.sh (cuda_version is not the image's
-    nvcc's release); err otherwise."""
-    try:
-        found = _CUDA_LINE.search(log.read_text(errors="replace"))
-    except OSError:
-        return err
-    if found is None:
-        return err
-    return ProfileError(
-        f"{spec.origins.get('cuda_version', 'cuda_version')}: {found.group(1).strip()} (full log: {log})",
-        hint="set cuda_version to the CUDA the base image (or cuda_packages) provides, or a base_image of that CUDA",
-    )
-
-
-_PYTHON_LINE = re.compile(r"torchbuild-python: (.*)")
-
-
-def _python_failure(spec: BuildSpec, log: Path, err: ImageBuildFailed) -> TorchbuildError:
-    """ProfileError when the build stopped at a Python the base lacks (no python_sources entry,
-    a tarball whose sha256 differs, one that did not build); err otherwise."""
-    try:
-        found = _PYTHON_LINE.search(log.read_text(errors="replace"))
-    except OSError:
-        return err
-    if found is None:
-        return err
-    return ProfileError(
-        f"{spec.origins.get('python_version', 'python_version')}: {found.group(1).strip()} (full log: {log})",
-        hint="choose a Python the base's archive has, or name its CPython source tarball with its sha256 in "
+# the lines the recipe prints before it stops on a profile value: the key it names and what to do
+_PROFILE_STOPS = (
+    (  # cuda-check.sh: cuda_version is not the image's nvcc's release
+        re.compile(r"torchbuild-cuda: (cuda_version is .*)"),
+        "cuda_version",
+        "set cuda_version to the CUDA the base image (or cuda_packages) provides, or a base_image of that CUDA",
+    ),
+    (  # a Python the base lacks: no python_sources entry, another sha256, a source that did not build
+        re.compile(r"torchbuild-python: (.*)"),
+        "python_version",
+        "choose a Python the base's archive has, or name its CPython source tarball with its sha256 in "
         'python_sources (python.org\'s, e.g. --set \'python_sources={"3.12": "URL#sha256=HEX"}\')',
-    )
+    ),
+)
+
+
+def _profile_stop(spec: BuildSpec, log: Path, err: ImageBuildFailed) -> TorchbuildError:
+    """ProfileError when the build stopped at one of _PROFILE_STOPS' lines; err otherwise."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return err
+    for pattern, key, hint in _PROFILE_STOPS:
+        found = pattern.search(text)
+        if found is not None:
+            return ProfileError(f"{spec.origins.get(key, key)}: {found.group(1).strip()} (full log: {log})", hint=hint)
+    return err
 
 
 def read_image_files(engine: Engine, image: str, paths: Iterable[str]) -> dict[str, bytes]:
@@ -943,8 +935,7 @@ def build_image(
             )
         except ImageBuildFailed as err:
             named = _lock_failure(spec, locked, log, err) if locked else err
-            named = _cuda_failure(spec, log, err) if named is err else named
-            named = _python_failure(spec, log, err) if named is err else named
+            named = _profile_stop(spec, log, err) if named is err else named
             if named is err:
                 raise
             raise named from err
