@@ -106,3 +106,9 @@ def base_family(base_image: str) -> str:
     """The package family of a base image by its name: "rpm" (dnf) for the RPM distributions
     above, "deb" (apt) otherwise; torchbuild's recipe for a base is chosen by it."""
     return "rpm" if _RPM_BASES.search(base_image.lower()) else "deb"
+
+
+def base_advice(glibc_floor: str, libstdcxx_floor: str = "") -> str:
+    """What to set instead of a base that is too new: the two newest known bases meeting the floors."""
+    fits = bases_meeting(glibc_floor, libstdcxx_floor)
+    return f"set base_image to {' or '.join(fits[:2])}" if fits else "use a base as old as the site's OS"

@@ -409,8 +409,7 @@ def check_toolchain(spec: BuildSpec, env: Mapping[str, str], where: str) -> str:
 
 
 def _fitting(spec: BuildSpec) -> str:
-    fits = glibc.bases_meeting(spec.glibc_floor, spec.libstdcxx_floor)
-    where = f"set base_image to {' or '.join(fits[:2])}" if fits else "use a base as old as the site's OS"
+    where = glibc.base_advice(spec.glibc_floor, spec.libstdcxx_floor)
     return f"{where}, or build natively on the site; or empty the floor (--set glibc_floor=) for a wheel for this base only"
 
 

@@ -1518,8 +1518,7 @@ def _check_floor_base(values: Mapping[str, Any], where: Mapping[str, str]) -> No
     floor = values["glibc_floor"]
     if not glibc.above(own, floor):
         return
-    fits = glibc.bases_meeting(floor, values["libstdcxx_floor"])
-    where_to = f"set base_image to {' or '.join(fits[:2])}" if fits else "use a base as old as the site's OS"
+    where_to = glibc.base_advice(floor, values["libstdcxx_floor"])
     _fail(
         where,
         "base_image",
