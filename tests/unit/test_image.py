@@ -689,3 +689,14 @@ def test_an_image_built_with_a_python_source_records_it_and_is_current():
     image = _inspect(spec)
     assert json.loads(image_inputs(image)["python_sources"]) == [f"3.12 {PY312} {PY312_SHA}"]
     assert input_differences(image, wanted_inputs(spec, "sha256:base")) == []
+
+
+def test_the_source_digest_covers_exactly_the_files_the_image_installs(tmp_path):
+    from torchbuild.inputs.config import data_dir
+    from torchbuild.inputs.image import _copy_tree, source_files
+
+    _copy_tree(data_dir(), tmp_path / "copy")
+    copied = {p.relative_to(tmp_path / "copy").as_posix() for p in (tmp_path / "copy").rglob("*") if p.is_file()}
+    listed = {rel for rel, _ in source_files(data_dir())}
+    assert listed == copied and "src/torchbuild/inputs/image.py" in listed
+    assert not any("__pycache__" in rel or rel.endswith(".pyc") for rel in listed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import fnmatch
 import functools
 import hashlib
 import io
@@ -286,6 +287,9 @@ def write_package_lists(
 
 
 _SOURCE_PARTS = ("pyproject.toml", "README.md", "src", "configs", "containers", "patches")
+# left out of what the image installs (and of its digest); locks beside the profiles reach the
+# image as inputs/lock/, not as part of the source
+_SOURCE_IGNORED = ("__pycache__", "*.pyc", "*.egg-info", ".*", f"*{lockfile.SUFFIX}")
 
 
 def _copy_tree(root: Path, dest: Path) -> None:
@@ -296,8 +300,7 @@ def _copy_tree(root: Path, dest: Path) -> None:
             hint="run `invoke image` from a torchbuild git checkout",
         )
     dest.mkdir(parents=True, exist_ok=True)
-    # locks beside the profiles reach the image as inputs/lock/, not as part of the source
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".*", f"*{lockfile.SUFFIX}")
+    ignore = shutil.ignore_patterns(*_SOURCE_IGNORED)
     for part in _SOURCE_PARTS:
         src = root / part
         if src.is_dir():
@@ -311,23 +314,24 @@ def source_digest() -> str:
     """sha256 of the torchbuild source an image installs (what _copy_tree copies): the image's
     torchbuild runs the steps, so an image from another checkout is out of date even where
     the version number is the same (a resumed build met one that did not know a new profile key)."""
-    root = data_dir()
     h = hashlib.sha256()
+    for rel, path in source_files(data_dir()):
+        h.update(f"{rel}\0".encode())
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def source_files(root: Path) -> list[tuple[str, Path]]:
+    """(relative path, path) of each file _copy_tree copies from root, in a stable order."""
+    found = []
     for part in _SOURCE_PARTS:
         base = root / part
         files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file()) if base.is_dir() else []
         for path in files:
-            rel = path.relative_to(root).as_posix()
-            if (
-                "__pycache__" in rel
-                or rel.endswith((".pyc", lockfile.SUFFIX))
-                or "/." in f"/{rel}"
-                or ".egg-info" in rel
-            ):
-                continue
-            h.update(f"{rel}\0".encode())
-            h.update(hashlib.sha256(path.read_bytes()).digest())
-    return h.hexdigest()
+            rel = path.relative_to(root)
+            if not any(fnmatch.fnmatch(name, pattern) for name in rel.parts for pattern in _SOURCE_IGNORED):
+                found.append((rel.as_posix(), path))  # the names shutil.ignore_patterns leaves out of the copy
+    return found
 
 
 def tree_digest(root: Path) -> str:
