@@ -1504,7 +1504,9 @@ def _check_cuda_targets(values: Mapping[str, Any], where: Mapping[str, str]) -> 
     for entry in values["cuda_arch_list"]:
         problem = torch_lines.arch_problem(line, entry)
         if problem:
-            hint = f"choose torch_version {torch_lines.TWO_DIGIT_ARCH_FROM} or newer, or drop {entry} from cuda_arch_list"
+            hint = (
+                f"choose torch_version {torch_lines.TWO_DIGIT_ARCH_FROM} or newer, or drop {entry} from cuda_arch_list"
+            )
             _fail(where, "cuda_arch_list", f"{problem}: {torch}", hint)
     newest = torch_lines.newest_known(values["torch_version"]) or values["torch_ref"] in torch_lines.DEVELOPMENT_REFS
     if not newest and torch_lines.cuda_too_new(line, cuda):

@@ -87,7 +87,7 @@ def target(entry: str) -> str:
 
 
 def sm_name(arch: str) -> str:
-    """"10.0a" -> "sm_100a"."""
+    """The SASS name of an architecture: 10.0a -> sm_100a."""
     major, rest = arch.split(".", 1)
     return f"sm_{major}{rest}"
 
