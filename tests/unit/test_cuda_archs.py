@@ -9,7 +9,7 @@ import pytest
 
 from torchbuild.core.arch import Arch
 from torchbuild.core.errors import ProfileError
-from torchbuild.inputs import cuda_archs, torch_lines
+from torchbuild.inputs import cuda_archs, official_wheels, torch_lines
 from torchbuild.inputs.config import available_profiles, base_image_cuda, resolve
 from torchbuild.inputs.environment import build_env
 from torchbuild.inputs.image import build_args, make_context
@@ -86,13 +86,20 @@ def test_config_refuses_a_cuda_major_newer_than_the_torch_line_was_released_for(
     assert resolve("cuda13", ["torch_version=2.8.0", "torch_ref=main"]).torch_ref == "main"
 
 
-def test_the_torch_lines_cuda_ceilings_never_go_down_and_cover_their_floors():
-    lines = torch_lines.LINES
-    for before, after in zip(lines, lines[1:]):
-        assert not torch_lines.older(after.cuda_max, before.cuda_max), after.torch
-    for line in lines:
-        assert not torch_lines.older(line.cuda_max, line.cuda_min), line.torch
-    assert torch_lines.line_of("2.7.1").cuda_max == "12.8" and torch_lines.line_of("2.9.0").cuda_max == "13.0"
+def test_the_cuda_ceilings_come_from_the_official_wheels_and_never_go_down():
+    lines = official_wheels.LINES
+    newest = [official_wheels.newest_cuda(line) for line in lines]
+    assert [torch_lines.version_tuple(v) for v in newest] == sorted(torch_lines.version_tuple(v) for v in newest)
+    assert dict(zip((line.torch for line in lines), newest))["2.6"] == "12.6"
+    assert official_wheels.newest_cuda(official_wheels.line_of("2.8.0")) == "12.9"
+
+
+def test_every_official_wheels_arch_list_compiles_with_its_cuda():
+    """The two tables agree: each official wheel's TORCH_CUDA_ARCH_LIST is one its CUDA compiles."""
+    for line in official_wheels.LINES:
+        for wheel in (*line.x86_64, *line.aarch64):
+            if wheel.cuda:
+                assert cuda_archs.cannot_compile(wheel.cuda, wheel.archs) is None, (line.torch, wheel)
 
 
 @pytest.mark.parametrize("name", available_profiles())

@@ -30,7 +30,7 @@ from torchbuild.core import glibc, records
 from torchbuild.core.arch import Arch, host_machine
 from torchbuild.core.errors import ProfileError, UsageError
 from torchbuild.core.safeio import PROFILE_LIMIT, not_an_option, read_text, user_path
-from torchbuild.inputs import comms_table, cuda_archs, remote_cache, torch_lines
+from torchbuild.inputs import comms_table, cuda_archs, official_wheels, remote_cache, torch_lines
 from torchbuild.inputs.companion_table import REPOS as COMPANION_REPOS
 from torchbuild.inputs.companion_table import default_ref, is_development, minor, pairing_problem
 from torchbuild.inputs.nccl_arch import nccl_cannot_target
@@ -1489,7 +1489,7 @@ def _check_toolchain_floor(values: Mapping[str, Any], where: Mapping[str, str]) 
 def _check_cuda_targets(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
     """Each cuda_arch_list entry one the CUDA compiles for (cuda_archs.TARGETS: 10.0 needs 12.8,
     CUDA 13 dropped 5.0 to 7.2) and the torch line reads (torch_lines.arch_problem), and a CUDA
-    major the torch line was released for: found here, not as an nvcc or CMake error an hour into
+    major the torch line's official wheels were built with (official_wheels): found here, not as an nvcc or CMake error an hour into
     the image and the configure."""
     cuda = str(values["cuda_version"])
     if not cuda:
@@ -1508,13 +1508,18 @@ def _check_cuda_targets(values: Mapping[str, Any], where: Mapping[str, str]) -> 
                 f"choose torch_version {torch_lines.TWO_DIGIT_ARCH_FROM} or newer, or drop {entry} from cuda_arch_list"
             )
             _fail(where, "cuda_arch_list", f"{problem}: {torch}", hint)
-    newest = torch_lines.newest_known(values["torch_version"]) or values["torch_ref"] in torch_lines.DEVELOPMENT_REFS
-    if not newest and torch_lines.cuda_too_new(line, cuda):
+    wheels = (
+        None
+        if values["torch_ref"] in torch_lines.DEVELOPMENT_REFS
+        else official_wheels.line_of(values["torch_version"])
+    )
+    if wheels and official_wheels.cuda_too_new(wheels, cuda):
+        newest = official_wheels.newest_cuda(wheels)
         _fail(
             where,
             "cuda_version",
-            f"CUDA {cuda} is a newer major than {torch} was released for (its newest CUDA is {line.cuda_max})",
-            f"set cuda_version to {line.cuda_max} (and a base_image of that CUDA), or choose a newer torch_version",
+            f"CUDA {cuda} is a newer major than {torch} was released for (its newest CUDA is {newest})",
+            f"set cuda_version to {newest} (and a base_image of that CUDA), or choose a newer torch_version",
         )
 
 

@@ -15,13 +15,6 @@ Sources, per column (read 2026-11; "inferred" where no tagged file was read, see
   12.0 from 2.9 (#164199 removed the checks for CUDA < 12), 12.1 from 2.12 (#178925), 12.6 from
   2.15 (#192257, cmake/public/cuda.cmake; which side of the 2.14 cut it landed is not known, so
   2.14 keeps 12.1).
-- cuda_max: the newest CUDA RELEASE.md's "Release Compatibility Matrix" lists for the line (stable
-  or experimental): 12.1 for 2.3, 12.4 for 2.4 and 2.5, 12.6 for 2.6, 12.8 for 2.7, 12.9 for 2.8,
-  13.0 for 2.9 to 2.11, 13.2 from 2.12 (pytorch/pytorch#182849); 2.15's plan keeps 13.2
-  (pytorch/pytorch#190385). A newer minor of the same major builds (NVIDIA keeps minors source
-  compatible: Triton's README built 2.6.0-rc9 with CUDA 12.8 for Blackwell); a newer major does
-  not: CUDA 13.0 removed cudaDeviceProp's clockRate and memoryClockRate and moved CCCL to 3.0
-  (its release notes), which PyTorch followed from 2.9, the first line with CUDA 13.0.
 - backend: main replaced setup.py by scikit-build-core on 2026-07-20 (pytorch/pytorch#189758,
   #180247/#180248), before the 2.14 branch cut (2026-08-10): 2.14 and later have no setup.py.
 
@@ -47,23 +40,22 @@ class Line:
     cuda_min: str
     cxx_standard: int
     backend: str  # "setuptools" (setup.py) or "scikit-build-core"
-    cuda_max: str  # the newest CUDA of the line's release matrix
 
 
 LINES: tuple[Line, ...] = (
-    Line("2.3", "3.8", "3.12", "9.3", "3.18", "11.0", 17, "setuptools", "12.1"),
-    Line("2.4", "3.8", "3.12", "9.3", "3.18", "11.0", 17, "setuptools", "12.4"),
-    Line("2.5", "3.8", "3.13", "9.3", "3.18", "11.0", 17, "setuptools", "12.4"),
-    Line("2.6", "3.9", "3.13", "9.3", "3.18", "11.0", 17, "setuptools", "12.6"),
-    Line("2.7", "3.9", "3.13", "9.3", "3.18", "11.0", 17, "setuptools", "12.8"),
-    Line("2.8", "3.9", "3.13", "9.3", "3.18", "11.0", 17, "setuptools", "12.9"),
-    Line("2.9", "3.10", "3.14", "9.3", "3.27", "12.0", 17, "setuptools", "13.0"),
-    Line("2.10", "3.10", "3.14", "9.3", "3.27", "12.0", 17, "setuptools", "13.0"),
-    Line("2.11", "3.10", "3.14", "9.3", "3.27", "12.0", 17, "setuptools", "13.0"),
-    Line("2.12", "3.10", "3.14", "11.3", "3.27", "12.1", 20, "setuptools", "13.2"),
-    Line("2.13", "3.10", "3.15", "11.3", "3.27", "12.1", 20, "setuptools", "13.2"),
-    Line("2.14", "3.10", "3.15", "11.3", "3.27", "12.1", 20, "scikit-build-core", "13.2"),
-    Line("2.15", "3.11", "3.15", "11.3", "3.27", "12.6", 20, "scikit-build-core", "13.2"),
+    Line("2.3", "3.8", "3.12", "9.3", "3.18", "11.0", 17, "setuptools"),
+    Line("2.4", "3.8", "3.12", "9.3", "3.18", "11.0", 17, "setuptools"),
+    Line("2.5", "3.8", "3.13", "9.3", "3.18", "11.0", 17, "setuptools"),
+    Line("2.6", "3.9", "3.13", "9.3", "3.18", "11.0", 17, "setuptools"),
+    Line("2.7", "3.9", "3.13", "9.3", "3.18", "11.0", 17, "setuptools"),
+    Line("2.8", "3.9", "3.13", "9.3", "3.18", "11.0", 17, "setuptools"),
+    Line("2.9", "3.10", "3.14", "9.3", "3.27", "12.0", 17, "setuptools"),
+    Line("2.10", "3.10", "3.14", "9.3", "3.27", "12.0", 17, "setuptools"),
+    Line("2.11", "3.10", "3.14", "9.3", "3.27", "12.0", 17, "setuptools"),
+    Line("2.12", "3.10", "3.14", "11.3", "3.27", "12.1", 20, "setuptools"),
+    Line("2.13", "3.10", "3.15", "11.3", "3.27", "12.1", 20, "setuptools"),
+    Line("2.14", "3.10", "3.15", "11.3", "3.27", "12.1", 20, "scikit-build-core"),
+    Line("2.15", "3.11", "3.15", "11.3", "3.27", "12.6", 20, "scikit-build-core"),
 )
 DEVELOPMENT_REFS = ("main", "master", "viable/strict", "nightly")  # build like the newest line
 
@@ -116,9 +108,3 @@ def arch_problem(line: Line, entry: str) -> str:
     if m and len(m[1]) > 1 and older(line.torch, TWO_DIGIT_ARCH_FROM):
         return f"{entry} is an unknown architecture name before PyTorch {TWO_DIGIT_ARCH_FROM} (one-digit majors only)"
     return ""
-
-
-def cuda_too_new(line: Line, cuda_version: str) -> bool:
-    """Whether cuda_version is a newer CUDA major than any CUDA the line was released for (CUDA
-    13 for 2.8): a newer minor (12.8 for 2.6) is not."""
-    return version_tuple(cuda_version)[:1] > version_tuple(line.cuda_max)[:1]
