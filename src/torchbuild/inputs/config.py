@@ -1489,8 +1489,8 @@ def _check_toolchain_floor(values: Mapping[str, Any], where: Mapping[str, str]) 
 def _check_cuda_targets(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
     """Each cuda_arch_list entry one the CUDA compiles for (cuda_archs.TARGETS: 10.0 needs 12.8,
     CUDA 13 dropped 5.0 to 7.2) and the torch line reads (torch_lines.arch_problem), and a CUDA
-    major the torch line's official wheels were built with (official_wheels): found here, not as an nvcc or CMake error an hour into
-    the image and the configure."""
+    major the torch line's official wheels were built with (official_wheels): found here, not as
+    an nvcc or CMake error an hour into the image and the configure."""
     cuda = str(values["cuda_version"])
     if not cuda:
         return
