@@ -33,7 +33,9 @@ def fixture_tree(dest: Path, kind: str = "setup.py") -> Path:
     skip = ["build", "*.so", "_version.py", *(["setup.py"] if kind != "setup.py" else [])]
     shutil.copytree(FIXTURES / "minitorch", dest, ignore=shutil.ignore_patterns(*skip))
     if kind != "setup.py":
-        shutil.copytree(FIXTURES / "minitorch-skbuild", dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            FIXTURES / "minitorch-skbuild", dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__")
+        )
     return dest
 
 

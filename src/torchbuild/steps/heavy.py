@@ -273,7 +273,10 @@ def apply_cmake_pool(build_dir: Path, heavy: HeavyPlan | None, jobs: int) -> tup
     fallback = max(1, min(jobs, heavy.fallback or jobs))
     record = pool_record(build_dir)
     if record is None:
-        return f"torchbuild: heavy pool: not configured yet: {fallback} jobs, each planned at the heavy units' peak", fallback
+        return (
+            f"torchbuild: heavy pool: not configured yet: {fallback} jobs, each planned at the heavy units' peak",
+            fallback,
+        )
     pooled, mixed = record
     left = f"; left out, mixing heavy and light units: {', '.join(mixed)}" if mixed else ""
     if not pooled:
