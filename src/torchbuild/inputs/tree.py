@@ -51,13 +51,18 @@ def pyproject(source: str | Path) -> dict[str, Any]:
     return _toml(read_text(path, PYPROJECT_LIMIT, "the tree's pyproject.toml", SourceError), path)
 
 
+def is_skbuild(source: str | Path) -> bool:
+    """Whether pip builds the tree at source with scikit-build-core (its pyproject.toml says so)."""
+    return bool(pyproject(source).get("build-system", {}).get("build-backend", "") == SKBUILD_BACKEND)
+
+
 def kind_of(source: str | Path) -> str:
     """SETUP_PY or SKBUILD for the tree at source; SourceError for a tree torchbuild cannot build."""
     root = Path(source)
+    if is_skbuild(root):
+        return SKBUILD
     table = pyproject(root)
     backend = table.get("build-system", {}).get("build-backend", "")
-    if backend == SKBUILD_BACKEND:
-        return SKBUILD
     if (root / "setup.py").is_file():
         return SETUP_PY
     if table:

@@ -39,7 +39,7 @@ from torchbuild.inputs import remote_cache
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import compiler_commands, jobs_env
 from torchbuild.inputs.jobs import HostResources, JobPlan, distcc_local_slots, plan_for, plan_make
-from torchbuild.inputs.tree import kind_of
+from torchbuild.inputs.tree import SETUP_PY, SKBUILD, is_skbuild
 from torchbuild.steps.oom import JobsUsed, Sink, run_compile
 
 
@@ -124,7 +124,12 @@ print(" ".join(missing))
 def check_wheel_tools(source: str, python: str = sys.executable) -> None:
     """--no-build-isolation builds with the interpreter's packages: say what is missing up front
     (the backend of the tree's kind, inputs/tree.py: setuptools and wheel, or scikit-build-core)."""
-    kind = kind_of(source)
+    if is_skbuild(source):
+        kind = SKBUILD
+    elif (Path(source) / "setup.py").is_file():
+        kind = SETUP_PY
+    else:  # a tree of another kind: pip says what it lacks
+        return
     # asked of the interpreter itself (another Python's packages are not this process's)
     proc = run_captured([python, "-c", f"KIND = {kind!r}\n{_WHEEL_TOOLS}"], timeout=QUERY_TIMEOUT)
     if proc.returncode != 0:

@@ -31,7 +31,7 @@ from torchbuild.core.progress import Tee
 from torchbuild.core.safeio import KiB, read_text
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import compile_env
-from torchbuild.inputs.tree import SKBUILD, kind_of
+from torchbuild.inputs.tree import is_skbuild
 from torchbuild.steps import compile_job, skbuild
 from torchbuild.steps.compile_job import CompileJob, now_utc, open_log, path_independent
 from torchbuild.steps.report import mark, read_ninja_log
@@ -57,7 +57,7 @@ class Request:
 def mode_for(tree: Path) -> str:
     """'setup.py' for a PyTorch tree with a setup.py older than 2.8 (version.txt), else 'pip'
     (a scikit-build-core tree has no setup.py to run)."""
-    if kind_of(tree) == SKBUILD:
+    if is_skbuild(tree):
         return "pip"
     try:
         version = Version(read_text(tree / "version.txt", VERSION_TXT_LIMIT, "the tree's version.txt").strip())
@@ -112,9 +112,7 @@ def develop(req: Request, out: TextIO = sys.stdout) -> dict[str, Any]:
         job.zero_ccache()
         if mode == "pip":
             # a scikit-build-core tree: its build/ kept and the code generation's include (steps/skbuild.py)
-            config = (
-                skbuild.config_settings(skbuild.project_defines(job.env_vars, {})) if kind_of(tree) == SKBUILD else []
-            )
+            config = skbuild.config_settings(skbuild.project_defines(job.env_vars, {})) if is_skbuild(tree) else []
             cmd = [
                 str(python),
                 "-m",
