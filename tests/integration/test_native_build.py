@@ -9,7 +9,7 @@ import re
 import shutil
 
 import pytest
-from helpers import FIXTURES, manifest_of, run_invoke, set_args
+from helpers import FIXTURES, TREE_KINDS, fixture_tree, manifest_of, run_invoke, set_args
 
 from torchbuild.steps import unitpeak
 
@@ -26,12 +26,16 @@ def tree(tmp_path):
     return t
 
 
-def test_native_wheel_and_preflight_with_a_canary(tree, tmp_path):
+@pytest.mark.parametrize("kind", TREE_KINDS)
+def test_native_wheel_and_preflight_with_a_canary(kind, tmp_path):
+    """The same on both shapes of the fixture: setup.py's, and PyTorch main's scikit-build-core
+    pyproject.toml (configured by CMake as the backend would, built by pip wheel)."""
+    tree = fixture_tree(tmp_path / "minitorch", kind)
     out, cache = tmp_path / "out", tmp_path / "cache"
     sets = set_args([f"cache_dir={cache}", "patches=none", "local_version=native"])
     res = run_invoke("build", "--source", str(tree), "--out", str(out), *sets)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
-    assert "PYTORCH_BUILD_VERSION=2.6.0+native" in res.stdout
+    assert "PYTORCH_BUILD_VERSION=2.6.0+native" in res.stdout and f"wheel build of {tree} ({kind})" in res.stdout
     (wheel,) = out.glob("minitorch-2.6.0+native-*.whl")
     manifest = json.loads((out / f"{wheel.name}.manifest.json").read_text())
     assert manifest["engine"] == "native" and "image" not in manifest
