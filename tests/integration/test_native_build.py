@@ -33,8 +33,12 @@ def test_native_wheel_and_preflight_with_a_canary(kind, tmp_path):
     tree = fixture_tree(tmp_path / "minitorch", kind)
     out, cache = tmp_path / "out", tmp_path / "cache"
     sets = set_args([f"cache_dir={cache}", "patches=none", "local_version=native"])
-    res = run_invoke("build", "--source", str(tree), "--out", str(out), *sets)
+    # two small heavy units in their pool: build.ninja's for setup.py, CMake's for scikit-build-core
+    heavy = set_args(["heavy_units=[build/heavy/*]", "env.MINITORCH_HEAVY=2", "env.MINITORCH_HEAVY_ENTRIES=200"])
+    res = run_invoke("build", "--source", str(tree), "--out", str(out), *sets, *heavy)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+    pool = {"setup.py": "heavy pool: 2 compiles at most", "scikit-build-core": "heavy pool: CMake job pool"}[kind]
+    assert f"torchbuild: {pool}" in res.stdout, res.stdout[-3000:]
     assert "PYTORCH_BUILD_VERSION=2.6.0+native" in res.stdout and f"wheel build of {tree} ({kind})" in res.stdout
     (wheel,) = out.glob("minitorch-2.6.0+native-*.whl")
     manifest = json.loads((out / f"{wheel.name}.manifest.json").read_text())
