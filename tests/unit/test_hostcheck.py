@@ -51,6 +51,7 @@ def make_host(root: Path, cpus: int = 4, *, governor: str = "powersave\n", drive
     put(root, f"{CPU}/cpuidle/current_driver", "intel_idle\n")
     put(root, "sys/module/intel_idle/parameters/max_cstate", "9\n")
     put(root, "proc/cmdline", CMDLINE)
+    put(root, "proc/sys/kernel/perf_event_max_sample_rate", "100000\n")
     put(root, "proc/sys/kernel/random/boot_id", "0b3c5f1e-1111-2222-3333-444455556666\n")
     return root
 
@@ -146,8 +147,11 @@ def report(root: Path, **kw) -> list[Setting]:
 
 def test_a_host_as_it_boots_is_not_ready_with_a_fix_per_setting(host):
     got = rows(report(host))
-    # pyperf's rows (governor, turbo, isolated cpus, and its own: cpu frequency) with ours
-    assert list(got) == [*hc.CPU_SETTINGS, "cpu frequency", "gpu"]
+    # pyperf's rows (governor, turbo, isolated cpus, and its own: perf event, cpu frequency) with ours
+    assert list(got) == [*hc.CPU_SETTINGS, "perf event", "cpu frequency", "gpu"]
+    assert got["perf event"] == Setting(
+        "perf event", "Maximum sample rate: 100000 per second", NOT_READY, "Set max sample rate to 1"
+    )
     assert got["cpu governor"] == Setting(
         "cpu governor", "0-3=powersave", NOT_READY, "Use CPU scaling governor 'performance'"
     )
@@ -180,9 +184,11 @@ def test_a_tuned_host_is_ready(host):
     put(host, f"{CPU}/smt/control", "off\n")
     put(host, f"{CPU}/isolated", "2-3\n")
     put(host, "proc/cmdline", CMDLINE.strip() + " intel_idle.max_cstate=1 isolcpus=2-3 rcu_nocbs=2-3\n")
+    put(host, "proc/sys/kernel/perf_event_max_sample_rate", "1\n")
     settings = report(host)
     assert {s.name: s.verdict for s in settings} == {
         **dict.fromkeys(hc.CPU_SETTINGS, READY),
+        "perf event": READY,
         "cpu frequency": READY,
         "gpu": UNKNOWN,
     }
@@ -408,9 +414,11 @@ def test_apply_changes_the_files_and_saves_the_previous_state_first(host):
         assert (host / CPU / f"cpu{i}/cpufreq/scaling_governor").read_text() == "performance\n"
     assert (host / CPU / "intel_pstate/no_turbo").read_text() == "1\n"
     assert (host / CPU / "smt/control").read_text() == "off\n"
+    assert (host / "proc/sys/kernel/perf_event_max_sample_rate").read_text() == "1\n"
     assert smi.changes() == ["-i 0 -pm 1", "-i 0 -lgc 1980,1980"]
     assert done[0] == "cpu governor: powersave -> performance on cpu0-3"
     assert "turbo boost: /sys/devices/system/cpu/intel_pstate/no_turbo 0 -> 1" in done
+    assert "perf event: /proc/sys/kernel/perf_event_max_sample_rate 100000 -> 1" in done
     assert done[-1].startswith(f"saved the previous values to {state}")
 
     saved = json.loads(state.read_text())
@@ -419,6 +427,7 @@ def test_apply_changes_the_files_and_saves_the_previous_state_first(host):
         **{f"/{CPU}/cpu{i}/cpufreq/scaling_governor": "powersave\n" for i in range(4)},
         f"/{CPU}/intel_pstate/no_turbo": "0\n",
         f"/{CPU}/smt/control": "on\n",
+        "/proc/sys/kernel/perf_event_max_sample_rate": "100000\n",
     }
     assert saved["gpus"] == [{"index": "0", "persistence_mode": "Disabled", "locked_mhz": 1980}]
     assert not list(state.parent.glob(".*tmp*"))  # no temporary file left
@@ -484,7 +493,10 @@ def test_a_state_file_that_is_not_one_is_refused(host):
     assert snapshot(host) == before and state.read_text() == "{not json"
 
 
-@pytest.mark.parametrize("path", ["/etc/shadow", f"/{CPU}/../../../etc/shadow", "relative"])
+@pytest.mark.parametrize(
+    "path",
+    ["/etc/shadow", f"/{CPU}/../../../etc/shadow", "relative", "/proc/sys/kernel/core_pattern"],
+)
 def test_restore_writes_only_where_apply_writes(host, tmp_path, path):
     state = tmp_path / "state.json"
     hc.apply(host, state, runner=FakeSmi(1), as_root=True)
@@ -656,7 +668,11 @@ def test_apply_never_follows_a_symlink_out_of_root(host, tmp_path):
     text = state.read_text()
     assert "SECRET" not in text  # the target's content is never recorded
     saved = {f["path"] for f in json.loads(text)["files"]}
-    assert saved == {f"/{CPU}/cpu0/cpufreq/scaling_governor", f"/{CPU}/intel_pstate/no_turbo"}
+    assert saved == {
+        f"/{CPU}/cpu0/cpufreq/scaling_governor",
+        f"/{CPU}/intel_pstate/no_turbo",
+        "/proc/sys/kernel/perf_event_max_sample_rate",
+    }
     assert done[0] == "cpu governor: powersave -> performance on cpu0"
     # the report reads inside root too: the links are missing files there
     assert rows(hc.check(host, runner=no_gpu))["smt"].verdict == UNKNOWN
@@ -825,7 +841,9 @@ def test_task_strict_exits_1_with_one_line(host, capsys, pyperf_on_host):
     with pytest.raises(Exit) as done:
         host_check(Context(), root=str(host), strict=True)
     assert done.value.code == 1
-    assert done.value.message == "host-check: not ready: cpu governor, turbo boost, smt, c-states, isolated cpus"
+    assert done.value.message == (
+        "host-check: not ready: cpu governor, turbo boost, smt, c-states, isolated cpus, perf event"
+    )
 
 
 def test_task_json_apply_and_restore(host, capsys, monkeypatch, pyperf_on_host):
@@ -836,8 +854,8 @@ def test_task_json_apply_and_restore(host, capsys, monkeypatch, pyperf_on_host):
     assert report["state_saved"] and any("powersave -> performance" in line for line in report["changed"])
     assert {s["name"]: s["verdict"] for s in report["settings"]}["smt"] == READY
     assert report["ready"] is False  # the boot-time settings are not
-    # governor, turbo, smt, pyperf's cpu frequency; no GPU queried for a fake root
-    assert report["counts"] == {READY: 4, NOT_READY: 2, UNKNOWN: 1}
+    # governor, turbo, smt, perf event, pyperf's cpu frequency; no GPU queried for a fake root
+    assert report["counts"] == {READY: 5, NOT_READY: 2, UNKNOWN: 1}
     host_check(Context(), root=str(host), restore=True, json_=True)
     report = json.loads(capsys.readouterr().out)
     assert not report["state_saved"] and report["restored"][-1].startswith("removed")

@@ -24,8 +24,8 @@ is passed (tests pass one with a report); otherwise its rows say it was not quer
 The C-state limit and isolated CPUs are boot-time settings (``Setting.boot_time``): their
 ``fix`` is the words to add to the kernel command line, and ``--apply`` never touches them.
 
-``apply`` (root only) makes the runtime changes (governor, turbo, SMT, GPU persistence and
-clocks). Before changing anything it saves the previous values to a JSON state file (written
+``apply`` (root only) makes the runtime changes (governor, turbo, SMT, perf event sample
+rate, GPU persistence and clocks). Before changing anything it saves the previous values to a JSON state file (written
 atomically); a write that fails half-way puts back what was already changed and raises
 ``HostSetupFailed`` naming the file. ``restore`` puts the saved values back, byte for byte, and
 removes the state file. Why not ``pyperf system tune``/``reset``: reset is no restore. It
@@ -85,8 +85,9 @@ SMT = "smt"
 CSTATES = "c-states"
 ISOLATED = "isolated cpus"
 GPU = "gpu"
+PERF_EVENT = "perf event"  # pyperf's row, which --apply sets too
 CPU_SETTINGS = (GOVERNOR, TURBO, SMT, CSTATES, ISOLATED)
-APPLIED = (GOVERNOR, TURBO, SMT)  # the CPU rows --apply sets (and the GPU ones)
+APPLIED = (GOVERNOR, TURBO, SMT, PERF_EVENT)  # the CPU rows --apply sets (and the GPU ones)
 
 STATE_SCHEMA = "torchbuild.host-state"
 STATE_VERSION = 1
@@ -100,6 +101,8 @@ SMT_ACTIVE = f"{CPU_DIR}/smt/active"
 CPUIDLE_DRIVER = f"{CPU_DIR}/cpuidle/current_driver"
 INTEL_IDLE_MAX_CSTATE = "/sys/module/intel_idle/parameters/max_cstate"
 CMDLINE = "/proc/cmdline"
+# pyperf advises 1 (the kernel profiler's interrupts kept to the least); --apply writes it
+PERF_RATE = "/proc/sys/kernel/perf_event_max_sample_rate"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 # The C-state limit to add at boot. Quansight's guide (the seed): `intel_idle.max_cstate=1` in
@@ -667,7 +670,7 @@ def render(settings: Sequence[Setting]) -> str:
     lines = [text, "", f"{counts[READY]} ready, {counts[NOT_READY]} not ready, {counts[UNKNOWN]} unknown"]
     if any(s.verdict == NOT_READY and (s.name in APPLIED or s.name.startswith(f"{GPU} ")) for s in settings):
         lines.append(
-            "now: `sudo invoke host-check --apply` sets governor, turbo, SMT and GPU persistence and clocks "
+            "now: `sudo invoke host-check --apply` sets governor, turbo, SMT, perf event rate and GPU persistence and clocks "
             "(saving what `invoke host-check --restore` puts back)"
         )
     words = kernel_words(settings)
@@ -741,8 +744,10 @@ def _valid_gpu(entry: dict[str, Any]) -> bool:
 
 
 def _settable(path: object) -> bool:
-    """Whether a state file's path is one --apply writes: under /sys/devices/system/cpu, no "..".
-    (--restore runs as root and writes what the file says: it writes nowhere else.)"""
+    """Whether a state file's path is one --apply writes: under /sys/devices/system/cpu, no "..",
+    or PERF_RATE. (--restore runs as root and writes what the file says: it writes nowhere else.)"""
+    if path == PERF_RATE:
+        return True
     return isinstance(path, str) and path.startswith(f"{CPU_DIR}/") and ".." not in path.split("/")
 
 
@@ -899,6 +904,7 @@ def _plan(
         change(TURBO, BOOST, "0\n")
     if _read(root, SMT_CONTROL) == "on" and _read(root, SMT_ACTIVE) != "0":
         change(SMT, SMT_CONTROL, "off\n")
+    change(PERF_EVENT, PERF_RATE, "1\n")
 
     gpus: list[_GpuChange] = []
     run = _resolve_runner(root, runner)
@@ -989,8 +995,8 @@ def apply(
     as_root: bool | None = None,
 ) -> list[str]:
     """Set the runtime settings for benchmarking: every online CPU's governor to performance,
-    turbo off, SMT off, and per GPU persistence on and graphics clocks locked at their maximum.
-    Returns one line per change. Boot-time settings (C-states, isolated CPUs) are left: the
+    turbo off, SMT off, the perf event sample rate to 1 (pyperf's advice), and per GPU
+    persistence on and graphics clocks locked at their maximum. Returns one line per change. Boot-time settings (C-states, isolated CPUs) are left: the
     report prints the kernel command-line words.
 
     Root only (as_root: None asks os.geteuid(); else HostSetupFailed). Before changing anything
