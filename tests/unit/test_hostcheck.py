@@ -225,6 +225,15 @@ def test_the_cpu_rows_are_pyperf_s_and_not_read_for_another_root_without_a_runne
     assert got["cpu governor"].verdict == UNKNOWN and "No module named pyperf" in got["cpu governor"].value
 
 
+def test_pyperf_s_other_checks_are_rows_of_their_own(host):
+    """What pyperf checks beyond torchbench's list is in the report as pyperf says it: here
+    nohz_full on intel_pstate CPUs, which pyperf flags (its advice only, no state)."""
+    put(host, f"{CPU}/nohz_full", "2-3\n")
+    nohz = rows(report(host))["nohz_full"]
+    assert nohz.verdict == NOT_READY and not nohz.boot_time
+    assert nohz.value.startswith("WARNING: nohz_full is enabled on CPUs") and "bugzilla" in nohz.fix
+
+
 def test_online_cpus_from_the_directories_when_online_is_missing(host):
     (host / CPU / "online").unlink()
     put(host, f"{CPU}/cpu3/online", "0\n")

@@ -448,14 +448,16 @@ def parse_pyperf(text: str) -> dict[str, _Said]:
 
 
 def _pyperf_row(name: str, said: _Said) -> Setting:
-    """One of pyperf's operations as a row: its advice makes it not ready, an error with no
-    state unknown; its state is the value (its errors and warnings added)."""
+    """One of pyperf's operations as a row: its advice makes it not ready (the value its state,
+    or, with none, its first advice: nohz_full's warning), an error with no state unknown; its
+    errors and warnings are added to the value."""
     notes = [*said.error, *said.warning]
     value = "; ".join(said.state) + (f" (pyperf: {'; '.join(notes)})" if said.state and notes else "")
-    if not said.state:
-        return Setting(name, "; ".join(notes) or "pyperf shows nothing", UNKNOWN, "; ".join(said.advice))
     if said.advice:
-        return Setting(name, value, NOT_READY, "; ".join(said.advice))
+        advice = said.advice if said.state else said.advice[1:]
+        return Setting(name, value or said.advice[0], NOT_READY, "; ".join(advice))
+    if not said.state:
+        return Setting(name, "; ".join(notes) or "pyperf shows nothing", UNKNOWN, "")
     return Setting(name, value, READY, "")
 
 
@@ -515,7 +517,8 @@ def _pyperf_rows(root: Path, runner: Runner | None) -> tuple[list[Setting], list
         _turbo_row(root, by_name.get(TURBO)),
         _isolated_row(root, by_name.get(ISOLATED)),
     ]
-    others = [_pyperf_row(op.lower(), s) for op, s in said.items() if op not in PYPERF_SKIPPED]
+    # lower case as the other rows; pyperf's "Check nohz_full" is the "nohz_full" row
+    others = [_pyperf_row(op.lower().removeprefix("check "), s) for op, s in said.items() if op not in PYPERF_SKIPPED]
     return rows, others
 
 
