@@ -348,7 +348,9 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
     log = out_dir / "logs" / f"{kind}-{req.spec.profile}-{time.strftime('%Y%m%d-%H%M%S')}-{req.run_id}.log"
     tee = open_log(log, out, req.progress)
     run: Run | None = None
+    tree: int | None = None
     try:
+        tree = runs.hold_tree(Path(req.source))  # before anything writes into the tree
         run = _start(req, tee, log)
         if req.clean:
             remove_build_dir(req.source, tee)
@@ -370,6 +372,7 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
             return _finish(run, None)
         return _finish(run, _build_wheel(run, watch))
     finally:
+        runs.release_tree(tree)
         tee.close()
         # this run's TMPDIR, also when it stopped while starting (Ctrl-C during the tool probes)
         shutil.rmtree(run_tmp(req), ignore_errors=True)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from torchbuild import __version__
+from torchbuild.core import process
 from torchbuild.core.atomic import PARTIAL_PREFIX
 from torchbuild.core.errors import ToolMissing, TorchbuildError, named_os_errors
 from torchbuild.core.process import QUERY_TIMEOUT, Finished, run_captured
@@ -201,6 +202,7 @@ def partial_dir(out_dir: Path, run_id: str, what: str, note: Callable[[str], Non
     fd = _try_lock(made, blocking=True)
     if fd is not None:
         _HELD[made] = fd
+        process.HELD_FDS.add(fd)  # pip, which writes into it, holds it too
     return made
 
 
@@ -209,6 +211,7 @@ def release_partial(made: Path) -> None:
     shutil.rmtree(made, ignore_errors=True)
     fd = _HELD.pop(made, None)
     if fd is not None:
+        process.HELD_FDS.discard(fd)
         os.close(fd)
 
 
