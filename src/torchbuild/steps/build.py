@@ -32,13 +32,15 @@ from torchbuild.delivery.pipenv import interpreter
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import NO_CCACHE, ccache_launcher, compile_env, format_env
 from torchbuild.inputs.jobs import peaks_file, record_measured, record_unit_peaks, units_file
-from torchbuild.steps import buildenv, cmakecache, codegen, compile_job, flatbuf, unitpeak
+from torchbuild.inputs.tree import SKBUILD, kind_of
+from torchbuild.steps import buildenv, cmakecache, codegen, compile_job, flatbuf, runs, skbuild, unitpeak
 from torchbuild.steps.bound import (
     bound_of,
     efficiency_record,
     ninja_graph,
     not_this_run,
     parse_graph,
+    render_across,
     render_bound,
     render_heaviest,
 )
@@ -51,10 +53,11 @@ from torchbuild.steps.compile_job import (
     partial_dir,
     path_independent,
     pip_wheel,
+    release_partial,
 )
-from torchbuild.steps.heavy import apply_pool
+from torchbuild.steps.heavy import apply_cmake_pool, apply_pool, pool_record, write_cmake_hook
 from torchbuild.steps.oom import run_watched
-from torchbuild.steps.report import LogMark, Report, Step, mark, write_report
+from torchbuild.steps.report import LogMark, Report, Step, mark, read_across_runs, write_report
 from torchbuild.steps.repro import normalize_wheel
 
 
@@ -133,12 +136,15 @@ def configure(
     tee: Tee,
     watch: Callable[[str], None] | None = None,
     python: str = sys.executable,
+    defines: Mapping[str, str] | None = None,
 ) -> float:
-    """CMake configure the way the wheel build would: setup.py --cmake-only, else plain CMake."""
-    if (Path(source) / "setup.py").is_file():
-        cmd = [python, "setup.py", "build", "--cmake-only"]
+    """CMake configure the way the wheel build would, by the tree's kind (inputs/tree.py):
+    setup.py build --cmake-only, or for a scikit-build-core tree CMake as the backend runs it
+    (steps/skbuild.py) with torchbuild's defines."""
+    if kind_of(source) == SKBUILD:
+        cmd = skbuild.configure_cmd(source, env, defines or {}, python)
     else:
-        cmd = ["cmake", "-S", source, "-B", str(build_dir(source)), "-G", "Ninja"]
+        cmd = [python, "setup.py", "build", "--cmake-only"]
     return run_logged(cmd, cwd=source, env=env, tee=tee, what="configure", watch=watch).seconds
 
 
@@ -324,6 +330,21 @@ class Run:
     epoch_origin: str = ""  # where SOURCE_DATE_EPOCH came from
     venv: buildenv.BuildVenv | None = None  # the native build venv (profile key build_venv)
     floor: manifest.FloorRecord | None = None  # the wheel's ELF floor (delivery/elffloor.py)
+    records: list[runs.RunRecord] = dataclasses.field(default_factory=list)  # the tree's runs, this one ended
+    kind: str = ""  # the tree's kind (inputs/tree.py): setup.py or scikit-build-core
+
+    def defines(self, jobs: int) -> dict[str, str]:
+        """torchbuild's CMake defines for a scikit-build-core tree (steps/skbuild.py): the code
+        generation's include and the heavy pool's hook for jobs; {} for a setup.py tree."""
+        if self.kind != SKBUILD:
+            return {}
+        hook = write_cmake_hook(build_dir(self.req.source), self.job.plan.heavy, jobs)
+        return skbuild.project_defines(self.env_vars, hook)
+
+    def configure(self, watch: Callable[[str], None]) -> float:
+        return configure(
+            self.req.source, self.env, self.tee, watch, python=self.python, defines=self.defines(self.job.jobs.current)
+        )
 
     @property
     def env_vars(self) -> dict[str, str]:
@@ -345,11 +366,15 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
     log = out_dir / "logs" / f"{kind}-{req.spec.profile}-{time.strftime('%Y%m%d-%H%M%S')}-{req.run_id}.log"
     tee = open_log(log, out, req.progress)
     run: Run | None = None
+    tree: int | None = None
     try:
+        tree = runs.hold_tree(Path(req.source))  # before anything writes into the tree
         run = _start(req, tee, log)
         if req.clean:
             remove_build_dir(req.source, tee)
         run.ninja_mark = mark(build_dir(req.source) / ".ninja_log")
+        # the run's start in the tree's record: a build cut off and run again is one build
+        runs.begin(build_dir(req.source), req.run_id, log, time.time() - (time.monotonic() - run.job.t0))
         # another interpreter is another configure (Python's paths are in CMake's cache); ninja
         # and ccache still reuse every object whose command line is the same
         inputs = {**configure_inputs(run.env_vars), "torchbuild:python": run.python}
@@ -365,6 +390,7 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
             return _finish(run, None)
         return _finish(run, _build_wheel(run, watch))
     finally:
+        runs.release_tree(tree)
         tee.close()
         # this run's TMPDIR, also when it stopped while starting (Ctrl-C during the tool probes)
         shutil.rmtree(run_tmp(req), ignore_errors=True)
@@ -379,6 +405,7 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     """Plan the jobs, compute the environment, print both, read the tool versions."""
     spec = req.spec
     started, t0 = now_utc(), time.monotonic()
+    kind = kind_of(req.source)  # a tree torchbuild cannot build is named before anything runs
     plan = compile_job.plan(spec, req.cache_root, req.jobs)
     env_vars = compile_env(spec, plan, req.cache_root, req.extra_env, backend=req.backend, cuda=req.cuda_home)
     env_vars.update(path_independent(env_vars, req.source))
@@ -389,7 +416,7 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     for d in (env_vars["CCACHE_DIR"], env_vars["PIP_CACHE_DIR"], tmp):
         with named_os_errors(d, "creating the build's cache directories"):
             make_dirs(d)
-    tee.line(f"torchbuild {__version__}: {'preflight' if req.preflight else 'wheel build'} of {req.source}")
+    tee.line(f"torchbuild {__version__}: {'preflight' if req.preflight else 'wheel build'} of {req.source} ({kind})")
     tee.line(f"profile {spec.profile} (sha256 {spec.hash[:16]}), version {spec.build_version}, on {req.backend}")
     tee.line(f"jobs: {plan.jobs} ({plan.reason})")
     if req.backend == "native" and not ccache_launcher(req.backend):
@@ -409,7 +436,7 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     job = CompileJob(spec, plan, env_vars, env, tee, req.oom_retry, started, t0)
     job.toolchain()
     run = Run(req, tee, log, job, tmp)
-    run.python, run.epoch_origin, run.venv = python, req.epoch_origin, venv
+    run.python, run.epoch_origin, run.venv, run.kind = python, req.epoch_origin, venv, kind
     return run
 
 
@@ -438,6 +465,30 @@ def _measure_units(req: BuildRequest, env: dict[str, str], tmp: Path, tee: Tee) 
         return
     env.update(measure)
     tee.line(f"torchbuild: each compile's peak memory and time go to build/{UNITS_RECORD} (through CCACHE_PREFIX)")
+
+
+def _across_runs(run: Run, ninja_log: Path, deps: Mapping[str, set[str]] | None) -> tuple[str, dict[str, Any]] | None:
+    """The whole build's bound and walls where the tree records several runs (steps/runs.py),
+    else None (this run's own figures stand). A log with steps from before the record began
+    (a tree a torchbuild without it started) gives none: its walls are not known."""
+    records = run.records
+    if len(records) < 2:
+        return None
+    across = read_across_runs(ninja_log, [r.start for r in records], [r.end for r in records])
+    if across.unplaced:
+        run.tee.line(
+            f"torchbuild: no whole-build lower bound: {across.unplaced} of the log's steps were made "
+            "before the tree recorded its runs"
+        )
+        return None
+    # a cut run stopped at its log's last write, or at its ninja's last step where that came later
+    # (pip holds the build's output until the end: the log may go quiet long before the cut)
+    walls = [
+        max((r.stopped() or 0.0) - r.start, (w or 0.0) - r.start, 0.0)
+        for r, w in zip(records, across.last_write, strict=True)
+    ]
+    b = bound_of(across.steps, deps, run.job.jobs.start)
+    return render_across(b, walls, across.spans), efficiency_record(b, sum(across.spans), sum(walls), len(records))
 
 
 def _heaviest(run: Run) -> list[dict[str, object]]:
@@ -481,7 +532,7 @@ def _build_venv(req: BuildRequest, python: str, env_vars: dict[str, str], tee: T
 def _preflight(run: Run, watch: ConfigureWatch) -> None:
     """Configure, the preflight targets, then each canary alone (its peak memory recorded)."""
     req, tee = run.req, run.tee
-    seconds = with_checks(run, watch, lambda w: configure(req.source, run.env, tee, w, python=run.python))
+    seconds = with_checks(run, watch, run.configure)
     run.phases["configure_s"] = round(seconds, 1)
     # CMake's try_compile checks run in randomly named directories and can never hit the
     # cache: count hits from here on, over the compiles that can
@@ -523,9 +574,14 @@ def _canary(run: Run, canary: str) -> Finished:
 
 
 def _heavy_pool(run: Run, jobs: int) -> int:
-    """The heavy units' pool in build.ninja (steps/heavy.py), at most jobs deep; said in the log.
-    The jobs the attempt runs: fewer where no compile matched the heavy units."""
-    said, jobs = apply_pool(build_dir(run.req.source), Path(run.req.source), run.job.plan.heavy, jobs)
+    """The heavy units' pool (steps/heavy.py), at most jobs deep: in build.ninja, or for a
+    scikit-build-core tree (which configures again, writing build.ninja anew) CMake's job pool.
+    Said in the log. The jobs the attempt runs: fewer where no compile matched the heavy units."""
+    b, heavy = build_dir(run.req.source), run.job.plan.heavy
+    if run.kind == SKBUILD:
+        said, jobs = apply_cmake_pool(b, heavy, jobs)
+    else:
+        said, jobs = apply_pool(b, Path(run.req.source), heavy, jobs)
     if said:
         run.tee.line(said)
     return jobs
@@ -537,20 +593,23 @@ def _fmt_peaks(measured: Mapping[str, int]) -> str:
 
 def _build_wheel(run: Run, watch: ConfigureWatch) -> Path:
     """pip wheel --no-build-isolation into a partial directory, then rename into out_dir; an
-    out-of-memory kill resumes it with fewer jobs (MAX_JOBS) in the same build tree."""
+    out-of-memory kill resumes it with fewer jobs (MAX_JOBS, CMAKE_BUILD_PARALLEL_LEVEL) in the
+    same build tree."""
     req = run.req
     check_wheel_tools(req.source, run.python)
     out_dir = Path(req.out_dir)
-    if run.job.plan.heavy is not None and not (build_dir(req.source) / "build.ninja").is_file():
-        # the pool goes into build.ninja, which setup.py reuses: configure first, as a preflight does
-        with_checks(run, watch, lambda w: configure(req.source, run.env, run.tee, w, python=run.python))
-    partial = partial_dir(out_dir, req.run_id, "the wheel")
+    if run.job.plan.heavy is not None and _unconfigured(run):
+        # setup.py reuses build.ninja, where the pool goes; a scikit-build-core tree's pool is the
+        # configure's (what it pooled decides the jobs): configure first, as a preflight does
+        with_checks(run, watch, run.configure)
+    config = skbuild.config_settings(run.defines(run.job.jobs.current)) if run.kind == SKBUILD else []
+    partial = partial_dir(out_dir, req.run_id, "the wheel", run.tee.line)
     try:
         with_checks(
             run,
             watch,
             lambda w: run.job.compile(
-                lambda n: pip_wheel(partial, req.source, run.python),
+                lambda n: pip_wheel(partial, req.source, run.python, config),
                 cwd=req.source,
                 what="pip wheel",
                 watch=w,
@@ -568,12 +627,22 @@ def _build_wheel(run: Run, watch: ConfigureWatch) -> Path:
                 run.tee.line(f"torchbuild: rewrote {wheel.name} in canonical zip form (SOURCE_DATE_EPOCH {epoch})")
         return into_place(wheel, out_dir / wheel.name, "the wheel")
     finally:
-        shutil.rmtree(partial, ignore_errors=True)
+        release_partial(partial)
+
+
+def _unconfigured(run: Run) -> bool:
+    """No configure the heavy pool can use: no build.ninja, or for a scikit-build-core tree no
+    record of what its pool took (steps/heavy.py: pool_record)."""
+    b = build_dir(run.req.source)
+    if run.kind == SKBUILD:
+        return pool_record(b) is None
+    return not (b / "build.ninja").is_file()
 
 
 def _finish(run: Run, wheel: Path | None) -> Outcome:
     """The report, the manifest (with the compile job's record: times, jobs, ccache's figures)
     and the summary table."""
+    run.records = runs.end(build_dir(run.req.source), run.req.run_id)
     report = _report(run)
     fields = run.job.manifest_fields()
     with named_os_errors(run.req.out_dir, "writing the manifest"):
@@ -595,20 +664,23 @@ def _report(run: Run) -> dict[str, Any] | None:
     def appendix(summary: Report, steps: list[Step]) -> str:
         try:  # the report's figures never fail a build whose wheel is made
             wall = time.monotonic() - run.job.t0
+            graph = ninja_graph(build_dir(req.source))
+            deps = parse_graph(graph) if graph else None
+            found["heaviest"] = heaviest = _heaviest(run)
+            whole = _across_runs(run, ninja_log, deps)
+            if whole is not None:
+                text, found["efficiency"] = whole
+                return text + render_heaviest(heaviest)
             mixed = not_this_run(summary.wall_seconds, wall)
             if mixed:
                 tee.line(f"torchbuild: no lower bound in the report: {mixed}")
-                found["heaviest"] = _heaviest(run)
-                return render_heaviest(found["heaviest"])
-            graph = ninja_graph(build_dir(req.source))
-            b = bound_of(steps, parse_graph(graph) if graph else None, run.job.jobs.start)
-            heaviest = _heaviest(run)
+                return render_heaviest(heaviest)
+            b = bound_of(steps, deps, run.job.jobs.start)
             text = render_bound(b, summary.wall_seconds, wall) + render_heaviest(heaviest)
         except Exception as exc:  # named in the log; the build goes on
             tee.line(f"torchbuild: no lower bound in the report: {type(exc).__name__}: {exc}")
             return ""
         found["efficiency"] = efficiency_record(b, summary.wall_seconds, wall)
-        found["heaviest"] = heaviest
         return text
 
     try:
@@ -630,6 +702,7 @@ def _report(run: Run) -> dict[str, Any] | None:
         tee.line(
             f"efficiency: wall {e['build_wall_s']:.0f} s = {e['build_wall_s'] / e['bound_s']:.2f} x the lower bound "
             f"{e['bound_s']:.0f} s on {e['jobs']} jobs (limited by {e['limited_by']})"
+            + (f", over the build's {e['runs']} runs" if e["runs"] > 1 else "")
             if e["bound_s"] > 0
             else "efficiency: no step took measurable time"
         )

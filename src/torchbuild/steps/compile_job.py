@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import fcntl
 import os
 import shutil
 import sys
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from torchbuild import __version__
+from torchbuild.core import process
 from torchbuild.core.atomic import PARTIAL_PREFIX
 from torchbuild.core.errors import ToolMissing, TorchbuildError, named_os_errors
 from torchbuild.core.process import QUERY_TIMEOUT, Finished, run_captured
@@ -39,6 +41,7 @@ from torchbuild.inputs import remote_cache
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import compiler_commands, jobs_env
 from torchbuild.inputs.jobs import HostResources, JobPlan, distcc_local_slots, plan_for, plan_make
+from torchbuild.inputs.tree import SETUP_PY, SKBUILD, is_skbuild
 from torchbuild.steps.oom import JobsUsed, Sink, run_compile
 
 
@@ -109,7 +112,10 @@ def hit_rate(stats: Mapping[str, int]) -> tuple[int, int, float]:
 _WHEEL_TOOLS = """
 import importlib.util as u
 missing = []
-if u.find_spec("setuptools") is None:
+if KIND == "scikit-build-core":
+    if u.find_spec("scikit_build_core") is None:
+        missing.append("scikit-build-core")
+elif u.find_spec("setuptools") is None:
     missing.append("setuptools")
 elif u.find_spec("setuptools.command.bdist_wheel") is None and u.find_spec("wheel") is None:
     missing.append("wheel")  # setuptools < 70.1 needs the wheel package for bdist_wheel
@@ -118,17 +124,22 @@ print(" ".join(missing))
 
 
 def check_wheel_tools(source: str, python: str = sys.executable) -> None:
-    """--no-build-isolation builds with the interpreter's packages: say what is missing up front."""
-    if not (Path(source) / "setup.py").is_file():
+    """--no-build-isolation builds with the interpreter's packages: say what is missing up front
+    (the backend of the tree's kind, inputs/tree.py: setuptools and wheel, or scikit-build-core)."""
+    if is_skbuild(source):
+        kind = SKBUILD
+    elif (Path(source) / "setup.py").is_file():
+        kind = SETUP_PY
+    else:  # a tree of another kind: pip says what it lacks
         return
     # asked of the interpreter itself (another Python's packages are not this process's)
-    proc = run_captured([python, "-c", _WHEEL_TOOLS], timeout=QUERY_TIMEOUT)
+    proc = run_captured([python, "-c", f"KIND = {kind!r}\n{_WHEEL_TOOLS}"], timeout=QUERY_TIMEOUT)
     if proc.returncode != 0:
         raise ToolMissing(f"{python} does not run: {proc.stderr.strip()[-300:]}")
     missing = proc.stdout.split()
     if missing:
         raise ToolMissing(
-            f"{python} lacks {', '.join(missing)}, which a setup.py build needs",
+            f"{python} lacks {', '.join(missing)}, which a {kind} build needs",
             hint=f"{python} -m pip install {' '.join(missing)} (with the rest of PyTorch's requirements.txt)",
         )
 
@@ -146,10 +157,24 @@ def path_independent(env_vars: Mapping[str, str], source: str) -> dict[str, str]
     }
 
 
-def pip_wheel(partial: Path, source: str, python: str = sys.executable) -> list[str]:
+def pip_wheel(partial: Path, source: str, python: str = sys.executable, config: Sequence[str] = ()) -> list[str]:
     """The wheel build: with the interpreter's packages (torch's build requirements, or the torch
-    a companion is built against), no dependencies, verbose for the log."""
-    return [python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w", str(partial), "--", source]
+    a companion is built against), no dependencies, verbose for the log; config: the backend's
+    --config-settings (a scikit-build-core tree's, steps/skbuild.py)."""
+    return [
+        python,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-build-isolation",
+        "--no-deps",
+        "-v",
+        *config,
+        "-w",
+        str(partial),
+        "--",
+        source,
+    ]
 
 
 # --------------------------------------------------------------------------- the job
@@ -178,11 +203,71 @@ def open_log(path: Path, out: TextIO, progress: str = "lines", what: str = "writ
         return Tee(path, out, progress)
 
 
-def partial_dir(out_dir: Path, run_id: str, what: str) -> Path:
-    """A fresh .partial-<run_id>-* directory in out_dir for a result being made (the backend
-    removes those of a failed or interrupted run)."""
+# A result's partial directory is held (flock on the directory itself) by the process that makes
+# it: a run killed outright (SIGKILL, a node lost, a container killed) cannot remove its own, so
+# the next run into the same out/ removes every held-tagged one that no live process holds. The
+# lock must die with its maker and sit on the directory it guards: filelock's lock files live
+# beside what they guard and would be one more thing a killed run leaves behind. Where the file
+# system refuses flock on a directory (some NFS mounts), the partial is not held and never swept.
+HELD_TAG = "held-"
+_HELD: dict[Path, int] = {}
+
+
+def partial_dir(out_dir: Path, run_id: str, what: str, note: Callable[[str], None] | None = None) -> Path:
+    """A fresh .partial-<run_id>-held-* directory in out_dir for a result being made, held by
+    this process until release_partial (the backend removes those of a failed run; the next run
+    those of a run killed outright, naming them through note)."""
+    for gone in sweep_partials(out_dir):
+        if note is not None:
+            note(f"torchbuild: removed {gone.name}, left in {out_dir} by a run that was cut off")
     with named_os_errors(out_dir, f"creating {what}'s partial directory"):
-        return Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{run_id}-", dir=out_dir))
+        made = Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{run_id}-{HELD_TAG}", dir=out_dir))
+    fd = _try_lock(made, blocking=True)
+    if fd is not None:
+        _HELD[made] = fd
+        process.HELD_FDS.add(fd)  # pip, which writes into it, holds it too
+    return made
+
+
+def release_partial(made: Path) -> None:
+    """Remove a partial directory (what is left of it) and let go of it."""
+    shutil.rmtree(made, ignore_errors=True)
+    fd = _HELD.pop(made, None)
+    if fd is not None:
+        process.HELD_FDS.discard(fd)
+        os.close(fd)
+
+
+def _try_lock(path: Path, blocking: bool) -> int | None:
+    """An open descriptor of the directory holding its flock, or None (not a directory of ours, held
+    by another process, or a file system without flock)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def sweep_partials(out_dir: Path) -> list[Path]:
+    """Remove the held-tagged partial directories in out_dir that no live process holds."""
+    removed = []
+    for p in sorted(out_dir.glob(f"{PARTIAL_PREFIX}*-{HELD_TAG}*")):
+        if p in _HELD:
+            continue
+        fd = _try_lock(p, blocking=False)
+        if fd is None:
+            continue
+        try:
+            shutil.rmtree(p, ignore_errors=True)
+        finally:
+            os.close(fd)
+        removed.append(p)
+    return removed
 
 
 def into_place(made: Path, final: Path, what: str, *, keep_existing: bool = False) -> Path:
