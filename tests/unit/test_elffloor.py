@@ -366,6 +366,7 @@ def test_build_and_companions_stop_before_compiling_on_a_toolchain_above_the_flo
     out = tmp_path / "out"
     for d in (out, tmp_path / "pytorch", tmp_path / "vision"):
         d.mkdir()
+    (tmp_path / "pytorch" / "setup.py").write_text("")  # a tree of a kind the build knows (inputs/tree.py)
     req = build.BuildRequest(
         spec=spec, source=str(tmp_path / "pytorch"), out_dir=str(out), cache_root=str(tmp_path / "cache")
     )
