@@ -1,0 +1,181 @@
+"""How many places declare each option, and how long the functions are (issue 43, item 2).
+
+    python benchmarks/option_places.py [--json]
+
+An option is a profile key or a task's flag (`--set` is set_, `--gpu-type` gpu_type). A place
+that declares one is hand-written text that has to change when the option is added:
+
+- yaml:   a top-level key of configs/defaults.yaml (unless the file says it is generated)
+- field:  an annotated field of a class that holds option values as given (OPTION_CLASSES:
+          BuildSpec, Launch, BuildOptions, the job's Runtime, and any class of the options model)
+- param:  a parameter of a task function (a function decorated with @task or @launch_task)
+- help:   a key of a task's help={...} dict, or of a module-level *HELP dict in tasks/
+- argv:   a "--flag" string literal in the functions of launch/scheduler.py that write the batch
+          job's torchbuild command (ARGV_FUNCTIONS)
+- names:  a string in a module-level tuple of option names in tasks/ (JOB_OPTIONS...)
+
+A field and a flag are one option where their names differ only as ALIASES say (targets is
+--target, oom_retry is --no-retry). What a model derives at import time (a signature built
+from fields, help taken from the model) is not text anyone edits, so it is not counted.
+The second figure is the longest function and the functions over 40 lines in src/torchbuild.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "torchbuild"
+ALIASES = {"targets": "target", "canaries": "canary", "oom_retry": "no_retry", "verify": "no_verify", "set": "set_"}
+TASK_DECORATORS = {"task", "launch_task", "options_task"}
+GENERATED_MARK = "generated from"
+OPTION_CLASSES = {"BuildSpec", "Launch", "BuildOptions", "Runtime"}
+ARGV_FUNCTIONS = {"build_option_args", "_make_job", "_comms_first", "args"}
+
+
+def _name(text: str) -> str:
+    text = text.lstrip("-").replace("-", "_")
+    return ALIASES.get(text, text)
+
+
+def _yaml_keys() -> list[str]:
+    path = ROOT / "configs" / "defaults.yaml"
+    text = path.read_text()
+    if GENERATED_MARK in text.split("\n", 1)[0]:
+        return []
+    return list(yaml.safe_load(text))
+
+
+def _decorator_name(node: ast.expr) -> str:
+    target = node.func if isinstance(node, ast.Call) else node
+    if isinstance(target, ast.Attribute):
+        return target.attr
+    return target.id if isinstance(target, ast.Name) else ""
+
+
+def _dict_keys(node: ast.expr) -> list[str]:
+    if not isinstance(node, ast.Dict):
+        return []
+    return [k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+
+
+def _task_places(tree: ast.Module, rel: str, places: dict[str, list[str]]) -> None:
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        decorators = [d for d in node.decorator_list if _decorator_name(d) in TASK_DECORATORS]
+        if not decorators:
+            continue
+        for arg in [*node.args.args[1:], *node.args.kwonlyargs]:
+            if arg.arg != "launch" and not (arg.annotation and "Options" in ast.unparse(arg.annotation)):
+                places[_name(arg.arg)].append(f"param {rel}:{node.name}")
+        for dec in decorators:
+            for kw in dec.keywords if isinstance(dec, ast.Call) else []:
+                if kw.arg == "help":
+                    for key in _dict_keys(kw.value):
+                        places[_name(key)].append(f"help {rel}:{node.name}")
+
+
+def _module_places(tree: ast.Module, rel: str, places: dict[str, list[str]]) -> None:
+    for node in tree.body:
+        if not isinstance(node, ast.Assign) or not isinstance(node.targets[0], ast.Name):
+            continue
+        name = node.targets[0].id
+        if rel.startswith("tasks/") and name.endswith("HELP"):
+            for key in _dict_keys(node.value):
+                places[_name(key)].append(f"help {rel}:{name}")
+        if rel.startswith("tasks/") and name.endswith("OPTIONS") and isinstance(node.value, (ast.Tuple, ast.List)):
+            for elt in node.value.elts:
+                if isinstance(elt, ast.Constant) and isinstance(elt.value, str):
+                    places[_name(elt.value)].append(f"names {rel}:{name}")
+
+
+def _field_places(tree: ast.Module, rel: str, places: dict[str, list[str]], options: set[str]) -> None:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name in OPTION_CLASSES:
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    name = _name(item.target.id)
+                    if name in options:
+                        places[name].append(f"field {rel}:{node.name}")
+
+
+def _argv_places(tree: ast.Module, rel: str, places: dict[str, list[str]], options: set[str]) -> None:
+    if rel != "launch/scheduler.py":
+        return
+    functions = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in ARGV_FUNCTIONS]
+    for node in (n for f in functions for n in ast.walk(f)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("--"):
+            name = _name(node.value.split("=", 1)[0])
+            if name in options:
+                places[name].append(f"argv {rel}:{node.lineno}")
+
+
+def option_places() -> dict[str, list[str]]:
+    places: dict[str, list[str]] = collections.defaultdict(list)
+    for key in _yaml_keys():
+        places[key].append("yaml configs/defaults.yaml")
+    trees = {str(p.relative_to(SRC)): ast.parse(p.read_text()) for p in sorted(SRC.rglob("*.py"))}
+    for rel, tree in trees.items():
+        if rel.startswith("tasks/"):
+            _task_places(tree, rel, places)
+        _module_places(tree, rel, places)
+    # the profile keys and flags found so far are the options; fields and argv literals of the
+    # same names are further places of them (a class's other fields are not options)
+    options = set(places) | _model_keys()
+    for rel, tree in trees.items():
+        _field_places(tree, rel, places, options)
+        _argv_places(tree, rel, places, options)
+    return {k: places[k] for k in sorted(options)}
+
+
+def _model_keys() -> set[str]:
+    """The profile keys wherever they are declared (the model, once defaults.yaml is generated)."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from torchbuild.inputs.config import schema
+
+    return set(schema())
+
+
+def function_lengths() -> list[tuple[int, str]]:
+    out = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                out.append((node.end_lineno - start + 1, f"{path.relative_to(SRC)}:{node.name}"))
+    return sorted(out, reverse=True)
+
+
+def main() -> None:
+    places = option_places()
+    counts = collections.Counter(len(v) for v in places.values())
+    lengths = function_lengths()
+    figures = {
+        "options": len(places),
+        "declarations": sum(len(v) for v in places.values()),
+        "max_places": max(len(v) for v in places.values()),
+        "options_by_places": dict(sorted(counts.items())),
+        "options_in_more_than_one_place": sum(1 for v in places.values() if len(v) > 1),
+        "longest_function": list(lengths[0]),
+        "functions_over_40_lines": sum(1 for n, _ in lengths if n > 40),
+        "functions_over_60_lines": sum(1 for n, _ in lengths if n > 60),
+    }
+    if "--json" in sys.argv:
+        print(json.dumps({"figures": figures, "places": places}, indent=1))
+        return
+    for key, value in figures.items():
+        print(f"{key}: {value}")
+    print("most places:")
+    for name, where in sorted(places.items(), key=lambda kv: -len(kv[1]))[:12]:
+        print(f"  {name} ({len(where)}): {', '.join(where)}")
+
+
+if __name__ == "__main__":
+    main()
