@@ -30,6 +30,7 @@ from torchbuild.core.errors import (
     ToolMissing,
     UsageError,
 )
+from torchbuild.core.options import to_argv
 from torchbuild.inputs.config import available_profiles, resolve
 from torchbuild.launch.runner import BuildOptions
 from torchbuild.launch.scheduler import (
@@ -40,7 +41,6 @@ from torchbuild.launch.scheduler import (
     Runtime,
     Slurm,
     Submitted,
-    build_option_args,
     check_job_keys,
     follow,
     job_account,
@@ -983,12 +983,12 @@ def test_invoke_submit_dry_run_prints_the_script_and_writes_nothing(tmp_path):
         timeout=120,
     )
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "--python 3.12,3.14" in res.stdout  # one job builds a wheel per Python
+    assert "--python=3.12,3.14" in res.stdout  # one job builds a wheel per Python
     assert "#SBATCH --account=e123\n" in res.stdout
     assert "#SBATCH --cpus-per-task=8\n" in res.stdout
     assert "#SBATCH --exclusive\n" in res.stdout
     assert "\nmodule load PrgEnv-gnu cray-python\n" in res.stdout
-    assert f"--source {src}" in res.stdout and f"--out {out}" in res.stdout
+    assert f"--source={src}" in res.stdout and f"--out={out}" in res.stdout
     assert "# dry run: nothing written or submitted" in res.stdout
     assert not out.exists()
 
@@ -1133,34 +1133,6 @@ def test_runtime_arguments_the_job_passes_to_the_build(tmp_path):
         Runtime("podman").args(gpu)
 
 
-@pytest.mark.parametrize(
-    ("options", "verify", "args"),
-    [
-        (BuildOptions(), True, []),
-        (BuildOptions(), False, ["--no-verify"]),
-        (
-            BuildOptions(preflight=True, targets=("c10", "torch_cpu"), canaries=("a b.cpp",), jobs=3, oom_retry=False),
-            True,
-            [
-                "--preflight",
-                "--target",
-                "c10",
-                "--target",
-                "torch_cpu",
-                "--canary",
-                "a b.cpp",
-                "--jobs",
-                "3",
-                "--no-retry",
-            ],
-        ),
-        (BuildOptions(clean=True), True, ["--clean"]),
-    ],
-)
-def test_build_option_args(options, verify, args):
-    assert build_option_args(options, verify) == args
-
-
 @pytest.mark.parametrize("profile", available_profiles())
 def test_every_shipped_profile_renders_a_clean_script(tmp_path, profile):
     spec = resolve(profile)  # each at its own arch (gh200: aarch64)
@@ -1168,7 +1140,7 @@ def test_every_shipped_profile_renders_a_clean_script(tmp_path, profile):
     options = BuildOptions(preflight=True, targets=("c10",), canaries=("aten/src/ATen/native/Foo.cpp",))
     command = [sys.executable, "-m", "torchbuild", "build", "--resume", "--progress", "lines"]
     command += ["--profile", str(out / ".torchbuild" / "jobs" / "k" / f"{profile}.yaml"), "--source", "/src"]
-    command += ["--out", str(out), *build_option_args(options, verify=False)]
+    command += ["--out", str(out), *to_argv(options), "--no-verify"]
     for name in (spec.scheduler, *({"slurm", "pbs"} - {spec.scheduler})):
         sched = scheduler_for(name)
         job = _job(tmp_path, spec, out=out if name == "slurm" else tmp_path / "out", command=tuple(command))
@@ -1226,7 +1198,7 @@ def test_a_comms_profiles_job_builds_nccl_and_the_plugin_in_the_sif_before_the_b
     engine = f"--in-container --engine apptainer --sif '{sif}' --apptainer auto"
     assert engine in first and engine in build.replace(" \\\n  ", " ")
     assert ("--nv" in first) == bool(spec.gpus)
-    assert "--jobs 6" in first and "--no-retry" in first and f"--out {tmp_path / 'out'}" in first
+    assert "--jobs=6" in first and "--no-retry" in first and f"--out={tmp_path / 'out'}" in first
     assert build.startswith(f"{sys.executable} -m torchbuild build")
 
 

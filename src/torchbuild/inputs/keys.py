@@ -638,6 +638,7 @@ class BatchJob:
         "Batch system `invoke submit` uses; slurm (sbatch) or pbs (PBS Professional's qsub).",
         choices=["slurm", "pbs"],
         scope="job",
+        flag="slurm (sbatch) or pbs (qsub); default: the profile's `scheduler`",
     )
     account: str = key(
         "",
@@ -647,18 +648,21 @@ class BatchJob:
         ),
         pattern="[A-Za-z0-9][A-Za-z0-9_.@+-]*|",
         scope="job",
+        flag="project to charge (default: the profile's, else $SLURM_ACCOUNT / $PBS_ACCOUNT)",
     )
     partition: str = key(
         "",
         "Slurm partition (--partition) or PBS queue (-q); empty leaves the site's default.",
         pattern="[A-Za-z0-9][A-Za-z0-9_.,-]*|",
         scope="job",
+        flag="Slurm partition or PBS queue (default: the profile's, else the site's)",
     )
     qos: str = key(
         "",
         "Slurm quality of service (--qos); PBS has no QoS (use directives, e.g. -l job_priority=...).",
         pattern="[A-Za-z0-9][A-Za-z0-9_.-]*|",
         scope="job",
+        flag="Slurm QoS (default: the profile's)",
     )
     walltime: str = key(
         "04:00:00",
@@ -669,6 +673,7 @@ class BatchJob:
         ),
         pattern=r"\d+-\d+(:[0-5]?\d){0,2}|\d+(:[0-5]?\d){0,2}",
         scope="job",
+        flag="time limit in Slurm's forms: HH:MM:SS, D-HH[:MM[:SS]], MM:SS, minutes (default: the profile's)",
     )
     job_rounds: int = key(
         0,
@@ -702,6 +707,7 @@ class BatchJob:
         minimum=1,
         maximum=4096,
         scope="job",
+        flag="cores for the job (default: the profile's `cpus`; with --run, run_job's)",
     )
     mem: str = key(
         "",
@@ -711,6 +717,7 @@ class BatchJob:
         ),
         pattern=r"[1-9]\d*[KMGT]?|",
         scope="job",
+        flag="memory for the job, e.g. 64G (default: the profile's `mem`, else the site's)",
     )
     gpus: int = key(
         0,
@@ -720,6 +727,7 @@ class BatchJob:
         ),
         maximum=64,
         scope="job",
+        flag="GPUs for the job (default: the profile's `gpus`); with the SIF, > 0 adds --nv",
     )
     gpu_type: str = key(
         "",
@@ -729,6 +737,7 @@ class BatchJob:
         ),
         pattern="[A-Za-z0-9][A-Za-z0-9_.-]*|",
         scope="job",
+        flag="GPU model, e.g. a100 (default: the profile's `gpu_type`)",
     )
     constraint: str = key(
         "",
@@ -738,6 +747,7 @@ class BatchJob:
         ),
         pattern=r"[A-Za-z0-9_.,:&|!*=\[\]()-]+|",
         scope="job",
+        flag="Slurm --constraint, or PBS select resources name=value[:...] (default: the profile's)",
     )
     modules: tuple[str, ...] = key(
         [],

@@ -48,6 +48,7 @@ from torchbuild.core.errors import (
     named_os_errors,
     writable_dir,
 )
+from torchbuild.core.options import to_argv
 from torchbuild.core.process import QUERY_TIMEOUT, run_captured
 from torchbuild.core.safeio import user_path
 from torchbuild.inputs.config import BuildSpec, check_value, profile_text, requirement_of, run_job_spec
@@ -962,18 +963,18 @@ class _JobRequest:
 def _make_job(request: _JobRequest, account: str, dependency: str) -> tuple[Job, Path]:
     """The job (its name from the build's key, its `torchbuild build --resume` command) and the
     profile file it reads."""
-    from torchbuild.launch.runner import Places, key_of
+    from torchbuild.launch.runner import BuildInputs, BuildRun, Places, key_of
 
     spec, outp, pythons = request.spec, request.out, request.pythons
     places = Places(request.source, outp, Path())
     key = key_of(spec, places, "", request.options, request.runtime.engine, ",".join(pythons))
     name = f"torchbuild-{spec.profile}-{key[:8]}"
     profile_file = outp / ".torchbuild" / "jobs" / key / f"{spec.profile}.yaml"
-    command = [jobplaces.job_python(spec), "-m", "torchbuild", "build", "--resume", "--progress", "lines"]
-    command += ["--profile", str(profile_file), "--source", request.source, "--out", str(outp), *request.engine_args]
-    command += build_option_args(request.options, request.verify)
-    if pythons:
-        command += ["--python", ",".join(pythons)]
+    # the build's flags from its models (runner.BuildInputs, BuildOptions, BuildRun): to_argv
+    where = BuildInputs(source=request.source, out=str(outp))
+    run = BuildRun(progress="lines", verify=request.verify, resume=True, python=",".join(pythons))
+    command = [jobplaces.job_python(spec), "-m", "torchbuild", "build", "--profile", str(profile_file)]
+    command += [*to_argv(where), *request.engine_args, *to_argv(request.options), *to_argv(run)]
     job = Job(
         name, tuple(command), Path.cwd(), outp, spec, account, dependency, first=_comms_first(request, profile_file)
     )
@@ -989,33 +990,13 @@ def _comms_first(request: _JobRequest, profile_file: Path) -> tuple[tuple[str, .
     the job with the comms step's error, not hours into the build."""
     if not comms_wanted(request.spec):
         return ()
+    from torchbuild.launch.runner import BuildOptions
+
     command = [jobplaces.job_python(request.spec), "-m", "torchbuild", "comms", "--profile", str(profile_file)]
-    command += ["--out", str(request.out), *request.engine_args]
-    if request.options.jobs:
-        command += ["--jobs", str(request.options.jobs)]
-    if not request.options.oom_retry:
-        command.append("--no-retry")
+    command += [f"--out={request.out}", *request.engine_args]
+    # the two build options comms takes (--jobs, --no-retry), as the build's argv writes them
+    command += to_argv(BuildOptions(jobs=request.options.jobs, oom_retry=request.options.oom_retry))
     return (tuple(command),)
-
-
-def build_option_args(options: BuildOptions, verify: bool) -> list[str]:
-    """The `invoke build` options the job passes on (runner.BuildOptions)."""
-    args: list[str] = []
-    if options.preflight:
-        args.append("--preflight")
-    for target in options.targets:
-        args += ["--target", target]
-    for canary in options.canaries:
-        args += ["--canary", canary]
-    if options.clean:
-        args.append("--clean")
-    if options.jobs:
-        args += ["--jobs", str(options.jobs)]
-    if not options.oom_retry:
-        args.append("--no-retry")
-    if not verify:
-        args.append("--no-verify")
-    return args
 
 
 # -------------------------------------------------------------------- multi-node jobs

@@ -39,6 +39,7 @@ from torchbuild.core.errors import (
 from torchbuild.core.safeio import not_an_option
 from torchbuild.inputs.config import DEFAULT_PROFILE, BuildSpec, find_profile, resolve
 from torchbuild.launch.backends import ENGINE_HELP, Backend, Options, choose, engine_for
+from torchbuild.tasks.flags import derive
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -437,29 +438,64 @@ class LaunchTask(TorchbuildTask):
         return opts
 
 
-def launch_task(help: Mapping[str, str], iterable: Iterable[str] = (), name: str = "") -> Callable[[F], LaunchTask]:
+def launch_task(
+    help: Mapping[str, str] = {},
+    iterable: Iterable[str] = (),
+    name: str = "",
+    models: Mapping[str, type] = {},
+    exclude: Iterable[str] = (),
+) -> Callable[[F], LaunchTask]:
     """@task for a task whose body is fn(c, launch: Launch, *its own options): the Launch options
-    are added to its command line (with their help) in one place, and errors are handled."""
+    are added to its command line (with their help) in one place, and errors are handled. A
+    parameter named in models stands for its model's flags (tasks/flags.py derive)."""
 
     def decorate(fn: F) -> LaunchTask:
-        params = list(inspect.signature(fn).parameters.values())
-        context, own = params[0], params[2:]
+        derived = derive(fn, models, "", exclude)
+        context, own = derived.params[0], derived.params[2:]
 
         @functools.wraps(fn)
         def body(c: Any, *args: Any, **kwargs: Any) -> Any:
             given = {key: kwargs.pop(key) for key in asdict(Launch()) if key in kwargs}
             given["set_"] = tuple(given.get("set_") or ())
-            return fn(c, Launch(**given), *args, **kwargs)
+            return fn(c, Launch(**given), *args, **derived.call(kwargs))
 
         body.__signature__ = inspect.Signature([context, *own, *_LAUNCH_PARAMS])  # type: ignore[attr-defined]
         options: dict[str, Any] = {
-            "help": {**HELP, **RUNTIME_HELP, **help},
-            "iterable": ["set_", *iterable],
+            "help": {**HELP, **RUNTIME_HELP, **derived.help, **help},
+            "iterable": ["set_", *derived.repeatable, *iterable],
             "klass": LaunchTask,
         }
         if name:
             options["name"] = name
         made: LaunchTask = invoke_task(**options)(handles_errors(body))
+        return made
+
+    return decorate
+
+
+def options_task(
+    *,
+    models: Mapping[str, type] = {},
+    keys: str = "",
+    exclude: Iterable[str] = (),
+    help: Mapping[str, str] = {},
+    iterable: Iterable[str] = (),
+) -> Callable[[F], TorchbuildTask]:
+    """@task whose flags come from models (tasks/flags.py derive): each parameter of the body
+    named in models is that model, built from its fields' flags; the one named keys is the
+    profile-key flags given (key -> text). help adds to or overrides the declared help."""
+
+    def decorate(fn: F) -> TorchbuildTask:
+        derived = derive(fn, models, keys, exclude)
+
+        @functools.wraps(fn)
+        def body(c: Any, *args: Any, **kwargs: Any) -> Any:
+            return fn(c, *args, **derived.call(kwargs))
+
+        body.__signature__ = inspect.Signature(derived.params)  # type: ignore[attr-defined]
+        helps = {**derived.help, **help}
+        repeatable = [*derived.repeatable, *iterable]
+        made: TorchbuildTask = invoke_task(klass=TorchbuildTask, help=helps, iterable=repeatable)(handles_errors(body))
         return made
 
     return decorate
