@@ -6,8 +6,10 @@ An option is a profile key or a task's flag (`--set` is set_, `--gpu-type` gpu_t
 that declares one is hand-written text that has to change when the option is added:
 
 - yaml:   a top-level key of configs/defaults.yaml (unless the file says it is generated)
-- field:  an annotated field of a class that holds option values as given (OPTION_CLASSES:
-          BuildSpec, Launch, BuildOptions, the job's Runtime, and any class of the options model)
+- model:  a field of any class declared with key(...) (a profile key) or option(...) (a flag):
+          the options model, where one declaration gives the field, the flag, its help and argv
+- field:  any other annotated field of a class that holds option values as given
+          (OPTION_CLASSES: BuildSpec, Launch, BuildOptions, the job's Runtime)
 - param:  a parameter of a task function (a function decorated with @task or @launch_task)
 - help:   a key of a task's help={...} dict, or of a module-level *HELP dict in tasks/
 - argv:   a "--flag" string literal in the functions of launch/scheduler.py that write the batch
@@ -32,16 +34,19 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "torchbuild"
+# a field named otherwise than its flag (runner.BuildOptions' targets is --target)
 ALIASES = {"targets": "target", "canaries": "canary", "oom_retry": "no_retry", "verify": "no_verify", "set": "set_"}
 TASK_DECORATORS = {"task", "launch_task", "options_task"}
 GENERATED_MARK = "generated from"
 OPTION_CLASSES = {"BuildSpec", "Launch", "BuildOptions", "Runtime"}
+MODEL_CALLS = {"key", "option"}
 ARGV_FUNCTIONS = {"build_option_args", "_make_job", "_comms_first", "args"}
 
 
-def _name(text: str) -> str:
+def _name(text: str, field: bool = False) -> str:
+    """An option's name (a flag's or a field's: a field's by ALIASES, as its flag is named)."""
     text = text.lstrip("-").replace("-", "_")
-    return ALIASES.get(text, text)
+    return ALIASES.get(text, text) if field or text == "set" else text
 
 
 def _yaml_keys() -> list[str]:
@@ -98,12 +103,17 @@ def _module_places(tree: ast.Module, rel: str, places: dict[str, list[str]]) -> 
 
 def _field_places(tree: ast.Module, rel: str, places: dict[str, list[str]], options: set[str]) -> None:
     for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef) and node.name in OPTION_CLASSES:
-            for item in node.body:
-                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-                    name = _name(item.target.id)
-                    if name in options:
-                        places[name].append(f"field {rel}:{node.name}")
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for item in node.body:
+            if not isinstance(item, ast.AnnAssign) or not isinstance(item.target, ast.Name):
+                continue
+            name = _name(item.target.id, field=node.name != "BuildSpec" and not _is_key(item))
+            declared = isinstance(item.value, ast.Call) and _decorator_name(item.value) in MODEL_CALLS
+            if declared:
+                places[name].append(f"model {rel}:{node.name}")
+            elif node.name in OPTION_CLASSES and name in options:
+                places[name].append(f"field {rel}:{node.name}")
 
 
 def _argv_places(tree: ast.Module, rel: str, places: dict[str, list[str]], options: set[str]) -> None:
@@ -117,6 +127,10 @@ def _argv_places(tree: ast.Module, rel: str, places: dict[str, list[str]], optio
                 places[name].append(f"argv {rel}:{node.lineno}")
 
 
+def _is_key(item: ast.AnnAssign) -> bool:
+    return isinstance(item.value, ast.Call) and _decorator_name(item.value) == "key"
+
+
 def option_places() -> dict[str, list[str]]:
     places: dict[str, list[str]] = collections.defaultdict(list)
     for key in _yaml_keys():
@@ -128,7 +142,7 @@ def option_places() -> dict[str, list[str]]:
         _module_places(tree, rel, places)
     # the profile keys and flags found so far are the options; fields and argv literals of the
     # same names are further places of them (a class's other fields are not options)
-    options = set(places) | _model_keys()
+    options = set(places) | _model_keys() | _all_flags()
     for rel, tree in trees.items():
         _field_places(tree, rel, places, options)
         _argv_places(tree, rel, places, options)
@@ -141,6 +155,22 @@ def _model_keys() -> set[str]:
     from torchbuild.inputs.config import schema
 
     return set(schema())
+
+
+def _all_flags() -> set[str]:
+    from torchbuild.tasks import ns
+
+    return {_name(a.name) for t in ns.task_names for a in ns[t].get_arguments()}
+
+
+def _task_flags(*tasks: str) -> set[str]:
+    """The flags of these tasks (as invoke lists them), by option name, less the launch options
+    every launching task shares (profile, arch, set, engine...: Launch and HELP, one place each)."""
+    from torchbuild.tasks import ns
+    from torchbuild.tasks.common import HELP, RUNTIME_HELP
+
+    shared = {*HELP, *RUNTIME_HELP}
+    return {_name(a.name) for t in tasks for a in ns[t].get_arguments() if a.name not in shared}
 
 
 def function_lengths() -> list[tuple[int, str]]:
@@ -157,7 +187,15 @@ def main() -> None:
     places = option_places()
     counts = collections.Counter(len(v) for v in places.values())
     lengths = function_lengths()
+    keys = _model_keys()
+    build_submit = _task_flags("build", "submit")
     figures = {
+        "profile_keys": len(keys),
+        "profile_key_places_max": max(len(places[k]) for k in keys),
+        "profile_keys_in_more_than_one_place": sum(1 for k in keys if len(places[k]) > 1),
+        "build_submit_flags": len(build_submit),
+        "build_submit_flag_places_max": max(len(places[k]) for k in build_submit),
+        "build_submit_flags_in_more_than_one_place": sum(1 for k in build_submit if len(places[k]) > 1),
         "options": len(places),
         "declarations": sum(len(v) for v in places.values()),
         "max_places": max(len(v) for v in places.values()),

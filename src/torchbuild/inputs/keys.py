@@ -707,7 +707,7 @@ class BatchJob:
         minimum=1,
         maximum=4096,
         scope="job",
-        flag="cores for the job (default: the profile's `cpus`; with --run, run_job's)",
+        flag="cores per node (default: the profile's `cpus`)",
     )
     mem: str = key(
         "",
@@ -717,7 +717,7 @@ class BatchJob:
         ),
         pattern=r"[1-9]\d*[KMGT]?|",
         scope="job",
-        flag="memory for the job, e.g. 64G (default: the profile's `mem`, else the site's)",
+        flag="memory per node, e.g. 64G (default: the profile's `mem`, else the site's)",
     )
     gpus: int = key(
         0,
@@ -727,7 +727,7 @@ class BatchJob:
         ),
         maximum=64,
         scope="job",
-        flag="GPUs for the job (default: the profile's `gpus`); with the SIF, > 0 adds --nv",
+        flag="GPUs per node (default: the profile's `gpus`)",
     )
     gpu_type: str = key(
         "",

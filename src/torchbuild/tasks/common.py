@@ -443,14 +443,16 @@ def launch_task(
     iterable: Iterable[str] = (),
     name: str = "",
     models: Mapping[str, type] = {},
+    keys: str = "",
     exclude: Iterable[str] = (),
 ) -> Callable[[F], LaunchTask]:
     """@task for a task whose body is fn(c, launch: Launch, *its own options): the Launch options
     are added to its command line (with their help) in one place, and errors are handled. A
-    parameter named in models stands for its model's flags (tasks/flags.py derive)."""
+    parameter named in models stands for its model's flags, the one named keys for the profile
+    keys' flags (tasks/flags.py derive)."""
 
     def decorate(fn: F) -> LaunchTask:
-        derived = derive(fn, models, "", exclude)
+        derived = derive(fn, models, keys, exclude)
         context, own = derived.params[0], derived.params[2:]
 
         @functools.wraps(fn)

@@ -87,6 +87,8 @@ class JobRun:
         "out": "output directory for the wheel, manifest, logs and the job's script (default ./out)",
         "preflight": "the job runs the preflight (configure, targets, canaries) instead of the wheel build",
         "clean": "remove the tree's build/ directory first (the job then does not resume)",
+        "cpus": "cores for the job (default: the profile's `cpus`; with --run, run_job's)",
+        "gpus": "GPUs for the job (default: the profile's `gpus`); with the SIF, > 0 adds --nv",
     },
     iterable=["set_"],
 )
