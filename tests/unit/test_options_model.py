@@ -15,7 +15,7 @@ from invoke.parser import Parser
 from torchbuild.core.options import flags, from_flags, to_argv
 from torchbuild.inputs.config import resolve
 from torchbuild.inputs.keys import flag_keys
-from torchbuild.launch.runner import BuildInputs, BuildOptions, BuildRun
+from torchbuild.launch.runner import BuildInputs, BuildOptions, BuildRun, LaunchOptions
 from torchbuild.launch.scheduler import Runtime, _JobRequest, _make_job, scheduler_for
 from torchbuild.tasks import ns
 from torchbuild.tasks.submit import JobHow, JobRun
@@ -32,6 +32,19 @@ EVERY = {
         oom_retry=False,
     ),
     BuildRun: BuildRun(progress="raw", verify=False, resume=True, python="3.12,3.13"),
+    LaunchOptions: LaunchOptions(
+        profile="/p/my site.yaml",
+        arch="aarch64",
+        set_=("env.A=b c", 'python_versions=["3.12"]'),
+        in_container=True,
+        engine="apptainer",
+        sif="/s/my sif.sif",
+        apptainer="docker",
+        nv=True,
+        user="1:1",
+        memory="8g",
+        rebuild_image=True,
+    ),
     JobHow: JobHow(
         directive=("--reservation=R", "-l job_priority=regular"),
         module=("gcc/13", "cuda/12.6"),
@@ -51,7 +64,7 @@ EVERY = {
         arg=("a b", "epochs=3"),
     ),
 }
-BUILD_MODELS = (BuildInputs, BuildOptions, BuildRun)
+BUILD_MODELS = (BuildInputs, BuildOptions, BuildRun, LaunchOptions)
 
 
 def _parsed(task: str, argv: list[str]) -> dict[str, object]:
@@ -76,7 +89,7 @@ def test_a_build_request_round_trips_through_its_argv_and_invokes_parser(model):
     assert from_flags(model, _parsed("build", argv)) == request
 
 
-@pytest.mark.parametrize("model", [*BUILD_MODELS, JobHow, JobRun], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("model", [BuildInputs, BuildOptions, BuildRun, JobHow, JobRun], ids=lambda m: m.__name__)
 def test_submit_takes_the_same_flags_into_the_same_request(model):
     """submit's flags are the build's (less --progress and --resume, which its job fixes) and its own."""
     exclude = ("progress", "resume")
@@ -101,7 +114,7 @@ def test_every_flag_of_a_derived_task_has_its_help(task):
     missing = [a.name for a in args if not a.help]
     assert not missing, missing
     names = {a.name for a in args}
-    for model in BUILD_MODELS:
+    for model in (BuildInputs, BuildOptions, BuildRun):
         assert {f.name for f in flags(model, ("progress", "resume"))} <= names
 
 
@@ -119,6 +132,7 @@ def test_the_job_passes_the_users_build_request_on_to_the_build_on_the_node(tmp_
     assert from_flags(BuildOptions, given) == options
     assert from_flags(BuildInputs, given) == BuildInputs(source="/src/py torch", out=str(tmp_path / "out dir"))
     assert from_flags(BuildRun, given) == BuildRun(progress="lines", verify=False, resume=True, python="3.12")
+    assert from_flags(LaunchOptions, given) == LaunchOptions(profile=command[command.index("build") + 2])
     # and the script's shell reads that command back word for word
     script = scheduler_for("slurm").render(job)
     lines = script[script.index(shlex.quote(command[0])) :].replace("\\\n", " ")

@@ -1066,7 +1066,7 @@ def test_invoke_submit_refuses_an_apptainer_mode_that_does_not_exist(tmp_path):
     assert "UsageError" in res.stderr and "bogus" in res.stderr and "#SBATCH" not in res.stdout
     ok, _ = _submit_dry(tmp_path, "--sif", str(_fake_sif(tmp_path / "t.sif")), "--apptainer", "docker")
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "--apptainer docker" in ok.stdout
+    assert "--apptainer=docker" in ok.stdout
 
 
 @pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "submit"])
@@ -1123,9 +1123,10 @@ def test_runtime_arguments_the_job_passes_to_the_build(tmp_path):
     gpu = _spec("cpu", "gpus=1")
     sif = _fake_sif(tmp_path / "t.sif")
     assert Runtime("native").args(gpu) == []
-    assert Runtime("docker").args(gpu) == ["--in-container", "--engine", "docker"]
+    assert Runtime("docker").args(gpu) == ["--in-container", "--engine=docker"]
     args = Runtime("apptainer", str(sif)).args(gpu)
-    assert args == ["--in-container", "--engine", "apptainer", "--sif", str(sif), "--apptainer", "auto", "--nv"]
+    assert args == ["--in-container", "--engine=apptainer", f"--sif={sif}", "--nv"]  # --apptainer auto: the default
+    assert Runtime("apptainer", str(sif), "host").args(gpu) == [*args[:3], "--apptainer=host", "--nv"]
     assert "--nv" not in Runtime("apptainer", str(sif)).args(_spec("cpu"))
     with pytest.raises(UsageError, match="--sif"):
         Runtime("native", str(sif)).args(gpu)
@@ -1195,7 +1196,7 @@ def test_a_comms_profiles_job_builds_nccl_and_the_plugin_in_the_sif_before_the_b
     comms, build = lines.split("\nexec ", 1)
     first = comms.replace(" \\\n  ", " ")
     assert first.startswith(f"{sys.executable} -m torchbuild comms --profile ") and "--resume" not in first
-    engine = f"--in-container --engine apptainer --sif '{sif}' --apptainer auto"
+    engine = f"--in-container --engine=apptainer '--sif={sif}'"
     assert engine in first and engine in build.replace(" \\\n  ", " ")
     assert ("--nv" in first) == bool(spec.gpus)
     assert "--jobs=6" in first and "--no-retry" in first and f"--out={tmp_path / 'out'}" in first

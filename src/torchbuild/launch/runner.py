@@ -24,12 +24,12 @@ from torchbuild.core.errors import SourceError, TorchbuildError, UsageError, nam
 from torchbuild.core.options import option
 from torchbuild.core.safeio import sha256_file, user_path
 from torchbuild.delivery import manifest
-from torchbuild.inputs.config import BuildSpec, cache_dir, parse_jobs_option
+from torchbuild.inputs.config import DEFAULT_PROFILE, BuildSpec, cache_dir, parse_jobs_option
 from torchbuild.inputs.config import wanted as comms_wanted
 from torchbuild.inputs.environment import cuda_home
 from torchbuild.inputs.patches import ApplyResult, Series, apply_series, load_series
 from torchbuild.inputs.source import SourceInfo, get_source, looks_like_url
-from torchbuild.launch.backends import Backend, Binds
+from torchbuild.launch.backends import ENGINE_HELP, Backend, Binds
 from torchbuild.launch.comms import comms as build_comms
 from torchbuild.steps.build import BuildRequest, Outcome
 from torchbuild.steps.comms import COMMS_MANIFEST, link_env, read_manifest
@@ -107,6 +107,38 @@ def provenance(info: SourceInfo, series: Series, result: ApplyResult) -> dict[st
 SOURCE_HELP = "git URL, local tree, tarball or Debian .dsc (default: the profile's torch_repo at its ref)"
 _REF_HELP = "git tag, branch or commit (default: the profile's torch_ref, else v<torch_version>)"
 _RETRY_HELP = "fail with OutOfMemory at the first out-of-memory kill instead of resuming with fewer jobs"
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchOptions:
+    """The options of every task that runs a step natively, in the image or in the SIF: the
+    profile, its overrides and where the step runs (tasks/common.py Launch; a batch job passes
+    where its build runs on as to_argv of these)."""
+
+    profile: str = option(
+        "",
+        "profile name (configs/profiles) or path to a .yaml file; default $TORCHBUILD_PROFILE, else " + DEFAULT_PROFILE,
+    )
+    arch: str = option(
+        "", "target architecture: x86_64 or aarch64 (default: the profile's, else this host's); image takes all"
+    )
+    set_: tuple[str, ...] = option(
+        (), "override a profile key: --set key=value (repeatable; maps: --set switches.USE_MPI=1)"
+    )
+    in_container: bool = option(
+        False, "run in a container: short for --engine docker (default: natively, on this machine)"
+    )
+    engine: str = option("", f"where it runs: {ENGINE_HELP}; default native, docker with --in-container")
+    sif: str = option("", "with --engine apptainer: the SIF (default ./torch-build-<profile>-<arch>.sif)")
+    apptainer: str = option(
+        "auto", "with --engine apptainer: auto (this host's apptainer, else the builder container), host, docker"
+    )
+    nv: bool = option(False, "with --engine apptainer: pass --nv (NVIDIA driver and GPUs into the SIF; for GPU nodes)")
+    user: str = option("", "uid:gid the container runs as (default: yours; --engine docker only)")
+    memory: str = option("", "memory limit of the container, e.g. 8g (default: none; not natively)")
+    rebuild_image: bool = option(
+        False, "with --engine docker: rebuild the toolchain image when it was built from other inputs"
+    )
 
 
 # What `invoke build` takes, in three models (core/options.py): where the build reads and writes

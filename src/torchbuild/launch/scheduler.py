@@ -750,12 +750,13 @@ class Runtime:
 
     def args(self, spec: BuildSpec) -> list[str]:
         from torchbuild.launch.backends import engine_for
+        from torchbuild.launch.runner import LaunchOptions
 
         engine = engine_for(self.engine, default="apptainer")  # the same check and meaning as build's
         if engine in ("native", "docker"):
             if self.sif or self.apptainer != "auto":
                 raise UsageError("--sif and --apptainer choose the SIF", hint="drop them, or use --engine apptainer")
-            return [] if engine == "native" else ["--in-container", "--engine", "docker"]
+            return [] if engine == "native" else to_argv(LaunchOptions(in_container=True, engine="docker"))
         if self.apptainer not in APPTAINER_MODES:
             raise UsageError(
                 f"--apptainer {self.apptainer!r} is none of {', '.join(APPTAINER_MODES)}",
@@ -768,8 +769,8 @@ class Runtime:
         if not sif.is_file():
             raise ImageNotFound(f"SIF {sif} does not exist: the job would have nothing to build in", hint=make)
         check_sif_header(sif, "--sif", make)
-        args = ["--in-container", "--engine", "apptainer", "--sif", str(sif), "--apptainer", self.apptainer]
-        return [*args, "--nv"] if spec.gpus else args
+        where = LaunchOptions(in_container=True, engine="apptainer", sif=str(sif), apptainer=self.apptainer)
+        return to_argv(dataclasses.replace(where, nv=bool(spec.gpus)))
 
 
 def local_source(source: str) -> str:
@@ -900,7 +901,7 @@ def _spread_options(spec: BuildSpec, options: BuildOptions, nodes: int) -> Build
 
 def _spread(scheduler: Scheduler, job: Job, nodes: int, engine_args: Sequence[str]) -> tuple[str, ...]:
     """The job script's lines that start and stop the daemons (spread.spread_lines)."""
-    sif = engine_args[engine_args.index("--sif") + 1] if "--sif" in engine_args else ""
+    sif = next((arg.split("=", 1)[1] for arg in engine_args if arg.startswith("--sif=")), "")
     local_slots, remote_slots = _node_slots(job.spec)
     lines = spread_lines(
         scheduler.name,

@@ -36,29 +36,19 @@ from torchbuild.core.errors import (
     os_fault,
     report,
 )
+from torchbuild.core.options import flags, from_flags
 from torchbuild.core.safeio import not_an_option
 from torchbuild.inputs.config import DEFAULT_PROFILE, BuildSpec, find_profile, resolve
-from torchbuild.launch.backends import ENGINE_HELP, Backend, Options, choose, engine_for
+from torchbuild.launch.backends import Backend, Options, choose, engine_for
+from torchbuild.launch.runner import LaunchOptions
 from torchbuild.tasks.flags import derive
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-HELP = {
-    "profile": f"profile name (configs/profiles) or path to a .yaml file; default $TORCHBUILD_PROFILE, else {DEFAULT_PROFILE}",
-    "set_": "override a profile key: --set key=value (repeatable; maps: --set switches.USE_MPI=1)",
-    "arch": "target architecture: x86_64 or aarch64 (default: the profile's, else this host's); image takes all",
-}
-
-RUNTIME_HELP = {
-    "in_container": "run in a container: short for --engine docker (default: natively, on this machine)",
-    "engine": f"where it runs: {ENGINE_HELP}; default native, docker with --in-container",
-    "sif": "with --engine apptainer: the SIF (default ./torch-build-<profile>-<arch>.sif)",
-    "apptainer": "with --engine apptainer: auto (this host's apptainer, else the builder container), host, docker",
-    "nv": "with --engine apptainer: pass --nv (NVIDIA driver and GPUs into the SIF; for GPU nodes)",
-    "user": "uid:gid the container runs as (default: yours; --engine docker only)",
-    "memory": "memory limit of the container, e.g. 8g (default: none; not natively)",
-    "rebuild_image": "with --engine docker: rebuild the toolchain image when it was built from other inputs",
-}
+_PROFILE_FLAGS = ("profile", "set_", "arch")
+# the launch options' help, from their declarations (launch/runner.py LaunchOptions)
+HELP = {f.name: f.help for f in flags(LaunchOptions) if f.name in _PROFILE_FLAGS}
+RUNTIME_HELP = {f.name: f.help for f in flags(LaunchOptions) if f.name not in _PROFILE_FLAGS}
 # runtime options only some tasks take (read by backend_from when the task has them)
 EXTRA_RUNTIME = ("host_mpi",)
 
@@ -168,21 +158,8 @@ def backend_from(spec: BuildSpec, given: Mapping[str, Any]) -> Backend:
 
 
 @dataclass(frozen=True)
-class Launch:
-    """The options of every task that runs a step natively, in the image or in the SIF: the
-    profile, its overrides and where the step runs (HELP and RUNTIME_HELP say what each does)."""
-
-    profile: str = ""
-    arch: str = ""
-    set_: tuple[str, ...] = ()
-    in_container: bool = False
-    engine: str = ""
-    sif: str = ""
-    apptainer: str = "auto"
-    nv: bool = False
-    user: str = ""
-    memory: str = ""
-    rebuild_image: bool = False
+class Launch(LaunchOptions):
+    """The launch options (LaunchOptions: their flags and help) as a task gets them."""
 
     def spec(self) -> BuildSpec:
         return spec_from(self.profile, list(self.set_), self.arch)
@@ -198,13 +175,8 @@ class Launch:
 
 
 _LAUNCH_PARAMS = [
-    inspect.Parameter(
-        name,
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        default=None if name == "set_" else default,
-        annotation="list[str] | None" if name == "set_" else type(default),
-    )
-    for name, default in asdict(Launch()).items()
+    inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.cli_default)
+    for f in flags(LaunchOptions)
 ]
 
 
@@ -457,9 +429,8 @@ def launch_task(
 
         @functools.wraps(fn)
         def body(c: Any, *args: Any, **kwargs: Any) -> Any:
-            given = {key: kwargs.pop(key) for key in asdict(Launch()) if key in kwargs}
-            given["set_"] = tuple(given.get("set_") or ())
-            return fn(c, Launch(**given), *args, **derived.call(kwargs))
+            given = {p.name: kwargs.pop(p.name) for p in _LAUNCH_PARAMS if p.name in kwargs}
+            return fn(c, from_flags(Launch, given), *args, **derived.call(kwargs))
 
         body.__signature__ = inspect.Signature([context, *own, *_LAUNCH_PARAMS])  # type: ignore[attr-defined]
         options: dict[str, Any] = {
