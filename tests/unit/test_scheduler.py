@@ -31,7 +31,7 @@ from torchbuild.core.errors import (
     UsageError,
 )
 from torchbuild.core.options import to_argv
-from torchbuild.inputs.config import available_profiles, resolve
+from torchbuild.inputs.config import available_profiles, resolve, schema
 from torchbuild.launch.runner import BuildOptions
 from torchbuild.launch.scheduler import (
     TAIL_LINES,
@@ -1307,3 +1307,17 @@ def test_a_kept_script_that_exists_is_never_overwritten(tmp_path, monkeypatch):
         sched.submit_run(spec, _run_request(tmp_path, script), out=io.StringIO())
     assert err.value.hint and first.script.read_text() == kept
     assert sorted(p.name for p in (tmp_path / "ids").iterdir()) == ["0"]  # nothing submitted the second time
+
+
+def test_a_reservation_is_slurms_reservation_and_pbss_queue(tmp_path):
+    """The key added in one place (inputs/keys.py; defaults.yaml and the schema generated): the
+    job runs in the reservation, under PBS as its queue, which a partition may not also name."""
+    slurm = scheduler_for("slurm").render(_job(tmp_path, _spec("cpu", "reservation=course_1")))
+    assert "#SBATCH --reservation=course_1\n" in slurm
+    pbs = scheduler_for("pbs").render(_job(tmp_path, _spec("cpu", "scheduler=pbs", "reservation=R1234.pbs1")))
+    assert "#PBS -q R1234.pbs1\n" in pbs
+    with pytest.raises(UsageError, match="both name the job's queue"):
+        check_job_keys(_spec("cpu", "scheduler=pbs", "reservation=R1", "partition=workq"))
+    with pytest.raises(ProfileError, match="reservation"):
+        _spec("cpu", "reservation=a b")
+    assert "reservation" not in {k for k, v in schema().items() if v.scope == "build"}  # not hashed

@@ -749,6 +749,15 @@ class BatchJob:
         scope="job",
         flag="Slurm --constraint, or PBS select resources name=value[:...] (default: the profile's)",
     )
+    reservation: str = key(
+        "",
+        (
+            "Reservation the job runs in, e.g. a training event's or a maintenance window's (sbatch --reservation; "
+            "PBS: the reservation's queue, qsub -q R1234.server, in the place of partition); empty: none."
+        ),
+        pattern="[A-Za-z0-9][A-Za-z0-9_.-]*|",
+        scope="job",
+    )
     modules: tuple[str, ...] = key(
         [],
         "Environment modules the job loads, in order, before the build (module load NAME ...).",
@@ -1025,6 +1034,17 @@ def _entry(spec: KeySpec) -> dict[str, Any]:
     return entry
 
 
+class _Dumper(yaml.SafeDumper):
+    """defaults.yaml's style: each key a block mapping, its lists on one line ([gloo, nccl])."""
+
+
+def _flow_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True)
+
+
+_Dumper.add_representer(list, _flow_list)
+
+
 def _defaults_lines() -> Iterator[str]:
     keys = declared()
     for group in GROUPS:
@@ -1033,9 +1053,7 @@ def _defaults_lines() -> Iterator[str]:
         yield from (f"# {line.strip()}".rstrip() for line in rest.strip().splitlines())
         for field in dataclasses.fields(group):
             entry = {field.name: _entry(keys[field.name])}
-            yield yaml.safe_dump(entry, sort_keys=False, width=110, allow_unicode=True, default_flow_style=None).rstrip(
-                "\n"
-            )
+            yield yaml.dump(entry, Dumper=_Dumper, sort_keys=False, width=110, allow_unicode=True).rstrip("\n")
 
 
 def defaults_yaml_text() -> str:

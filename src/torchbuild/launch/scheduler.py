@@ -312,6 +312,8 @@ class Slurm(Scheduler):
             d.append(f"--gres=gpu:{s.gpu_type + ':' if s.gpu_type else ''}{s.gpus}")
         if s.constraint:
             d.append(f"--constraint={s.constraint}")
+        if s.reservation:
+            d.append(f"--reservation={s.reservation}")
         if job.rounds is not None:
             # the warning before the limit goes to the batch shell (B:), whose trap hands it to the
             # rounds supervisor; requeued, the job keeps its id and appends to the same log
@@ -427,8 +429,8 @@ class Pbs(Scheduler):
         d = [f"-N {pbs_name(job.name)}"]
         if job.account:
             d.append(f"-A {job.account}")
-        if s.partition:
-            d.append(f"-q {s.partition}")
+        if s.reservation or s.partition:  # a PBS reservation is a queue of its own
+            d.append(f"-q {s.reservation or s.partition}")
         d += [f"-l {chunk}", f"-l walltime={pbs_walltime(s.walltime)}", "-j oe"]
         d.append(f"-o {_directive_path(self.log_path(job), 'pbs')}")
         d += s.directives
@@ -585,6 +587,11 @@ def check_job_keys(spec: BuildSpec) -> None:
                 f"directive {directive!r} holds the control character {bad.group()!r}",
                 hint="write each directive (--directive, the profile's `directives`) as one line of plain text",
             )
+    if spec.scheduler == "pbs" and spec.reservation and spec.partition:
+        raise UsageError(
+            f"reservation {spec.reservation} and partition {spec.partition}: under PBS both name the job's queue",
+            hint="drop partition: the job runs in the reservation's queue",
+        )
     if spec.gpu_type and not spec.gpus:
         raise UsageError(f"gpu_type {spec.gpu_type} without gpus", hint="add --gpus N, or drop gpu_type")
     if spec.job_rounds and spec.job_round_warning_s >= walltime_seconds(spec.walltime):
