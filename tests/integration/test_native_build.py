@@ -4,12 +4,19 @@ Needs a host compiler, cmake, ninja and ccache (.ci/run installs them)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, manifest_of, run_invoke, set_args
+from helpers import FIXTURES, REPO, manifest_of, run_invoke, set_args
 
 from torchbuild.steps import unitpeak
 
@@ -81,3 +88,67 @@ def test_unknown_canary_is_named(tree, tmp_path):
         *set_args([f"cache_dir={tmp_path / 'c'}", "patches=none"]),
     )
     assert res.returncode == 10 and "canary csrc/nope.cpp" in res.stderr
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL pid and all its descendants (the build runs its compile in a session of its own,
+    which a kill of the first process group would leave running), stopped first so none forks."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo.extend(children.get(p, []))
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for p in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, sig)
+
+
+def test_a_build_cut_off_and_run_again_is_one_build_over_two_runs(tree, tmp_path):
+    """A hard cut (the whole process group killed, as a node that goes away) in the middle of
+    ninja, then the same command again: the wheel is made, no step that finished before the cut
+    runs again, and the report gives each run and the whole build's wall over its lower bound
+    (issue 42, items 2 and 5)."""
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    sets = set_args(
+        [f"cache_dir={cache}", "patches=none", "env.MINITORCH_SLOW_UNITS=6", "env.MINITORCH_UNIT_SECONDS=3"]
+    )
+    args = [sys.executable, "-m", "invoke", "build", "--source", str(tree), "--out", str(out), *sets]
+    ninja_log = tree / "build" / ".ninja_log"
+    first = subprocess.Popen(
+        args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not (ninja_log.is_file() and "slow/unit_" in ninja_log.read_text()):
+            assert first.poll() is None and time.monotonic() < deadline, "the first run ended before any slow step"
+            time.sleep(0.5)
+    finally:
+        _kill_tree(first.pid)  # every process of the run at once, as a node that goes away
+        first.wait()
+    assert not list(out.glob("*.whl"))  # no wheel, whole or partial, in out/
+    left = [p.name for p in out.glob(".partial-*")]  # what a SIGKILL leaves: the run's own staging
+    res = run_invoke("build", "--source", str(tree), "--out", str(out), *sets)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+    assert not list(out.glob(".partial-*")) and all(f"torchbuild: removed {name}," in res.stdout for name in left)
+    logged = [ln.split("\t")[3] for ln in ninja_log.read_text().splitlines()[1:]]
+    done = [o for o in logged if "slow/unit_" in o and not o.startswith("/")]
+    assert len(done) == len(set(done)) == 6, done  # each slow step ran to its end once
+    eff = manifest_of(res.stdout)["report"]["efficiency"]
+    assert eff["runs"] == 2 and eff["build_wall_s"] > eff["ninja_wall_s"] > 0 and eff["bound_s"] > 0, eff
+    # each run's ninja time found: two jobs cannot do the work in less than half of it
+    assert eff["ninja_wall_s"] >= eff["work_s"] * 0.99, eff
+    assert re.search(
+        r"^efficiency: wall \d+ s = [\d.]+ x the lower bound .*, over the build's 2 runs$", res.stdout, re.M
+    )
+    report_text = (out / "logs" / manifest_of(res.stdout)["report"]["text"]).read_text()
+    assert "this build was made in 2 runs" in report_text and re.search(
+        r"^ *run 2 +\d+ s +[1-9]\d* s", report_text, re.M
+    )

@@ -35,6 +35,9 @@ def test_a_build_longer_than_the_walltime_goes_on_over_rounds_by_itself(slurm, t
     m = json.loads((out / f"{wheel.name}.manifest.json").read_text())
     assert [r["ended"] for r in m["rounds"]] == [r[1] for r in ran] and {r["job"] for r in m["rounds"]} == {job}
     assert json.loads(Path(f"{wheel}.verify.json").read_text())["ok"]
+    # the report of the round that made the wheel covers the whole build: every round a run
+    eff = m["report"]["efficiency"]
+    assert eff["runs"] == len(ran) and eff["build_wall_s"] > eff["ninja_wall_s"] >= eff["work_s"] * 0.99, eff
     # each slow step ran to its end once: ninja's log lists each output once over all the rounds
     logged = [ln.split("\t")[3] for ln in (tree / "build" / ".ninja_log").read_text().splitlines()[1:]]
     # CMake's custom command with an absolute OUTPUT is logged under both names: the relative one

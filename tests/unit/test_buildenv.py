@@ -48,12 +48,15 @@ def test_the_trees_requirements_with_includes_and_pyproject(tmp_path):
 
 def test_pyproject_is_read_before_python_3_11_too(tmp_path, monkeypatch):
     """Python 3.9 and 3.10 have no tomllib: tomli (a dependency there, the same parser) reads
-    pyproject.toml, whose build requirements were left out before."""
-    import tomllib
+    pyproject.toml, whose build requirements were left out before. Run by a 3.9 or 3.10, the
+    real tomli reads it (pyproject's `tomli; python_version < '3.11'` installed it); by a newer
+    Python, a 3.10 is played: no tomllib, and tomllib standing in for tomli (the same API)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
 
-    monkeypatch.setattr(sys, "version_info", (3, 10, 14, "final", 0))
-    monkeypatch.setitem(sys.modules, "tomllib", None)  # import tomllib fails, as on 3.10
-    monkeypatch.setitem(sys.modules, "tomli", tomllib)  # tomli's API is tomllib's
+        monkeypatch.setattr(sys, "version_info", (3, 10, 14, "final", 0))
+        monkeypatch.setitem(sys.modules, "tomllib", None)  # import tomllib fails, as on 3.10
+        monkeypatch.setitem(sys.modules, "tomli", tomllib)  # tomli's API is tomllib's
     reqs, digests = buildenv.tree_requirements(str(_tree(tmp_path, {"pyproject.toml": PYPROJECT})))
     assert reqs == ["setuptools", "cmake", "typing-extensions>=4.10"]
     assert set(digests) == {"pyproject.toml"}
@@ -237,3 +240,38 @@ def test_concurrent_builds_make_it_once(tmp_path, monkeypatch):
         t.join()
     assert sorted(v.created for v in made) == [False, True] and len(fake.installs) == 1
     assert made[0].path.resolve() == made[1].path.resolve()
+
+
+def test_a_lock_held_by_another_process_makes_the_build_wait(tmp_path, monkeypatch):
+    """Another process (another build on the node, or on another node of a shared cache) holds
+    the venv's lock with flock(2): this build installs nothing until that process lets it go."""
+    import subprocess
+    import time
+
+    fake = FakeRun()
+    started: list[float] = []  # CLOCK_MONOTONIC: one clock for every process of the machine
+
+    def timed(cmd, *a, **kw):
+        started.append(time.monotonic())
+        return fake(cmd, *a, **kw)
+
+    monkeypatch.setattr(buildenv, "_run", timed)
+    tree, spec = _tree(tmp_path, {}), resolve("cpu", ["arch=x86_64"])
+    key = buildenv.ensure(spec, str(tree), str(tmp_path / "probe"), sys.executable, _tee(tmp_path / "p")).key
+    started.clear()
+    lock = tmp_path / "cache" / "buildenv" / f"{key}.lock"
+    lock.parent.mkdir(parents=True)
+    hold = (
+        "import fcntl, sys, time\n"
+        "f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True)\n"
+        "time.sleep(1.5); print(time.monotonic(), flush=True); f.close()\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        made = buildenv.ensure(spec, str(tree), str(tmp_path / "cache"), sys.executable, _tee(tmp_path / "c"))
+        released = float(holder.stdout.readline())
+    finally:
+        holder.kill()
+        holder.wait()
+    assert made.created and started and min(started) >= released

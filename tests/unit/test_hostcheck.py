@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,6 +37,9 @@ def make_host(root: Path, cpus: int = 4, *, governor: str = "powersave\n", drive
     put(root, f"{CPU}/possible", f"0-{cpus - 1}\n")
     for i in range(cpus):
         put(root, f"{CPU}/cpu{i}/cpufreq/scaling_governor", governor)
+        put(root, f"{CPU}/cpu{i}/cpufreq/scaling_driver", driver + "\n")
+        put(root, f"{CPU}/cpu{i}/cpufreq/scaling_min_freq", "800000\n")
+        put(root, f"{CPU}/cpu{i}/cpufreq/scaling_max_freq", "3500000\n")
         put(root, f"{CPU}/cpu{i}/cpufreq/scaling_available_governors", "performance powersave\n")
     if driver == "intel_pstate":
         put(root, f"{CPU}/intel_pstate/no_turbo", "0\n")
@@ -47,6 +51,7 @@ def make_host(root: Path, cpus: int = 4, *, governor: str = "powersave\n", drive
     put(root, f"{CPU}/cpuidle/current_driver", "intel_idle\n")
     put(root, "sys/module/intel_idle/parameters/max_cstate", "9\n")
     put(root, "proc/cmdline", CMDLINE)
+    put(root, "proc/sys/kernel/perf_event_max_sample_rate", "100000\n")
     put(root, "proc/sys/kernel/random/boot_id", "0b3c5f1e-1111-2222-3333-444455556666\n")
     return root
 
@@ -104,20 +109,56 @@ def no_gpu(argv: Sequence[str]) -> CommandResult:
     return CommandResult(127, "", "nvidia-smi: not found on PATH")
 
 
+# pyperf's own code (the library, not a copy of it) run on a fake tree: its /sys and /proc
+# helpers point under ROOT, then pyperf._system is loaded again (its classes read them as they
+# are defined), and the logical CPU count is the tree's online CPUs, as psutil counts them.
+PYPERF_ON_A_TREE = """
+import importlib, os, runpy, sys
+root = sys.argv.pop(1)
+import pyperf._utils as u, pyperf._cpu_utils as cu, pyperf._system as system
+for m in (u, cu):
+    m.sysfs_path = lambda path: os.path.join(root, "sys", path)
+    m.proc_path = lambda path: os.path.join(root, "proc", path)
+importlib.reload(system)
+online = cu.parse_cpu_list(u.read_first_line(os.path.join(root, "sys/devices/system/cpu/online")) or "") or []
+system.get_logical_cpu_count = lambda: len(online) or None
+sys.argv = ["pyperf", *sys.argv[1:]]
+runpy.run_module("pyperf", run_name="__main__")
+"""
+
+
+def pyperf_on(root: Path) -> hc.Runner:
+    """`python -m pyperf system show` reading root's /sys and /proc instead of this machine's."""
+
+    def run(argv: Sequence[str]) -> CommandResult:
+        assert list(argv[:3]) == [sys.executable, "-m", "pyperf"]
+        return hc.run_command([sys.executable, "-c", PYPERF_ON_A_TREE, str(root), *argv[3:]])
+
+    return run
+
+
+def report(root: Path, **kw) -> list[Setting]:
+    """host-check's rows for a fake tree, pyperf's read from the same tree."""
+    return hc.check(root, pyperf=pyperf_on(root), **{"runner": no_gpu, **kw})
+
+
 # --------------------------------------------------------------------------- verdicts
 
 
 def test_a_host_as_it_boots_is_not_ready_with_a_fix_per_setting(host):
-    got = rows(hc.check(host, runner=no_gpu))
-    assert list(got) == [*hc.CPU_SETTINGS, "gpu"]
-    assert got["cpu governor"] == Setting(
-        "cpu governor",
-        "powersave on cpu0-3",
-        NOT_READY,
-        "sudo cpupower frequency-set -g performance",
+    got = rows(report(host))
+    # pyperf's rows (governor, turbo, isolated cpus, and its own: perf event, cpu frequency) with ours
+    assert list(got) == [*hc.CPU_SETTINGS, "perf event", "cpu frequency", "gpu"]
+    assert got["perf event"] == Setting(
+        "perf event", "Maximum sample rate: 100000 per second", NOT_READY, "Set max sample rate to 1"
     )
-    assert got["turbo boost"].verdict == NOT_READY and "no_turbo=0" in got["turbo boost"].value
-    assert got["turbo boost"].fix == "echo 1 | sudo tee /sys/devices/system/cpu/intel_pstate/no_turbo"
+    assert got["cpu governor"] == Setting(
+        "cpu governor", "0-3=powersave", NOT_READY, "Use CPU scaling governor 'performance'"
+    )
+    assert got["turbo boost"] == Setting(
+        "turbo boost", "Turbo Boost enabled", NOT_READY, "Disable Turbo Boost to get more reliable CPU frequency"
+    )
+    assert got["cpu frequency"] == Setting("cpu frequency", "0-3=min=800 MHz, max=3500 MHz", READY, "")
     assert (
         got["smt"].verdict == NOT_READY and got["smt"].fix == "echo off | sudo tee /sys/devices/system/cpu/smt/control"
     )
@@ -125,11 +166,13 @@ def test_a_host_as_it_boots_is_not_ready_with_a_fix_per_setting(host):
         "c-states",
         "no limit (cpuidle driver intel_idle, intel_idle max_cstate=9)",
         NOT_READY,
-        "intel_idle.max_cstate=0 processor.max_cstate=1",
+        "intel_idle.max_cstate=1",  # Quansight's guide's words
         boot_time=True,
     )
     # the last half of the CPUs, as a suggestion
-    assert got["isolated cpus"] == Setting("isolated cpus", "none", NOT_READY, "isolcpus=2-3 nohz_full=2-3", True)
+    assert got["isolated cpus"] == Setting(
+        "isolated cpus", "No CPU is isolated", NOT_READY, "isolcpus=2-3 rcu_nocbs=2-3", True
+    )
     assert got["gpu"].verdict == UNKNOWN and "no NVIDIA GPU/driver found" in got["gpu"].value
     assert not any(s.boot_time for s in got.values() if s.name not in ("c-states", "isolated cpus"))
 
@@ -140,29 +183,55 @@ def test_a_tuned_host_is_ready(host):
     put(host, f"{CPU}/intel_pstate/no_turbo", "1\n")
     put(host, f"{CPU}/smt/control", "off\n")
     put(host, f"{CPU}/isolated", "2-3\n")
-    put(host, "proc/cmdline", CMDLINE.strip() + " intel_idle.max_cstate=0 processor.max_cstate=1 isolcpus=2-3\n")
-    settings = hc.check(host, runner=no_gpu)
-    assert {s.name: s.verdict for s in settings} == {**dict.fromkeys(hc.CPU_SETTINGS, READY), "gpu": UNKNOWN}
+    put(host, "proc/cmdline", CMDLINE.strip() + " intel_idle.max_cstate=1 isolcpus=2-3 rcu_nocbs=2-3\n")
+    put(host, "proc/sys/kernel/perf_event_max_sample_rate", "1\n")
+    settings = report(host)
+    assert {s.name: s.verdict for s in settings} == {
+        **dict.fromkeys(hc.CPU_SETTINGS, READY),
+        "perf event": READY,
+        "cpu frequency": READY,
+        "gpu": UNKNOWN,
+    }
     assert all(s.fix == "" for s in settings if s.verdict == READY)
     assert hc.kernel_words(settings) == ""
-    assert rows(settings)["isolated cpus"].value.startswith("2-3 (isolcpus=2-3)")
+    assert rows(settings)["isolated cpus"].value.startswith("Isolated CPUs (2/4): 2-3")
+    assert "sudo invoke host-check --apply" not in hc.render(settings)
 
 
 def test_governors_are_read_for_every_online_cpu_only(host):
     put(host, f"{CPU}/online", "0-2\n")  # cpu3 offline: its governor does not count
     for i in range(3):
         put(host, f"{CPU}/cpu{i}/cpufreq/scaling_governor", "performance\n")
-    assert rows(hc.check(host, runner=no_gpu))["cpu governor"].verdict == READY
+    assert rows(report(host))["cpu governor"].verdict == READY
     put(host, f"{CPU}/cpu1/cpufreq/scaling_governor", "schedutil\n")
-    gov = rows(hc.check(host, runner=no_gpu))["cpu governor"]
+    gov = rows(report(host))["cpu governor"]
     assert gov.verdict == NOT_READY
-    assert gov.value == "performance on cpu0,2; schedutil on cpu1"
+    assert gov.value == "0,2=performance; 1=schedutil"
 
 
-def test_governor_without_a_performance_governor_says_so(host):
-    put(host, f"{CPU}/cpu0/cpufreq/scaling_available_governors", "powersave\n")
-    gov = rows(hc.check(host, runner=no_gpu))["cpu governor"]
-    assert gov.verdict == NOT_READY and "offers no performance governor" in gov.fix
+def test_the_cpu_rows_are_pyperf_s_and_not_read_for_another_root_without_a_runner(host):
+    """pyperf reads this machine's /sys: for another root it runs only through a runner given."""
+    got = rows(hc.check(host, runner=no_gpu))
+    assert got["cpu governor"].verdict == UNKNOWN and "not queried: pyperf reads" in got["cpu governor"].value
+    assert got["smt"].verdict == NOT_READY  # read under root, as before
+    asked: list[list[str]] = []
+
+    def pyperf(argv: Sequence[str]) -> CommandResult:
+        asked.append(list(argv))
+        return CommandResult(127, "", "No module named pyperf")
+
+    got = rows(hc.check(host, runner=no_gpu, pyperf=pyperf))
+    assert asked == [[sys.executable, "-m", "pyperf", "system", "show"]]
+    assert got["cpu governor"].verdict == UNKNOWN and "No module named pyperf" in got["cpu governor"].value
+
+
+def test_pyperf_s_other_checks_are_rows_of_their_own(host):
+    """What pyperf checks beyond torchbench's list is in the report as pyperf says it: here
+    nohz_full on intel_pstate CPUs, which pyperf flags (its advice only, no state)."""
+    put(host, f"{CPU}/nohz_full", "2-3\n")
+    nohz = rows(report(host))["nohz_full"]
+    assert nohz.verdict == NOT_READY and not nohz.boot_time
+    assert nohz.value.startswith("WARNING: nohz_full is enabled on CPUs") and "bugzilla" in nohz.fix
 
 
 def test_online_cpus_from_the_directories_when_online_is_missing(host):
@@ -182,14 +251,14 @@ def test_online_cpus_from_the_directories_when_online_is_missing(host):
 def test_turbo_on_acpi_cpufreq(tmp_path, boost, verdict, value):
     root = make_host(tmp_path, driver="acpi-cpufreq")
     put(root, f"{CPU}/cpufreq/boost", boost)
-    turbo = rows(hc.check(root, runner=no_gpu))["turbo boost"]
+    turbo = rows(report(root))["turbo boost"]  # pyperf reads no cpufreq/boost: host-check does
     assert (turbo.verdict, turbo.value) == (verdict, value)
     assert turbo.fix == ("" if verdict == READY else "echo 0 | sudo tee /sys/devices/system/cpu/cpufreq/boost")
 
 
 def test_turbo_without_either_file_is_unknown(tmp_path):
     root = make_host(tmp_path, driver="none")
-    assert rows(hc.check(root, runner=no_gpu))["turbo boost"].verdict == UNKNOWN
+    assert rows(report(root))["turbo boost"].verdict == UNKNOWN
 
 
 @pytest.mark.parametrize(
@@ -226,6 +295,13 @@ def test_cstate_limits_on_the_kernel_command_line(host, words):
     assert words.split()[0] in cstates.value
 
 
+def test_cstate_words_follow_the_cpuidle_driver(host):
+    """The guide's intel_idle.max_cstate=1 where intel_idle runs; processor.max_cstate=1 where
+    acpi_idle does (AMD), as intel_idle's parameter does nothing there."""
+    put(host, f"{CPU}/cpuidle/current_driver", "acpi_idle\n")
+    assert rows(hc.check(host, runner=no_gpu))["c-states"].fix == "processor.max_cstate=1"
+
+
 def test_cstate_words_after_a_lone_dashdash_are_init_s_not_the_kernel_s(host):
     put(host, "proc/cmdline", f"{CMDLINE.strip()} -- intel_idle.max_cstate=0\n")
     assert rows(hc.check(host, runner=no_gpu))["c-states"].verdict == NOT_READY
@@ -239,31 +315,32 @@ def test_cstate_limit_from_intel_idle_s_parameter(host):
 
 def test_isolated_cpus_from_isolcpus_alone(host):
     put(host, "proc/cmdline", f"{CMDLINE.strip()} isolcpus=nohz,domain,3\n")
-    iso = rows(hc.check(host, runner=no_gpu))["isolated cpus"]
-    assert iso.verdict == READY and "isolcpus=nohz,domain,3" in iso.value
+    put(host, "proc/cmdline", f"{CMDLINE.strip()} isolcpus=3\n")
+    iso = rows(report(host))["isolated cpus"]
+    assert iso.verdict == READY and iso.value.startswith("Isolated CPUs (1/4): 3")
 
 
 @pytest.mark.parametrize(
     ("online", "words"),
     [
-        ("0-1", "isolcpus=1 nohz_full=1"),
-        ("0-7", "isolcpus=4-7 nohz_full=4-7"),
-        ("0-2,4-6", "isolcpus=4-6 nohz_full=4-6"),
+        ("0-1", "isolcpus=1 rcu_nocbs=1"),
+        ("0-7", "isolcpus=4-7 rcu_nocbs=4-7"),
+        ("0-2,4-6", "isolcpus=4-6 rcu_nocbs=4-6"),
         ("0", ""),
     ],
 )
 def test_isolation_suggestion_is_the_last_half_of_the_online_cpus(host, online, words):
     put(host, f"{CPU}/online", online + "\n")
-    iso = rows(hc.check(host, runner=no_gpu))["isolated cpus"]
+    iso = rows(report(host))["isolated cpus"]
     assert iso.verdict == NOT_READY and iso.fix == words
 
 
 def test_kernel_command_line_words_gather_every_boot_time_fix(host):
-    settings = hc.check(host, runner=no_gpu)
-    words = "intel_idle.max_cstate=0 processor.max_cstate=1 isolcpus=2-3 nohz_full=2-3"
+    settings = report(host)
+    words = "intel_idle.max_cstate=1 isolcpus=2-3 rcu_nocbs=2-3"
     assert hc.kernel_words(settings) == words
     text = hc.render(settings)
-    assert f"at boot: add `{words}` to the kernel command line" in text
+    assert f"at boot: add `{words}` to the kernel command line (GRUB_CMDLINE_LINUX_DEFAULT" in text
     assert "sudo invoke host-check --apply" in text
     assert json.loads(hc.as_json(settings))["kernel_cmdline"] == words
 
@@ -273,6 +350,9 @@ def test_an_empty_root_is_all_unknown_and_never_raises(tmp_path):
     assert [s.name for s in settings] == [*hc.CPU_SETTINGS, "gpu"]
     assert {s.verdict for s in settings} == {UNKNOWN}
     hc.render(settings)
+    settings = report(tmp_path)  # pyperf on it finds no CPU and says so
+    assert [s.name for s in settings] == [*hc.CPU_SETTINGS, "gpu"]
+    assert {s.verdict for s in settings} == {UNKNOWN}
 
 
 def test_odd_files_are_unknown_not_tracebacks(host):
@@ -285,7 +365,7 @@ def test_odd_files_are_unknown_not_tracebacks(host):
     put(host, f"{CPU}/online", "garbage\n")
     put(host, "proc/cmdline", "intel_idle.max_cstate=lots processor.max_cstate=\n")
     put(host, "sys/module/intel_idle/parameters/max_cstate", "\n")
-    got = rows(hc.check(host, runner=no_gpu))
+    got = rows(report(host))
     assert got["cpu governor"].verdict == UNKNOWN
     assert got["turbo boost"].verdict == UNKNOWN
     assert got["c-states"].verdict == NOT_READY
@@ -343,9 +423,11 @@ def test_apply_changes_the_files_and_saves_the_previous_state_first(host):
         assert (host / CPU / f"cpu{i}/cpufreq/scaling_governor").read_text() == "performance\n"
     assert (host / CPU / "intel_pstate/no_turbo").read_text() == "1\n"
     assert (host / CPU / "smt/control").read_text() == "off\n"
+    assert (host / "proc/sys/kernel/perf_event_max_sample_rate").read_text() == "1\n"
     assert smi.changes() == ["-i 0 -pm 1", "-i 0 -lgc 1980,1980"]
     assert done[0] == "cpu governor: powersave -> performance on cpu0-3"
     assert "turbo boost: /sys/devices/system/cpu/intel_pstate/no_turbo 0 -> 1" in done
+    assert "perf event: /proc/sys/kernel/perf_event_max_sample_rate 100000 -> 1" in done
     assert done[-1].startswith(f"saved the previous values to {state}")
 
     saved = json.loads(state.read_text())
@@ -354,11 +436,12 @@ def test_apply_changes_the_files_and_saves_the_previous_state_first(host):
         **{f"/{CPU}/cpu{i}/cpufreq/scaling_governor": "powersave\n" for i in range(4)},
         f"/{CPU}/intel_pstate/no_turbo": "0\n",
         f"/{CPU}/smt/control": "on\n",
+        "/proc/sys/kernel/perf_event_max_sample_rate": "100000\n",
     }
     assert saved["gpus"] == [{"index": "0", "persistence_mode": "Disabled", "locked_mhz": 1980}]
     assert not list(state.parent.glob(".*tmp*"))  # no temporary file left
 
-    after = rows(hc.check(host, runner=smi))
+    after = rows(report(host, runner=smi))
     runtime = ["cpu governor", "turbo boost", "smt", "gpu 0 persistence", "gpu 0 clocks"]
     assert {name: after[name].verdict for name in runtime} == dict.fromkeys(runtime, READY)
     assert after["gpu 0 clocks"].value == "locked at 1980 MHz by host-check --apply"
@@ -419,7 +502,10 @@ def test_a_state_file_that_is_not_one_is_refused(host):
     assert snapshot(host) == before and state.read_text() == "{not json"
 
 
-@pytest.mark.parametrize("path", ["/etc/shadow", f"/{CPU}/../../../etc/shadow", "relative"])
+@pytest.mark.parametrize(
+    "path",
+    ["/etc/shadow", f"/{CPU}/../../../etc/shadow", "relative", "/proc/sys/kernel/core_pattern"],
+)
 def test_restore_writes_only_where_apply_writes(host, tmp_path, path):
     state = tmp_path / "state.json"
     hc.apply(host, state, runner=FakeSmi(1), as_root=True)
@@ -591,7 +677,11 @@ def test_apply_never_follows_a_symlink_out_of_root(host, tmp_path):
     text = state.read_text()
     assert "SECRET" not in text  # the target's content is never recorded
     saved = {f["path"] for f in json.loads(text)["files"]}
-    assert saved == {f"/{CPU}/cpu0/cpufreq/scaling_governor", f"/{CPU}/intel_pstate/no_turbo"}
+    assert saved == {
+        f"/{CPU}/cpu0/cpufreq/scaling_governor",
+        f"/{CPU}/intel_pstate/no_turbo",
+        "/proc/sys/kernel/perf_event_max_sample_rate",
+    }
     assert done[0] == "cpu governor: powersave -> performance on cpu0"
     # the report reads inside root too: the links are missing files there
     assert rows(hc.check(host, runner=no_gpu))["smt"].verdict == UNKNOWN
@@ -628,9 +718,7 @@ def test_symlinks_inside_root_are_followed_as_in_root(host, tmp_path):
     for i, target in ((0, "../cpufreq/policy0"), (1, f"/{CPU}/cpufreq/policy1")):
         put(host, f"{CPU}/cpufreq/policy{i}/scaling_governor", "powersave\n")
         put(host, f"{CPU}/cpufreq/policy{i}/scaling_available_governors", "performance powersave\n")
-        for name in ("scaling_governor", "scaling_available_governors"):
-            (host / CPU / f"cpu{i}/cpufreq" / name).unlink()
-        (host / CPU / f"cpu{i}/cpufreq").rmdir()
+        shutil.rmtree(host / CPU / f"cpu{i}/cpufreq")
         (host / CPU / f"cpu{i}/cpufreq").symlink_to(target)
     before = snapshot(host)
     state = tmp_path / "state.json"
@@ -661,8 +749,6 @@ def test_the_default_state_file_stays_inside_root(host, tmp_path):
 )
 def test_an_impossible_online_cpu_list_falls_back_to_the_cpu_directories(host, online):
     put(host, f"{CPU}/online", online + "\n")
-    got = rows(hc.check(host, runner=no_gpu))
-    assert got["cpu governor"].value == "powersave on cpu0-3"
     assert hc.apply(host, host / "state.json", runner=FakeSmi(0), as_root=True)[0] == (
         "cpu governor: powersave -> performance on cpu0-3"
     )
@@ -747,20 +833,29 @@ def test_task_with_a_directory_as_state_names_it(host, tmp_path, monkeypatch, ca
 # --------------------------------------------------------------------------- the task
 
 
-def test_task_reports_and_exits_0_when_not_ready(host, capsys):
+@pytest.fixture
+def pyperf_on_host(host, monkeypatch):
+    """The task's report with pyperf reading the fake tree (the task runs it only for /)."""
+    check = hc.check
+    monkeypatch.setattr(hc, "check", lambda root, **kw: check(root, pyperf=pyperf_on(host), **kw))
+
+
+def test_task_reports_and_exits_0_when_not_ready(host, capsys, pyperf_on_host):
     host_check(Context(), root=str(host))
     out = capsys.readouterr().out
-    assert "NOT READY" in out and "cpu governor" in out and "cmdline += isolcpus=2-3 nohz_full=2-3" in out
+    assert "NOT READY" in out and "cpu governor" in out and "cmdline += isolcpus=2-3 rcu_nocbs=2-3" in out
 
 
-def test_task_strict_exits_1_with_one_line(host, capsys):
+def test_task_strict_exits_1_with_one_line(host, capsys, pyperf_on_host):
     with pytest.raises(Exit) as done:
         host_check(Context(), root=str(host), strict=True)
     assert done.value.code == 1
-    assert done.value.message == "host-check: not ready: cpu governor, turbo boost, smt, c-states, isolated cpus"
+    assert done.value.message == (
+        "host-check: not ready: cpu governor, turbo boost, smt, c-states, isolated cpus, perf event"
+    )
 
 
-def test_task_json_apply_and_restore(host, capsys, monkeypatch):
+def test_task_json_apply_and_restore(host, capsys, monkeypatch, pyperf_on_host):
     monkeypatch.setattr(hc, "is_root", lambda: True)
     before = snapshot(host)
     host_check(Context(), root=str(host), apply=True, json_=True)
@@ -768,7 +863,8 @@ def test_task_json_apply_and_restore(host, capsys, monkeypatch):
     assert report["state_saved"] and any("powersave -> performance" in line for line in report["changed"])
     assert {s["name"]: s["verdict"] for s in report["settings"]}["smt"] == READY
     assert report["ready"] is False  # the boot-time settings are not
-    assert report["counts"] == {READY: 3, NOT_READY: 2, UNKNOWN: 1}  # no GPU queried for a fake root
+    # governor, turbo, smt, perf event, pyperf's cpu frequency; no GPU queried for a fake root
+    assert report["counts"] == {READY: 5, NOT_READY: 2, UNKNOWN: 1}
     host_check(Context(), root=str(host), restore=True, json_=True)
     report = json.loads(capsys.readouterr().out)
     assert not report["state_saved"] and report["restored"][-1].startswith("removed")
@@ -802,7 +898,12 @@ def test_this_machine_s_own_report():
     settings = hc.check("/")
     names = [s.name for s in settings]
     assert names[: len(hc.CPU_SETTINGS)] == list(hc.CPU_SETTINGS)
-    assert names[len(hc.CPU_SETTINGS) :] and all(n.startswith("gpu") for n in names[len(hc.CPU_SETTINGS) :])
+    # then pyperf's other rows (perf event, aslr... as this machine has them), then the GPU rows
+    gpus = [n for n in names if n.startswith("gpu")]
+    assert gpus and names[-len(gpus) :] == gpus
+    # the CPU rows are pyperf's: its words for the isolated CPUs (a Linux host always has them)
+    iso = {s.name: s for s in settings}["isolated cpus"].value
+    assert iso.startswith(("No CPU is isolated", "Isolated CPUs")), iso
     assert all(s.verdict in hc.VERDICTS for s in settings)
     assert "setting" in hc.render(settings)
     json.loads(hc.as_json(settings))

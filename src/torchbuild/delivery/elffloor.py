@@ -29,7 +29,6 @@ import fnmatch
 import inspect
 import re
 import shlex
-import subprocess
 import tempfile
 import typing
 import zipfile
@@ -41,6 +40,7 @@ from packaging.utils import parse_wheel_filename
 
 from torchbuild.core import glibc
 from torchbuild.core.errors import FloorError, WheelError, named_os_errors
+from torchbuild.core.process import QUERY_TIMEOUT, run_captured
 from torchbuild.delivery.manifest import FloorRecord, LibraryRecord
 
 if typing.TYPE_CHECKING:
@@ -366,8 +366,8 @@ def toolchain_libstdcxx(cxx: str, env: Mapping[str, str]) -> Path | None:
     does not say (a bare name back)."""
     argv = [*shlex.split(cxx), "-print-file-name=libstdc++.so.6"]
     try:
-        done = subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=120, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        done = run_captured(argv, env=env, timeout=QUERY_TIMEOUT)  # None: stopped at the deadline
+    except OSError:
         return None
     path = Path(done.stdout.strip())
     return path if done.returncode == 0 and path.is_absolute() and path.is_file() else None

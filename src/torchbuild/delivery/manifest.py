@@ -199,6 +199,7 @@ class EfficiencyRecord:
     limited_by: str
     ninja_wall_s: float
     build_wall_s: float
+    runs: int = 1  # a build cut off and run again: the walls are the sums over its runs
 
     @property
     def ratio(self) -> float:

@@ -1,31 +1,44 @@
 """`invoke host-check`: is this machine set up for stable benchmark numbers?
 
-What torchbench's ``torchbenchmark/util/machine_config.py`` cares about, one row each, with a
-verdict (``ready``, ``not ready``, ``unknown``) and the fix:
+What torchbench's ``torchbenchmark/util/machine_config.py`` and Quansight's from-source guide
+care about, one row each, with a verdict (``ready``, ``not ready``, ``unknown``) and the fix:
 
-- the CPU frequency governor of every online CPU (``performance`` everywhere),
-- turbo / boost (off: intel_pstate ``no_turbo`` = 1, acpi-cpufreq ``boost`` = 0),
-- SMT (off, forced off or not supported; or no sibling online, which is what torchbench's
-  own ``set_hyper_threading`` leaves: ``control`` stays ``on`` with ``active`` 0),
-- the C-state limit (``intel_idle.max_cstate=0``/``1``, ``processor.max_cstate=1``,
-  ``idle=poll``/``halt`` on the kernel command line, or intel_idle's ``max_cstate`` <= 1),
-- isolated CPUs (``/sys/devices/system/cpu/isolated``, or ``isolcpus=`` on the command line),
-- per NVIDIA GPU: persistence mode and locked graphics clocks (through ``nvidia-smi``).
+- from pyperf (``python -m pyperf system show``, PYPERF_SHOW): the CPU scaling governor,
+  turbo boost, isolated CPUs (pyperf's ``Linux scheduler``), and every other operation pyperf
+  checks (perf event sample rate, ASLR, CPU frequency, IRQ affinity, power supply, nohz_full
+  with intel_pstate), each as pyperf says: its advice makes a row not ready;
+- added here, as pyperf has no row for them: SMT (off, forced off or not supported; or no
+  sibling online, what torchbench's ``set_hyper_threading`` leaves: ``control`` stays ``on``
+  with ``active`` 0), the C-state limit (the guide's ``intel_idle.max_cstate=1``, or
+  ``processor.max_cstate=1``/``idle=poll``/``halt``, or intel_idle's ``max_cstate`` <= 1),
+  acpi-cpufreq's ``cpufreq/boost`` (AMD's turbo, which pyperf does not read), and per NVIDIA GPU
+  persistence mode and locked graphics clocks (through ``nvidia-smi``).
+
+Why pyperf's CLI and not its module: ``pyperf system`` is documented as a command; the code
+behind it is ``pyperf._system`` (private by its name: no API promise), prints its report and
+calls ``sys.exit``. So the command runs through core/process.py (run_command) and its report
+is parsed (parse_pyperf: titled sections of ``Operation: message`` lines). pyperf reads this
+machine's /sys and /proc only, so with a ``root`` other than ``/`` it runs only when a runner
+is passed (tests pass one with a report); otherwise its rows say it was not queried.
 
 The C-state limit and isolated CPUs are boot-time settings (``Setting.boot_time``): their
 ``fix`` is the words to add to the kernel command line, and ``--apply`` never touches them.
 
-Every /sys and /proc path is read under ``root`` (``/`` by default), so tests use a fake tree.
-Its symlinks are resolved as if ``root`` were ``/`` (an absolute target is root's own path,
-``..`` stops at root) and each component is opened with O_NOFOLLOW, so nothing outside root is
-read, recorded in the state file or written. Reading never raises: a file that is missing,
-unreadable or odd (a FIFO, a directory, more than SETTING_LIMIT) gives ``unknown``.
-
-``apply`` (root only) makes the runtime changes (governor, turbo, SMT, GPU persistence and
-clocks). Before changing anything it saves the previous values to a JSON state file (written
+``apply`` (root only) makes the runtime changes (governor, turbo, SMT, perf event sample
+rate, GPU persistence and clocks). Before changing anything it saves the previous values to a JSON state file (written
 atomically); a write that fails half-way puts back what was already changed and raises
 ``HostSetupFailed`` naming the file. ``restore`` puts the saved values back, byte for byte, and
-removes the state file.
+removes the state file. Why not ``pyperf system tune``/``reset``: reset is no restore. It
+writes ``powersave`` whatever the governor was (on acpi-cpufreq or amd-pstate hosts, whose
+default is schedutil or ondemand, powersave holds the lowest frequency), sets every CPU's
+minimum frequency to the hardware minimum and starts irqbalance whether or not it ran before;
+it saves nothing, so a tune that fails half-way is not undone; and neither touches SMT.
+
+Every /sys and /proc path read or written here is under ``root`` (``/`` by default), so tests
+use a fake tree. Its symlinks are resolved as if ``root`` were ``/`` (an absolute target is
+root's own path, ``..`` stops at root) and each component is opened with O_NOFOLLOW, so nothing
+outside root is read, recorded in the state file or written. Reading never raises: a file that
+is missing, unreadable or odd (a FIFO, a directory, more than SETTING_LIMIT) gives ``unknown``.
 
 GPU rows: ``nvidia-smi`` cannot read back a clock lock made with ``-lgc`` (NVML has no getter
 for it). The clocks row is ``ready`` only when the state file says this tool locked that GPU's
@@ -46,6 +59,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -71,7 +85,9 @@ SMT = "smt"
 CSTATES = "c-states"
 ISOLATED = "isolated cpus"
 GPU = "gpu"
+PERF_EVENT = "perf event"  # pyperf's row, which --apply sets too
 CPU_SETTINGS = (GOVERNOR, TURBO, SMT, CSTATES, ISOLATED)
+APPLIED = (GOVERNOR, TURBO, SMT, PERF_EVENT)  # the CPU rows --apply sets (and the GPU ones)
 
 STATE_SCHEMA = "torchbuild.host-state"
 STATE_VERSION = 1
@@ -82,18 +98,38 @@ NO_TURBO = f"{CPU_DIR}/intel_pstate/no_turbo"
 BOOST = f"{CPU_DIR}/cpufreq/boost"
 SMT_CONTROL = f"{CPU_DIR}/smt/control"
 SMT_ACTIVE = f"{CPU_DIR}/smt/active"
-ISOLATED_FILE = f"{CPU_DIR}/isolated"
 CPUIDLE_DRIVER = f"{CPU_DIR}/cpuidle/current_driver"
 INTEL_IDLE_MAX_CSTATE = "/sys/module/intel_idle/parameters/max_cstate"
 CMDLINE = "/proc/cmdline"
+# pyperf advises 1 (the kernel profiler's interrupts kept to the least); --apply writes it
+PERF_RATE = "/proc/sys/kernel/perf_event_max_sample_rate"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
-CSTATE_WORDS = "intel_idle.max_cstate=0 processor.max_cstate=1"
+# The C-state limit to add at boot. Quansight's guide (the seed): `intel_idle.max_cstate=1` in
+# GRUB_CMDLINE_LINUX_DEFAULT, which keeps the intel_idle driver and its C1. The advice here had
+# been `intel_idle.max_cstate=0 processor.max_cstate=1` (intel_idle off, acpi_idle held to C1),
+# with no reason given for differing: it is the guide's now. Where the cpuidle driver is
+# acpi_idle (AMD CPUs, or Intel ones intel_idle does not know), intel_idle's parameter does
+# nothing and processor.max_cstate=1 is the limit that applies.
+CSTATE_WORDS = "intel_idle.max_cstate=1"
+ACPI_CSTATE_WORDS = "processor.max_cstate=1"
+GRUB_KEY = "GRUB_CMDLINE_LINUX_DEFAULT"
 GPU_QUERY = (
     "nvidia-smi",
     "--query-gpu=index,persistence_mode,clocks.applications.graphics,clocks.max.graphics,name",
     "--format=csv,noheader,nounits",
 )
+# pyperf's report (see the module's docstring: its CLI, not its private module)
+PYPERF_SHOW = (sys.executable, "-m", "pyperf", "system", "show")
+PYPERF_SECTIONS = {"System state": "state", "Advices": "advice", "Warnings": "warning", "Errors": "error"}
+PYPERF_NAMES = {
+    "CPU scaling governor": GOVERNOR,
+    "Turbo Boost (intel_pstate)": TURBO,
+    "Turbo Boost (MSR)": TURBO,
+    "Linux scheduler": ISOLATED,
+}
+PYPERF_SKIPPED = ("CPU", "ERROR", "WARNING")  # the CPUs it looked at; lines of no operation
+NO_GOVERNOR = "pyperf shows no CPU scaling governor (no cpufreq driver: a VM?)"
 COMMAND_TIMEOUT = 60
 # a /sys or /proc value is a line (a CPU list of thousands of CPUs is a few KiB)
 SETTING_LIMIT = 64 * KiB
@@ -326,60 +362,6 @@ def _governor_file(cpu: int) -> str:
     return f"{CPU_DIR}/cpu{cpu}/cpufreq/scaling_governor"
 
 
-def _groups(by_cpu: dict[int, str]) -> str:
-    """{0: "powersave", 1: "powersave", 2: "performance"} -> "powersave on cpu0-1; performance on cpu2"."""
-    order: dict[str, list[int]] = {}
-    for cpu in sorted(by_cpu):
-        order.setdefault(by_cpu[cpu], []).append(cpu)
-    return "; ".join(f"{value} on cpu{format_cpulist(cpus)}" for value, cpus in order.items())
-
-
-def _check_governor(root: Path) -> Setting:
-    fix = "sudo cpupower frequency-set -g performance"
-    cpus = online_cpus(root)
-    if not cpus:
-        return Setting(GOVERNOR, f"no online CPUs listed under {CPU_DIR}", UNKNOWN, "")
-    by_cpu = {cpu: _read(root, _governor_file(cpu)) or "unreadable" for cpu in cpus}
-    if all(value == "unreadable" for value in by_cpu.values()):
-        return Setting(GOVERNOR, "no scaling_governor files (no cpufreq driver: a VM?)", UNKNOWN, "nothing to set")
-    value = _groups(by_cpu)
-    wrong = [cpu for cpu, gov in by_cpu.items() if gov not in ("performance", "unreadable")]
-    if wrong:
-        available = _read(root, f"{CPU_DIR}/cpu{wrong[0]}/cpufreq/scaling_available_governors")
-        if available is not None and "performance" not in available.split():
-            fix = f"the scaling driver offers no performance governor (only {available})"
-        return Setting(GOVERNOR, value, NOT_READY, fix)
-    if "unreadable" in by_cpu.values():
-        return Setting(GOVERNOR, value, UNKNOWN, fix)
-    return Setting(GOVERNOR, value, READY, "")
-
-
-def _check_turbo(root: Path) -> Setting:
-    no_turbo = _read(root, NO_TURBO)
-    if no_turbo is not None:
-        if no_turbo in ("0", "1"):
-            on = no_turbo == "0"
-            return Setting(
-                TURBO,
-                f"{'on' if on else 'off'} (intel_pstate no_turbo={no_turbo})",
-                NOT_READY if on else READY,
-                f"echo 1 | sudo tee {NO_TURBO}" if on else "",
-            )
-        return Setting(TURBO, f"intel_pstate no_turbo={no_turbo!r}", UNKNOWN, f"echo 1 | sudo tee {NO_TURBO}")
-    boost = _read(root, BOOST)
-    if boost is not None:
-        if boost in ("0", "1"):
-            on = boost == "1"
-            return Setting(
-                TURBO,
-                f"{'on' if on else 'off'} (cpufreq boost={boost})",
-                NOT_READY if on else READY,
-                f"echo 0 | sudo tee {BOOST}" if on else "",
-            )
-        return Setting(TURBO, f"cpufreq boost={boost!r}", UNKNOWN, f"echo 0 | sudo tee {BOOST}")
-    return Setting(TURBO, "no intel_pstate/no_turbo nor cpufreq/boost", UNKNOWN, "nothing to set")
-
-
 def _check_smt(root: Path) -> Setting:
     control, active = _read(root, SMT_CONTROL), _read(root, SMT_ACTIVE)
     fix = f"echo off | sudo tee {SMT_CONTROL}"
@@ -409,42 +391,135 @@ def _check_cstates(root: Path) -> Setting:
             limits.append(f"idle={idle}")
     param = _read(root, INTEL_IDLE_MAX_CSTATE)
     driver = _read(root, CPUIDLE_DRIVER)
+    fix = ACPI_CSTATE_WORDS if driver == "acpi_idle" else CSTATE_WORDS
     if limits:
         return Setting(CSTATES, f"limited: {' '.join(limits)} on the kernel command line", READY, "", True)
     if param is not None and param.lstrip("-").isdigit() and int(param) <= 1:
         return Setting(CSTATES, f"limited: intel_idle max_cstate={param}", READY, "", True)
     if words is None and param is None:
-        return Setting(CSTATES, f"{CMDLINE} unreadable", UNKNOWN, CSTATE_WORDS, True)
+        return Setting(CSTATES, f"{CMDLINE} unreadable", UNKNOWN, fix, True)
     facts = [f"cpuidle driver {driver}"] if driver else []
     if param is not None:
         facts.append(f"intel_idle max_cstate={param}")
-    return Setting(CSTATES, "no limit" + (f" ({', '.join(facts)})" if facts else ""), NOT_READY, CSTATE_WORDS, True)
+    return Setting(CSTATES, "no limit" + (f" ({', '.join(facts)})" if facts else ""), NOT_READY, fix, True)
 
 
 def isolation_words(cpus: Sequence[int]) -> str:
-    """The kernel command-line words that isolate the last half of cpus ("" for fewer than 2)."""
+    """The kernel command-line words that isolate the last half of cpus ("" for fewer than 2):
+    the guide's isolcpus= with the rcu_nocbs= pyperf advises beside it (not nohz_full=, which
+    pyperf flags as incompatible with intel_pstate)."""
     if len(cpus) < 2:
         return ""
     chosen = format_cpulist(sorted(cpus)[len(cpus) // 2 :])
-    return f"isolcpus={chosen} nohz_full={chosen}"
+    return f"isolcpus={chosen} rcu_nocbs={chosen}"
 
 
-def _check_isolated(root: Path) -> Setting:
-    isolated = _read(root, ISOLATED_FILE)
-    words = _cmdline(root)
-    isolcpus = _param(words, "isolcpus") if words is not None else None
+# --------------------------------------------------------------------------- pyperf's rows
+
+
+@dataclasses.dataclass
+class _Said:
+    """What `pyperf system show` said about one of its operations, by section."""
+
+    state: list[str] = dataclasses.field(default_factory=list)
+    advice: list[str] = dataclasses.field(default_factory=list)
+    warning: list[str] = dataclasses.field(default_factory=list)
+    error: list[str] = dataclasses.field(default_factory=list)
+
+
+def parse_pyperf(text: str) -> dict[str, _Said]:
+    """`pyperf system show`'s report as {operation: what it said}, in pyperf's order. Its
+    sections are titles underlined with `=` (PYPERF_SECTIONS); each line is `Operation: message`
+    (an operation's name holds no `: `). Lines of no operation (`ERROR: ...`) are kept under
+    their first word."""
+    said: dict[str, _Said] = {}
+    lines = text.splitlines()
+    section = None
+    for i, line in enumerate(lines):
+        underlined = i + 1 < len(lines) and lines[i + 1].startswith("===")
+        if underlined:
+            section = PYPERF_SECTIONS.get(line.strip())
+            continue
+        operation, sep, message = line.partition(": ")
+        if section is None or not sep or line.startswith("==="):
+            continue
+        getattr(said.setdefault(operation.strip(), _Said()), section).append(message.strip())
+    return said
+
+
+def _pyperf_row(name: str, said: _Said) -> Setting:
+    """One of pyperf's operations as a row: its advice makes it not ready (the value its state,
+    or, with none, its first advice: nohz_full's warning), an error with no state unknown; its
+    errors and warnings are added to the value."""
+    notes = [*said.error, *said.warning]
+    value = "; ".join(said.state) + (f" (pyperf: {'; '.join(notes)})" if said.state and notes else "")
+    if said.advice:
+        advice = said.advice if said.state else said.advice[1:]
+        return Setting(name, value or said.advice[0], NOT_READY, "; ".join(advice))
+    if not said.state:
+        return Setting(name, "; ".join(notes) or "pyperf shows nothing", UNKNOWN, "")
+    return Setting(name, value, READY, "")
+
+
+def _isolated_row(root: Path, said: _Said | None) -> Setting:
+    """pyperf's `Linux scheduler` as the isolated-cpus row (boot-time); the fix names the last
+    half of the online CPUs (isolation_words) where pyperf says `isolcpus=<cpu list>`."""
+    states = said.state if said is not None else []
+    isolated = [s for s in states if s.startswith("Isolated CPUs")]
     if isolated:
-        extra = f" (isolcpus={isolcpus})" if isolcpus else ""
-        return Setting(ISOLATED, f"{isolated}{extra}; run benchmarks on them with taskset", READY, "", True)
-    if isolcpus:
-        return Setting(ISOLATED, f"isolcpus={isolcpus} on the kernel command line", READY, "", True)
+        return Setting(ISOLATED, "; ".join(states) + "; run benchmarks on them with taskset", READY, "", True)
     cpus = online_cpus(root)
-    suggestion = isolation_words(cpus)
-    if isolated is None and words is None:
-        return Setting(ISOLATED, f"{ISOLATED_FILE} and {CMDLINE} unreadable", UNKNOWN, suggestion, True)
     if len(cpus) == 1:
         return Setting(ISOLATED, "none (one CPU online: nothing to isolate)", NOT_READY, "", True)
-    return Setting(ISOLATED, "none", NOT_READY, suggestion, True)
+    if not states:
+        return Setting(ISOLATED, "pyperf shows no Linux scheduler state", UNKNOWN, isolation_words(cpus), True)
+    return Setting(ISOLATED, "; ".join(states), NOT_READY, isolation_words(cpus), True)
+
+
+def _boost_row(root: Path) -> Setting:
+    """Turbo where pyperf has no row for it: acpi-cpufreq's (AMD's) cpufreq/boost, which pyperf
+    does not read (it asks intel_pstate, else Intel's MSR)."""
+    boost = _read(root, BOOST)
+    if boost in ("0", "1"):
+        on = boost == "1"
+        fix = f"echo 0 | sudo tee {BOOST}" if on else ""
+        return Setting(TURBO, f"{'on' if on else 'off'} (cpufreq boost={boost})", NOT_READY if on else READY, fix)
+    if boost is not None:
+        return Setting(TURBO, f"cpufreq boost={boost!r}", UNKNOWN, f"echo 0 | sudo tee {BOOST}")
+    return Setting(TURBO, "pyperf shows no Turbo Boost state, and there is no cpufreq/boost", UNKNOWN, "")
+
+
+def _turbo_row(root: Path, said: _Said | None) -> Setting:
+    """pyperf's turbo row, unless it shows no state and acpi-cpufreq's boost file says one."""
+    if said is not None and (said.state or _read(root, BOOST) is None):
+        return _pyperf_row(TURBO, said)
+    return _boost_row(root)
+
+
+def _pyperf_rows(root: Path, runner: Runner | None) -> tuple[list[Setting], list[Setting]]:
+    """(the governor, turbo and isolated-cpus rows; pyperf's other rows) from `pyperf system
+    show` (PYPERF_SHOW), run for root `/` or through the runner given."""
+    run = runner if runner is not None else (run_command if root.resolve() == Path("/") else None)
+    if run is None:
+        why = f"not queried: pyperf reads this machine's /sys and /proc, not those of {root}"
+        return [Setting(GOVERNOR, why, UNKNOWN, ""), _boost_row(root), _isolated_row(root, None)], []
+    res = run(list(PYPERF_SHOW))
+    said = parse_pyperf(res.stdout)
+    if not said:
+        lines = (res.stderr.strip() or res.stdout.strip() or f"exit status {res.returncode}").splitlines()
+        why = f"`pyperf system show` said nothing to read ({lines[-1]})"
+        return [Setting(GOVERNOR, why, UNKNOWN, ""), _boost_row(root), _isolated_row(root, None)], []
+    named = {op: said.pop(op) for op in list(said) if op in PYPERF_NAMES}
+    by_name = {PYPERF_NAMES[op]: s for op, s in named.items()}
+    governor = by_name.get(GOVERNOR)
+    rows = [
+        _pyperf_row(GOVERNOR, governor) if governor else Setting(GOVERNOR, NO_GOVERNOR, UNKNOWN, ""),
+        _turbo_row(root, by_name.get(TURBO)),
+        _isolated_row(root, by_name.get(ISOLATED)),
+    ]
+    # lower case as the other rows; pyperf's "Check nohz_full" is the "nohz_full" row
+    others = [_pyperf_row(op.lower().removeprefix("check "), s) for op, s in said.items() if op not in PYPERF_SKIPPED]
+    return rows, others
 
 
 # --------------------------------------------------------------------------- GPUs
@@ -556,15 +631,22 @@ def default_state_file(root: StrPath = "/") -> Path:
         return _under(rootp, DEFAULT_STATE)
 
 
-def check(root: StrPath = "/", *, runner: Runner | None = None, state_file: StrPath | None = None) -> list[Setting]:
-    """Every setting's row: the CPU rows (GOVERNOR, TURBO, SMT, CSTATES, ISOLATED) then the
-    GPU rows. Never raises: what cannot be read is UNKNOWN. runner: how nvidia-smi is run
-    (default run_command, and only for root "/"); state_file: where --apply saved its state
-    (default under root), read to know which GPU clocks it locked."""
+def check(
+    root: StrPath = "/",
+    *,
+    runner: Runner | None = None,
+    pyperf: Runner | None = None,
+    state_file: StrPath | None = None,
+) -> list[Setting]:
+    """Every setting's row: the CPU rows (GOVERNOR, TURBO, SMT, CSTATES, ISOLATED), pyperf's
+    other rows, then the GPU rows. Never raises: what cannot be read is UNKNOWN. runner: how
+    nvidia-smi is run, pyperf: how PYPERF_SHOW is run (each default run_command, and only for
+    root "/"); state_file: where --apply saved its state (default under root), read to know
+    which GPU clocks it locked."""
     rootp = Path(root)
     state = _load_state_quietly(Path(state_file) if state_file is not None else default_state_file(rootp))
-    rows = [_check_governor(rootp), _check_turbo(rootp), _check_smt(rootp), _check_cstates(rootp)]
-    rows.append(_check_isolated(rootp))
+    (governor, turbo, isolated), others = _pyperf_rows(rootp, pyperf)
+    rows = [governor, turbo, _check_smt(rootp), _check_cstates(rootp), isolated, *others]
     return rows + _check_gpus(rootp, runner, state)
 
 
@@ -589,15 +671,15 @@ def render(settings: Sequence[Setting]) -> str:
     text = table(["", "setting", "value", "fix"], [(shown[s.verdict], s.name, s.value, _fix_text(s)) for s in settings])
     counts = {v: sum(1 for s in settings if s.verdict == v) for v in VERDICTS}
     lines = [text, "", f"{counts[READY]} ready, {counts[NOT_READY]} not ready, {counts[UNKNOWN]} unknown"]
-    if any(s.verdict == NOT_READY and not s.boot_time and s.fix for s in settings):
+    if any(s.verdict == NOT_READY and (s.name in APPLIED or s.name.startswith(f"{GPU} ")) for s in settings):
         lines.append(
-            "now: `sudo invoke host-check --apply` sets governor, turbo, SMT and GPU persistence and clocks "
+            "now: `sudo invoke host-check --apply` sets governor, turbo, SMT, perf event rate and GPU persistence and clocks "
             "(saving what `invoke host-check --restore` puts back)"
         )
     words = kernel_words(settings)
     if words:
         lines.append(
-            f"at boot: add `{words}` to the kernel command line (GRUB_CMDLINE_LINUX in /etc/default/grub, "
+            f"at boot: add `{words}` to the kernel command line ({GRUB_KEY} in /etc/default/grub, "
             "then update-grub or grub2-mkconfig) and reboot"
         )
     return "\n".join(lines)
@@ -665,8 +747,10 @@ def _valid_gpu(entry: dict[str, Any]) -> bool:
 
 
 def _settable(path: object) -> bool:
-    """Whether a state file's path is one --apply writes: under /sys/devices/system/cpu, no "..".
-    (--restore runs as root and writes what the file says: it writes nowhere else.)"""
+    """Whether a state file's path is one --apply writes: under /sys/devices/system/cpu, no "..",
+    or PERF_RATE. (--restore runs as root and writes what the file says: it writes nowhere else.)"""
+    if path == PERF_RATE:
+        return True
     return isinstance(path, str) and path.startswith(f"{CPU_DIR}/") and ".." not in path.split("/")
 
 
@@ -823,6 +907,7 @@ def _plan(
         change(TURBO, BOOST, "0\n")
     if _read(root, SMT_CONTROL) == "on" and _read(root, SMT_ACTIVE) != "0":
         change(SMT, SMT_CONTROL, "off\n")
+    change(PERF_EVENT, PERF_RATE, "1\n")
 
     gpus: list[_GpuChange] = []
     run = _resolve_runner(root, runner)
@@ -913,8 +998,8 @@ def apply(
     as_root: bool | None = None,
 ) -> list[str]:
     """Set the runtime settings for benchmarking: every online CPU's governor to performance,
-    turbo off, SMT off, and per GPU persistence on and graphics clocks locked at their maximum.
-    Returns one line per change. Boot-time settings (C-states, isolated CPUs) are left: the
+    turbo off, SMT off, the perf event sample rate to 1 (pyperf's advice), and per GPU
+    persistence on and graphics clocks locked at their maximum. Returns one line per change. Boot-time settings (C-states, isolated CPUs) are left: the
     report prints the kernel command-line words.
 
     Root only (as_root: None asks os.geteuid(); else HostSetupFailed). Before changing anything

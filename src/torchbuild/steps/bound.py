@@ -164,9 +164,35 @@ def not_this_run(ninja_wall: float, build_wall: float) -> str | None:
     )
 
 
-def efficiency_record(bound: Bound, ninja_wall: float, build_wall: float) -> dict[str, Any]:
-    """The manifest's report.efficiency (delivery.manifest.EfficiencyRecord's fields)."""
+def render_across(bound: Bound, walls: Sequence[float], spans: Sequence[float]) -> str:
+    """The report's lines for a build made in several runs (steps/runs.py): each run's wall and
+    ninja time, and the whole build's over the bound of all its steps. What a cut costs shows as
+    the runs' time outside ninja (each run's configure check, code generation, packaging) and the
+    steps in flight at a cut, which ninja never logged and the next run compiled again."""
+    if bound.seconds <= 0:
+        return "lower bound: no step took measurable time\n"
+    wall, ninja = sum(walls), sum(spans)
+    rows = [
+        (f"run {i}", f"{w:.0f} s", f"{s:.0f} s", f"{max(w - s, 0):.0f} s")
+        for i, (w, s) in enumerate(zip(walls, spans, strict=True), 1)
+    ]
+    return (
+        f"this build was made in {len(walls)} runs (a build cut off and run again):\n"
+        + console.table(("run", "wall", "ninja", "outside ninja"), rows, justify=("left", "right", "right", "right"))
+        + f"\nlower bound of all its steps on {bound.jobs} job{'s' if bound.jobs > 1 else ''}: {bound.seconds:.1f} s, "
+        f"limited by {bound.limited_by} (work over the jobs {bound.work_seconds:.1f} s, "
+        f"longest dependency chain {bound.chain_seconds:.1f} s)\n"
+        f"ninja wall time over the runs {ninja:.1f} s = {ninja / bound.seconds:.2f} x the bound\n"
+        f"build wall time over the runs {wall:.1f} s = {wall / bound.seconds:.2f} x the bound "
+        f"({wall - ninja:.1f} s outside ninja)\n"
+    )
+
+
+def efficiency_record(bound: Bound, ninja_wall: float, build_wall: float, runs: int = 1) -> dict[str, Any]:
+    """The manifest's report.efficiency (delivery.manifest.EfficiencyRecord's fields); a build
+    made in several runs gives the sums of their walls."""
     return {
+        "runs": runs,
         "jobs": bound.jobs,
         "bound_s": round(bound.seconds, 1),
         "work_s": round(bound.work_seconds, 1),

@@ -32,13 +32,14 @@ from torchbuild.delivery.pipenv import interpreter
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import NO_CCACHE, ccache_launcher, compile_env, format_env
 from torchbuild.inputs.jobs import peaks_file, record_measured, record_unit_peaks, units_file
-from torchbuild.steps import buildenv, cmakecache, codegen, compile_job, flatbuf, unitpeak
+from torchbuild.steps import buildenv, cmakecache, codegen, compile_job, flatbuf, runs, unitpeak
 from torchbuild.steps.bound import (
     bound_of,
     efficiency_record,
     ninja_graph,
     not_this_run,
     parse_graph,
+    render_across,
     render_bound,
     render_heaviest,
 )
@@ -51,10 +52,11 @@ from torchbuild.steps.compile_job import (
     partial_dir,
     path_independent,
     pip_wheel,
+    release_partial,
 )
 from torchbuild.steps.heavy import apply_pool
 from torchbuild.steps.oom import run_watched
-from torchbuild.steps.report import LogMark, Report, Step, mark, write_report
+from torchbuild.steps.report import LogMark, Report, Step, mark, read_across_runs, write_report
 from torchbuild.steps.repro import normalize_wheel
 
 
@@ -324,6 +326,7 @@ class Run:
     epoch_origin: str = ""  # where SOURCE_DATE_EPOCH came from
     venv: buildenv.BuildVenv | None = None  # the native build venv (profile key build_venv)
     floor: manifest.FloorRecord | None = None  # the wheel's ELF floor (delivery/elffloor.py)
+    records: list[runs.RunRecord] = dataclasses.field(default_factory=list)  # the tree's runs, this one ended
 
     @property
     def env_vars(self) -> dict[str, str]:
@@ -350,6 +353,8 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
         if req.clean:
             remove_build_dir(req.source, tee)
         run.ninja_mark = mark(build_dir(req.source) / ".ninja_log")
+        # the run's start in the tree's record: a build cut off and run again is one build
+        runs.begin(build_dir(req.source), req.run_id, log, time.time() - (time.monotonic() - run.job.t0))
         # another interpreter is another configure (Python's paths are in CMake's cache); ninja
         # and ccache still reuse every object whose command line is the same
         inputs = {**configure_inputs(run.env_vars), "torchbuild:python": run.python}
@@ -438,6 +443,30 @@ def _measure_units(req: BuildRequest, env: dict[str, str], tmp: Path, tee: Tee) 
         return
     env.update(measure)
     tee.line(f"torchbuild: each compile's peak memory and time go to build/{UNITS_RECORD} (through CCACHE_PREFIX)")
+
+
+def _across_runs(run: Run, ninja_log: Path, deps: Mapping[str, set[str]] | None) -> tuple[str, dict[str, Any]] | None:
+    """The whole build's bound and walls where the tree records several runs (steps/runs.py),
+    else None (this run's own figures stand). A log with steps from before the record began
+    (a tree a torchbuild without it started) gives none: its walls are not known."""
+    records = run.records
+    if len(records) < 2:
+        return None
+    across = read_across_runs(ninja_log, [r.start for r in records], [r.end for r in records])
+    if across.unplaced:
+        run.tee.line(
+            f"torchbuild: no whole-build lower bound: {across.unplaced} of the log's steps were made "
+            "before the tree recorded its runs"
+        )
+        return None
+    # a cut run stopped at its log's last write, or at its ninja's last step where that came later
+    # (pip holds the build's output until the end: the log may go quiet long before the cut)
+    walls = [
+        max((r.stopped() or 0.0) - r.start, (w or 0.0) - r.start, 0.0)
+        for r, w in zip(records, across.last_write, strict=True)
+    ]
+    b = bound_of(across.steps, deps, run.job.jobs.start)
+    return render_across(b, walls, across.spans), efficiency_record(b, sum(across.spans), sum(walls), len(records))
 
 
 def _heaviest(run: Run) -> list[dict[str, object]]:
@@ -544,7 +573,7 @@ def _build_wheel(run: Run, watch: ConfigureWatch) -> Path:
     if run.job.plan.heavy is not None and not (build_dir(req.source) / "build.ninja").is_file():
         # the pool goes into build.ninja, which setup.py reuses: configure first, as a preflight does
         with_checks(run, watch, lambda w: configure(req.source, run.env, run.tee, w, python=run.python))
-    partial = partial_dir(out_dir, req.run_id, "the wheel")
+    partial = partial_dir(out_dir, req.run_id, "the wheel", run.tee.line)
     try:
         with_checks(
             run,
@@ -568,12 +597,13 @@ def _build_wheel(run: Run, watch: ConfigureWatch) -> Path:
                 run.tee.line(f"torchbuild: rewrote {wheel.name} in canonical zip form (SOURCE_DATE_EPOCH {epoch})")
         return into_place(wheel, out_dir / wheel.name, "the wheel")
     finally:
-        shutil.rmtree(partial, ignore_errors=True)
+        release_partial(partial)
 
 
 def _finish(run: Run, wheel: Path | None) -> Outcome:
     """The report, the manifest (with the compile job's record: times, jobs, ccache's figures)
     and the summary table."""
+    run.records = runs.end(build_dir(run.req.source), run.req.run_id)
     report = _report(run)
     fields = run.job.manifest_fields()
     with named_os_errors(run.req.out_dir, "writing the manifest"):
@@ -595,20 +625,23 @@ def _report(run: Run) -> dict[str, Any] | None:
     def appendix(summary: Report, steps: list[Step]) -> str:
         try:  # the report's figures never fail a build whose wheel is made
             wall = time.monotonic() - run.job.t0
+            graph = ninja_graph(build_dir(req.source))
+            deps = parse_graph(graph) if graph else None
+            found["heaviest"] = heaviest = _heaviest(run)
+            whole = _across_runs(run, ninja_log, deps)
+            if whole is not None:
+                text, found["efficiency"] = whole
+                return text + render_heaviest(heaviest)
             mixed = not_this_run(summary.wall_seconds, wall)
             if mixed:
                 tee.line(f"torchbuild: no lower bound in the report: {mixed}")
-                found["heaviest"] = _heaviest(run)
-                return render_heaviest(found["heaviest"])
-            graph = ninja_graph(build_dir(req.source))
-            b = bound_of(steps, parse_graph(graph) if graph else None, run.job.jobs.start)
-            heaviest = _heaviest(run)
+                return render_heaviest(heaviest)
+            b = bound_of(steps, deps, run.job.jobs.start)
             text = render_bound(b, summary.wall_seconds, wall) + render_heaviest(heaviest)
         except Exception as exc:  # named in the log; the build goes on
             tee.line(f"torchbuild: no lower bound in the report: {type(exc).__name__}: {exc}")
             return ""
         found["efficiency"] = efficiency_record(b, summary.wall_seconds, wall)
-        found["heaviest"] = heaviest
         return text
 
     try:
@@ -630,6 +663,7 @@ def _report(run: Run) -> dict[str, Any] | None:
         tee.line(
             f"efficiency: wall {e['build_wall_s']:.0f} s = {e['build_wall_s'] / e['bound_s']:.2f} x the lower bound "
             f"{e['bound_s']:.0f} s on {e['jobs']} jobs (limited by {e['limited_by']})"
+            + (f", over the build's {e['runs']} runs" if e["runs"] > 1 else "")
             if e["bound_s"] > 0
             else "efficiency: no step took measurable time"
         )

@@ -47,6 +47,7 @@ from torchbuild.steps.compile_job import (
     partial_dir,
     path_independent,
     pip_wheel,
+    release_partial,
 )
 from torchbuild.steps.repro import normalize_wheel, source_date_epoch
 
@@ -487,7 +488,7 @@ def _build_one(
     check_wheel_tools(job.tree)  # setuptools (and wheel) for --no-build-isolation, named up front
     compiled.zero_ccache()
     out_dir, run_id = Path(req.out_dir), f"{req.run_id}.{short(job.name)}"
-    partial = partial_dir(out_dir, run_id, "the companion wheel")
+    partial = partial_dir(out_dir, run_id, "the companion wheel", tee.line)
     try:
         compiled.compile(lambda n: pip_wheel(partial, job.tree), cwd=job.tree, what=f"pip wheel {job.name}")
         built = sorted(partial.glob("*.whl"))
@@ -502,7 +503,7 @@ def _build_one(
         tee.line(f"{job.name}: {checked['op']} (torch from {checked['torch_file']})")
         final = into_place(wheel, out_dir / wheel.name, "the companion wheel")
     finally:
-        shutil.rmtree(partial, ignore_errors=True)
+        release_partial(partial)
     fields = compiled.manifest_fields()
     m = manifest.for_build(
         compiled.spec,

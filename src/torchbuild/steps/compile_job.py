@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import fcntl
 import os
 import shutil
 import sys
@@ -178,11 +179,69 @@ def open_log(path: Path, out: TextIO, progress: str = "lines", what: str = "writ
         return Tee(path, out, progress)
 
 
-def partial_dir(out_dir: Path, run_id: str, what: str) -> Path:
-    """A fresh .partial-<run_id>-* directory in out_dir for a result being made (the backend
-    removes those of a failed or interrupted run)."""
+# A result's partial directory is held (flock on the directory itself) by the process that makes
+# it: a run killed outright (SIGKILL, a node lost, a container killed) cannot remove its own, so
+# the next run into the same out/ removes every held-tagged one that no live process holds. The
+# lock must die with its maker and sit on the directory it guards: filelock's lock files live
+# beside what they guard and would be one more thing a killed run leaves behind. Where the file
+# system refuses flock on a directory (some NFS mounts), the partial is not held and never swept.
+HELD_TAG = "held-"
+_HELD: dict[Path, int] = {}
+
+
+def partial_dir(out_dir: Path, run_id: str, what: str, note: Callable[[str], None] | None = None) -> Path:
+    """A fresh .partial-<run_id>-held-* directory in out_dir for a result being made, held by
+    this process until release_partial (the backend removes those of a failed run; the next run
+    those of a run killed outright, naming them through note)."""
+    for gone in sweep_partials(out_dir):
+        if note is not None:
+            note(f"torchbuild: removed {gone.name}, left in {out_dir} by a run that was cut off")
     with named_os_errors(out_dir, f"creating {what}'s partial directory"):
-        return Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{run_id}-", dir=out_dir))
+        made = Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{run_id}-{HELD_TAG}", dir=out_dir))
+    fd = _try_lock(made, blocking=True)
+    if fd is not None:
+        _HELD[made] = fd
+    return made
+
+
+def release_partial(made: Path) -> None:
+    """Remove a partial directory (what is left of it) and let go of it."""
+    shutil.rmtree(made, ignore_errors=True)
+    fd = _HELD.pop(made, None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _try_lock(path: Path, blocking: bool) -> int | None:
+    """An open descriptor of the directory holding its flock, or None (not a directory of ours, held
+    by another process, or a file system without flock)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def sweep_partials(out_dir: Path) -> list[Path]:
+    """Remove the held-tagged partial directories in out_dir that no live process holds."""
+    removed = []
+    for p in sorted(out_dir.glob(f"{PARTIAL_PREFIX}*-{HELD_TAG}*")):
+        if p in _HELD:
+            continue
+        fd = _try_lock(p, blocking=False)
+        if fd is None:
+            continue
+        try:
+            shutil.rmtree(p, ignore_errors=True)
+        finally:
+            os.close(fd)
+        removed.append(p)
+    return removed
 
 
 def into_place(made: Path, final: Path, what: str, *, keep_existing: bool = False) -> Path:

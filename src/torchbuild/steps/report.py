@@ -71,6 +71,14 @@ class _Line:
     end: int
     output: str
     cmdhash: str
+    mtime_ns: int = 0  # the output's modification time as ninja recorded it (0: v5 logs may hold 0)
+
+    @property
+    def origin(self) -> float:
+        """When (seconds since the epoch) the ninja run that made this line started: the output was
+        written as its step ended, `end` ms after that run's start. It survives ninja's recompaction,
+        which loses the lines' order (steps/bound.py's whole-build figure groups the lines by it)."""
+        return self.mtime_ns / 1e9 - self.end / 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +128,8 @@ def _parse(lines: Iterable[str]) -> list[_Line]:
         if end < last_end:
             run += 1
         last_end = end
-        out.append(_Line(run, start, end, parts[3], parts[4]))
+        mtime = int(parts[2]) if parts[2].isdigit() else 0
+        out.append(_Line(run, start, end, parts[3], parts[4], mtime))
     return out
 
 
@@ -154,6 +163,55 @@ def read_ninja_log(path: Path, since: LogMark | None = None) -> list[Step]:
     return [
         Step(tuple(outs), offsets[run] + start, offsets[run] + end, run) for (run, start, end, _), outs in edges.items()
     ]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSteps:
+    """A whole build's steps across the runs that made it (steps/runs.py's records)."""
+
+    steps: list[Step]  # every output's latest step (times from its own run's ninja start)
+    spans: list[float]  # per recorded run, ninja's wall time in it (s; 0 for a run that compiled nothing)
+    last_write: list[float | None]  # per recorded run, when ninja last logged a step of it (s since the epoch)
+    unplaced: int  # latest lines no recorded run started (made before the record began)
+
+
+# ninja takes a step's end when it reaps the compiler, seconds after the object was written on a
+# loaded machine at nice 19: the real build's origins came out up to 3.2 s before their run's start.
+# A line is a run's only if its file was written after that run started.
+_SLACK_S = 10.0
+
+
+def read_across_runs(path: Path, starts: Sequence[float], ends: Sequence[float | None]) -> RunSteps:
+    """The whole log's latest steps, each placed in the recorded run (start, recorded end or None
+    for a run that was cut: seconds since the epoch) during which its ninja started, by the line's
+    origin: the last run that started before it, if that run had not ended by then. A line whose
+    output ninja did not rewrite (a restat step: code generation that made the same file) keeps
+    the time its file was written, so its origin falls outside the runs: it is left out, and
+    counted as unplaced only where the file was written before the first recorded run (a run the
+    record misses)."""
+    kept = _latest(_parse(_log_lines(path)))
+    spans = [0.0] * len(starts)
+    last_write: list[float | None] = [None] * len(starts)
+    unplaced = 0
+    for ln in kept:
+        written = ln.mtime_ns / 1e9
+        at = next(
+            (i for i in reversed(range(len(starts))) if starts[i] - _SLACK_S <= ln.origin and starts[i] <= written),
+            None,
+        )
+        end = ends[at] if at is not None else None
+        if at is not None and (end is None or ln.origin <= end + _SLACK_S):
+            spans[at] = max(spans[at], ln.end / 1000)
+            last_write[at] = max(last_write[at] or 0.0, written)
+        elif not starts or not ln.mtime_ns or written < starts[0] - _SLACK_S:
+            unplaced += 1
+    # one edge's lines share start, end and command hash (not the run number: a recompacted log
+    # has lost the order it is read from)
+    edges: dict[tuple[int, int, str], list[str]] = {}
+    for ln in kept:
+        edges.setdefault((ln.start, ln.end, ln.cmdhash), []).append(ln.output)
+    steps = [Step(tuple(outs), start, end) for (start, end, _), outs in edges.items()]
+    return RunSteps(steps, spans, last_write, unplaced)
 
 
 def outputs_of(path: Path) -> list[str]:

@@ -20,8 +20,8 @@ NOT_READY_EXIT = 1
 @task(
     name="host-check",
     help={
-        "root": "read every /sys and /proc path under this directory (default /; GPUs are queried only for /)",
-        "apply": "as root: set governor, turbo, SMT, GPU persistence and clocks, saving the previous values first",
+        "root": "read every /sys and /proc path under this directory (default /; pyperf and the GPUs only for /)",
+        "apply": "as root: set governor, turbo, SMT, perf event rate, GPU persistence and clocks, saving the previous values first",
         "restore": "as root: put back the values --apply saved and remove the state file",
         "state": "the state file --apply writes and --restore reads (default <root>/var/lib/torchbuild/host-state.json)",
         "json_": "print the report as JSON (with the changes --apply or --restore made)",

@@ -1,0 +1,53 @@
+"""The shape of src/torchbuild, for issue 43's before/after: source lines and modules per package,
+the functions over 40 lines and the longest one (a function counts from its first decorator to
+its last line, as tests/unit/test_layout.py counts it for the 60-line rule).
+
+  python benchmarks/code_shape.py [SRC]     # SRC defaults to this checkout's src/torchbuild
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+LONG = 40
+
+
+def functions(tree: ast.AST, prefix: str = ""):
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            yield prefix + node.name, (node.end_lineno or node.lineno) - first + 1
+            yield from functions(node, f"{prefix}{node.name}.<locals>.")
+        elif isinstance(node, ast.ClassDef):
+            yield from functions(node, f"{prefix}{node.name}.")
+        else:
+            yield from functions(node, prefix)
+
+
+def main() -> None:
+    src = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parents[1] / "src" / "torchbuild")
+    lines: dict[str, int] = defaultdict(int)
+    modules: dict[str, int] = defaultdict(int)
+    lengths: list[tuple[int, str]] = []
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src)
+        package = rel.parts[0] if len(rel.parts) > 1 else "(top)"
+        text = path.read_text()
+        lines[package] += len(text.splitlines())
+        modules[package] += 1
+        lengths += [(n, f"{rel.as_posix()}:{name}") for name, n in functions(ast.parse(text))]
+    print(f"{'package':<12} {'modules':>7} {'lines':>7}")
+    for package in sorted(lines, key=lambda p: -lines[p]):
+        print(f"{package:<12} {modules[package]:>7} {lines[package]:>7}")
+    print(f"{'all':<12} {sum(modules.values()):>7} {sum(lines.values()):>7}")
+    long = sorted((x for x in lengths if x[0] > LONG), reverse=True)
+    print(
+        f"functions: {len(lengths)}; over {LONG} lines: {len(long)}; longest: {long[0][1] if long else '-'} ({max(lengths)[0]} lines)"
+    )
+
+
+if __name__ == "__main__":
+    main()
