@@ -19,7 +19,7 @@ that declares one is hand-written text that has to change when the option is add
 A field and a flag are one option where their names differ only as ALIASES say (targets is
 --target, oom_retry is --no-retry). What a model derives at import time (a signature built
 from fields, help taken from the model) is not text anyone edits, so it is not counted.
-The second figure is the longest function and the functions over 40 lines in src/torchbuild.
+The longest function and the functions over 40 lines: benchmarks/code_shape.py.
 """
 
 from __future__ import annotations
@@ -173,20 +173,9 @@ def _task_flags(*tasks: str) -> set[str]:
     return {_name(a.name) for t in tasks for a in ns[t].get_arguments() if a.name not in shared}
 
 
-def function_lengths() -> list[tuple[int, str]]:
-    out = []
-    for path in sorted(SRC.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-                out.append((node.end_lineno - start + 1, f"{path.relative_to(SRC)}:{node.name}"))
-    return sorted(out, reverse=True)
-
-
 def main() -> None:
     places = option_places()
     counts = collections.Counter(len(v) for v in places.values())
-    lengths = function_lengths()
     keys = _model_keys()
     build_submit = _task_flags("build", "submit")
     figures = {
@@ -201,9 +190,6 @@ def main() -> None:
         "max_places": max(len(v) for v in places.values()),
         "options_by_places": dict(sorted(counts.items())),
         "options_in_more_than_one_place": sum(1 for v in places.values() if len(v) > 1),
-        "longest_function": list(lengths[0]),
-        "functions_over_40_lines": sum(1 for n, _ in lengths if n > 40),
-        "functions_over_60_lines": sum(1 for n, _ in lengths if n > 60),
     }
     if "--json" in sys.argv:
         print(json.dumps({"figures": figures, "places": places}, indent=1))
