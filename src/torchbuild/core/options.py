@@ -18,8 +18,11 @@ line, and what it needs from a model is a signature and a help dict, which tasks
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
+
+from torchbuild.core.problems import Problems
 
 T = TypeVar("T")
 
@@ -84,9 +87,13 @@ def flags(model: type, exclude: Iterable[str] = ()) -> list[Flag]:
     return out
 
 
-def from_flags(model: type[T], given: Mapping[str, Any], exclude: Iterable[str] = ()) -> T:
+def from_flags(
+    model: type[T], given: Mapping[str, Any], exclude: Iterable[str] = (), problems: Problems | None = None
+) -> T:
     """The typed request from the flags' values (given: by flag name, as the task got them);
-    a flag left out of given, or excluded, keeps its field's default."""
+    a flag left out of given, or excluded, keeps its field's default. With problems, a value its
+    parse refuses is recorded there (the field keeps its default), to be named with the task's
+    other problems at once."""
     values: dict[str, Any] = {}
     for flag in flags(model, exclude):
         if flag.name not in given:
@@ -97,7 +104,9 @@ def from_flags(model: type[T], given: Mapping[str, Any], exclude: Iterable[str] 
         elif flag.repeatable:
             values[flag.field] = tuple(raw or ())
         elif flag.parse is not None:
-            values[flag.field] = flag.parse(raw)
+            parse = functools.partial(flag.parse, raw)
+            parsed = problems.check(parse) if problems is not None else parse()
+            values[flag.field] = flag.default if parsed is None else parsed
         else:
             values[flag.field] = raw
     return model(**values)

@@ -177,6 +177,10 @@ class BuildOptions:
     oom_retry: bool = option(True, _RETRY_HELP, flag="no_retry")
 
 
+# what a step that compiles but builds no wheel takes of BuildOptions (comms, develop): --jobs, --no-retry
+NOT_COMPILE_OPTIONS = ("preflight", "targets", "canaries", "clean")
+
+
 @dataclasses.dataclass(frozen=True)
 class BuildRun:
     """How the run goes: its progress display, the wheel's check, resuming, and the Pythons."""

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from torchbuild.core.options import Flag, flags, from_flags
+from torchbuild.core.problems import Problems
 from torchbuild.inputs.keys import flag_keys
 
 _KIND = inspect.Parameter.POSITIONAL_OR_KEYWORD
@@ -43,12 +44,16 @@ def derive(fn: Callable[..., Any], models: Mapping[str, type], keys: str, exclud
     """Each parameter of fn named in models stands, where it is, for the flags of that model's
     fields (less exclude), and fn gets the model built from them (from_flags); the parameter
     named keys stands for the profile-key flags (key_flags, less exclude), and fn gets those
-    given, by key. The other parameters are fn's own flags, as they are."""
+    given, by key. A parameter named problems gets a Problems holding the flags' bad values (so
+    the body names them with its own checks at once). The other parameters are fn's own flags."""
     excluded = tuple(exclude)
     model_flags: dict[str, list[Flag]] = {param: flags(model, excluded) for param, model in models.items()}
     keyed = key_flags(excluded) if keys else {}
     public: list[inspect.Parameter] = []
-    for param in inspect.signature(fn).parameters.values():
+    own = inspect.signature(fn).parameters
+    for param in own.values():
+        if param.name == "problems":  # the body's Problems, which a flag's bad value joins (from_flags)
+            continue
         if param.name in models:
             public += [inspect.Parameter(f.name, _KIND, default=f.cli_default) for f in model_flags[param.name]]
         elif param.name == keys:
@@ -57,9 +62,12 @@ def derive(fn: Callable[..., Any], models: Mapping[str, type], keys: str, exclud
             public.append(param.replace(kind=_KIND))
 
     def call(kwargs: dict[str, Any]) -> dict[str, Any]:
+        problems = Problems() if "problems" in own else None
         for param, model in models.items():
             given = {f.name: kwargs.pop(f.name) for f in model_flags[param] if f.name in kwargs}
-            kwargs[param] = from_flags(model, given, excluded)
+            kwargs[param] = from_flags(model, given, excluded, problems)
+        if problems is not None:
+            kwargs["problems"] = problems
         if keys:
             kwargs[keys] = {k: kwargs.pop(k) for k in keyed if k in kwargs}
         return kwargs
