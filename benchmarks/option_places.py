@@ -78,7 +78,9 @@ def _task_places(tree: ast.Module, rel: str, places: dict[str, list[str]]) -> No
         if not decorators:
             continue
         for arg in [*node.args.args[1:], *node.args.kwonlyargs]:
-            if arg.arg != "launch" and not (arg.annotation and "Options" in ast.unparse(arg.annotation)):
+            annotation = ast.unparse(arg.annotation) if arg.annotation else ""
+            # a model (Launch, BuildOptions...), the profile keys' flags (Mapping) or the Problems: not flags
+            if not annotation[:1].isupper():
                 places[_name(arg.arg)].append(f"param {rel}:{node.name}")
         for dec in decorators:
             for kw in dec.keywords if isinstance(dec, ast.Call) else []:
@@ -173,6 +175,15 @@ def _task_flags(*tasks: str) -> set[str]:
     return {_name(a.name) for t in tasks for a in ns[t].get_arguments() if a.name not in shared}
 
 
+# where build's and submit's options are declared: their tasks, the models they take, the job's argv
+BUILD_SUBMIT_PLACES = ("tasks/build.py:build", "tasks/submit.py", "tasks/common.py", "launch/runner.py")
+BUILD_SUBMIT_PLACES += ("launch/scheduler.py", "inputs/keys.py", "inputs/config.py")
+
+
+def _there(where: list[str]) -> list[str]:
+    return [w for w in where if w.split(" ", 1)[1].startswith(BUILD_SUBMIT_PLACES)]
+
+
 def main() -> None:
     places = option_places()
     counts = collections.Counter(len(v) for v in places.values())
@@ -185,6 +196,10 @@ def main() -> None:
         "build_submit_flags": len(build_submit),
         "build_submit_flag_places_max": max(len(places[k]) for k in build_submit),
         "build_submit_flags_in_more_than_one_place": sum(1 for k in build_submit if len(places[k]) > 1),
+        # only the places that declare them for build and submit (a flag of the same name in
+        # another task, install's --out, is another option)
+        "build_submit_flag_places_max_there": max(len(_there(places[k])) for k in build_submit),
+        "build_submit_flags_in_more_than_one_place_there": sum(1 for k in build_submit if len(_there(places[k])) > 1),
         "options": len(places),
         "declarations": sum(len(v) for v in places.values()),
         "max_places": max(len(v) for v in places.values()),
