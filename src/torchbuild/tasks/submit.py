@@ -111,7 +111,8 @@ def submit(
     $SLURM_TMPDIR from --wheelhouse with --no-index, runtime_env, then the script."""
     run = job_run.run
     if run or job_run.wheelhouse or job_run.package or job_run.arg:
-        _check_run_options(how, job_run, [*to_argv(where), *to_argv(options), *to_argv(build_run, ("progress",))])
+        build_flags = [*to_argv(where, ("out",)), *to_argv(options), *to_argv(build_run, ("progress",))]
+        _check_run_options(how, job_run, build_flags)  # --out is the run job's too
     modules = {"runtime_modules" if run else "modules": list(how.module)}
     spec = _job_spec(profile, arch, set_, job, modules=modules, module_purge=how.module_purge, directive=how.directive)
     if run:
