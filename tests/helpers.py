@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -20,6 +21,22 @@ OFI_PLUGIN = "1.17.1"
 # Debian trixie's python3-torch 2.6 (with Open MPI, pybind11 and setuptools to build against it)
 TORCH_PROFILE = str(FIXTURES / "profiles" / "debian-torch-installed.yaml")
 CALLER = f"{os.getuid()}:{os.getgid()}"
+# the fixture project's two shapes: with a setup.py (PyTorch up to the scikit-build-core switch)
+# and with a scikit-build-core pyproject.toml (PyTorch main's, pytorch/pytorch#189758)
+TREE_KINDS = ("setup.py", "scikit-build-core")
+
+
+def fixture_tree(dest: Path, kind: str = "setup.py") -> Path:
+    """A fresh copy of the minitorch fixture at dest: as it is for "setup.py"; for
+    "scikit-build-core" without its setup.py and with tests/fixtures/minitorch-skbuild laid over
+    it (pyproject.toml, cmake/EnvVarForwarding.cmake, tools/metadata): the same C++ sources."""
+    skip = ["build", "*.so", "_version.py", *(["setup.py"] if kind != "setup.py" else [])]
+    shutil.copytree(FIXTURES / "minitorch", dest, ignore=shutil.ignore_patterns(*skip))
+    if kind != "setup.py":
+        shutil.copytree(
+            FIXTURES / "minitorch-skbuild", dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    return dest
 
 
 def run_invoke(*args: str, env: dict[str, str] | None = None, timeout: int = 1800) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, REPO, preflight_ok, run_invoke, set_args
+from helpers import FIXTURES, REPO, TREE_KINDS, fixture_tree, preflight_ok, run_invoke, set_args
 
 from torchbuild.core.safeio import sha256_file
 
@@ -39,10 +39,10 @@ def _runs(container, command: str) -> bool:
 
 
 @pytest.fixture
-def workspace(tmp_path):
-    """A copy of the fixture project, an output dir and a cache dir, all owned by OTHER_UID."""
-    tree = tmp_path / "minitorch"
-    shutil.copytree(FIXTURES / "minitorch", tree, ignore=shutil.ignore_patterns("build", "*.so", "_version.py"))
+def workspace(tmp_path, request):
+    """A copy of the fixture project (setup.py's shape unless parametrised with a kind of tree:
+    helpers.TREE_KINDS), an output dir and a cache dir, all owned by OTHER_UID."""
+    tree = fixture_tree(tmp_path / "minitorch", getattr(request, "param", "setup.py"))
     out, cache = tmp_path / "out", tmp_path / "cache"
     out.mkdir()
     cache.mkdir()
@@ -71,6 +71,7 @@ def build_args(tree, out, cache, overrides, *extra):
     ]
 
 
+@pytest.mark.parametrize("workspace", TREE_KINDS, indirect=True)
 def test_fixture_wheel_end_to_end(engine, cpu_image, site_overrides, workspace):
     spec, _ = cpu_image
     tree, out, cache = workspace

@@ -5,6 +5,7 @@ Needs a host compiler, cmake, ninja and ccache (.ci/run installs them)."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, REPO, manifest_of, run_invoke, set_args
+from helpers import FIXTURES, REPO, TREE_KINDS, fixture_tree, manifest_of, run_invoke, set_args
 
 from torchbuild.steps import unitpeak
 
@@ -33,12 +34,20 @@ def tree(tmp_path):
     return t
 
 
-def test_native_wheel_and_preflight_with_a_canary(tree, tmp_path):
+@pytest.mark.parametrize("kind", TREE_KINDS)
+def test_native_wheel_and_preflight_with_a_canary(kind, tmp_path):
+    """The same on both shapes of the fixture: setup.py's, and PyTorch main's scikit-build-core
+    pyproject.toml (configured by CMake as the backend would, built by pip wheel)."""
+    tree = fixture_tree(tmp_path / "minitorch", kind)
     out, cache = tmp_path / "out", tmp_path / "cache"
     sets = set_args([f"cache_dir={cache}", "patches=none", "local_version=native"])
-    res = run_invoke("build", "--source", str(tree), "--out", str(out), *sets)
+    # two small heavy units in their pool: build.ninja's for setup.py, CMake's for scikit-build-core
+    heavy = set_args(["heavy_units=[build/heavy/*]", "env.MINITORCH_HEAVY=2", "env.MINITORCH_HEAVY_ENTRIES=200"])
+    res = run_invoke("build", "--source", str(tree), "--out", str(out), *sets, *heavy)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
-    assert "PYTORCH_BUILD_VERSION=2.6.0+native" in res.stdout
+    pool = {"setup.py": "heavy pool: 2 compiles at most", "scikit-build-core": "heavy pool: CMake job pool"}[kind]
+    assert f"torchbuild: {pool}" in res.stdout, res.stdout[-3000:]
+    assert "PYTORCH_BUILD_VERSION=2.6.0+native" in res.stdout and f"wheel build of {tree} ({kind})" in res.stdout
     (wheel,) = out.glob("minitorch-2.6.0+native-*.whl")
     manifest = json.loads((out / f"{wheel.name}.manifest.json").read_text())
     assert manifest["engine"] == "native" and "image" not in manifest
@@ -152,3 +161,38 @@ def test_a_build_cut_off_and_run_again_is_one_build_over_two_runs(tree, tmp_path
     assert "this build was made in 2 runs" in report_text and re.search(
         r"^ *run 2 +\d+ s +[1-9]\d* s", report_text, re.M
     )
+
+
+def test_a_second_run_while_a_killed_runs_compile_goes_on_is_refused_by_name(tree, tmp_path):
+    """Only torchbuild killed (SIGKILL), its pip and ninja left running in their own session: the
+    same command again is TreeBusy (exit 33) naming the process, not a second ninja in the tree;
+    once they are done, the same command finishes the build without compiling a step again."""
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    sets = set_args(
+        [f"cache_dir={cache}", "patches=none", "env.MINITORCH_SLOW_UNITS=4", "env.MINITORCH_UNIT_SECONDS=3"]
+    )
+    args = [sys.executable, "-m", "invoke", "build", "--source", str(tree), "--out", str(out), *sets]
+    ninja_log = tree / "build" / ".ninja_log"
+    first = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not (ninja_log.is_file() and "slow/unit_" in ninja_log.read_text()):
+        assert first.poll() is None and time.monotonic() < deadline, "the first run ended before any slow step"
+        time.sleep(0.5)
+    first.kill()
+    first.wait()
+    busy = run_invoke("build", "--source", str(tree), "--out", str(out), *sets)
+    assert busy.returncode == 33, busy.stdout[-2000:] + busy.stderr
+    assert re.search(
+        rf"another build is running in {re.escape(str(tree))}: process \d+ \(.*pip", busy.stdout + busy.stderr
+    )
+    fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
+    try:  # the orphans end: the tree is free again
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    finally:
+        os.close(fd)
+    res = run_invoke("build", "--source", str(tree), "--out", str(out), *sets)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+    logged = [ln.split("\t")[3] for ln in ninja_log.read_text().splitlines()[1:]]
+    done = [o for o in logged if "slow/unit_" in o and not o.startswith("/")]
+    assert len(done) == len(set(done)) == 4, done
+    assert len(list(out.glob("minitorch-*.whl"))) == 1 and not list(out.glob(".partial-*"))

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, run_invoke, set_args
+from helpers import FIXTURES, TREE_KINDS, fixture_tree, run_invoke, set_args
 
 from torchbuild.core.safeio import sha256_file
 from torchbuild.steps.repro import PLAIN_TREE, PLAIN_TREE_EPOCH
@@ -107,9 +107,12 @@ def test_in_container_rebuilds_at_other_paths_are_byte_identical(cpu_image, site
 
 
 @pytest.mark.docker
-def test_one_tree_two_pythons_two_wheels_only_the_extension_recompiles(engine, sid_pythons_image, tmp_path):
+@pytest.mark.parametrize("kind", TREE_KINDS)
+def test_one_tree_two_pythons_two_wheels_only_the_extension_recompiles(engine, sid_pythons_image, tmp_path, kind):
+    """--python on both shapes of the fixture: a scikit-build-core tree (PyTorch main) is
+    configured for each interpreter as setup.py's is, through its backend."""
     spec, image_sets = sid_pythons_image
-    tree = copy_fixture(tmp_path / "minitorch")
+    tree = fixture_tree(tmp_path / "minitorch", kind)
     out, cache = tmp_path / "out", tmp_path / "cache"
     sets = [*image_sets, f"cache_dir={cache}", "patches=none", "local_version=py"]
     res = run_invoke(

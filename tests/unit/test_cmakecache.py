@@ -229,8 +229,10 @@ def test_saved_then_seeded_into_a_fresh_tree(tmp_path):
     assert probe_entries((b / "CMakeCache.txt").read_text()) == probe_entries(CACHE)
 
 
-def test_a_tree_without_setup_py_gets_the_probes_only(tmp_path):
+def test_a_scikit_build_core_tree_gets_the_probes_only(tmp_path):
+    """PyTorch main's backend reads nothing from the cache before CMake runs: no build type seeded."""
     src, b = configured_tree(tmp_path, setup_py=False)
+    (src / "pyproject.toml").write_text('[build-system]\nbuild-backend = "scikit_build_core.build"\n')
     checks = checks_in(tmp_path)
     checks.save(b, src, {})
     clear(b)

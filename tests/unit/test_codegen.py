@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.steps import codegen
+from torchbuild.steps import codegen, skbuild
 
 FAKE_GEN = """
 import argparse, os, pathlib
@@ -236,19 +236,28 @@ add_custom_target(gen ALL DEPENDS ${generated_headers} ${core_generated_headers}
 
 
 @pytest.mark.skipif(not (shutil.which("cmake") and shutil.which("ninja")), reason="needs cmake and ninja")
-def test_a_cmake_configure_and_build_run_the_generator_once(tree: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["setup.py", "scikit-build-core"])
+def test_a_cmake_configure_and_build_run_the_generator_once(tree: Path, tmp_path: Path, kind: str) -> None:
     """As Codegen.cmake runs torchgen (a dry run in the configure, the real run in ninja), with
-    the hook's CMAKE_PROJECT_INCLUDE: a second fresh tree runs neither."""
+    the hook's CMAKE_PROJECT_INCLUDE: a second fresh tree runs neither. A scikit-build-core tree
+    (PyTorch main) forwards CMAKE_* variables only after project(): the build's configure passes
+    the hook as a define (steps/skbuild.py), as the backend's cmake.define does."""
     (tree / "cmake").mkdir()
     (tree / "cmake" / "Codegen.cmake").write_text("")
-    (tree / "setup.py").write_text("")
+    if kind == "setup.py":
+        (tree / "setup.py").write_text("")
+    else:
+        (tree / "pyproject.toml").write_text('[build-system]\nbuild-backend = "scikit_build_core.build"\n')
     (tree / "CMakeLists.txt").write_text(CMAKELISTS)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     hook = codegen.hook(tmp_path / "cache", sys.executable, tree)
-    defines = [f"-D{k}={v}" for k, v in hook.items()]  # as setup.py passes CMAKE_* variables on
+    if kind == "setup.py":  # as setup.py passes CMAKE_* variables on
+        configure = ["cmake", "-S", ".", "-B", "build", "-G", "Ninja", *(f"-D{k}={v}" for k, v in hook.items())]
+    else:
+        configure = skbuild.configure_cmd(str(tree), env, skbuild.project_defines(hook, {}), sys.executable)
     for _ in range(2):
         shutil.rmtree(tree / "build", ignore_errors=True)
-        for cmd in (["cmake", "-S", ".", "-B", "build", "-G", "Ninja", *defines], ["ninja", "-C", "build"]):
+        for cmd in (configure, ["ninja", "-C", "build"]):
             proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
             assert proc.returncode == 0, proc.stdout + proc.stderr
         assert (tree / "build/aten/src/ATen/headers_2.h").read_text().startswith("// headers_2.h from 3 ops")

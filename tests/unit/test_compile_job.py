@@ -67,6 +67,7 @@ def _spec(tmp_path: Path) -> BuildSpec:
 def _tree(tmp_path: Path, name: str) -> Path:
     tree = tmp_path / name
     tree.mkdir()
+    (tree / "setup.py").write_text("")  # a tree torchbuild builds (inputs/tree.py)
     return tree
 
 

@@ -1,13 +1,16 @@
 """The heavy units' pool: its depth from memory, the units from the profile and from canary
-peaks, and the build.ninja rewrite ninja itself accepts."""
+peaks, the build.ninja rewrite ninja itself accepts (a setup.py tree) and CMake's job pool (a
+scikit-build-core tree, whose backend writes build.ninja anew on every build)."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from helpers import TREE_KINDS, fixture_tree
 
 from torchbuild.inputs.config import resolve
 from torchbuild.inputs.jobs import (
@@ -21,8 +24,17 @@ from torchbuild.inputs.jobs import (
     record_unit_peaks,
     units_file,
 )
-from torchbuild.steps import compile_job
-from torchbuild.steps.heavy import POOL, apply_pool, pooled_text
+from torchbuild.steps import compile_job, skbuild
+from torchbuild.steps.heavy import (
+    POOL,
+    apply_cmake_pool,
+    apply_pool,
+    cmake_hook,
+    glob_regex,
+    pool_record,
+    pooled_text,
+    write_cmake_hook,
+)
 
 SRC = Path("/src/tree")
 BUILD = SRC / "build"
@@ -251,3 +263,87 @@ def test_an_attempt_whose_heavy_units_found_no_pool_runs_the_fallbacks_jobs(tmp_
     job.compile(lambda n: ["sh", "-c", script, "sh", f"-j{n}"], cwd=str(tmp_path), what="t", before=lambda n: 3)
     assert seen.read_text().split() == ["-j3", "3"]
     assert job.jobs_record()["final_jobs"] == 3 and job.jobs_record()["max_jobs"] == 8
+
+
+# --------------------------------------------------------------------------- both kinds of tree
+
+
+def _most_at_once(log: Path, match: str) -> int:
+    """The most compiles whose output contains match that ninja's log shows running at once."""
+    spans = [
+        (int(f[0]), int(f[1]))
+        for f in (ln.split("\t") for ln in log.read_text().splitlines() if not ln.startswith("#"))
+        if match in f[3]
+    ]
+    return max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
+
+
+def _configure_with_pool(tree: Path, kind: str, plan: HeavyPlan, env: dict[str, str]) -> str:
+    """Configure the fixture as the build does for its kind and put the heavy units in the pool."""
+    build = tree / "build"
+    if kind == "setup.py":  # setup.py --cmake-only, then the rewrite of build.ninja
+        done = subprocess.run([sys.executable, "setup.py", "build", "--cmake-only"], cwd=tree, env=env,
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        return apply_pool(build, tree, plan, 4)[0]
+    hook = write_cmake_hook(build, plan, 4)  # CMake's own pool, from the defines the backend gets too
+    cmd = skbuild.configure_cmd(str(tree), env, skbuild.project_defines({}, hook), sys.executable)
+    done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return apply_cmake_pool(build, plan, 4)[0]
+
+
+@pytest.mark.skipif(not (shutil.which("ninja") and shutil.which("cmake")), reason="needs cmake and ninja")
+@pytest.mark.parametrize("kind", TREE_KINDS)
+def test_the_pool_s_limit_holds_in_ninja_s_log(tmp_path, kind):
+    """Four heavy units (~0.5 s each) and the fixture's light ones at -j4 on either kind of tree:
+    ninja's log shows the heavy compiles one at a time while the light ones ran side by side."""
+    tree = fixture_tree(tmp_path / "t", kind)
+    env = {"PATH": "/usr/bin:/bin", "MINITORCH_HEAVY": "4", "MINITORCH_HEAVY_ENTRIES": "150"}
+    said = _configure_with_pool(tree, kind, HeavyPlan(("build/heavy/heavy_*.cpp",), 1, 4, "", fallback=1), env)
+    assert "CMake job pool torchbuild_heavy of depth 1 for minitorch_heavy (4)" in said or (
+        "4 compiles at most 1 at once" in said
+    ), said
+    done = subprocess.run(["ninja", "-C", tree / "build", "-j4"], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    log = tree / "build" / ".ninja_log"
+    assert _most_at_once(log, "/heavy/heavy_") == 1
+    assert _most_at_once(log, ".cpp.o") > 1  # -j4 ran the others side by side
+
+
+def test_the_cmake_pool_takes_whole_targets_and_names_the_mixed_ones(tmp_path):
+    plan = HeavyPlan(("build/heavy/*", "csrc/ops.cpp"), 2, 8, "", fallback=3)
+    hook = write_cmake_hook(tmp_path, plan, 8)
+    assert hook == {"CMAKE_PROJECT_TOP_LEVEL_INCLUDES": str(tmp_path / "torchbuild-heavy.cmake")}
+    assert f"JOB_POOLS {POOL}=2)" in (tmp_path / "torchbuild-heavy.cmake").read_text()
+    write_cmake_hook(tmp_path, plan, 1)  # an attempt after an out-of-memory kill: the depth follows its jobs
+    assert f"JOB_POOLS {POOL}=1)" in (tmp_path / "torchbuild-heavy.cmake").read_text()
+    said, jobs = apply_cmake_pool(tmp_path, plan, 8)
+    assert (said, jobs) == (
+        "torchbuild: heavy pool: not configured yet: 3 jobs, each planned at the heavy units' peak",
+        3,
+    )
+    (tmp_path / "torchbuild-heavy-pool.txt").write_text("pooled minitorch_heavy 4\nmixed minitorch 1 9\n")
+    assert pool_record(tmp_path) == ({"minitorch_heavy": 4}, ["minitorch"])
+    said, jobs = apply_cmake_pool(tmp_path, plan, 8)
+    assert jobs == 8 and said == (
+        "torchbuild: heavy pool: CMake job pool torchbuild_heavy of depth 2 for minitorch_heavy (4); "
+        "left out, mixing heavy and light units: minitorch, the others up to 8 jobs"
+    )
+    (tmp_path / "torchbuild-heavy-pool.txt").write_text("mixed minitorch 1 9\n")
+    said, jobs = apply_cmake_pool(tmp_path, plan, 8)
+    assert jobs == 3 and "no CMake target has only units matching build/heavy/*, csrc/ops.cpp" in said
+    assert apply_cmake_pool(tmp_path, None, 8) == ("", 8)
+
+
+@pytest.mark.parametrize(
+    ("glob", "regex"),
+    [
+        ("aten/src/ATen/native/cpu/*.cpp", r"^(aten/src/ATen/native/cpu/.*[.]cpp)$"),
+        ("flash_attn/?dim[!x].cu", r"^(flash_attn/.dim[^x][.]cu)$"),
+        ("a+b(c)/{d}$.c", r"^(a[+]b[(]c[)]/[{]d[}][$][.]c)$"),
+    ],
+)
+def test_heavy_globs_become_cmake_regexes(glob, regex):
+    assert glob_regex(glob) == regex
+    assert f"[=[{regex}]=]" in cmake_hook((glob,), 1, local=False)

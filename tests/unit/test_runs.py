@@ -140,3 +140,24 @@ def test_a_partial_directory_of_a_run_killed_outright_is_removed_by_the_next_liv
     (tmp_path / ".partial-x-other").mkdir()
     partial_dir(tmp_path, "again", "the wheel")
     assert (tmp_path / ".partial-x-other").is_dir()
+
+
+def test_a_tree_held_by_another_process_is_tree_busy_naming_it(tmp_path: Path):
+    import subprocess
+    import sys
+
+    from torchbuild.core.errors import TreeBusy
+
+    hold = "import sys, time; from pathlib import Path; from torchbuild.steps import runs; runs.hold_tree(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)"
+    other = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "held"
+        with pytest.raises(TreeBusy, match=rf"another build is running in {tmp_path}: process {other.pid} \(python"):
+            runs.hold_tree(tmp_path)
+    finally:
+        other.kill()
+        other.wait()
+    fd = runs.hold_tree(tmp_path)  # its holder gone, the tree is free
+    assert fd is not None
+    runs.release_tree(fd)
+    assert list(tmp_path.iterdir()) == []  # nothing was written into the tree

@@ -336,6 +336,15 @@ class FloorError(TorchbuildError):
     default_hint = "build in a base whose glibc is at most the floor (the message names one), or raise the floor"
 
 
+class TreeBusy(TorchbuildError):
+    """Another build is running in the same source tree: a torchbuild run, or the compile of one
+    whose torchbuild was killed while its pip and ninja go on. Two ninjas in one tree would write
+    the same objects."""
+
+    exit_code = 33
+    default_hint = "wait for it to end, or stop it (the message names its process), then run the same command again"
+
+
 class TooLarge(PathError):
     """A file the user named (a manifest, a CA file, the host-check state file, a ninja log, a
     constraint file) is larger than torchbuild will read for that purpose."""
@@ -377,6 +386,7 @@ ERRORS: tuple[type[TorchbuildError], ...] = (
     NoProgress,
     RoundsExhausted,
     FloorError,
+    TreeBusy,
     BuildInterrupted,
 )
 

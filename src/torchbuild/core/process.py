@@ -35,6 +35,12 @@ from typing import Any
 
 GRACE_S = 10.0
 
+# descriptors every streamed command inherits: the locks a build holds on its tree and its
+# partial wheel (steps/runs.py, steps/compile_job.py). A torchbuild killed outright leaves pip,
+# ninja and the compilers running in their own session; holding the locks too, they keep the
+# next run out of the tree until they are done, instead of two ninjas writing the same objects.
+HELD_FDS: set[int] = set()
+
 
 @dataclasses.dataclass(frozen=True)
 class Finished:
@@ -138,6 +144,7 @@ def run_streamed(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        pass_fds=tuple(sorted(HELD_FDS)),
     )
     assert proc.stdout is not None
     status = None

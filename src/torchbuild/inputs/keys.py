@@ -240,6 +240,7 @@ class ToolchainImage:
             "pyyaml",
             "setuptools",
             "wheel",
+            "scikit-build-core",
             "packaging",
             "typing-extensions",
             "sympy",
@@ -249,7 +250,10 @@ class ToolchainImage:
             "fsspec",
             "build",
         ],
-        "Python packages installed in the image's build venv (PyTorch's build requirements).",
+        (
+            "Python packages installed in the image's build venv (PyTorch's build requirements; scikit-build-core is "
+            "the backend of PyTorch main, which has no setup.py since pytorch/pytorch#189758)."
+        ),
     )
     python_system_site_packages: bool = key(
         False,

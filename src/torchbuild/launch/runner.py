@@ -68,7 +68,7 @@ def places(spec: BuildSpec, source: str, out: str) -> Places:
     if source and not looks_like_url(source):
         user_path(source, "--source")  # ~user of no user, a NUL byte: named before --out is made
     if not source and inside:
-        if not Path("/src/setup.py").is_file():
+        if not any(Path("/src", f).is_file() for f in ("setup.py", "pyproject.toml")):
             raise SourceError(
                 "no PyTorch tree at /src",
                 hint="bind one (apptainer run --bind /path/to/pytorch:/src ...) or pass --source",

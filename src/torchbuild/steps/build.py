@@ -32,7 +32,8 @@ from torchbuild.delivery.pipenv import interpreter
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import NO_CCACHE, ccache_launcher, compile_env, format_env
 from torchbuild.inputs.jobs import peaks_file, record_measured, record_unit_peaks, units_file
-from torchbuild.steps import buildenv, cmakecache, codegen, compile_job, flatbuf, runs, unitpeak
+from torchbuild.inputs.tree import SKBUILD, kind_of
+from torchbuild.steps import buildenv, cmakecache, codegen, compile_job, flatbuf, runs, skbuild, unitpeak
 from torchbuild.steps.bound import (
     bound_of,
     efficiency_record,
@@ -54,7 +55,7 @@ from torchbuild.steps.compile_job import (
     pip_wheel,
     release_partial,
 )
-from torchbuild.steps.heavy import apply_pool
+from torchbuild.steps.heavy import apply_cmake_pool, apply_pool, pool_record, write_cmake_hook
 from torchbuild.steps.oom import run_watched
 from torchbuild.steps.report import LogMark, Report, Step, mark, read_across_runs, write_report
 from torchbuild.steps.repro import normalize_wheel
@@ -135,12 +136,15 @@ def configure(
     tee: Tee,
     watch: Callable[[str], None] | None = None,
     python: str = sys.executable,
+    defines: Mapping[str, str] | None = None,
 ) -> float:
-    """CMake configure the way the wheel build would: setup.py --cmake-only, else plain CMake."""
-    if (Path(source) / "setup.py").is_file():
-        cmd = [python, "setup.py", "build", "--cmake-only"]
+    """CMake configure the way the wheel build would, by the tree's kind (inputs/tree.py):
+    setup.py build --cmake-only, or for a scikit-build-core tree CMake as the backend runs it
+    (steps/skbuild.py) with torchbuild's defines."""
+    if kind_of(source) == SKBUILD:
+        cmd = skbuild.configure_cmd(source, env, defines or {}, python)
     else:
-        cmd = ["cmake", "-S", source, "-B", str(build_dir(source)), "-G", "Ninja"]
+        cmd = [python, "setup.py", "build", "--cmake-only"]
     return run_logged(cmd, cwd=source, env=env, tee=tee, what="configure", watch=watch).seconds
 
 
@@ -327,6 +331,20 @@ class Run:
     venv: buildenv.BuildVenv | None = None  # the native build venv (profile key build_venv)
     floor: manifest.FloorRecord | None = None  # the wheel's ELF floor (delivery/elffloor.py)
     records: list[runs.RunRecord] = dataclasses.field(default_factory=list)  # the tree's runs, this one ended
+    kind: str = ""  # the tree's kind (inputs/tree.py): setup.py or scikit-build-core
+
+    def defines(self, jobs: int) -> dict[str, str]:
+        """torchbuild's CMake defines for a scikit-build-core tree (steps/skbuild.py): the code
+        generation's include and the heavy pool's hook for jobs; {} for a setup.py tree."""
+        if self.kind != SKBUILD:
+            return {}
+        hook = write_cmake_hook(build_dir(self.req.source), self.job.plan.heavy, jobs)
+        return skbuild.project_defines(self.env_vars, hook)
+
+    def configure(self, watch: Callable[[str], None]) -> float:
+        return configure(
+            self.req.source, self.env, self.tee, watch, python=self.python, defines=self.defines(self.job.jobs.current)
+        )
 
     @property
     def env_vars(self) -> dict[str, str]:
@@ -348,7 +366,9 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
     log = out_dir / "logs" / f"{kind}-{req.spec.profile}-{time.strftime('%Y%m%d-%H%M%S')}-{req.run_id}.log"
     tee = open_log(log, out, req.progress)
     run: Run | None = None
+    tree: int | None = None
     try:
+        tree = runs.hold_tree(Path(req.source))  # before anything writes into the tree
         run = _start(req, tee, log)
         if req.clean:
             remove_build_dir(req.source, tee)
@@ -370,6 +390,7 @@ def run_build(req: BuildRequest, out: TextIO = sys.stdout) -> Outcome:
             return _finish(run, None)
         return _finish(run, _build_wheel(run, watch))
     finally:
+        runs.release_tree(tree)
         tee.close()
         # this run's TMPDIR, also when it stopped while starting (Ctrl-C during the tool probes)
         shutil.rmtree(run_tmp(req), ignore_errors=True)
@@ -384,6 +405,7 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     """Plan the jobs, compute the environment, print both, read the tool versions."""
     spec = req.spec
     started, t0 = now_utc(), time.monotonic()
+    kind = kind_of(req.source)  # a tree torchbuild cannot build is named before anything runs
     plan = compile_job.plan(spec, req.cache_root, req.jobs)
     env_vars = compile_env(spec, plan, req.cache_root, req.extra_env, backend=req.backend, cuda=req.cuda_home)
     env_vars.update(path_independent(env_vars, req.source))
@@ -394,7 +416,7 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     for d in (env_vars["CCACHE_DIR"], env_vars["PIP_CACHE_DIR"], tmp):
         with named_os_errors(d, "creating the build's cache directories"):
             make_dirs(d)
-    tee.line(f"torchbuild {__version__}: {'preflight' if req.preflight else 'wheel build'} of {req.source}")
+    tee.line(f"torchbuild {__version__}: {'preflight' if req.preflight else 'wheel build'} of {req.source} ({kind})")
     tee.line(f"profile {spec.profile} (sha256 {spec.hash[:16]}), version {spec.build_version}, on {req.backend}")
     tee.line(f"jobs: {plan.jobs} ({plan.reason})")
     if req.backend == "native" and not ccache_launcher(req.backend):
@@ -414,7 +436,7 @@ def _start(req: BuildRequest, tee: Tee, log: Path) -> Run:
     job = CompileJob(spec, plan, env_vars, env, tee, req.oom_retry, started, t0)
     job.toolchain()
     run = Run(req, tee, log, job, tmp)
-    run.python, run.epoch_origin, run.venv = python, req.epoch_origin, venv
+    run.python, run.epoch_origin, run.venv, run.kind = python, req.epoch_origin, venv, kind
     return run
 
 
@@ -510,7 +532,7 @@ def _build_venv(req: BuildRequest, python: str, env_vars: dict[str, str], tee: T
 def _preflight(run: Run, watch: ConfigureWatch) -> None:
     """Configure, the preflight targets, then each canary alone (its peak memory recorded)."""
     req, tee = run.req, run.tee
-    seconds = with_checks(run, watch, lambda w: configure(req.source, run.env, tee, w, python=run.python))
+    seconds = with_checks(run, watch, run.configure)
     run.phases["configure_s"] = round(seconds, 1)
     # CMake's try_compile checks run in randomly named directories and can never hit the
     # cache: count hits from here on, over the compiles that can
@@ -552,9 +574,14 @@ def _canary(run: Run, canary: str) -> Finished:
 
 
 def _heavy_pool(run: Run, jobs: int) -> int:
-    """The heavy units' pool in build.ninja (steps/heavy.py), at most jobs deep; said in the log.
-    The jobs the attempt runs: fewer where no compile matched the heavy units."""
-    said, jobs = apply_pool(build_dir(run.req.source), Path(run.req.source), run.job.plan.heavy, jobs)
+    """The heavy units' pool (steps/heavy.py), at most jobs deep: in build.ninja, or for a
+    scikit-build-core tree (which configures again, writing build.ninja anew) CMake's job pool.
+    Said in the log. The jobs the attempt runs: fewer where no compile matched the heavy units."""
+    b, heavy = build_dir(run.req.source), run.job.plan.heavy
+    if run.kind == SKBUILD:
+        said, jobs = apply_cmake_pool(b, heavy, jobs)
+    else:
+        said, jobs = apply_pool(b, Path(run.req.source), heavy, jobs)
     if said:
         run.tee.line(said)
     return jobs
@@ -566,20 +593,23 @@ def _fmt_peaks(measured: Mapping[str, int]) -> str:
 
 def _build_wheel(run: Run, watch: ConfigureWatch) -> Path:
     """pip wheel --no-build-isolation into a partial directory, then rename into out_dir; an
-    out-of-memory kill resumes it with fewer jobs (MAX_JOBS) in the same build tree."""
+    out-of-memory kill resumes it with fewer jobs (MAX_JOBS, CMAKE_BUILD_PARALLEL_LEVEL) in the
+    same build tree."""
     req = run.req
     check_wheel_tools(req.source, run.python)
     out_dir = Path(req.out_dir)
-    if run.job.plan.heavy is not None and not (build_dir(req.source) / "build.ninja").is_file():
-        # the pool goes into build.ninja, which setup.py reuses: configure first, as a preflight does
-        with_checks(run, watch, lambda w: configure(req.source, run.env, run.tee, w, python=run.python))
+    if run.job.plan.heavy is not None and _unconfigured(run):
+        # setup.py reuses build.ninja, where the pool goes; a scikit-build-core tree's pool is the
+        # configure's (what it pooled decides the jobs): configure first, as a preflight does
+        with_checks(run, watch, run.configure)
+    config = skbuild.config_settings(run.defines(run.job.jobs.current)) if run.kind == SKBUILD else []
     partial = partial_dir(out_dir, req.run_id, "the wheel", run.tee.line)
     try:
         with_checks(
             run,
             watch,
             lambda w: run.job.compile(
-                lambda n: pip_wheel(partial, req.source, run.python),
+                lambda n: pip_wheel(partial, req.source, run.python, config),
                 cwd=req.source,
                 what="pip wheel",
                 watch=w,
@@ -598,6 +628,15 @@ def _build_wheel(run: Run, watch: ConfigureWatch) -> Path:
         return into_place(wheel, out_dir / wheel.name, "the wheel")
     finally:
         release_partial(partial)
+
+
+def _unconfigured(run: Run) -> bool:
+    """No configure the heavy pool can use: no build.ninja, or for a scikit-build-core tree no
+    record of what its pool took (steps/heavy.py: pool_record)."""
+    b = build_dir(run.req.source)
+    if run.kind == SKBUILD:
+        return pool_record(b) is None
+    return not (b / "build.ninja").is_file()
 
 
 def _finish(run: Run, wheel: Path | None) -> Outcome:

@@ -42,6 +42,7 @@ from typing import Any
 
 from torchbuild.core.atomic import atomic_write_text
 from torchbuild.core.safeio import sha256_file
+from torchbuild.inputs.tree import SETUP_PY, kind_of
 
 FORMAT = 1  # of the saved file; bumped whenever what is kept changes
 DIRNAME = "cmake-checks"
@@ -269,7 +270,7 @@ class CheckCache:
                 0,
                 f"files the configure read differ from those they were saved with ({', '.join(changed[:3])}{more})",
             )
-        setup_py = (source / "setup.py").is_file()
+        setup_py = kind_of(source) == SETUP_PY  # a scikit-build-core tree's backend reads no cache first
         if setup_py and {e.name for e in saved.setup} != set(SETUP_READS):
             return 0, f"setup.py reads {', '.join(SETUP_READS)} from the cache, and the configure left none"
         build.mkdir(parents=True, exist_ok=True)

@@ -394,13 +394,14 @@ def wrapper_script(root: Path, python: str, step_python: str = sys.executable) -
 
 
 def hook(cache_root: str | Path, python: str, source: str | Path, write: bool = True) -> dict[str, str]:
-    """The environment that makes setup.py's configure of source (a tree with a setup.py and
-    cmake/Codegen.cmake) run torchgen through the cache: CMAKE_PROJECT_INCLUDE (setup.py passes
-    CMAKE_* variables on to CMake as -D) names
-    a file that sets Python_EXECUTABLE to the wrapper, after project(); {} for another tree. The
-    wrapper and the file are written atomically under <cache_root>/codegen/bin, named by the
-    interpreters (builds with other ones write beside them); not written when write is False."""
-    if not all((Path(source) / f).is_file() for f in ("setup.py", "cmake/Codegen.cmake")):
+    """The environment that makes the configure of source (a PyTorch tree: cmake/Codegen.cmake)
+    run torchgen through the cache: CMAKE_PROJECT_INCLUDE names a file that sets Python_EXECUTABLE
+    to the wrapper, after project(); {} for another tree. setup.py passes CMAKE_* variables on to
+    CMake as -D; for a scikit-build-core tree, whose forwarding of them runs after project(), the
+    build passes it as a define (steps/skbuild.py). The wrapper and the file are written
+    atomically under <cache_root>/codegen/bin, named by the interpreters (builds with other ones
+    write beside them); not written when write is False."""
+    if not (Path(source) / "cmake/Codegen.cmake").is_file():
         return {}
     root = Path(cache_root) / DIRNAME
     name = hashlib.sha256(json.dumps([python, sys.executable]).encode()).hexdigest()[:12]

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from torchbuild import __version__
+from torchbuild.core import process
 from torchbuild.core.atomic import PARTIAL_PREFIX
 from torchbuild.core.errors import ToolMissing, TorchbuildError, named_os_errors
 from torchbuild.core.process import QUERY_TIMEOUT, Finished, run_captured
@@ -40,6 +41,7 @@ from torchbuild.inputs import remote_cache
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import compiler_commands, jobs_env
 from torchbuild.inputs.jobs import HostResources, JobPlan, distcc_local_slots, plan_for, plan_make
+from torchbuild.inputs.tree import SETUP_PY, SKBUILD, is_skbuild
 from torchbuild.steps.oom import JobsUsed, Sink, run_compile
 
 
@@ -110,7 +112,10 @@ def hit_rate(stats: Mapping[str, int]) -> tuple[int, int, float]:
 _WHEEL_TOOLS = """
 import importlib.util as u
 missing = []
-if u.find_spec("setuptools") is None:
+if KIND == "scikit-build-core":
+    if u.find_spec("scikit_build_core") is None:
+        missing.append("scikit-build-core")
+elif u.find_spec("setuptools") is None:
     missing.append("setuptools")
 elif u.find_spec("setuptools.command.bdist_wheel") is None and u.find_spec("wheel") is None:
     missing.append("wheel")  # setuptools < 70.1 needs the wheel package for bdist_wheel
@@ -119,17 +124,22 @@ print(" ".join(missing))
 
 
 def check_wheel_tools(source: str, python: str = sys.executable) -> None:
-    """--no-build-isolation builds with the interpreter's packages: say what is missing up front."""
-    if not (Path(source) / "setup.py").is_file():
+    """--no-build-isolation builds with the interpreter's packages: say what is missing up front
+    (the backend of the tree's kind, inputs/tree.py: setuptools and wheel, or scikit-build-core)."""
+    if is_skbuild(source):
+        kind = SKBUILD
+    elif (Path(source) / "setup.py").is_file():
+        kind = SETUP_PY
+    else:  # a tree of another kind: pip says what it lacks
         return
     # asked of the interpreter itself (another Python's packages are not this process's)
-    proc = run_captured([python, "-c", _WHEEL_TOOLS], timeout=QUERY_TIMEOUT)
+    proc = run_captured([python, "-c", f"KIND = {kind!r}\n{_WHEEL_TOOLS}"], timeout=QUERY_TIMEOUT)
     if proc.returncode != 0:
         raise ToolMissing(f"{python} does not run: {proc.stderr.strip()[-300:]}")
     missing = proc.stdout.split()
     if missing:
         raise ToolMissing(
-            f"{python} lacks {', '.join(missing)}, which a setup.py build needs",
+            f"{python} lacks {', '.join(missing)}, which a {kind} build needs",
             hint=f"{python} -m pip install {' '.join(missing)} (with the rest of PyTorch's requirements.txt)",
         )
 
@@ -147,10 +157,24 @@ def path_independent(env_vars: Mapping[str, str], source: str) -> dict[str, str]
     }
 
 
-def pip_wheel(partial: Path, source: str, python: str = sys.executable) -> list[str]:
+def pip_wheel(partial: Path, source: str, python: str = sys.executable, config: Sequence[str] = ()) -> list[str]:
     """The wheel build: with the interpreter's packages (torch's build requirements, or the torch
-    a companion is built against), no dependencies, verbose for the log."""
-    return [python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w", str(partial), "--", source]
+    a companion is built against), no dependencies, verbose for the log; config: the backend's
+    --config-settings (a scikit-build-core tree's, steps/skbuild.py)."""
+    return [
+        python,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-build-isolation",
+        "--no-deps",
+        "-v",
+        *config,
+        "-w",
+        str(partial),
+        "--",
+        source,
+    ]
 
 
 # --------------------------------------------------------------------------- the job
@@ -201,6 +225,7 @@ def partial_dir(out_dir: Path, run_id: str, what: str, note: Callable[[str], Non
     fd = _try_lock(made, blocking=True)
     if fd is not None:
         _HELD[made] = fd
+        process.HELD_FDS.add(fd)  # pip, which writes into it, holds it too
     return made
 
 
@@ -209,6 +234,7 @@ def release_partial(made: Path) -> None:
     shutil.rmtree(made, ignore_errors=True)
     fd = _HELD.pop(made, None)
     if fd is not None:
+        process.HELD_FDS.discard(fd)
         os.close(fd)
 
 

@@ -31,7 +31,8 @@ from torchbuild.core.progress import Tee
 from torchbuild.core.safeio import KiB, read_text
 from torchbuild.inputs.config import BuildSpec
 from torchbuild.inputs.environment import compile_env
-from torchbuild.steps import compile_job
+from torchbuild.inputs.tree import is_skbuild
+from torchbuild.steps import compile_job, skbuild
 from torchbuild.steps.compile_job import CompileJob, now_utc, open_log, path_independent
 from torchbuild.steps.report import mark, read_ninja_log
 
@@ -54,7 +55,10 @@ class Request:
 
 
 def mode_for(tree: Path) -> str:
-    """'setup.py' for a PyTorch tree older than 2.8 (version.txt), else 'pip'."""
+    """'setup.py' for a PyTorch tree with a setup.py older than 2.8 (version.txt), else 'pip'
+    (a scikit-build-core tree has no setup.py to run)."""
+    if is_skbuild(tree):
+        return "pip"
     try:
         version = Version(read_text(tree / "version.txt", VERSION_TXT_LIMIT, "the tree's version.txt").strip())
     except (TorchbuildError, InvalidVersion):  # none, or not one (a FIFO, a huge file): pip's way
@@ -107,7 +111,20 @@ def develop(req: Request, out: TextIO = sys.stdout) -> dict[str, Any]:
         tee.line(f"torchbuild develop: {tree} into {venv} ({mode}), jobs {job.plan.jobs} ({job.plan.reason})")
         job.zero_ccache()
         if mode == "pip":
-            cmd = [str(python), "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-v", "-e", str(tree)]
+            # a scikit-build-core tree: its build/ kept and the code generation's include (steps/skbuild.py)
+            config = skbuild.config_settings(skbuild.project_defines(job.env_vars, {})) if is_skbuild(tree) else []
+            cmd = [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "--no-build-isolation",
+                "--no-deps",
+                "-v",
+                *config,
+                "-e",
+                str(tree),
+            ]
         else:
             cmd = [str(python), "setup.py", "develop"]
         job.compile(lambda n: cmd, cwd=str(tree), what=f"the {mode} development install")

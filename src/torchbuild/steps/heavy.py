@@ -134,3 +134,159 @@ def apply_pool(build_dir: Path, source_root: Path, heavy: HeavyPlan | None, jobs
         f"torchbuild: heavy pool: {pooled} compiles at most {depth} at once{here}, the others up to {jobs} jobs",
         jobs,
     )
+
+
+# --------------------------------------------------------------------------- scikit-build-core trees
+# scikit-build-core configures again on every `pip wheel` and `pip install -e` (there is no
+# configure-only command), and CMake then writes build.ninja anew: a rewrite of it would not
+# last until ninja runs. So for such a tree the pool is CMake's own (JOB_POOLS, JOB_POOL_COMPILE),
+# given by a file CMake includes at the top-level project() (CMAKE_PROJECT_TOP_LEVEL_INCLUDES,
+# CMake 3.24): at the end of the top-level directory it puts every target whose compiled sources
+# all match heavy_units in the pool, as upstream's fix for the lost flash-attention throttle does
+# for its one target (pytorch/pytorch#190663, PR #192305: FLASH_ATTENTION_MAX_JOBS → a Ninja pool on
+# the flash_attention OBJECT library). CMake binds pools per target, not per source: a target that
+# mixes heavy and light units is left out (pooling it would hold its light units to the depth)
+# and named in the record the hook writes, which apply_cmake_pool reads.
+
+HOOK = "torchbuild-heavy.cmake"  # in the build directory, rewritten before each attempt
+HOOK_DEFINE = "CMAKE_PROJECT_TOP_LEVEL_INCLUDES"
+POOL_RECORD = "torchbuild-heavy-pool.txt"  # what the last configure pooled: "pooled|mixed TARGET"
+_COMPILED = r"\.(c|cc|cpp|cxx|C|cu)$"
+
+
+def glob_regex(pattern: str) -> str:
+    """fnmatch's glob (* also crosses /) as a CMake regular expression of the whole path."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        close = pattern.find("]", i + 2) if c == "[" else -1
+        if c == "*":
+            out.append(".*")
+        elif c == "?":
+            out.append(".")
+        elif close > 0:
+            body = pattern[i + 1 : close]
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+            i = close
+        elif c in ".+()|{}$[]":
+            out.append(f"[{c}]" if c not in "[]" else "\\" + c)
+        elif c in "^\\":
+            out.append("\\" + c)
+        else:
+            out.append(c)
+        i += 1
+    return "^(" + "".join(out) + ")$"
+
+
+def cmake_hook(patterns: tuple[str, ...], depth: int, local: bool) -> str:
+    """The CMake file that makes the heavy units' pool of a scikit-build-core tree."""
+    regex = "|".join(glob_regex(p) for p in patterns)
+    launch = (
+        "\n".join(
+            f"      if(CMAKE_{lang}_COMPILER_LAUNCHER)\n"
+            f"        set_property(TARGET ${{t}} PROPERTY {lang}_COMPILER_LAUNCHER env -u CCACHE_PREFIX"
+            f" ${{CMAKE_{lang}_COMPILER_LAUNCHER}})\n      endif()"
+            for lang in ("C", "CXX", "CUDA")
+        )
+        if local
+        else ""
+    )
+    return f"""# torchbuild: memory-heavy units' pool (steps/heavy.py), for a scikit-build-core tree
+set_property(GLOBAL APPEND PROPERTY JOB_POOLS {POOL}={depth})
+function(_torchbuild_heavy_dir dir)
+  get_property(targets DIRECTORY "${{dir}}" PROPERTY BUILDSYSTEM_TARGETS)
+  foreach(t IN LISTS targets)
+    get_target_property(srcs ${{t}} SOURCES)
+    get_target_property(sdir ${{t}} SOURCE_DIR)
+    set(heavy 0)
+    set(light 0)
+    foreach(s IN LISTS srcs)
+      if(s MATCHES "^\\\\$<" OR NOT s MATCHES [=[{_COMPILED}]=])
+        continue()
+      endif()
+      if(NOT IS_ABSOLUTE "${{s}}")
+        set(s "${{sdir}}/${{s}}")
+      endif()
+      file(RELATIVE_PATH rel "${{CMAKE_SOURCE_DIR}}" "${{s}}")
+      if(rel MATCHES "^[.][.]/")
+        set(rel "${{s}}")
+      endif()
+      if(rel MATCHES [=[{regex}]=])
+        math(EXPR heavy "${{heavy}} + 1")
+      else()
+        math(EXPR light "${{light}} + 1")
+      endif()
+    endforeach()
+    if(heavy GREATER 0 AND light EQUAL 0)
+      set_property(TARGET ${{t}} PROPERTY JOB_POOL_COMPILE {POOL})
+{launch}
+      file(APPEND "${{CMAKE_BINARY_DIR}}/{POOL_RECORD}" "pooled ${{t}} ${{heavy}}\\n")
+    elseif(heavy GREATER 0)
+      file(APPEND "${{CMAKE_BINARY_DIR}}/{POOL_RECORD}" "mixed ${{t}} ${{heavy}} ${{light}}\\n")
+    endif()
+  endforeach()
+  get_property(subdirs DIRECTORY "${{dir}}" PROPERTY SUBDIRECTORIES)
+  foreach(d IN LISTS subdirs)
+    _torchbuild_heavy_dir("${{d}}")
+  endforeach()
+endfunction()
+function(_torchbuild_heavy_pool)
+  file(WRITE "${{CMAKE_BINARY_DIR}}/{POOL_RECORD}" "")
+  _torchbuild_heavy_dir("${{CMAKE_SOURCE_DIR}}")
+endfunction()
+cmake_language(DEFER DIRECTORY "${{CMAKE_SOURCE_DIR}}" CALL _torchbuild_heavy_pool)
+"""
+
+
+def write_cmake_hook(build_dir: Path, heavy: HeavyPlan | None, jobs: int) -> dict[str, str]:
+    """The hook for a pool of min(depth, jobs) in build_dir, and the define that includes it ({}
+    without a heavy plan). The file is written only when it changes (CMake reconfigures on it)."""
+    if heavy is None or not heavy.depth or not heavy.patterns:
+        return {}
+    hook = build_dir / HOOK
+    text = cmake_hook(heavy.patterns, max(1, min(heavy.depth, jobs)), heavy.local)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    if not hook.is_file() or hook.read_text() != text:
+        atomic_write_text(hook, text, what="writing the heavy units' CMake pool")
+    return {HOOK_DEFINE: str(hook)}
+
+
+def pool_record(build_dir: Path) -> tuple[dict[str, int], list[str]] | None:
+    """What the last configure pooled ({target: heavy units}) and the targets it left out as
+    mixed; None where no configure with the hook ran."""
+    try:
+        lines = (build_dir / POOL_RECORD).read_text().splitlines()
+    except OSError:
+        return None
+    pooled = {f[1]: int(f[2]) for f in (ln.split() for ln in lines) if f[:1] == ["pooled"] and len(f) == 3}
+    mixed = [f[1] for f in (ln.split() for ln in lines) if f[:1] == ["mixed"] and len(f) > 1]
+    return pooled, mixed
+
+
+def apply_cmake_pool(build_dir: Path, heavy: HeavyPlan | None, jobs: int) -> tuple[str, int]:
+    """apply_pool's counterpart for a scikit-build-core tree: the hook rewritten for this attempt's
+    depth, a line for the log from what the last configure pooled, and the jobs the attempt runs
+    (the heavy units' plan, as without a pool, where no target is pooled)."""
+    if not write_cmake_hook(build_dir, heavy, jobs):
+        return "", jobs
+    assert heavy is not None
+    fallback = max(1, min(jobs, heavy.fallback or jobs))
+    record = pool_record(build_dir)
+    if record is None:
+        return (
+            f"torchbuild: heavy pool: not configured yet: {fallback} jobs, each planned at the heavy units' peak",
+            fallback,
+        )
+    pooled, mixed = record
+    left = f"; left out, mixing heavy and light units: {', '.join(mixed)}" if mixed else ""
+    if not pooled:
+        return (
+            f"torchbuild: heavy pool: no CMake target has only units matching {', '.join(heavy.patterns)}{left}: "
+            f"{fallback} jobs, each planned at the heavy units' peak"
+        ), fallback
+    depth = max(1, min(heavy.depth, jobs))
+    targets = ", ".join(f"{t} ({n})" for t, n in sorted(pooled.items()))
+    return (
+        f"torchbuild: heavy pool: CMake job pool {POOL} of depth {depth} for {targets}{left}, the others up to {jobs} jobs",
+        jobs,
+    )

@@ -87,6 +87,10 @@ class LogMark:
 
     file_id: tuple[int, int]  # (st_dev, st_ino): ninja rewrites the file under a new inode when it recompacts
     lines: int
+    # the entry lines then: a recompacted log (CMake's regeneration runs `ninja -t recompact`, and a
+    # scikit-build-core tree regenerates on every build) keeps them as they were, so what is not
+    # among them is this build's
+    entries: frozenset[str] = frozenset()
 
 
 def mark(ninja_log: Path) -> LogMark | None:
@@ -95,7 +99,9 @@ def mark(ninja_log: Path) -> LogMark | None:
         if not ninja_log.is_file():
             return None
         st = ninja_log.stat()
-    return LogMark((st.st_dev, st.st_ino), read_bytes(ninja_log, NINJA_LOG_LIMIT, "reading the ninja log").count(b"\n"))
+    raw = read_bytes(ninja_log, NINJA_LOG_LIMIT, "reading the ninja log")
+    entries = frozenset(raw.decode(errors="replace").split("\n")[1:])
+    return LogMark((st.st_dev, st.st_ino), raw.count(b"\n"), entries)
 
 
 def _log_lines(path: Path, since: LogMark | None = None) -> list[str]:
@@ -112,8 +118,11 @@ def _log_lines(path: Path, since: LogMark | None = None) -> list[str]:
             f"expected '# ninja log v5' to 'v{SUPPORTED_VERSIONS[-1]}')",
             hint="the build itself is unaffected; update torchbuild to read this ninja's log format",
         )
-    same_file = since is not None and since.file_id == (st.st_dev, st.st_ino) and since.lines <= len(lines)
-    return lines[since.lines if since is not None and same_file else 1 :]
+    if since is None:
+        return lines[1:]
+    if since.file_id == (st.st_dev, st.st_ino) and since.lines <= len(lines):
+        return lines[since.lines :]
+    return [ln for ln in lines[1:] if ln not in since.entries]  # recompacted: the entries it did not have
 
 
 def _parse(lines: Iterable[str]) -> list[_Line]:
@@ -153,7 +162,7 @@ def _run_offsets(lines: list[_Line], shown: set[int]) -> dict[int, int]:
 
 def read_ninja_log(path: Path, since: LogMark | None = None) -> list[Step]:
     """The steps (edges) of a `.ninja_log`, v5 to v7, in the order they finished; with `since`,
-    only those ninja logged after that mark (all of them if ninja recompacted the log since)."""
+    only those ninja logged after that mark (if ninja recompacted the log since: those it lacked)."""
     lines = _parse(_log_lines(path, since))
     kept = _latest(lines)
     offsets = _run_offsets(lines, {ln.run for ln in kept})

@@ -12,13 +12,16 @@ torchbuild's own and small (one entry a run); `--clean` removes it with the tree
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from torchbuild.core import process
 from torchbuild.core.atomic import atomic_write_bytes
-from torchbuild.core.errors import PathError, named_os_errors
+from torchbuild.core.errors import PathError, TreeBusy, named_os_errors
 from torchbuild.core.safeio import read_json
 
 RUNS_FILE = "torchbuild-runs.json"
@@ -85,3 +88,83 @@ def end(build: Path, run_id: str, now: float | None = None) -> list[RunRecord]:
     if runs:
         write_runs(build, runs)
     return runs
+
+
+# One build at a time in a tree: the run holds a lock on the source directory itself (flock on
+# its descriptor: no file is added to the user's tree, and --clean, which removes build/, cannot
+# remove it), and so does pip under it (core.process.HELD_FDS), which outlives a torchbuild
+# killed outright. The holder is read back from /proc/locks for the message. filelock locks a
+# file of its own beside what it guards, which is what this avoids.
+
+
+def hold_tree(source: Path) -> int | None:
+    """The tree held for this run: a descriptor to give to release_tree, or None where the file
+    system has no flock (some NFS mounts: then nothing is held). TreeBusy when another build is
+    running in it."""
+    with named_os_errors(source, "opening the source tree"):
+        fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        st = os.fstat(fd)
+        os.close(fd)
+        raise TreeBusy(f"another build is running in {source}: {_holder(st)}") from None
+    except OSError:
+        os.close(fd)
+        return None
+    process.HELD_FDS.add(fd)
+    return fd
+
+
+def release_tree(fd: int | None) -> None:
+    if fd is not None:
+        process.HELD_FDS.discard(fd)
+        os.close(fd)
+
+
+def _holder(st: os.stat_result) -> str:
+    """Who holds the tree's lock: the process that took it (/proc/locks: "1: FLOCK ADVISORY WRITE
+    <pid> MA:MI:INODE 0 EOF") if it lives, else one that inherited it (a killed torchbuild's pip),
+    found among the open descriptors in /proc that name the tree."""
+    node = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids = []
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            pids = [
+                ln.split()[4]
+                for ln in f.read(1 << 20).splitlines()
+                if ln.split()[1:2] == ["FLOCK"] and ln.split()[5:6] == [node]
+            ]
+    except OSError:
+        pass
+    for pid in [*pids, *_openers(st)]:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read(4096).decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        cmd = " ".join([os.path.basename(argv[0]), *argv[1:]]).strip()
+        return f"process {pid} ({cmd[:100]})"
+    return "a process this one cannot see (another container, or another host sharing the file system)"
+
+
+def _openers(st: os.stat_result) -> list[str]:
+    """The processes (other than this one) with a descriptor open on the tree itself."""
+    found = []
+    me = str(os.getpid())
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        if fd_dir.parent.name == me:
+            continue
+        try:
+            fds = list(fd_dir.iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                there = os.stat(fd)
+            except OSError:
+                continue
+            if (there.st_dev, there.st_ino) == (st.st_dev, st.st_ino):
+                found.append(fd_dir.parent.name)
+                break
+    return found
