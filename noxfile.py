@@ -95,7 +95,8 @@ def slow(session: nox.Session) -> None:
     qemu with its sm_90 canary and preflight; the ARCHER2 rehearsal (Cray-style cc/CC/ftn drivers, an
     install over the stand-in cray-python); the real PyTorch preflight on a bare node through the
     native build venv; the Alliance's run job with an mpi4py wheel compiled by `invoke wheelhouse
-    --add-mpi4py` (about 5 min)."""
+    --add-mpi4py` (about 5 min); NVIDIA's ptxas 12.8/12.9/13.0 from PyPI against the CUDA target
+    table, assembling sm_100 and sm_120 (about a minute)."""
     session.install("-e", ".[test,report]")
     session.run("pytest", "tests/slow", "-s", *session.posargs)
 

@@ -10,6 +10,8 @@ import shutil
 import pytest
 from helpers import FIXTURES, preflight_ok, set_args
 
+from torchbuild.inputs.cuda_archs import TARGETS, sm_name
+
 pytestmark = pytest.mark.docker
 
 KERNEL = r"""
@@ -20,22 +22,40 @@ __global__ void axpy(float a, const float* x, float* y, int n) {
 """
 
 
+def _in_image(engine, tag: str, script: str, work) -> str:
+    """What `bash -c script` prints in the image, with the kernel at /w/axpy.cu."""
+    (work / "axpy.cu").write_text(KERNEL)
+    volumes = {str(work): {"bind": "/w", "mode": "rw"}}
+    return engine.client.containers.run(tag, ["bash", "-c", script], volumes=volumes, remove=True).decode()
+
+
 def test_offline_cuda_image_compiles_for_sm90(engine, cuda_image, tmp_path):
-    (tmp_path / "axpy.cu").write_text(KERNEL)
     script = (
         "nvcc --version | tail -2 && "
         "nvcc -arch=sm_90 -Xfatbin -compress-all -c /w/axpy.cu -o /w/axpy.o && "
         "cuobjdump --list-elf /w/axpy.o"
     )
-    out = engine.client.containers.run(
-        cuda_image[0].image_tag,
-        ["bash", "-c", script],
-        volumes={str(tmp_path): {"bind": "/w", "mode": "rw"}},
-        remove=True,
-    ).decode()
+    out = _in_image(engine, cuda_image[0].image_tag, script, tmp_path)
     assert "release 12.4" in out
     assert "sm_90" in out  # the object carries device code for Hopper
     assert (tmp_path / "axpy.o").stat().st_size > 0
+
+
+def test_offline_cuda_images_nvcc_targets_are_the_tables_and_sm100_is_refused(engine, cuda_image, tmp_path):
+    """The sm_100 canary where the toolkit cannot have it: Debian's nvcc 12.4 compiles for exactly
+    what the table says CUDA 12.4 does, and stops at sm_100 as `invoke config` does (the canary
+    that compiles for sm_100 needs CUDA 12.8, which no Debian suite packages: docs/guide/offline.md)."""
+    script = (
+        "nvcc --version | tail -1 && echo codes: $(nvcc --list-gpu-code) && "
+        "{ nvcc -arch=sm_100 -c /w/axpy.cu -o /w/axpy100.o 2>&1; echo sm_100 exit $?; }"
+    )
+    out = _in_image(engine, cuda_image[0].image_tag, script, tmp_path)
+    assert "cuda_12.4" in out, out
+    codes = set(out.split("codes:", 1)[1].splitlines()[0].split())
+    # --list-gpu-code lists the plain targets; the table's a variants are the same GPUs
+    assert codes == {sm_name(a) for a in TARGETS["12.4"] if not a.endswith("a")}, out
+    assert "Value 'sm_100' is not defined for option 'gpu-architecture'" in out and "sm_100 exit 1" in out, out
+    assert not (tmp_path / "axpy100.o").exists()
 
 
 def test_fixture_cuda_preflight_builds_c10_cuda_and_a_cu_canary(cuda_image, tmp_path):

@@ -112,9 +112,11 @@ def test_the_shipped_series_is_named_by_its_directory_and_counts_only_with_mpi()
 
 
 def test_an_arch_no_official_code_runs_on_needs_a_build_and_a_newer_minor_of_a_listed_major_does_not():
-    spec = resolve("cuda", ["nccl=bundled", "cuda_arch_list=[3.5,8.9,9.0a,9.0+PTX]"])
+    # Blackwell (10.0) with CUDA 12.8 on torch 2.6, whose official wheels end at CUDA 12.6 and sm_90
+    # (3.5 was the example until config refused it with CUDA 12.6, which cannot compile sm_35)
+    spec = resolve("cuda128", ["torch_version=2.6.0", "nccl=bundled", "cuda_arch_list=[10.0,8.9,9.0a,9.0+PTX]"])
     verdict = assess(spec)
-    assert [(r.key, r.value) for r in verdict.reasons] == [("cuda_arch_list", "3.5")]
+    assert [(r.key, r.value) for r in verdict.reasons] == [("cuda_arch_list", "10.0")]
     assert "its list: 5.0;6.0;7.0;7.5;8.0;8.6;9.0" in verdict.reasons[0].why
     assert "cuda_arch_list 8.9 runs the official wheel's 8.6 code (binary compatible within a major)" in verdict.notes
     assert any(n.startswith("cuda_arch_list 9.0a: the official wheel's 9.0 code runs there") for n in verdict.notes)

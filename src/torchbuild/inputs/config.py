@@ -30,7 +30,7 @@ from torchbuild.core import glibc, records
 from torchbuild.core.arch import Arch, host_machine
 from torchbuild.core.errors import ProfileError, UsageError
 from torchbuild.core.safeio import PROFILE_LIMIT, not_an_option, read_text, user_path
-from torchbuild.inputs import comms_table, remote_cache, torch_lines
+from torchbuild.inputs import comms_table, cuda_archs, official_wheels, remote_cache, torch_lines
 from torchbuild.inputs import keys as keys_model
 from torchbuild.inputs.companion_table import REPOS as COMPANION_REPOS
 from torchbuild.inputs.companion_table import default_ref, is_development, minor, pairing_problem
@@ -1325,6 +1325,43 @@ def _check_toolchain_floor(values: Mapping[str, Any], where: Mapping[str, str]) 
         )
 
 
+def _check_cuda_targets(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
+    """Each cuda_arch_list entry one the CUDA compiles for (cuda_archs.TARGETS: 10.0 needs 12.8,
+    CUDA 13 dropped 5.0 to 7.2) and the torch line reads (torch_lines.arch_problem), and a CUDA
+    major the torch line's official wheels were built with (official_wheels): found here, not as
+    an nvcc or CMake error an hour into the image and the configure."""
+    cuda = str(values["cuda_version"])
+    if not cuda:
+        return
+    bad = cuda_archs.cannot_compile(cuda, values["cuda_arch_list"])
+    if bad:
+        _fail(where, "cuda_arch_list", f"{bad[0]} (cuda_version set in {where['cuda_version']})", bad[1])
+    line = torch_lines.line_of(values["torch_version"], values["torch_ref"])
+    if line is None:
+        return
+    torch = f"PyTorch {line.torch} (torch_version {values['torch_version']}, {where['torch_version']})"
+    for entry in values["cuda_arch_list"]:
+        problem = torch_lines.arch_problem(line, entry)
+        if problem:
+            hint = (
+                f"choose torch_version {torch_lines.TWO_DIGIT_ARCH_FROM} or newer, or drop {entry} from cuda_arch_list"
+            )
+            _fail(where, "cuda_arch_list", f"{problem}: {torch}", hint)
+    wheels = (
+        None
+        if values["torch_ref"] in torch_lines.DEVELOPMENT_REFS
+        else official_wheels.line_of(values["torch_version"])
+    )
+    if wheels and official_wheels.cuda_too_new(wheels, cuda):
+        newest = official_wheels.newest_cuda(wheels)
+        _fail(
+            where,
+            "cuda_version",
+            f"CUDA {cuda} is a newer major than {torch} was released for (its newest CUDA is {newest})",
+            f"set cuda_version to {newest} (and a base_image of that CUDA), or choose a newer torch_version",
+        )
+
+
 # a CPython source tarball with its sha256, pip's own URL#sha256= form; no user or password in
 # the URL (it is printed by config and recorded in the image's labels)
 _PYTHON_SOURCE = re.compile(r"(?P<url>https?://[^\s#@]+)#sha256=(?P<sha256>[0-9a-f]{64})")
@@ -1373,6 +1410,7 @@ def _check_libraries(values: Mapping[str, Any], where: Mapping[str, str], arch: 
         _fail(where, "python_versions", f"lists {', '.join(twice)} twice", "list each Python once")
     _check_python_floor(values, where)
     _check_toolchain_floor(values, where)
+    _check_cuda_targets(values, where)
     if "mpi" in values["distributed"] and values["mpi"] == "none":
         _fail(where, "distributed", "mpi backend requested but mpi is none", "set mpi: openmpi, mpich or system")
     if values["mkl_threading"] and values["blas"] != "mkl":

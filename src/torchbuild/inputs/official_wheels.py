@@ -18,7 +18,7 @@ Sources (read 2026-11; [src] stated there, [inf] inferred, the reasoning given):
   .ci/manywheel/build_cuda.sh (pytorch/pytorch@00c7a380: 12.6, 12.8, 12.9; a 2.5/2.6-era fork copy,
   zhulu506/pytorch_gmlake@b55eee45: 11.8, 12.1, 12.4, and 9.0 alone for aarch64 12.4/12.6;
   nWEIdia/pytorch@786e6569: the aarch64 filter, 8.0 and up without 8.6) and
-  .ci/aarch64_linux/aarch64_ci_build.sh (pytorch/pytorch@04c5727d: aarch64 12.9); which commit
+  .ci/aarch64_linux/aarch64_ci_build.sh (aarch64 12.9: see ARM_CU129); which commit
   each release was cut from is not known, so the list of a line other than 2.12 to 2.14 is [inf].
 - glibc: manylinux2014 (2.17) to 2.5; the x86_64 wheel builds moved to manylinux_2_28 (AlmaLinux 8,
   glibc 2.28) on 2024-11-14 (pytorch/pytorch#138732) and aarch64 in December 2024
@@ -78,7 +78,10 @@ CU132 = Wheel("13.2", _archs("7.5;8.0;8.6;9.0;10.0;12.0+PTX"))
 ARM_CU126_HOPPER = Wheel("12.6", ("9.0",))  # 2.6: GH200 only
 ARM_CU126 = Wheel("12.6", _archs("8.0;9.0"))
 ARM_CU128 = Wheel("12.8", _archs("8.0;9.0;10.0;12.0"))
-ARM_CU129 = Wheel("12.9", _archs("8.0;9.0;10.0;11.0;12.0;12.1"))
+# 2.8's aarch64 12.9 wheels: "8.0;9.0;10.0;12.0", the 12.9 line pytorch/pytorch#161257 (2025-08-22)
+# replaced; a stored aarch64_ci_build.sh (@04c5727d) lists 11.0 and 12.1 for 12.9 as well, which
+# nvcc 12.9 cannot compile (Thor is sm_101 there: inputs/cuda_archs.py), so it is not what built.
+ARM_CU129 = Wheel("12.9", _archs("8.0;9.0;10.0;12.0"))
 ARM_CU130 = Wheel("13.0", _archs("8.0;9.0;10.0;11.0;12.0+PTX"))
 ARM_CU132 = Wheel("13.2", _archs("8.0;9.0;10.0;11.0;12.0+PTX"))
 
@@ -134,3 +137,17 @@ def line_of(torch_version: str) -> Line | None:
     parts = torch_version.split(".")
     wanted = ".".join(parts[:2])
     return next((line for line in LINES if line.torch == wanted), None)
+
+
+def newest_cuda(line: Line) -> str:
+    """The newest CUDA the line's wheels were built with, on either arch ("12.6" for 2.6)."""
+    return max((w.cuda for w in (*line.x86_64, *line.aarch64) if w.cuda), key=lambda v: tuple(map(int, v.split("."))))
+
+
+def cuda_too_new(line: Line, cuda_version: str) -> bool:
+    """Whether cuda_version is a newer CUDA major than any the line's wheels were built with (13
+    for 2.8), which its source does not build with: CUDA 13.0 removed cudaDeviceProp's clockRate
+    and memoryClockRate and moved CCCL to 3.0 (its release notes), which PyTorch followed from 2.9,
+    the first line with CUDA 13.0 wheels. A newer minor is not (12.8 for 2.6: NVIDIA keeps minors
+    source compatible, and Triton's README built 2.6.0-rc9 with CUDA 12.8 for Blackwell)."""
+    return int(cuda_version.split(".")[0]) > int(newest_cuda(line).split(".")[0])

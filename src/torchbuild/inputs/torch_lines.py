@@ -59,6 +59,15 @@ LINES: tuple[Line, ...] = (
 )
 DEVELOPMENT_REFS = ("main", "master", "viable/strict", "nightly")  # build like the newest line
 
+# How PyTorch reads TORCH_CUDA_ARCH_LIST: cmake/Modules_CUDA_fix/upstream/FindCUDA/
+# select_compute_arch.cmake matches each entry against "^([0-9]+\\.[0-9]a?(\\([0-9]+\\.[0-9]\\))?)$"
+# (+PTX taken off first) and stops the configure with "Unknown CUDA Architecture Name" for any
+# other: an a suffix only, no f (CUDA 12.9's family variants), as config's schema holds it. Two-digit majors (10.0, 12.0) came
+# with pytorch/pytorch#141724 (Blackwell, "[0-9]" became "[0-9]+"), which 2.6 has: Triton's README
+# built Blackwell from 2.6.0-rc9 with TORCH_CUDA_ARCH_LIST=Blackwell. Lines before 2.6 refuse them.
+TWO_DIGIT_ARCH_FROM = "2.6"
+_TORCH_ARCH = re.compile(r"(\d+)\.")
+
 _RELEASE = re.compile(r"(\d+)\.(\d+)")
 
 
@@ -90,3 +99,12 @@ def newest_known(torch_version: str) -> bool:
 def older(found: str, floor: str) -> bool:
     """Whether version `found` ("9.4", "3.12") is older than `floor`."""
     return bool(found and floor) and version_tuple(found) < version_tuple(floor)
+
+
+def arch_problem(line: Line, entry: str) -> str:
+    """Why PyTorch `line` cannot read cuda_arch_list entry `entry` ("" when it can): the
+    schema already holds entries to major.minor, an optional a and +PTX, as PyTorch reads them."""
+    m = _TORCH_ARCH.match(entry)
+    if m and len(m[1]) > 1 and older(line.torch, TWO_DIGIT_ARCH_FROM):
+        return f"{entry} is an unknown architecture name before PyTorch {TWO_DIGIT_ARCH_FROM} (one-digit majors only)"
+    return ""
