@@ -2,7 +2,7 @@
 
 A page asks for a generated part with a comment on a line of its own:
 
-    <!-- generated: profile-keys -->          the key reference, from configs/defaults.yaml
+    <!-- generated: profile-keys -->          the key reference, from torchbuild.inputs.keys
     <!-- generated: errors -->                the error table, from torchbuild.core.errors.ERRORS
     <!-- generated: help TASK -->             `invoke --help TASK`, from the task collection
     <!-- generated: spread-model twice -->    the on-paper spread tables of benchmarks/spread_nodes.py

@@ -78,10 +78,12 @@ def test_run_dry_run_renders_the_seeds_job(tmp_path):
     script.write_text("print(1)\n")
     res = run_invoke(
         "submit", "--profile", "alliance", "--run", str(script), "--wheelhouse", str(d), "--dry-run",
+        "--out", str(tmp_path / "run out"),  # a run job's --out too: where its log goes
         "--arg", "a b", *set_args(["runtime_env={\"X\": \"1 $(y)\"}"]), "--", "--epochs", "3",
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     body = res.stdout.split("# dry run:")[0]
+    assert f"{tmp_path / 'run out'}/logs/torchbuild-run-alliance-my_test" in body
     for line in (  # pytorch-test.sh's own shape, not the compile job's 12 cores, 48G and a100
         "#SBATCH --cpus-per-task=6",
         "#SBATCH --mem=32000M",

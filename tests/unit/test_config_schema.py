@@ -107,3 +107,26 @@ def test_numbers_yaml_reads_where_text_is_meant_are_taken_as_text(tmp_path):
     spec = resolve(str(path), ["switches.USE_MPI=1", "env={A: 1, B: true}"])
     assert (spec.compiler_version, spec.max_jobs) == ("13", 8)
     assert dict(spec.switches)["USE_MPI"] == "1" and dict(spec.env) == {"A": "1", "B": "1"}
+
+
+def test_committed_defaults_file_is_the_generated_one():
+    """configs/defaults.yaml lists the keys as inputs/keys.py declares them: a key added there
+    (one `key(...)` line) fails this until the file is written again with DEFAULTS_COMMAND."""
+    from torchbuild.inputs.keys import DEFAULTS_COMMAND, defaults_yaml_text
+
+    committed = (data_dir() / "configs" / "defaults.yaml").read_text()
+    assert committed == defaults_yaml_text(), f"configs/defaults.yaml is stale; regenerate it: {DEFAULTS_COMMAND}"
+
+
+def test_each_key_is_declared_once_and_is_a_field_of_the_spec_in_the_keys_order():
+    import dataclasses
+
+    from torchbuild.inputs.config import BuildSpec
+    from torchbuild.inputs.keys import GROUPS
+
+    declared = [f.name for group in GROUPS for f in dataclasses.fields(group)]
+    assert len(declared) == len(set(declared))
+    fields = [f.name for f in dataclasses.fields(BuildSpec)]
+    assert fields == ["profile", *declared, "origins"]
+    assert list(schema()) == declared
+    assert yaml.safe_load((data_dir() / "configs" / "defaults.yaml").read_text()).keys() == set(declared)

@@ -30,7 +30,8 @@ from torchbuild.core.errors import (
     ToolMissing,
     UsageError,
 )
-from torchbuild.inputs.config import available_profiles, resolve
+from torchbuild.core.options import to_argv
+from torchbuild.inputs.config import available_profiles, resolve, schema
 from torchbuild.launch.runner import BuildOptions
 from torchbuild.launch.scheduler import (
     TAIL_LINES,
@@ -40,7 +41,6 @@ from torchbuild.launch.scheduler import (
     Runtime,
     Slurm,
     Submitted,
-    build_option_args,
     check_job_keys,
     follow,
     job_account,
@@ -983,12 +983,12 @@ def test_invoke_submit_dry_run_prints_the_script_and_writes_nothing(tmp_path):
         timeout=120,
     )
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "--python 3.12,3.14" in res.stdout  # one job builds a wheel per Python
+    assert "--python=3.12,3.14" in res.stdout  # one job builds a wheel per Python
     assert "#SBATCH --account=e123\n" in res.stdout
     assert "#SBATCH --cpus-per-task=8\n" in res.stdout
     assert "#SBATCH --exclusive\n" in res.stdout
     assert "\nmodule load PrgEnv-gnu cray-python\n" in res.stdout
-    assert f"--source {src}" in res.stdout and f"--out {out}" in res.stdout
+    assert f"--source={src}" in res.stdout and f"--out={out}" in res.stdout
     assert "# dry run: nothing written or submitted" in res.stdout
     assert not out.exists()
 
@@ -1066,7 +1066,7 @@ def test_invoke_submit_refuses_an_apptainer_mode_that_does_not_exist(tmp_path):
     assert "UsageError" in res.stderr and "bogus" in res.stderr and "#SBATCH" not in res.stdout
     ok, _ = _submit_dry(tmp_path, "--sif", str(_fake_sif(tmp_path / "t.sif")), "--apptainer", "docker")
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "--apptainer docker" in ok.stdout
+    assert "--apptainer=docker" in ok.stdout
 
 
 @pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "submit"])
@@ -1123,42 +1123,15 @@ def test_runtime_arguments_the_job_passes_to_the_build(tmp_path):
     gpu = _spec("cpu", "gpus=1")
     sif = _fake_sif(tmp_path / "t.sif")
     assert Runtime("native").args(gpu) == []
-    assert Runtime("docker").args(gpu) == ["--in-container", "--engine", "docker"]
+    assert Runtime("docker").args(gpu) == ["--in-container", "--engine=docker"]
     args = Runtime("apptainer", str(sif)).args(gpu)
-    assert args == ["--in-container", "--engine", "apptainer", "--sif", str(sif), "--apptainer", "auto", "--nv"]
+    assert args == ["--in-container", "--engine=apptainer", f"--sif={sif}", "--nv"]  # --apptainer auto: the default
+    assert Runtime("apptainer", str(sif), "host").args(gpu) == [*args[:3], "--apptainer=host", "--nv"]
     assert "--nv" not in Runtime("apptainer", str(sif)).args(_spec("cpu"))
     with pytest.raises(UsageError, match="--sif"):
         Runtime("native", str(sif)).args(gpu)
     with pytest.raises(UsageError, match="podman"):
         Runtime("podman").args(gpu)
-
-
-@pytest.mark.parametrize(
-    ("options", "verify", "args"),
-    [
-        (BuildOptions(), True, []),
-        (BuildOptions(), False, ["--no-verify"]),
-        (
-            BuildOptions(preflight=True, targets=("c10", "torch_cpu"), canaries=("a b.cpp",), jobs=3, oom_retry=False),
-            True,
-            [
-                "--preflight",
-                "--target",
-                "c10",
-                "--target",
-                "torch_cpu",
-                "--canary",
-                "a b.cpp",
-                "--jobs",
-                "3",
-                "--no-retry",
-            ],
-        ),
-        (BuildOptions(clean=True), True, ["--clean"]),
-    ],
-)
-def test_build_option_args(options, verify, args):
-    assert build_option_args(options, verify) == args
 
 
 @pytest.mark.parametrize("profile", available_profiles())
@@ -1168,7 +1141,7 @@ def test_every_shipped_profile_renders_a_clean_script(tmp_path, profile):
     options = BuildOptions(preflight=True, targets=("c10",), canaries=("aten/src/ATen/native/Foo.cpp",))
     command = [sys.executable, "-m", "torchbuild", "build", "--resume", "--progress", "lines"]
     command += ["--profile", str(out / ".torchbuild" / "jobs" / "k" / f"{profile}.yaml"), "--source", "/src"]
-    command += ["--out", str(out), *build_option_args(options, verify=False)]
+    command += ["--out", str(out), *to_argv(options), "--no-verify"]
     for name in (spec.scheduler, *({"slurm", "pbs"} - {spec.scheduler})):
         sched = scheduler_for(name)
         job = _job(tmp_path, spec, out=out if name == "slurm" else tmp_path / "out", command=tuple(command))
@@ -1223,10 +1196,10 @@ def test_a_comms_profiles_job_builds_nccl_and_the_plugin_in_the_sif_before_the_b
     comms, build = lines.split("\nexec ", 1)
     first = comms.replace(" \\\n  ", " ")
     assert first.startswith(f"{sys.executable} -m torchbuild comms --profile ") and "--resume" not in first
-    engine = f"--in-container --engine apptainer --sif '{sif}' --apptainer auto"
+    engine = f"--in-container --engine=apptainer '--sif={sif}'"
     assert engine in first and engine in build.replace(" \\\n  ", " ")
     assert ("--nv" in first) == bool(spec.gpus)
-    assert "--jobs 6" in first and "--no-retry" in first and f"--out {tmp_path / 'out'}" in first
+    assert "--jobs=6" in first and "--no-retry" in first and f"--out={tmp_path / 'out'}" in first
     assert build.startswith(f"{sys.executable} -m torchbuild build")
 
 
@@ -1334,3 +1307,17 @@ def test_a_kept_script_that_exists_is_never_overwritten(tmp_path, monkeypatch):
         sched.submit_run(spec, _run_request(tmp_path, script), out=io.StringIO())
     assert err.value.hint and first.script.read_text() == kept
     assert sorted(p.name for p in (tmp_path / "ids").iterdir()) == ["0"]  # nothing submitted the second time
+
+
+def test_a_reservation_is_slurms_reservation_and_pbss_queue(tmp_path):
+    """The key added in one place (inputs/keys.py; defaults.yaml and the schema generated): the
+    job runs in the reservation, under PBS as its queue, which a partition may not also name."""
+    slurm = scheduler_for("slurm").render(_job(tmp_path, _spec("cpu", "reservation=course_1")))
+    assert "#SBATCH --reservation=course_1\n" in slurm
+    pbs = scheduler_for("pbs").render(_job(tmp_path, _spec("cpu", "scheduler=pbs", "reservation=R1234.pbs1")))
+    assert "#PBS -q R1234.pbs1\n" in pbs
+    with pytest.raises(UsageError, match="both name the job's queue"):
+        check_job_keys(_spec("cpu", "scheduler=pbs", "reservation=R1", "partition=workq"))
+    with pytest.raises(ProfileError, match="reservation"):
+        _spec("cpu", "reservation=a b")
+    assert "reservation" not in {k for k, v in schema().items() if v.scope == "build"}  # not hashed

@@ -378,7 +378,7 @@ def test_a_numeric_max_jobs_caps_each_nodes_slots(tmp_path):
     assert slots_per_node(_spec("cpus=64", "max_jobs=16"), 0) == 16
     assert slots_per_node(_spec("cpus=8", "max_jobs=16"), 0) == 8  # the cores stay a bound
     script = _dry(tmp_path, 3, "scheduler=slurm", "cpus=64", "mem=256G", "max_jobs=16")
-    assert "--jobs 48" in script and 'DISTCC_HOSTS="localhost/16 ' in script and "/16,lzo" in script
+    assert "--jobs=48" in script and 'DISTCC_HOSTS="localhost/16 ' in script and "/16,lzo" in script
 
 
 def test_a_cuda_spread_sizes_the_build_node_for_nvcc_and_the_others_for_cxx(tmp_path):
@@ -390,7 +390,7 @@ def test_a_cuda_spread_sizes_the_build_node_for_nvcc_and_the_others_for_cxx(tmp_
     cpu = _spec("cpus=64", "mem=256G", "mem_per_job_gb=1.5", "mem_per_cuda_job_gb=5")
     assert slots_per_node(cpu, 256 * 1024, local=True) == 64  # no nvcc: the C++ peak everywhere
     script = _dry(tmp_path, 2, "scheduler=slurm", "cpus=64", "mem=256G", "mem_per_cuda_job_gb=5", profile="cuda")
-    assert "--jobs 115" in script  # 51 here + 64 on the other node
+    assert "--jobs=115" in script  # 51 here + 64 on the other node
     assert 'DISTCC_HOSTS="localhost/51 ' in script and "/64,lzo" in script and "--jobs 64 --log-stderr" in script
 
 
@@ -413,7 +413,7 @@ def test_submit_nodes_asks_slurm_for_the_nodes_and_sizes_max_jobs_to_them(tmp_pa
     assert "#SBATCH --nodes=3\n" in script and "#SBATCH --ntasks-per-node=1\n" in script
     assert "#SBATCH --cpus-per-task=8\n" in script
     assert "#SBATCH --exclusive\n" in script  # distccd has no per-user auth: nobody else on the nodes
-    assert "--jobs 24" in script  # 3 nodes x 8 slots
+    assert "--jobs=24" in script  # 3 nodes x 8 slots
     assert "\nexec " not in script  # the trap must outlive the build
     assert "the build resumes" in script  # still a build's job (not verify's comment)
     path = tmp_path / "job.sh"
@@ -425,7 +425,7 @@ def test_submit_nodes_keeps_a_given_jobs_and_pbs_asks_for_the_chunks(tmp_path):
     script = _dry(tmp_path, 2, "scheduler=pbs", "cpus=8", jobs=5)
     assert "#PBS -l select=2:ncpus=8" in script and ":mpiprocs=1" in script
     assert "#PBS -l place=scatter:excl\n" in script  # whole nodes, each chunk on its own
-    assert "--jobs 5" in script
+    assert "--jobs=5" in script
     path = tmp_path / "job.sh"
     path.write_text(script)
     _lint(path)

@@ -57,8 +57,9 @@ from torchbuild.delivery.manifest import (
 )
 from torchbuild.delivery.modulefiles import ModuleInfo, add_activate_hook, write_modulefiles
 from torchbuild.delivery.pipenv import keep_built
-from torchbuild.inputs.config import BuildSpec, RuntimePackage, requirement_of
+from torchbuild.inputs.config import BuildSpec, requirement_of
 from torchbuild.inputs.environment import comms_install_env, runtime_env
+from torchbuild.inputs.keys import RuntimePackage
 
 MPI4PY = "mpi4py"
 

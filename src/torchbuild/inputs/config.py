@@ -1,6 +1,6 @@
 """Profiles: load -> merge (defaults < extends chain < profile < --set) -> validate -> BuildSpec.
 
-configs/defaults.yaml declares every key (type, default, doc). A profile is a flat YAML
+inputs/keys.py declares every key (type, default, doc), and configs/defaults.yaml lists them. A profile is a flat YAML
 mapping of those keys plus an optional ``extends:`` naming another profile (by name or
 path). ``--set key=value`` overrides one key; ``--set switches.USE_MPI=1`` sets one entry of
 a map. The result is a frozen :class:`BuildSpec`; nothing after resolution reads YAML or
@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, NoReturn, Union
+from typing import Any, NoReturn
 
 import platformdirs
 import yaml
@@ -31,8 +31,10 @@ from torchbuild.core.arch import Arch, host_machine
 from torchbuild.core.errors import ProfileError, UsageError
 from torchbuild.core.safeio import PROFILE_LIMIT, not_an_option, read_text, user_path
 from torchbuild.inputs import comms_table, cuda_archs, official_wheels, remote_cache, torch_lines
+from torchbuild.inputs import keys as keys_model
 from torchbuild.inputs.companion_table import REPOS as COMPANION_REPOS
 from torchbuild.inputs.companion_table import default_ref, is_development, minor, pairing_problem
+from torchbuild.inputs.keys import KeySpec, PackageEntry, RuntimePackage, StrMap
 from torchbuild.inputs.nccl_arch import nccl_cannot_target
 
 DEFAULT_PROFILE = "cpu"
@@ -59,62 +61,19 @@ def profiles_dir() -> Path:
 # --------------------------------------------------------------------------- schema
 
 
-@dataclasses.dataclass(frozen=True)
-class KeySpec:
-    name: str
-    type: str
-    default: Any
-    doc: str
-    choices: tuple[str, ...] = ()
-    pattern: str | None = None
-    key_pattern: str | None = None
-    # int, number and jobs keys: the range a value must lie in (a typo of 10^23 jobs, or .inf
-    # GiB per job, is named here, not an OverflowError in the planner)
-    minimum: float | None = None
-    maximum: float | None = None
-    # a host path (or a list or map of them): ~user must name a user of this host
-    path: bool = False
-    # build: decides what is built (hashed); job: how a batch job asks for a node; runtime: how
-    # the built torch is installed and run (runtime environment, packages, modules, host MPI)
-    scope: str = "build"
-
-
-SCOPES = ("build", "job", "runtime")
-_TYPES = ("str", "int", "bool", "number", "list", "requirements", "packages", "map", "jobs", "cuda_arch_list")
 # the types whose value is a list of items
 _LISTS = ("list", "requirements", "packages", "cuda_arch_list")
 
 
 @functools.cache
 def _declared() -> Mapping[str, KeySpec]:
-    """Every key as configs/defaults.yaml declares it (its defaults not yet checked)."""
-    path = defaults_file()
-    raw = yaml.safe_load(path.read_text())
-    keys: dict[str, KeySpec] = {}
-    for name, entry in raw.items():
-        if entry.get("type") not in _TYPES or "doc" not in entry or "default" not in entry:
-            raise ProfileError(f"{path}: key {name!r} needs type (one of {_TYPES}), default and doc")
-        if entry.get("scope", "build") not in SCOPES:
-            raise ProfileError(f"{path}: key {name!r} has scope {entry['scope']!r}; use one of {SCOPES}")
-        keys[name] = KeySpec(
-            name=name,
-            type=entry["type"],
-            default=entry["default"],
-            doc=entry["doc"],
-            choices=tuple(entry.get("choices", ())),
-            pattern=entry.get("pattern"),
-            key_pattern=entry.get("key_pattern"),
-            minimum=entry.get("min"),
-            maximum=entry.get("max"),
-            path=bool(entry.get("path", False)),
-            scope=entry.get("scope", "build"),
-        )
-    return MappingProxyType(keys)
+    """Every key as inputs/keys.py declares it (its defaults not yet checked)."""
+    return MappingProxyType(keys_model.declared())
 
 
 @functools.cache
 def schema() -> Mapping[str, KeySpec]:
-    """Every allowed key, read once from configs/defaults.yaml."""
+    """Every allowed key (inputs/keys.py), its defaults checked once."""
     keys = _declared()
     # the defaults must themselves be valid, or every profile would inherit an error
     label = str(defaults_file())
@@ -122,7 +81,7 @@ def schema() -> Mapping[str, KeySpec]:
     return keys
 
 
-# The profile's JSON Schema (draft 2020-12), generated from defaults.yaml: resolve checks each
+# The profile's JSON Schema (draft 2020-12), generated from the keys (inputs/keys.py): resolve checks each
 # value's type, choices and range through it (jsonschema), and editors complete and check
 # profiles with its copy in configs/profile.schema.json. It describes the YAML a profile may
 # hold: a str key also takes a number YAML read as one (compiler_version: 13), checked as its
@@ -134,7 +93,7 @@ _JOBS_TEXT = r"\s*[0-9]{1,18}\s*"  # max_jobs as text (--set max_jobs=8, max_job
 
 
 def _anchored(pattern: str) -> str:
-    """A defaults.yaml pattern (matched in full) as JSON Schema's (searched): ^(?:...)$."""
+    """A key's pattern (matched in full) as JSON Schema's (searched): ^(?:...)$."""
     return f"^(?:{pattern})$"
 
 
@@ -180,7 +139,7 @@ _PACKAGE_SCHEMA: dict[str, Any] = {
 
 
 def _value_schema(spec: KeySpec) -> dict[str, Any]:
-    """The JSON Schema of one key's value, by its defaults.yaml type."""
+    """The JSON Schema of one key's value, by its type."""
     arch = _CUDA_ARCH_RE.pattern
     kinds: dict[str, dict[str, Any]] = {
         "str": _text_schema(spec),
@@ -216,7 +175,7 @@ def _value_schema(spec: KeySpec) -> dict[str, Any]:
 
 
 def json_schema() -> dict[str, Any]:
-    """The profile's JSON Schema (draft 2020-12), generated from configs/defaults.yaml."""
+    """The profile's JSON Schema (draft 2020-12), generated from the keys (inputs/keys.py)."""
     properties: dict[str, Any] = {
         "extends": {"description": "Another profile this one starts from: a name or a path.", "type": "string"}
     }
@@ -224,7 +183,7 @@ def json_schema() -> dict[str, Any]:
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "torchbuild profile",
-        "description": f"A torchbuild profile; generated from configs/defaults.yaml by `{SCHEMA_COMMAND}`.",
+        "description": f"A torchbuild profile; generated from src/torchbuild/inputs/keys.py by `{SCHEMA_COMMAND}`.",
         "type": "object",
         "properties": properties,
         "additionalProperties": False,
@@ -266,40 +225,8 @@ if __name__ == "__main__":  # regenerate configs/profile.schema.json: SCHEMA_COM
 
 # --------------------------------------------------------------------------- BuildSpec
 
-StrMap = Mapping[str, str]
-
-
 # the launcher of a multi-node job (`invoke verify --nodes`) when the profile names none
 LAUNCHER_DEFAULTS = {"slurm": "srun", "pbs": "mpiexec"}
-
-
-@dataclasses.dataclass(frozen=True)
-class RuntimePackage:
-    """A runtime_packages entry written as a mapping: a requirement installed on its own, with
-    its pip options (PIP_OPTIONS' allow-list) and variables, then check run in the environment."""
-
-    requirement: str
-    pip_args: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()  # (name, value) pairs, in the profile's order
-    check: tuple[str, ...] = ()  # argv, no shell; empty: no check
-
-    @property
-    def environ(self) -> dict[str, str]:
-        return dict(self.env)
-
-    def as_data(self) -> dict[str, Any]:
-        """The entry as a profile writes it (only the fields it sets besides requirement)."""
-        data: dict[str, Any] = {"requirement": self.requirement}
-        if self.pip_args:
-            data["pip_args"] = list(self.pip_args)
-        if self.env:
-            data["env"] = dict(self.env)
-        if self.check:
-            data["check"] = list(self.check)
-        return data
-
-
-PackageEntry = Union[str, RuntimePackage]
 
 
 def requirement_of(entry: PackageEntry) -> str:
@@ -307,112 +234,24 @@ def requirement_of(entry: PackageEntry) -> str:
     return entry if isinstance(entry, str) else entry.requirement
 
 
+# the groups in reverse: a dataclass lists its bases' fields from the last base to the first,
+# so BuildSpec's fields come in the keys' order (keys.GROUPS)
 @dataclasses.dataclass(frozen=True)
-class BuildSpec:
-    """A resolved, validated profile. Field names are exactly the keys of defaults.yaml."""
+class BuildSpec(
+    keys_model.AfterTheBuild,
+    keys_model.BatchJob,
+    keys_model.Resources,
+    keys_model.Preflight,
+    keys_model.CompilerFlags,
+    keys_model.Companions,
+    keys_model.Libraries,
+    keys_model.Cuda,
+    keys_model.ToolchainImage,
+    keys_model.WhatToBuild,
+    keys_model.Named,
+):
+    """A resolved, validated profile: the name of its file and a field per key (inputs/keys.py)."""
 
-    profile: str
-    description: str
-    torch_version: str
-    torch_repo: str
-    torch_ref: str
-    local_version: str
-    patches: str
-    arch: Arch
-    base_image: str
-    glibc_floor: str
-    libstdcxx_floor: str
-    python_version: str
-    python_versions: tuple[str, ...]
-    python_sources: StrMap
-    compiler: str
-    compiler_version: str
-    compilers: StrMap
-    apt_packages: tuple[str, ...]
-    python_packages: tuple[str, ...]
-    python_system_site_packages: bool
-    ca_certificates: tuple[str, ...]
-    image_name: str
-    sif_builder_base: str
-    sif_bootstrap: str
-    sif_suite: str
-    sif_mirror: str
-    sif_components: tuple[str, ...]
-    cuda_version: str
-    cuda_arch_list: tuple[str, ...]
-    cuda_home: str
-    cuda_packages: tuple[str, ...]
-    cuda_flags: tuple[str, ...]
-    nvcc_threads: int
-    blas: str
-    mkl_threading: str
-    mpi: str
-    distributed: tuple[str, ...]
-    nccl: str
-    nccl_version: str
-    nccl_source: str
-    nccl_sha256: str
-    aws_ofi_nccl_version: str
-    aws_ofi_nccl_source: str
-    aws_ofi_nccl_sha256: str
-    aws_ofi_nccl_configure: tuple[str, ...]
-    libfabric_prefix: str
-    companions: tuple[str, ...]
-    companion_repos: StrMap
-    companion_refs: StrMap
-    companion_sha256: StrMap
-    companion_env: StrMap
-    switches: StrMap
-    cflags: tuple[str, ...]
-    cxxflags: tuple[str, ...]
-    ldflags: tuple[str, ...]
-    env: StrMap
-    preflight_targets: tuple[str, ...]
-    canaries: tuple[str, ...]
-    heavy_units: tuple[str, ...]
-    max_jobs: Union[str, int]
-    mem_per_job_gb: float
-    mem_per_cuda_job_gb: float
-    mem_per_heavy_job_gb: float
-    cache_dir: str
-    ccache_size: str
-    ccache_remote: str
-    ccache_remote_readonly: bool
-    build_venv: bool
-    scheduler: str
-    account: str
-    partition: str
-    qos: str
-    walltime: str
-    job_rounds: int
-    job_round_warning_s: int
-    cpus: int
-    mem: str
-    gpus: int
-    gpu_type: str
-    constraint: str
-    modules: tuple[str, ...]
-    torch_version_modules: StrMap
-    module_purge: bool
-    module_purge_force: bool
-    job_python: str
-    required: StrMap
-    unmounted_dirs: tuple[str, ...]
-    export_env: bool
-    directives: tuple[str, ...]
-    launcher: str
-    verify_tests: tuple[str, ...]
-    verify_tests_timeout_s: int
-    verify_tests_max_failures: int
-    verify_tests_skip: StrMap
-    run_job: StrMap
-    runtime_env: StrMap
-    runtime_packages: tuple[PackageEntry, ...]
-    install_python: str
-    install_system_site_packages: bool
-    runtime_modules: tuple[str, ...]
-    mpicc: str
-    host_mpi: tuple[str, ...]
     # where each key's value came from ("defaults.yaml", "gh200.yaml:12", "--set"); not hashed
     origins: StrMap = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
@@ -460,7 +299,7 @@ class BuildSpec:
         return f"{self.image_name}:{self.profile}-{self.torch_version}"
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data in defaults.yaml key order (plus profile), for printing and hashing."""
+        """Plain data in the keys' order (plus profile), for printing and hashing."""
         out: dict[str, Any] = {"profile": self.profile}
         for name in schema():
             value = getattr(self, name)

@@ -21,14 +21,15 @@ from typing import Any, TextIO
 
 from torchbuild.core import records
 from torchbuild.core.errors import SourceError, TorchbuildError, UsageError, named_os_errors, writable_dir
+from torchbuild.core.options import option
 from torchbuild.core.safeio import sha256_file, user_path
 from torchbuild.delivery import manifest
-from torchbuild.inputs.config import BuildSpec, cache_dir
+from torchbuild.inputs.config import DEFAULT_PROFILE, BuildSpec, cache_dir, parse_jobs_option
 from torchbuild.inputs.config import wanted as comms_wanted
 from torchbuild.inputs.environment import cuda_home
 from torchbuild.inputs.patches import ApplyResult, Series, apply_series, load_series
 from torchbuild.inputs.source import SourceInfo, get_source, looks_like_url
-from torchbuild.launch.backends import Backend, Binds
+from torchbuild.launch.backends import ENGINE_HELP, Backend, Binds
 from torchbuild.launch.comms import comms as build_comms
 from torchbuild.steps.build import BuildRequest, Outcome
 from torchbuild.steps.comms import COMMS_MANIFEST, link_env, read_manifest
@@ -103,17 +104,102 @@ def provenance(info: SourceInfo, series: Series, result: ApplyResult) -> dict[st
     }
 
 
+SOURCE_HELP = "git URL, local tree, tarball or Debian .dsc (default: the profile's torch_repo at its ref)"
+_REF_HELP = "git tag, branch or commit (default: the profile's torch_ref, else v<torch_version>)"
+_RETRY_HELP = "fail with OutOfMemory at the first out-of-memory kill instead of resuming with fewer jobs"
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchOptions:
+    """The options of every task that runs a step natively, in the image or in the SIF: the
+    profile, its overrides and where the step runs (tasks/common.py Launch; a batch job passes
+    where its build runs on as to_argv of these)."""
+
+    profile: str = option(
+        "",
+        "profile name (configs/profiles) or path to a .yaml file; default $TORCHBUILD_PROFILE, else " + DEFAULT_PROFILE,
+    )
+    arch: str = option(
+        "", "target architecture: x86_64 or aarch64 (default: the profile's, else this host's); image takes all"
+    )
+    set_: tuple[str, ...] = option(
+        (), "override a profile key: --set key=value (repeatable; maps: --set switches.USE_MPI=1)"
+    )
+    in_container: bool = option(
+        False, "run in a container: short for --engine docker (default: natively, on this machine)"
+    )
+    engine: str = option("", f"where it runs: {ENGINE_HELP}; default native, docker with --in-container")
+    sif: str = option("", "with --engine apptainer: the SIF (default ./torch-build-<profile>-<arch>.sif)")
+    apptainer: str = option(
+        "auto", "with --engine apptainer: auto (this host's apptainer, else the builder container), host, docker"
+    )
+    nv: bool = option(False, "with --engine apptainer: pass --nv (NVIDIA driver and GPUs into the SIF; for GPU nodes)")
+    user: str = option("", "uid:gid the container runs as (default: yours; --engine docker only)")
+    memory: str = option("", "memory limit of the container, e.g. 8g (default: none; not natively)")
+    rebuild_image: bool = option(
+        False, "with --engine docker: rebuild the toolchain image when it was built from other inputs"
+    )
+
+
+# What `invoke build` takes, in three models (core/options.py): where the build reads and writes
+# (BuildInputs), what it asks of the compile (BuildOptions), and how the run goes (BuildRun).
+# Each field is one flag of `invoke build` (and of `invoke submit`, which passes them on to the
+# build in its job: core.options.to_argv), with its help.
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildInputs:
+    """The source the build reads and the directory it writes."""
+
+    source: str = option("", SOURCE_HELP + "; in the image or SIF: /src")
+    ref: str = option("", _REF_HELP)
+    out: str = option(
+        "", "output directory for the wheel, its manifest and logs (default ./out; in the image or SIF: /out)"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class BuildOptions:
     """What `invoke build` asks of the build itself (BuildRequest's knobs)."""
 
-    preflight: bool = False
-    clean: bool = False
-    jobs: int = 0
-    targets: tuple[str, ...] = ()
-    canaries: tuple[str, ...] = ()
-    progress: str = "lines"
-    oom_retry: bool = True
+    preflight: bool = option(False, "configure and build only the preflight targets and canaries (minutes, not hours)")
+    targets: tuple[str, ...] = option(
+        (), "preflight CMake target (repeatable; default: the profile's preflight_targets)", flag="target"
+    )
+    canaries: tuple[str, ...] = option(
+        (), "preflight canary source file (repeatable; default: the profile's canaries)", flag="canary"
+    )
+    clean: bool = option(False, "remove the tree's build/ directory first (ccache still helps)")
+    jobs: int = option(
+        0, "parallel compile jobs, an integer >= 1 (default: planned from cores and memory)", parse=parse_jobs_option
+    )
+    progress: str = "lines"  # the mode the step shows (BuildRun.progress, decided by the task)
+    oom_retry: bool = option(True, _RETRY_HELP, flag="no_retry")
+
+
+# what a step that compiles but builds no wheel takes of BuildOptions (comms, develop): --jobs, --no-retry
+NOT_COMPILE_OPTIONS = ("preflight", "targets", "canaries", "clean")
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildRun:
+    """How the run goes: its progress display, the wheel's check, resuming, and the Pythons."""
+
+    progress: str = option(
+        "auto", "bar (a terminal), lines (a progress line every 30 s, for CI logs), raw (every line); default auto"
+    )
+    verify: bool = option(
+        True, "skip `invoke verify` of the wheel after the build (it runs where the build ran)", flag="no_verify"
+    )
+    resume: bool = option(
+        False,
+        "skip the steps an earlier run of this same request finished (source, wheel, verify); batch jobs always resume",
+    )
+    python: str = option(
+        "",
+        "X.Y[,X.Y...] or all: one wheel per Python from one tree and ccache (the profile's python_version and "
+        "python_versions); default: the interpreter the build runs on",
+    )
 
 
 def build(

@@ -48,6 +48,7 @@ from torchbuild.core.errors import (
     named_os_errors,
     writable_dir,
 )
+from torchbuild.core.options import to_argv
 from torchbuild.core.process import QUERY_TIMEOUT, run_captured
 from torchbuild.core.safeio import user_path
 from torchbuild.inputs.config import BuildSpec, check_value, profile_text, requirement_of, run_job_spec
@@ -311,6 +312,8 @@ class Slurm(Scheduler):
             d.append(f"--gres=gpu:{s.gpu_type + ':' if s.gpu_type else ''}{s.gpus}")
         if s.constraint:
             d.append(f"--constraint={s.constraint}")
+        if s.reservation:
+            d.append(f"--reservation={s.reservation}")
         if job.rounds is not None:
             # the warning before the limit goes to the batch shell (B:), whose trap hands it to the
             # rounds supervisor; requeued, the job keeps its id and appends to the same log
@@ -426,8 +429,8 @@ class Pbs(Scheduler):
         d = [f"-N {pbs_name(job.name)}"]
         if job.account:
             d.append(f"-A {job.account}")
-        if s.partition:
-            d.append(f"-q {s.partition}")
+        if s.reservation or s.partition:  # a PBS reservation is a queue of its own
+            d.append(f"-q {s.reservation or s.partition}")
         d += [f"-l {chunk}", f"-l walltime={pbs_walltime(s.walltime)}", "-j oe"]
         d.append(f"-o {_directive_path(self.log_path(job), 'pbs')}")
         d += s.directives
@@ -584,6 +587,11 @@ def check_job_keys(spec: BuildSpec) -> None:
                 f"directive {directive!r} holds the control character {bad.group()!r}",
                 hint="write each directive (--directive, the profile's `directives`) as one line of plain text",
             )
+    if spec.scheduler == "pbs" and spec.reservation and spec.partition:
+        raise UsageError(
+            f"reservation {spec.reservation} and partition {spec.partition}: under PBS both name the job's queue",
+            hint="drop partition: the job runs in the reservation's queue",
+        )
     if spec.gpu_type and not spec.gpus:
         raise UsageError(f"gpu_type {spec.gpu_type} without gpus", hint="add --gpus N, or drop gpu_type")
     if spec.job_rounds and spec.job_round_warning_s >= walltime_seconds(spec.walltime):
@@ -749,12 +757,13 @@ class Runtime:
 
     def args(self, spec: BuildSpec) -> list[str]:
         from torchbuild.launch.backends import engine_for
+        from torchbuild.launch.runner import LaunchOptions
 
         engine = engine_for(self.engine, default="apptainer")  # the same check and meaning as build's
         if engine in ("native", "docker"):
             if self.sif or self.apptainer != "auto":
                 raise UsageError("--sif and --apptainer choose the SIF", hint="drop them, or use --engine apptainer")
-            return [] if engine == "native" else ["--in-container", "--engine", "docker"]
+            return [] if engine == "native" else to_argv(LaunchOptions(in_container=True, engine="docker"))
         if self.apptainer not in APPTAINER_MODES:
             raise UsageError(
                 f"--apptainer {self.apptainer!r} is none of {', '.join(APPTAINER_MODES)}",
@@ -767,8 +776,8 @@ class Runtime:
         if not sif.is_file():
             raise ImageNotFound(f"SIF {sif} does not exist: the job would have nothing to build in", hint=make)
         check_sif_header(sif, "--sif", make)
-        args = ["--in-container", "--engine", "apptainer", "--sif", str(sif), "--apptainer", self.apptainer]
-        return [*args, "--nv"] if spec.gpus else args
+        where = LaunchOptions(in_container=True, engine="apptainer", sif=str(sif), apptainer=self.apptainer)
+        return to_argv(dataclasses.replace(where, nv=bool(spec.gpus)))
 
 
 def local_source(source: str) -> str:
@@ -899,7 +908,7 @@ def _spread_options(spec: BuildSpec, options: BuildOptions, nodes: int) -> Build
 
 def _spread(scheduler: Scheduler, job: Job, nodes: int, engine_args: Sequence[str]) -> tuple[str, ...]:
     """The job script's lines that start and stop the daemons (spread.spread_lines)."""
-    sif = engine_args[engine_args.index("--sif") + 1] if "--sif" in engine_args else ""
+    sif = next((arg.split("=", 1)[1] for arg in engine_args if arg.startswith("--sif=")), "")
     local_slots, remote_slots = _node_slots(job.spec)
     lines = spread_lines(
         scheduler.name,
@@ -962,18 +971,18 @@ class _JobRequest:
 def _make_job(request: _JobRequest, account: str, dependency: str) -> tuple[Job, Path]:
     """The job (its name from the build's key, its `torchbuild build --resume` command) and the
     profile file it reads."""
-    from torchbuild.launch.runner import Places, key_of
+    from torchbuild.launch.runner import BuildInputs, BuildRun, Places, key_of
 
     spec, outp, pythons = request.spec, request.out, request.pythons
     places = Places(request.source, outp, Path())
     key = key_of(spec, places, "", request.options, request.runtime.engine, ",".join(pythons))
     name = f"torchbuild-{spec.profile}-{key[:8]}"
     profile_file = outp / ".torchbuild" / "jobs" / key / f"{spec.profile}.yaml"
-    command = [jobplaces.job_python(spec), "-m", "torchbuild", "build", "--resume", "--progress", "lines"]
-    command += ["--profile", str(profile_file), "--source", request.source, "--out", str(outp), *request.engine_args]
-    command += build_option_args(request.options, request.verify)
-    if pythons:
-        command += ["--python", ",".join(pythons)]
+    # the build's flags from its models (runner.BuildInputs, BuildOptions, BuildRun): to_argv
+    where = BuildInputs(source=request.source, out=str(outp))
+    run = BuildRun(progress="lines", verify=request.verify, resume=True, python=",".join(pythons))
+    command = [jobplaces.job_python(spec), "-m", "torchbuild", "build", "--profile", str(profile_file)]
+    command += [*to_argv(where), *request.engine_args, *to_argv(request.options), *to_argv(run)]
     job = Job(
         name, tuple(command), Path.cwd(), outp, spec, account, dependency, first=_comms_first(request, profile_file)
     )
@@ -989,33 +998,13 @@ def _comms_first(request: _JobRequest, profile_file: Path) -> tuple[tuple[str, .
     the job with the comms step's error, not hours into the build."""
     if not comms_wanted(request.spec):
         return ()
+    from torchbuild.launch.runner import BuildOptions
+
     command = [jobplaces.job_python(request.spec), "-m", "torchbuild", "comms", "--profile", str(profile_file)]
-    command += ["--out", str(request.out), *request.engine_args]
-    if request.options.jobs:
-        command += ["--jobs", str(request.options.jobs)]
-    if not request.options.oom_retry:
-        command.append("--no-retry")
+    command += [f"--out={request.out}", *request.engine_args]
+    # the two build options comms takes (--jobs, --no-retry), as the build's argv writes them
+    command += to_argv(BuildOptions(jobs=request.options.jobs, oom_retry=request.options.oom_retry))
     return (tuple(command),)
-
-
-def build_option_args(options: BuildOptions, verify: bool) -> list[str]:
-    """The `invoke build` options the job passes on (runner.BuildOptions)."""
-    args: list[str] = []
-    if options.preflight:
-        args.append("--preflight")
-    for target in options.targets:
-        args += ["--target", target]
-    for canary in options.canaries:
-        args += ["--canary", canary]
-    if options.clean:
-        args.append("--clean")
-    if options.jobs:
-        args += ["--jobs", str(options.jobs)]
-    if not options.oom_retry:
-        args.append("--no-retry")
-    if not verify:
-        args.append("--no-verify")
-    return args
 
 
 # -------------------------------------------------------------------- multi-node jobs

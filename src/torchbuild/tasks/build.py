@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from invoke.context import Context
@@ -15,84 +16,26 @@ from torchbuild.inputs.config import cache_dir, parse_jobs_option
 from torchbuild.inputs.patches import load_series
 from torchbuild.inputs.source import get_source, update_tree
 from torchbuild.launch import runner
-from torchbuild.launch.runner import BuildOptions, describe_patches, patch_tree
+from torchbuild.launch.runner import SOURCE_HELP, BuildInputs, BuildOptions, BuildRun, describe_patches, patch_tree
 from torchbuild.steps import companions
 from torchbuild.tasks.common import HELP, Launch, handles_errors, launch_task, spec_from, task
 
-SOURCE_HELP = "git URL, local tree, tarball or Debian .dsc (default: the profile's torch_repo at its ref)"
 
-
-@launch_task(
-    help={
-        "source": SOURCE_HELP + "; in the image or SIF: /src",
-        "ref": "git tag, branch or commit (default: the profile's torch_ref, else v<torch_version>)",
-        "out": "output directory for the wheel, its manifest and logs (default ./out; in the image or SIF: /out)",
-        "preflight": "configure and build only the preflight targets and canaries (minutes, not hours)",
-        "target": "preflight CMake target (repeatable; default: the profile's preflight_targets)",
-        "canary": "preflight canary source file (repeatable; default: the profile's canaries)",
-        "clean": "remove the tree's build/ directory first (ccache still helps)",
-        "jobs": "parallel compile jobs, an integer >= 1 (default: planned from cores and memory)",
-        "no_verify": "skip `invoke verify` of the wheel after the build (it runs where the build ran)",
-        "no_retry": "fail with OutOfMemory at the first out-of-memory kill instead of resuming with fewer jobs",
-        "resume": "skip the steps an earlier run of this same request finished (source, wheel, verify); batch jobs always resume",
-        "progress": "bar (a terminal), lines (a progress line every 30 s, for CI logs), raw (every line); default auto",
-        "python": "X.Y[,X.Y...] or all: one wheel per Python from one tree and ccache (the profile's "
-        "python_version and python_versions); default: the interpreter the build runs on",
-    },
-    iterable=["target", "canary"],
-)
-def build(
-    c: Context,
-    launch: Launch,
-    source: str = "",
-    ref: str = "",
-    out: str = "",
-    preflight: bool = False,
-    target: list[str] | None = None,
-    canary: list[str] | None = None,
-    clean: bool = False,
-    jobs: str = "",
-    progress: str = "auto",
-    no_retry: bool = False,
-    no_verify: bool = False,
-    resume: bool = False,
-    python: str = "",
-) -> None:
+@launch_task(models={"where": BuildInputs, "options": BuildOptions, "run": BuildRun})
+def build(c: Context, launch: Launch, where: BuildInputs, options: BuildOptions, run: BuildRun) -> None:
     """Fetch and patch the source, then build a wheel (or --preflight) with a manifest and a log."""
     spec = launch.spec()
-    pythons = runner.pythons_option(spec, python)
+    pythons = runner.pythons_option(spec, run.python)
     backend = launch.backend(spec)
-    options = build_options(preflight, clean, jobs, target, canary, progress_mode(progress), no_retry)
     runner.build_pythons(
         spec,
         backend,
-        runner.places(spec, source, out),
+        runner.places(spec, where.source, where.out),
         pythons,
-        ref=ref,
-        options=options,
-        verify=not no_verify,
-        resume=resume,
-    )
-
-
-def build_options(
-    preflight: bool,
-    clean: bool,
-    jobs: str,
-    target: list[str] | None,
-    canary: list[str] | None,
-    progress: str,
-    no_retry: bool,
-) -> BuildOptions:
-    """The build options as `invoke build` and `invoke submit` both take them."""
-    return BuildOptions(
-        preflight=preflight,
-        clean=clean,
-        jobs=parse_jobs_option(jobs),
-        targets=tuple(target or ()),
-        canaries=tuple(canary or ()),
-        progress=progress,
-        oom_retry=not no_retry,
+        ref=where.ref,
+        options=dataclasses.replace(options, progress=progress_mode(run.progress)),
+        verify=run.verify,
+        resume=run.resume,
     )
 
 

@@ -36,28 +36,19 @@ from torchbuild.core.errors import (
     os_fault,
     report,
 )
+from torchbuild.core.options import flags, from_flags
 from torchbuild.core.safeio import not_an_option
 from torchbuild.inputs.config import DEFAULT_PROFILE, BuildSpec, find_profile, resolve
-from torchbuild.launch.backends import ENGINE_HELP, Backend, Options, choose, engine_for
+from torchbuild.launch.backends import Backend, Options, choose, engine_for
+from torchbuild.launch.runner import LaunchOptions
+from torchbuild.tasks.flags import derive
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-HELP = {
-    "profile": f"profile name (configs/profiles) or path to a .yaml file; default $TORCHBUILD_PROFILE, else {DEFAULT_PROFILE}",
-    "set_": "override a profile key: --set key=value (repeatable; maps: --set switches.USE_MPI=1)",
-    "arch": "target architecture: x86_64 or aarch64 (default: the profile's, else this host's); image takes all",
-}
-
-RUNTIME_HELP = {
-    "in_container": "run in a container: short for --engine docker (default: natively, on this machine)",
-    "engine": f"where it runs: {ENGINE_HELP}; default native, docker with --in-container",
-    "sif": "with --engine apptainer: the SIF (default ./torch-build-<profile>-<arch>.sif)",
-    "apptainer": "with --engine apptainer: auto (this host's apptainer, else the builder container), host, docker",
-    "nv": "with --engine apptainer: pass --nv (NVIDIA driver and GPUs into the SIF; for GPU nodes)",
-    "user": "uid:gid the container runs as (default: yours; --engine docker only)",
-    "memory": "memory limit of the container, e.g. 8g (default: none; not natively)",
-    "rebuild_image": "with --engine docker: rebuild the toolchain image when it was built from other inputs",
-}
+_PROFILE_FLAGS = ("profile", "set_", "arch")
+# the launch options' help, from their declarations (launch/runner.py LaunchOptions)
+HELP = {f.name: f.help for f in flags(LaunchOptions) if f.name in _PROFILE_FLAGS}
+RUNTIME_HELP = {f.name: f.help for f in flags(LaunchOptions) if f.name not in _PROFILE_FLAGS}
 # runtime options only some tasks take (read by backend_from when the task has them)
 EXTRA_RUNTIME = ("host_mpi",)
 
@@ -167,21 +158,8 @@ def backend_from(spec: BuildSpec, given: Mapping[str, Any]) -> Backend:
 
 
 @dataclass(frozen=True)
-class Launch:
-    """The options of every task that runs a step natively, in the image or in the SIF: the
-    profile, its overrides and where the step runs (HELP and RUNTIME_HELP say what each does)."""
-
-    profile: str = ""
-    arch: str = ""
-    set_: tuple[str, ...] = ()
-    in_container: bool = False
-    engine: str = ""
-    sif: str = ""
-    apptainer: str = "auto"
-    nv: bool = False
-    user: str = ""
-    memory: str = ""
-    rebuild_image: bool = False
+class Launch(LaunchOptions):
+    """The launch options (LaunchOptions: their flags and help) as a task gets them."""
 
     def spec(self) -> BuildSpec:
         return spec_from(self.profile, list(self.set_), self.arch)
@@ -197,13 +175,8 @@ class Launch:
 
 
 _LAUNCH_PARAMS = [
-    inspect.Parameter(
-        name,
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        default=None if name == "set_" else default,
-        annotation="list[str] | None" if name == "set_" else type(default),
-    )
-    for name, default in asdict(Launch()).items()
+    inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.cli_default)
+    for f in flags(LaunchOptions)
 ]
 
 
@@ -437,29 +410,65 @@ class LaunchTask(TorchbuildTask):
         return opts
 
 
-def launch_task(help: Mapping[str, str], iterable: Iterable[str] = (), name: str = "") -> Callable[[F], LaunchTask]:
+def launch_task(
+    help: Mapping[str, str] = {},
+    iterable: Iterable[str] = (),
+    name: str = "",
+    models: Mapping[str, type] = {},
+    keys: str = "",
+    exclude: Iterable[str] = (),
+) -> Callable[[F], LaunchTask]:
     """@task for a task whose body is fn(c, launch: Launch, *its own options): the Launch options
-    are added to its command line (with their help) in one place, and errors are handled."""
+    are added to its command line (with their help) in one place, and errors are handled. A
+    parameter named in models stands for its model's flags, the one named keys for the profile
+    keys' flags (tasks/flags.py derive)."""
 
     def decorate(fn: F) -> LaunchTask:
-        params = list(inspect.signature(fn).parameters.values())
-        context, own = params[0], params[2:]
+        derived = derive(fn, models, keys, exclude)
+        context, own = derived.params[0], derived.params[2:]
 
         @functools.wraps(fn)
         def body(c: Any, *args: Any, **kwargs: Any) -> Any:
-            given = {key: kwargs.pop(key) for key in asdict(Launch()) if key in kwargs}
-            given["set_"] = tuple(given.get("set_") or ())
-            return fn(c, Launch(**given), *args, **kwargs)
+            given = {p.name: kwargs.pop(p.name) for p in _LAUNCH_PARAMS if p.name in kwargs}
+            return fn(c, from_flags(Launch, given), *args, **derived.call(kwargs))
 
         body.__signature__ = inspect.Signature([context, *own, *_LAUNCH_PARAMS])  # type: ignore[attr-defined]
         options: dict[str, Any] = {
-            "help": {**HELP, **RUNTIME_HELP, **help},
-            "iterable": ["set_", *iterable],
+            "help": {**HELP, **RUNTIME_HELP, **derived.help, **help},
+            "iterable": ["set_", *derived.repeatable, *iterable],
             "klass": LaunchTask,
         }
         if name:
             options["name"] = name
         made: LaunchTask = invoke_task(**options)(handles_errors(body))
+        return made
+
+    return decorate
+
+
+def options_task(
+    *,
+    models: Mapping[str, type] = {},
+    keys: str = "",
+    exclude: Iterable[str] = (),
+    help: Mapping[str, str] = {},
+    iterable: Iterable[str] = (),
+) -> Callable[[F], TorchbuildTask]:
+    """@task whose flags come from models (tasks/flags.py derive): each parameter of the body
+    named in models is that model, built from its fields' flags; the one named keys is the
+    profile-key flags given (key -> text). help adds to or overrides the declared help."""
+
+    def decorate(fn: F) -> TorchbuildTask:
+        derived = derive(fn, models, keys, exclude)
+
+        @functools.wraps(fn)
+        def body(c: Any, *args: Any, **kwargs: Any) -> Any:
+            return fn(c, *args, **derived.call(kwargs))
+
+        body.__signature__ = inspect.Signature(derived.params)  # type: ignore[attr-defined]
+        helps = {**derived.help, **help}
+        repeatable = [*derived.repeatable, *iterable]
+        made: TorchbuildTask = invoke_task(klass=TorchbuildTask, help=helps, iterable=repeatable)(handles_errors(body))
         return made
 
     return decorate

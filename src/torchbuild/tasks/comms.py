@@ -8,20 +8,18 @@ from invoke.context import Context
 
 from torchbuild.core.problems import Problems
 from torchbuild.core.safeio import user_path
-from torchbuild.inputs.config import parse_jobs_option
 from torchbuild.launch.backends.apptainer import ApptainerBackend
 from torchbuild.launch.comms import comms as build_comms
+from torchbuild.launch.runner import NOT_COMPILE_OPTIONS, BuildOptions
 from torchbuild.tasks.common import Launch, launch_task
 
 
 @launch_task(
-    help={
-        "out": "where the step's request file goes (default ./out); the libraries go into the cache",
-        "jobs": "parallel compile jobs, an integer >= 1 (default: planned from cores and memory)",
-        "no_retry": "fail with OutOfMemory at the first out-of-memory kill instead of resuming with fewer jobs",
-    }
+    help={"out": "where the step's request file goes (default ./out); the libraries go into the cache"},
+    models={"options": BuildOptions},
+    exclude=NOT_COMPILE_OPTIONS,
 )
-def comms(c: Context, launch: Launch, out: str = "out", jobs: str = "", no_retry: bool = False) -> None:
+def comms(c: Context, launch: Launch, out: str = "out", *, options: BuildOptions, problems: Problems) -> None:
     """Build NCCL for the profile's cuda_arch_list and the aws-ofi-nccl plugin against libfabric.
 
     Into <cache_dir>/comms/<versions>-<key>: a rerun with the same inputs is a no-op. Natively, in the image
@@ -29,13 +27,12 @@ def comms(c: Context, launch: Launch, out: str = "out", jobs: str = "", no_retry
     libfabric_prefix bound read-only; the SIF then gets the prefix bound at /opt/torchbuild/comms, and the
     --bind to give it is printed); `invoke build` and `invoke submit`'s job run it first. See the docs' "NCCL
     and the Slingshot plugin" (docs/guide/nccl.md)."""
-    problems = Problems()  # a bad --jobs and a bad profile named at once
-    max_jobs = problems.check(lambda: parse_jobs_option(jobs))
-    spec = problems.check(launch.spec)
+    spec = problems.check(launch.spec)  # a bad --jobs (in problems) and a bad profile named at once
     problems.raise_any()
-    assert spec is not None and max_jobs is not None
+    assert spec is not None
     backend = launch.backend(spec)
-    done = build_comms(spec, backend, out_dir=user_path(out).absolute(), jobs=max_jobs, oom_retry=not no_retry)
+    out_dir = user_path(out).absolute()
+    done = build_comms(spec, backend, out_dir=out_dir, jobs=options.jobs, oom_retry=options.oom_retry)
     print(f"prefix: {done.prefix}\nmanifest: {done.prefix / 'torchbuild-comms.json'}")
     if isinstance(backend, ApptainerBackend):  # the SIF finds them where it would find carried ones
         binds = ",".join(backend.comms_binds)

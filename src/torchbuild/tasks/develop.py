@@ -8,8 +8,9 @@ from invoke.context import Context
 from torchbuild.core.errors import UsageError, writable_dir
 from torchbuild.core.problems import Problems
 from torchbuild.core.safeio import user_path
-from torchbuild.inputs.config import cache_dir, parse_jobs_option
+from torchbuild.inputs.config import cache_dir
 from torchbuild.launch.develop import develop_with
+from torchbuild.launch.runner import NOT_COMPILE_OPTIONS, BuildOptions
 from torchbuild.tasks.common import Launch, launch_task
 
 
@@ -17,12 +18,12 @@ from torchbuild.tasks.common import Launch, launch_task
     help={
         "source": "the tree to install in development mode (a PyTorch checkout, or any setup.py project)",
         "venv": "the venv to install into (made if missing; default <cache_dir>/venvs/develop-<profile>-<tree>-<hash>)",
-        "jobs": "parallel compile jobs, an integer >= 1 (default: planned from cores and memory)",
-        "no_retry": "fail with OutOfMemory at the first out-of-memory kill instead of resuming with fewer jobs",
-    }
+    },
+    models={"options": BuildOptions},
+    exclude=NOT_COMPILE_OPTIONS,
 )
 def develop(
-    c: Context, launch: Launch, source: str = "", venv: str = "", jobs: str = "", no_retry: bool = False
+    c: Context, launch: Launch, source: str = "", venv: str = "", *, options: BuildOptions, problems: Problems
 ) -> None:
     """Install a tree in a venv in development mode (pip install -e, setup.py develop before 2.8); prints the venv's path."""
     if not source:
@@ -31,8 +32,6 @@ def develop(
         )
     # every local check (--jobs, the profile, the engine, the cache, then develop_with's: the
     # tree and the venv), all failures named at once
-    problems = Problems()
-    max_jobs = problems.check(lambda: parse_jobs_option(jobs))
     spec = problems.check(launch.spec)
     backend = problems.check(lambda: launch.backend(spec)) if spec else None
     cache = problems.check(lambda: writable_dir(cache_dir(spec), "cache_dir")) if spec else None
@@ -45,7 +44,7 @@ def develop(
         user_path(source).absolute(),
         user_path(venv) if venv else None,
         cache,
-        jobs=max_jobs or 0,
-        oom_retry=not no_retry,
+        jobs=options.jobs,
+        oom_retry=options.oom_retry,
         problems=problems,
     )

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from invoke.context import Context
 
 from torchbuild.core.console import printable
 from torchbuild.core.errors import UsageError
+from torchbuild.core.options import option, to_argv
 from torchbuild.core.safeio import user_path
 from torchbuild.inputs.config import RUN_JOB_KEYS, BuildSpec
 from torchbuild.launch.backends import ENGINE_HELP
-from torchbuild.launch.runner import pythons_option
+from torchbuild.launch.runner import SOURCE_HELP, BuildInputs, BuildOptions, BuildRun, pythons_option
 from torchbuild.launch.scheduler import (
     RunRequest,
     Runtime,
@@ -23,145 +24,123 @@ from torchbuild.launch.scheduler import (
     submit_build,
     submit_run,
 )
-from torchbuild.tasks.build import SOURCE_HELP, build_options
-from torchbuild.tasks.common import HELP, handles_errors, spec_from, task
-
-# options that set the profile key of the same name: given on the command line, each is a --set
-# of that key, so it is validated like the profile's own value and recorded in the resolved
-# profile the job builds
-JOB_OPTIONS = ("scheduler", "account", "partition", "qos", "walltime", "cpus", "mem", "gpus", "gpu_type", "constraint")
+from torchbuild.tasks.common import HELP, options_task, spec_from
 
 
-@task(
+@dataclasses.dataclass(frozen=True)
+class JobHow:
+    """submit's own options about the job: its directives and modules, and where it builds."""
+
+    directive: tuple[str, ...] = option(
+        (), "a further scheduler directive, as written after #SBATCH / #PBS (repeatable; adds to the profile's)"
+    )
+    module: tuple[str, ...] = option(
+        (),
+        "an environment module to load in the job (repeatable; replaces the profile's `modules`, "
+        "with --run its `runtime_modules`)",
+    )
+    module_purge: bool = option(False, "`module purge` in the job before loading the modules")
+    engine: str = option("apptainer", f"where the job builds on its node: {ENGINE_HELP}; default apptainer")
+    sif: str = option("", "with --engine apptainer: the SIF (default ./torch-build-<profile>-<arch>.sif)")
+    apptainer: str = option(
+        "auto", "with --engine apptainer: auto (the node's apptainer, else the builder container), host, docker"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRun:
+    """submit's options about the job's run: nodes, dependency, and the run job (--run)."""
+
+    nodes: int = option(
+        1,
+        "nodes for the build (default 1): over 2 or more, distccd on the others compiles with the job's "
+        "node (ccache first), MAX_JOBS sized to them all; the daemons stop with the build",
+    )
+    dependency: str = option("", "start only after this job id finished successfully (afterok)")
+    dry_run: bool = option(False, "print the script and the submit command; write and submit nothing")
+    wait: bool = option(False, "follow the job's log until it ends, then exit with the build's exit code")
+    run: str = option(
+        "",
+        "submit a run job instead of a build: a venv in $SLURM_TMPDIR from --wheelhouse, runtime_env, then "
+        "this script (a .py runs with python; its argv after `--`, or --arg)",
+    )
+    wheelhouse: str = option(
+        "", "with --run: the wheelhouse the job's `pip install --no-index --find-links` installs from"
+    )
+    package: tuple[str, ...] = option(
+        (),
+        "with --run: what the job installs from the wheelhouse (repeatable; default torch; "
+        "runtime_packages and mpi4py are added)",
+    )
+    arg: tuple[str, ...] = option(
+        (), "with --run: an argument for the script (repeatable, kept exactly; words after `--` are added too)"
+    )
+
+
+@options_task(
+    models={"how": JobHow, "where": BuildInputs, "options": BuildOptions, "build_run": BuildRun, "job_run": JobRun},
+    keys="job",
+    exclude=("progress", "resume"),  # the job's build shows lines and always resumes
     help={
         **HELP,
-        "scheduler": "slurm (sbatch) or pbs (qsub); default: the profile's `scheduler`",
-        "account": "project to charge (default: the profile's, else $SLURM_ACCOUNT / $PBS_ACCOUNT)",
-        "partition": "Slurm partition or PBS queue (default: the profile's, else the site's)",
-        "qos": "Slurm QoS (default: the profile's)",
-        "walltime": "time limit in Slurm's forms: HH:MM:SS, D-HH[:MM[:SS]], MM:SS, minutes (default: the profile's)",
-        "cpus": "cores for the job (default: the profile's `cpus`; with --run, run_job's)",
-        "mem": "memory for the job, e.g. 64G (default: the profile's `mem`, else the site's)",
-        "gpus": "GPUs for the job (default: the profile's `gpus`); with the SIF, > 0 adds --nv",
-        "gpu_type": "GPU model, e.g. a100 (default: the profile's `gpu_type`)",
-        "constraint": "Slurm --constraint, or PBS select resources name=value[:...] (default: the profile's)",
-        "directive": "a further scheduler directive, as written after #SBATCH / #PBS (repeatable; adds to the profile's)",
-        "module": "an environment module to load in the job (repeatable; replaces the profile's `modules`, "
-        "with --run its `runtime_modules`)",
-        "module_purge": "`module purge` in the job before loading the modules",
-        "engine": f"where the job builds on its node: {ENGINE_HELP}; default apptainer",
-        "sif": "with --engine apptainer: the SIF (default ./torch-build-<profile>-<arch>.sif)",
-        "apptainer": "with --engine apptainer: auto (the node's apptainer, else the builder container), host, docker",
         "source": SOURCE_HELP + "; a git source is fetched and patched here, before submitting",
-        "ref": "git tag, branch or commit (default: the profile's torch_ref, else v<torch_version>)",
         "out": "output directory for the wheel, manifest, logs and the job's script (default ./out)",
         "preflight": "the job runs the preflight (configure, targets, canaries) instead of the wheel build",
-        "target": "preflight CMake target (repeatable)",
-        "canary": "preflight canary source file (repeatable)",
         "clean": "remove the tree's build/ directory first (the job then does not resume)",
-        "jobs": "parallel compile jobs (default: planned in the job from its cores and memory)",
-        "no_retry": "fail at the first out-of-memory kill instead of resuming with fewer jobs",
-        "no_verify": "skip verifying the wheel in the job",
-        "python": "X.Y[,X.Y...] or all: a wheel per Python in the one job (as invoke build --python)",
-        "nodes": "nodes for the build (default 1): over 2 or more, distccd on the others compiles with the job's "
-        "node (ccache first), MAX_JOBS sized to them all; the daemons stop with the build",
-        "dependency": "start only after this job id finished successfully (afterok)",
-        "dry_run": "print the script and the submit command; write and submit nothing",
-        "wait": "follow the job's log until it ends, then exit with the build's exit code",
-        "run": "submit a run job instead of a build: a venv in $SLURM_TMPDIR from --wheelhouse, runtime_env, then "
-        "this script (a .py runs with python; its argv after `--`, or --arg)",
-        "wheelhouse": "with --run: the wheelhouse the job's `pip install --no-index --find-links` installs from",
-        "package": "with --run: what the job installs from the wheelhouse (repeatable; default torch; "
-        "runtime_packages and mpi4py are added)",
-        "arg": "with --run: an argument for the script (repeatable, kept exactly; words after `--` are added too)",
+        "cpus": "cores for the job (default: the profile's `cpus`; with --run, run_job's)",
+        "gpus": "GPUs for the job (default: the profile's `gpus`); with the SIF, > 0 adds --nv",
     },
-    iterable=["set_", "directive", "module", "target", "canary", "package", "arg"],
+    iterable=["set_"],
 )
-@handles_errors
 def submit(
     c: Context,
     profile: str = "",
     arch: str = "",
     set_: list[str] | None = None,
-    scheduler: str = "",
-    account: str = "",
-    partition: str = "",
-    qos: str = "",
-    walltime: str = "",
-    cpus: str = "",
-    mem: str = "",
-    gpus: str = "",
-    gpu_type: str = "",
-    constraint: str = "",
-    directive: list[str] | None = None,
-    module: list[str] | None = None,
-    module_purge: bool = False,
-    engine: str = "apptainer",
-    sif: str = "",
-    apptainer: str = "auto",
-    source: str = "",
-    ref: str = "",
-    out: str = "",
-    preflight: bool = False,
-    target: list[str] | None = None,
-    canary: list[str] | None = None,
-    clean: bool = False,
-    jobs: str = "",
-    no_retry: bool = False,
-    no_verify: bool = False,
-    nodes: int = 1,
-    dependency: str = "",
-    dry_run: bool = False,
-    wait: bool = False,
-    python: str = "",
-    run: str = "",
-    wheelhouse: str = "",
-    package: list[str] | None = None,
-    arg: list[str] | None = None,
+    *,
+    job: Mapping[str, str],
+    how: JobHow,
+    where: BuildInputs,
+    options: BuildOptions,
+    build_run: BuildRun,
+    job_run: JobRun,
 ) -> None:
     """Run the build on a compute node: render a Slurm or PBS batch script and submit it.
 
     With --run SCRIPT, a run job instead (the Alliance's pytorch-test.sh): the profile's runtime modules, a venv in
     $SLURM_TMPDIR from --wheelhouse with --no-index, runtime_env, then the script."""
-    given = locals()
-    job_options = {key: given[key] for key in JOB_OPTIONS}
-    if run or wheelhouse or package or arg:
-        _check_run_options(given)
-    modules = {"runtime_modules" if run else "modules": module}
-    spec = _job_spec(profile, arch, set_, job_options, modules=modules, module_purge=module_purge, directive=directive)
+    run = job_run.run
+    if run or job_run.wheelhouse or job_run.package or job_run.arg:
+        build_flags = [*to_argv(where, ("out",)), *to_argv(options), *to_argv(build_run, ("progress",))]
+        _check_run_options(how, job_run, build_flags)  # --out is the run job's too
+    modules = {"runtime_modules" if run else "modules": list(how.module)}
+    spec = _job_spec(profile, arch, set_, job, modules=modules, module_purge=how.module_purge, directive=how.directive)
     if run:
-        return _submit_run(spec, given, c.remainder or "")
-    _submit_build(spec, given)
-
-
-def _submit_build(spec: BuildSpec, given: Mapping[str, Any]) -> None:
-    """The build as a batch job (submit_build), with the task's options."""
-    g = given
-    options = build_options(g["preflight"], g["clean"], g["jobs"], g["target"], g["canary"], "lines", g["no_retry"])
+        return _submit_run(spec, job_run, where.out, c.remainder or "")
     submit_build(
         spec,
-        Runtime(g["engine"], g["sif"], g["apptainer"]),
-        source=g["source"],
-        ref=g["ref"],
-        out_dir=g["out"],
+        Runtime(how.engine, how.sif, how.apptainer),
+        source=where.source,
+        ref=where.ref,
+        out_dir=where.out,
         options=options,
-        verify=not g["no_verify"],
-        dependency=g["dependency"],
-        dry_run=g["dry_run"],
-        wait=g["wait"],
-        pythons=pythons_option(spec, g["python"]),
-        nodes=g["nodes"],
+        verify=build_run.verify,
+        dependency=job_run.dependency,
+        dry_run=job_run.dry_run,
+        wait=job_run.wait,
+        pythons=pythons_option(spec, build_run.python),
+        nodes=job_run.nodes,
     )
 
 
-def _submit_run(spec: BuildSpec, given: Mapping[str, Any], remainder: str) -> None:
+def _submit_run(spec: BuildSpec, given: JobRun, out_dir: str, remainder: str) -> None:
     """--run: the run job of the script, from the wheelhouse; its argv --arg, then the words after `--`."""
-    args = (*(given["arg"] or []), *_remainder_words(remainder))
-    requirements = run_requirements(spec, given["package"] or [])
-    script, house = check_run_request(spec, given["run"], given["wheelhouse"], requirements)
-    out = user_path(given["out"] or "out").absolute()
+    args = (*given.arg, *_remainder_words(remainder))
+    requirements = run_requirements(spec, list(given.package))
+    script, house = check_run_request(spec, given.run, given.wheelhouse, requirements)
+    out = user_path(out_dir or "out").absolute()
     request = RunRequest(script, args, house, tuple(requirements), out)
-    submit_run(spec, request, dependency=given["dependency"], dry_run=given["dry_run"], wait=given["wait"])
+    submit_run(spec, request, dependency=given.dependency, dry_run=given.dry_run, wait=given.wait)
 
 
 def _remainder_words(remainder: str) -> list[str]:
@@ -176,31 +155,14 @@ def _remainder_words(remainder: str) -> list[str]:
         ) from None
 
 
-# build options a run job has no use for
-_BUILD_ONLY = (
-    "source",
-    "ref",
-    "preflight",
-    "target",
-    "canary",
-    "clean",
-    "jobs",
-    "no_retry",
-    "no_verify",
-    "python",
-    "sif",
-)
-# a run job's --nodes is not a spread build's: refused with the build-only options
-_BUILD_ONLY_NUMBERS = {"nodes": 1}
-
-
-def _check_run_options(given: Mapping[str, Any]) -> None:
-    """--run with the build's options, or the run's options without --run, is a UsageError."""
-    if not given["run"]:
+def _check_run_options(how: JobHow, given: JobRun, build_flags: list[str]) -> None:
+    """--run with the build's options (build_flags: those given, as to_argv writes them), or the
+    run's options without --run, is a UsageError."""
+    if not given.run:
         raise UsageError("--wheelhouse, --package and --arg belong to a run job", hint="add --run SCRIPT")
-    used = [f"--{k.replace('_', '-')}" for k in _BUILD_ONLY if given[k]]
-    used += [f"--{k}" for k, default in _BUILD_ONLY_NUMBERS.items() if given[k] != default]
-    if given["engine"] != "apptainer" or given["apptainer"] != "auto":
+    used = list(dict.fromkeys(flag.split("=", 1)[0] for flag in build_flags))
+    used += [*(["--sif"] if how.sif else []), *(["--nodes"] if given.nodes != 1 else [])]
+    if how.engine != "apptainer" or how.apptainer != "auto":
         used.append("--engine/--apptainer")
     if used:
         raise UsageError(
@@ -220,11 +182,11 @@ def _job_spec(
     set_: list[str] | None,
     job_options: Mapping[str, str],
     *,
-    modules: Mapping[str, list[str] | None],
+    modules: Mapping[str, list[str]],
     module_purge: bool,
-    directive: list[str] | None,
+    directive: Sequence[str],
 ) -> BuildSpec:
-    """The profile with --set, then each job option given (JOB_OPTIONS) as a --set of its key;
+    """The profile with --set, then each job option given (a profile key with a flag) as a --set of its key;
     --module replaces the profile's modules (runtime_modules for a run job: the key modules names),
     --directive adds to its directives."""
     sets = list(set_ or [])

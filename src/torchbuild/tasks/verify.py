@@ -4,14 +4,18 @@ as a batch job (launch/verify_nodes.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from invoke.context import Context
 
 from torchbuild.core.safeio import user_path
 from torchbuild.launch.runner import verify_with
 from torchbuild.tasks.common import Launch, launch_task
+from torchbuild.tasks.flags import key_flags
 
-# the job options of `invoke submit` that --nodes takes too, each a --set of its profile key
-NODES_JOB_OPTIONS = ("account", "partition", "qos", "walltime", "cpus", "mem", "gpus", "gpu_type", "constraint")
+# the job options of `invoke submit` (the profile keys with a flag) that --nodes takes too, each
+# a --set of its key; not the scheduler (the profile's)
+NODES_NOT_JOB_OPTIONS = ("scheduler",)
 NODES_WALLTIME = "00:15:00"  # the check's job, unless --walltime: not the build's hours
 
 
@@ -29,16 +33,12 @@ NODES_WALLTIME = "00:15:00"  # the check's job, unless --walltime: not the build
         "out": "with --nodes: where the job's run directory goes, shared with the nodes (default ./out)",
         "timeout": "with --nodes: seconds to wait for the job, queueing included (default 1800); then it is cancelled",
         "dry_run": "with --nodes: print the job's script and the submit command; write and submit nothing",
-        "account": "with --nodes: project to charge (default: the profile's, else $SLURM_ACCOUNT / $PBS_ACCOUNT)",
-        "partition": "with --nodes: Slurm partition or PBS queue (default: the profile's)",
-        "qos": "with --nodes: Slurm QoS (default: the profile's)",
+        **{key: f"with --nodes: {text}" for key, text in key_flags(NODES_NOT_JOB_OPTIONS).items()},
         "walltime": f"with --nodes: the job's time limit (default {NODES_WALLTIME})",
-        "cpus": "with --nodes: cores per node (default: the profile's `cpus`)",
-        "mem": "with --nodes: memory per node, e.g. 16G (default: the profile's `mem`)",
         "gpus": "with --nodes: GPUs per node (default: the profile's `gpus`); NCCL is checked where GPUs are visible",
-        "gpu_type": "with --nodes: GPU model (default: the profile's `gpu_type`)",
-        "constraint": "with --nodes: Slurm --constraint or PBS chunk resources (default: the profile's)",
     },
+    keys="job",
+    exclude=NODES_NOT_JOB_OPTIONS,
 )
 def verify(
     c: Context,
@@ -53,27 +53,18 @@ def verify(
     out: str = "",
     timeout: float = 1800.0,
     dry_run: bool = False,
-    account: str = "",
-    partition: str = "",
-    qos: str = "",
-    walltime: str = "",
-    cpus: str = "",
-    mem: str = "",
-    gpus: str = "",
-    gpu_type: str = "",
-    constraint: str = "",
+    *,
+    job: Mapping[str, str],
 ) -> None:
     """Verify a wheel: tags, version, fresh-venv install, import; for torch also its configuration,
     tensor/autograd, 2-process gloo all_reduce and broadcast, CUDA when a GPU is visible.
     With --nodes N --prefix DIR: the install's gloo, MPI and NCCL all_reduce across N nodes."""
     from torchbuild.core.errors import UsageError
 
-    given = locals()
     if nodes:
         if wheel or installed or expect_version:
             raise UsageError("--nodes checks an install (--prefix), not --wheel or --installed",
                              hint="invoke verify --nodes 2 --prefix /shared/envs/torch")  # fmt: skip
-        job = {key: given[key] for key in NODES_JOB_OPTIONS}
         _verify_nodes(launch, nodes, tasks_per_node, prefix, out, report, timeout, dry_run, job)
         return
     if prefix or out or dry_run:
@@ -100,7 +91,7 @@ def _verify_nodes(
     report: str,
     timeout: float,
     dry_run: bool,
-    job: dict[str, str],
+    job: Mapping[str, str],
 ) -> None:
     from torchbuild.core.errors import UsageError
     from torchbuild.delivery.multinode import Shape

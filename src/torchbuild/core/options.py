@@ -1,0 +1,130 @@
+"""Options declared once, as fields of a frozen dataclass: the field is the typed value a step
+gets, its metadata the flag's name and help. The tasks' flags and help (tasks/common.py
+options_task), the typed request (from_flags) and the argv a batch job passes on (to_argv) all
+derive from the field, so an option is one line.
+
+    @dataclass(frozen=True)
+    class BuildArgs:
+        jobs: int = option(0, "parallel compile jobs", parse=parse_jobs_option)
+        targets: tuple[str, ...] = option((), "preflight CMake target (repeatable)", flag="target")
+        verify: bool = option(True, "skip verifying the wheel", flag="no_verify")
+
+A tuple field is a repeatable flag; a bool field whose default is True is set off by its flag
+(--no-verify); parse turns the flag's text into the field's value (a UsageError for bad text).
+Kept here rather than through a CLI library (click, typer, cyclopts): invoke stays the command
+line, and what it needs from a model is a signature and a help dict, which tasks/common.py builds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+from torchbuild.core.problems import Problems
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """A field's flag: its name (underscores, as invoke takes it: no_retry is --no-retry), its
+    help, and parse (the flag's text to the field's value)."""
+
+    name: str
+    help: str
+    parse: Callable[[Any], Any] | None = None
+
+
+def option(default: Any, help: str, *, flag: str = "", parse: Callable[[Any], Any] | None = None) -> Any:
+    """A field with a flag (named as the field unless flag names it)."""
+    return dataclasses.field(default=default, metadata={"option": Option(flag, help, parse)})
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """One field's flag as a task takes it."""
+
+    field: str
+    name: str
+    help: str
+    default: Any  # the field's default: a tuple for a repeatable flag
+    parse: Callable[[Any], Any] | None
+
+    @property
+    def repeatable(self) -> bool:
+        return isinstance(self.default, tuple)
+
+    @property
+    def negated(self) -> bool:
+        """A bool field on by default, set off by its flag (verify by --no-verify)."""
+        return self.default is True
+
+    @property
+    def cli_default(self) -> Any:
+        """What the flag's parameter defaults to: False for a bool flag, None for a repeatable one
+        (invoke's), "" for a parsed one (not given), else the field's default."""
+        if isinstance(self.default, bool):
+            return False
+        if self.repeatable:
+            return None
+        return "" if self.parse else self.default
+
+    @property
+    def option(self) -> str:
+        return "--" + self.name.rstrip("_").replace("_", "-")
+
+
+def flags(model: type, exclude: Iterable[str] = ()) -> list[Flag]:
+    """The flags of a model's fields (those declared with option()), in field order."""
+    out = []
+    for field in dataclasses.fields(model):
+        opt = field.metadata.get("option")
+        if opt is None or field.name in exclude:
+            continue
+        out.append(Flag(field.name, opt.name or field.name, opt.help, field.default, opt.parse))
+    return out
+
+
+def from_flags(
+    model: type[T], given: Mapping[str, Any], exclude: Iterable[str] = (), problems: Problems | None = None
+) -> T:
+    """The typed request from the flags' values (given: by flag name, as the task got them);
+    a flag left out of given, or excluded, keeps its field's default. With problems, a value its
+    parse refuses is recorded there (the field keeps its default), to be named with the task's
+    other problems at once."""
+    values: dict[str, Any] = {}
+    for flag in flags(model, exclude):
+        if flag.name not in given:
+            continue
+        raw = given[flag.name]
+        if flag.negated:
+            values[flag.field] = not raw
+        elif flag.repeatable:
+            values[flag.field] = tuple(raw or ())
+        elif flag.parse is not None:
+            parse = functools.partial(flag.parse, raw)
+            parsed = problems.check(parse) if problems is not None else parse()
+            values[flag.field] = flag.default if parsed is None else parsed
+        else:
+            values[flag.field] = raw
+    return model(**values)
+
+
+def to_argv(request: Any, exclude: Iterable[str] = ()) -> list[str]:
+    """The flags that give request again, each value joined to its flag (`--target=a b.cpp`:
+    one word, so a value is never read as an option): only the fields that differ from their
+    default. from_flags of what the task parses from this is request again."""
+    argv: list[str] = []
+    for flag in flags(type(request), exclude):
+        value = getattr(request, flag.field)
+        if value == flag.default:
+            continue
+        if isinstance(flag.default, bool):
+            argv.append(flag.option)
+        elif flag.repeatable:
+            argv += [f"{flag.option}={item}" for item in value]
+        else:
+            argv.append(f"{flag.option}={value}")
+    return argv
