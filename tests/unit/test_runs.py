@@ -83,11 +83,23 @@ def test_a_restat_output_keeps_its_old_time_and_is_neither_a_span_nor_a_missing_
     # the generator ran again in run 2 at 30 s but wrote the same file: its time is run 1's
     log.write_text(
         "# ninja log v6\n"
-        + "\n".join([_line(T0 + 10, 0, 2000, "a.o", "a"), f"0\t30000\t{int((T0 + 12) * 1e9)}\tgen.h\tg"])
+        + "\n".join([_line(T0 + 10, 0, 2000, "a.o", "a"), f"30000\t31000\t{int((T0 + 12) * 1e9)}\tgen.h\tg"])
         + "\n"
     )
     across = read_across_runs(log, [T0, T0 + 1000], [T0 + 100, T0 + 1100])
     assert across.unplaced == 0 and across.spans == [2.0, 0.0]
+
+
+def test_a_step_whose_end_ninja_took_long_after_its_object_was_written_stays_in_its_run(tmp_path: Path):
+    """The real build under load: ccache stored a big object for two minutes after the compiler
+    wrote it, so the object's time less the step's end fell before the run's start (run 4 of the
+    Debian build: 1,980 s into its ninja, written 1,859 s after the run began)."""
+    log = tmp_path / ".ninja_log"
+    run4 = T0 + 1000
+    written = run4 + 1859.0
+    log.write_text(f"# ninja log v6\n1851516\t1980070\t{int(written * 1e9)}\tSymmetricMemory.cpp.o\th\n")
+    across = read_across_runs(log, [T0, run4], [None, None])
+    assert across.spans == [0.0, 1980.07] and across.unplaced == 0
 
 
 def test_the_report_gives_each_run_and_the_whole_builds_wall_over_its_bound(tmp_path: Path):

@@ -73,12 +73,14 @@ class _Line:
     cmdhash: str
     mtime_ns: int = 0  # the output's modification time as ninja recorded it (0: v5 logs may hold 0)
 
-    @property
-    def origin(self) -> float:
-        """When (seconds since the epoch) the ninja run that made this line started: the output was
-        written as its step ended, `end` ms after that run's start. It survives ninja's recompaction,
-        which loses the lines' order (steps/bound.py's whole-build figure groups the lines by it)."""
-        return self.mtime_ns / 1e9 - self.end / 1000
+    def origins(self) -> tuple[float, float]:
+        """When (seconds since the epoch) the ninja run that made this line can have started: its
+        output was written after the step started (`start` ms after that ninja's start) and before
+        ninja took its end, which on a loaded machine comes late, after the compiler wrapper has
+        stored the object in ccache (the real build's came up to 2 minutes after the write). It
+        survives ninja's recompaction, which loses the lines' order."""
+        written = self.mtime_ns / 1e9
+        return written - self.end / 1000, written - self.start / 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,18 +186,17 @@ class RunSteps:
     unplaced: int  # latest lines no recorded run started (made before the record began)
 
 
-# ninja takes a step's end when it reaps the compiler, seconds after the object was written on a
-# loaded machine at nice 19: the real build's origins came out up to 3.2 s before their run's start.
-# A line is a run's only if its file was written after that run started.
-_SLACK_S = 10.0
+# seconds of slack for the clocks (a backfilled record's starts are whole seconds)
+_SLACK_S = 1.0
 
 
 def read_across_runs(path: Path, starts: Sequence[float], ends: Sequence[float | None]) -> RunSteps:
     """The whole log's latest steps, each placed in the recorded run (start, recorded end or None
-    for a run that was cut: seconds since the epoch) during which its ninja started, by the line's
-    origin: the last run that started before it, if that run had not ended by then. A line whose
-    output ninja did not rewrite (a restat step: code generation that made the same file) keeps
-    the time its file was written, so its origin falls outside the runs: it is left out, and
+    for a run that was cut: seconds since the epoch) during which its ninja started: the last run
+    that started before the line's output was written and before the step started (Line.origins),
+    if that run had not ended before the earliest the step can have started. A line whose output
+    ninja did not rewrite (a restat step: code generation that made the same file) keeps the time
+    its file was written, so its origins fall before its run: it is left out of the spans, and
     counted as unplaced only where the file was written before the first recorded run (a run the
     record misses)."""
     kept = _latest(_parse(_log_lines(path)))
@@ -204,12 +205,10 @@ def read_across_runs(path: Path, starts: Sequence[float], ends: Sequence[float |
     unplaced = 0
     for ln in kept:
         written = ln.mtime_ns / 1e9
-        at = next(
-            (i for i in reversed(range(len(starts))) if starts[i] - _SLACK_S <= ln.origin and starts[i] <= written),
-            None,
-        )
+        earliest, latest = ln.origins()
+        at = next((i for i in reversed(range(len(starts))) if starts[i] - _SLACK_S <= min(latest, written)), None)
         end = ends[at] if at is not None else None
-        if at is not None and (end is None or ln.origin <= end + _SLACK_S):
+        if at is not None and (end is None or earliest <= end + _SLACK_S):
             spans[at] = max(spans[at], ln.end / 1000)
             last_write[at] = max(last_write[at] or 0.0, written)
         elif not starts or not ln.mtime_ns or written < starts[0] - _SLACK_S:
