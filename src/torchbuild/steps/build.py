@@ -483,10 +483,7 @@ def _across_runs(run: Run, ninja_log: Path, deps: Mapping[str, set[str]] | None)
         return None
     # a cut run stopped at its log's last write, or at its ninja's last step where that came later
     # (pip holds the build's output until the end: the log may go quiet long before the cut)
-    walls = [
-        max((r.stopped() or 0.0) - r.start, (w or 0.0) - r.start, 0.0)
-        for r, w in zip(records, across.last_write, strict=True)
-    ]
+    walls = [max(r.wall or 0.0, (w or r.start) - r.start) for r, w in zip(records, across.last_write, strict=True)]
     b = bound_of(across.steps, deps, run.job.jobs.start)
     return render_across(b, walls, across.spans), efficiency_record(b, sum(across.spans), sum(walls), len(records))
 
