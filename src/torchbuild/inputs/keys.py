@@ -1039,11 +1039,20 @@ def _entry(spec: KeySpec) -> dict[str, Any]:
 
 
 class _Dumper(yaml.SafeDumper):
-    """defaults.yaml's style: each key a block mapping, its lists on one line ([gloo, nccl])."""
+    """defaults.yaml's style: each key a block mapping, a short list on one line ([gloo, nccl]), a long one a
+    block sequence (a flow list PyYAML wraps is indented as yamllint's indentation rule refuses), its items
+    indented under their key as yamllint asks."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
+
+
+_FLOW_WIDTH = 70  # a list whose items take more than this is written one item a line
 
 
 def _flow_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
-    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True)
+    short = len(", ".join(map(str, data))) <= _FLOW_WIDTH
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=short)
 
 
 _Dumper.add_representer(list, _flow_list)
