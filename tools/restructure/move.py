@@ -74,6 +74,7 @@ FEATURES: dict[str, tuple[str, str]] = {
 MOVES: dict[str, tuple[str, str]] = {
     # profile: the options model and the tables it validates against (below runtime)
     "inputs.config": ("profile.config", ""),
+    "inputs.keys": ("profile.keys", ""),  # every key declared once: defaults.yaml, schema, flags derive from it
     "inputs.comms_table": ("profile.comms_table", ""),
     "inputs.companion_table": ("profile.companion_table", ""),
     "inputs.nccl_arch": ("profile.nccl_arch", ""),
@@ -105,6 +106,7 @@ MOVES: dict[str, tuple[str, str]] = {
         "",
     ),  # a scikit-build-core tree: build and develop
     "tasks.common": ("runtime.tasks", ""),
+    "tasks.flags": ("runtime.flags", ""),  # a task's flags from the key models (tasks.common and verify's)
     "delivery.manifest": ("runtime.manifest", ""),
     "delivery.pipenv": ("runtime.pipenv", ""),
     "delivery.elffloor": ("runtime.elffloor", ""),
