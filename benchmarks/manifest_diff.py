@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from torchbuild.steps import repro  # noqa: E402
+from torchbuild.builder import repro  # noqa: E402
 
 RATIO_BUDGET = 20.0  # linear is ~10; quadratic is ~100
 

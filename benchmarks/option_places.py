@@ -12,7 +12,7 @@ that declares one is hand-written text that has to change when the option is add
           (OPTION_CLASSES: BuildSpec, Launch, BuildOptions, the job's Runtime)
 - param:  a parameter of a task function (a function decorated with @task or @launch_task)
 - help:   a key of a task's help={...} dict, or of a module-level *HELP dict in tasks/
-- argv:   a "--flag" string literal in the functions of launch/scheduler.py that write the batch
+- argv:   a "--flag" string literal in the functions of batch/host.py that write the batch
           job's torchbuild command (ARGV_FUNCTIONS)
 - names:  a string in a module-level tuple of option names in tasks/ (JOB_OPTIONS...)
 
@@ -34,7 +34,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "torchbuild"
-# a field named otherwise than its flag (runner.BuildOptions' targets is --target)
+# a field named otherwise than its flag (runtime.options.BuildOptions' targets is --target)
 ALIASES = {"targets": "target", "canaries": "canary", "oom_retry": "no_retry", "verify": "no_verify", "set": "set_"}
 TASK_DECORATORS = {"task", "launch_task", "options_task"}
 GENERATED_MARK = "generated from"
@@ -119,7 +119,7 @@ def _field_places(tree: ast.Module, rel: str, places: dict[str, list[str]], opti
 
 
 def _argv_places(tree: ast.Module, rel: str, places: dict[str, list[str]], options: set[str]) -> None:
-    if rel != "launch/scheduler.py":
+    if rel != "batch/host.py":
         return
     functions = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in ARGV_FUNCTIONS]
     for node in (n for f in functions for n in ast.walk(f)):
@@ -154,7 +154,7 @@ def option_places() -> dict[str, list[str]]:
 def _model_keys() -> set[str]:
     """The profile keys wherever they are declared (the model, once defaults.yaml is generated)."""
     sys.path.insert(0, str(ROOT / "src"))
-    from torchbuild.inputs.config import schema
+    from torchbuild.profile.config import schema
 
     return set(schema())
 
@@ -168,16 +168,16 @@ def _all_flags() -> set[str]:
 def _task_flags(*tasks: str) -> set[str]:
     """The flags of these tasks (as invoke lists them), by option name, less the launch options
     every launching task shares (profile, arch, set, engine...: Launch and HELP, one place each)."""
+    from torchbuild.runtime.tasks import HELP, RUNTIME_HELP
     from torchbuild.tasks import ns
-    from torchbuild.tasks.common import HELP, RUNTIME_HELP
 
     shared = {*HELP, *RUNTIME_HELP}
     return {_name(a.name) for t in tasks for a in ns[t].get_arguments() if a.name not in shared}
 
 
 # where build's and submit's options are declared: their tasks, the models they take, the job's argv
-BUILD_SUBMIT_PLACES = ("tasks/build.py:build", "tasks/submit.py", "tasks/common.py", "launch/runner.py")
-BUILD_SUBMIT_PLACES += ("launch/scheduler.py", "inputs/keys.py", "inputs/config.py")
+BUILD_SUBMIT_PLACES = ("builder/task.py:build", "batch/task.py", "runtime/tasks.py", "builder/host.py")
+BUILD_SUBMIT_PLACES += ("batch/host.py", "profile/keys.py", "profile/config.py")
 
 
 def _there(where: list[str]) -> list[str]:

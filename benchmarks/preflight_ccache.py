@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 from debian_source import fetch_debian_pytorch  # noqa: E402
 
-from torchbuild.inputs.engine import Engine  # noqa: E402
+from torchbuild.runtime.engine import Engine  # noqa: E402
 
 PROFILE = str(ROOT / "tests" / "fixtures" / "profiles" / "debian-pytorch-2.6.yaml")
 

@@ -34,9 +34,9 @@ sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 from debian_source import DSC_NAME, fetch_debian_pytorch  # noqa: E402
 from preflight_ccache import invoke, manifest  # noqa: E402  (this directory is sys.path[0] when run as a script)
 
-from torchbuild.inputs.config import resolve  # noqa: E402
-from torchbuild.inputs.engine import Engine  # noqa: E402
-from torchbuild.steps.cmakecache import CheckCache  # noqa: E402
+from torchbuild.builder.cmakecache import CheckCache  # noqa: E402
+from torchbuild.profile.config import resolve  # noqa: E402
+from torchbuild.runtime.engine import Engine  # noqa: E402
 
 PROFILE = str(ROOT / "tests" / "fixtures" / "profiles" / "debian-pytorch-2.6.yaml")
 CHECKS = re.compile(r"torchbuild: CMake checks: (.*probes ran)")

@@ -64,8 +64,8 @@ def prepare(work: Path) -> Path:
     from debian_source import fetch_debian_pytorch
 
     from torchbuild.core.arch import Arch
-    from torchbuild.inputs.baseimage import make_base_image
-    from torchbuild.inputs.engine import Engine
+    from torchbuild.image.baseimage import make_base_image
+    from torchbuild.runtime.engine import Engine
 
     engine = Engine.connect()
     tag, _ = make_base_image(
@@ -83,7 +83,7 @@ def backfill_runs(work: Path, out: str = "out") -> None:
     stopped at its log's last write or its ninja's last step, whichever came later), at the path
     the in-container build sees them (/out/logs), so that the run that makes the wheel can give
     the whole build's wall over its bound. Nothing is written where the record exists."""
-    from torchbuild.steps.runs import RUNS_FILE, RunRecord, write_runs
+    from torchbuild.builder.runs import RUNS_FILE, RunRecord, write_runs
 
     for tree in sorted((work / "cache" / "src").glob("pytorch_*")):
         build_dir = tree / "build"
@@ -137,7 +137,7 @@ def audit(work: Path) -> None:
     if not trees:
         sys.exit(f"no tree under {work / 'cache' / 'src'}: run `build` first")
     log = trees[0] / "build" / ".ninja_log"
-    from torchbuild.steps.report import outputs_of, read_ninja_log
+    from torchbuild.builder.report import outputs_of, read_ninja_log
 
     steps = read_ninja_log(log)
     outputs = outputs_of(log)
@@ -249,7 +249,7 @@ def downstream(work: Path) -> None:
 def module_load(work: Path, prefix: Path) -> None:
     """A real Lmod in the toolchain image (an image layer on top): `module load` of the prefix's
     modulefile, then torch and torchvision imported and nms run."""
-    from torchbuild.inputs.config import resolve
+    from torchbuild.profile.config import resolve
 
     spec = resolve(str(PROFILE))
     tag = "torchbuild-bench/real-wheel-lmod:latest"
@@ -293,7 +293,7 @@ def keep_results(out: Path, wheel: Path, tv: Path) -> None:
 def floor(work: Path) -> None:
     """The wheel's ELF floor as auditwheel measures it (delivery/elffloor.analyse): what it needs of
     glibc and libstdc++, the libraries it needs from outside itself, the tag it earns or why not."""
-    from torchbuild.delivery import elffloor
+    from torchbuild.runtime import elffloor
 
     (wheel,) = sorted((work / "out").glob("torch-*.whl"))
     start = time.monotonic()

@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from helpers import bridge_gateway  # noqa: E402
 
-from torchbuild.inputs.engine import Engine  # noqa: E402
+from torchbuild.runtime.engine import Engine  # noqa: E402
 
 REDIS_IMAGE = "torchbuild-test/redis:trixie"
 REDIS_DOCKERFILE = """FROM {base}

@@ -21,11 +21,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from torchbuild.inputs.config import cache_dir, resolve  # noqa: E402
-from torchbuild.inputs.engine import Engine  # noqa: E402
-from torchbuild.inputs.image import build_image  # noqa: E402
-from torchbuild.inputs.recipe import bootstrap_for, build_from_recipe  # noqa: E402
-from torchbuild.inputs.sif import build_sif, locate, remove_tree  # noqa: E402
+from torchbuild.image.host import build_image  # noqa: E402
+from torchbuild.profile.config import cache_dir, resolve  # noqa: E402
+from torchbuild.runtime.engine import Engine  # noqa: E402
+from torchbuild.sif.host import build_sif, locate, remove_tree  # noqa: E402
+from torchbuild.sif.recipe import bootstrap_for, build_from_recipe  # noqa: E402
 
 
 def main() -> None:

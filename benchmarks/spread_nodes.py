@@ -32,7 +32,7 @@ XPU, tests and benchmarks left out) plus ATen's 64 native/cpu kernels twice more
 AVX512 beside the default): 91 include no ATen or torch header and take TensorImpl.cpp's
 measured times (1.1 s preprocessing, 26.4 s compile), the 1,251 others those of a unit
 including ATen/ATen.h (13.5 s, 52.1 s); both measured with this machine's g++ 12 and the
-preflight's flags (src/torchbuild/launch/spread.py). 20 of the latter are taken as heavy.
+preflight's flags (src/torchbuild/batch/spread.py). 20 of the latter are taken as heavy.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def measure(sets: list[str], image_tag: str) -> tuple[float, float, int, int]:
     from slurm_nodes import SlurmNodes, image
     from test_spread_nodes import distcc_image
 
-    from torchbuild.inputs.engine import Engine
+    from torchbuild.runtime.engine import Engine
 
     client = Engine.connect().client
     if not client.images.list(name=image_tag):

@@ -159,15 +159,15 @@ ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:${PATH}
 
 # torchbuild itself, last, as in toolchain.Dockerfile. installed.txt lists the venvs' packages
-# (torchbuild.inputs.lock reads dpkg, which an RPM base lacks); the RPMs are listed beside it in
+# (torchbuild.image.lock reads dpkg, which an RPM base lacks); the RPMs are listed beside it in
 # record/rpm-installed.txt.
 COPY torchbuild-src /opt/torchbuild-src
 RUN python -m pip install --report /opt/torchbuild/record/torchbuild.json /opt/torchbuild-src \
  && torchbuild --version \
- && python -m torchbuild.inputs.lock installed > /opt/torchbuild/installed.txt \
+ && python -m torchbuild.image.lock installed > /opt/torchbuild/installed.txt \
  && rpm -qa --qf '%{NAME}=%{VERSION}-%{RELEASE}\n' | LC_ALL=C sort > /opt/torchbuild/record/rpm-installed.txt
 
 # The build's environment (HOME and ccache in the /cache bind...) is set by the backend that
-# starts the container (torchbuild.inputs.environment), not here.
+# starts the container (torchbuild.runtime.environment), not here.
 WORKDIR /src
 CMD ["torchbuild", "--help"]

@@ -135,15 +135,15 @@ ENV VIRTUAL_ENV=/opt/venv \
 COPY torchbuild-src /opt/torchbuild-src
 RUN if [ -f /opt/torchbuild/inputs/lock/apt.txt ]; then \
       python -m pip install --no-deps /opt/torchbuild-src \
-      && { python -m torchbuild.inputs.lock requires torchbuild \
+      && { python -m torchbuild.image.lock requires torchbuild \
            || { printf 'torchbuild-lock: the locked %s packages did not install\n' "torchbuild dependency"; exit 1; }; }; \
     else \
       python -m pip install --report /opt/torchbuild/record/torchbuild.json /opt/torchbuild-src; \
     fi \
  && torchbuild --version \
- && python -m torchbuild.inputs.lock installed > /opt/torchbuild/installed.txt
+ && python -m torchbuild.image.lock installed > /opt/torchbuild/installed.txt
 
 # The build's environment (HOME and ccache in the /cache bind...) is set by the backend that
-# starts the container (torchbuild.inputs.environment), not here.
+# starts the container (torchbuild.runtime.environment), not here.
 WORKDIR /src
 CMD ["torchbuild", "--help"]

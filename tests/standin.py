@@ -10,7 +10,7 @@ from pathlib import Path
 from helpers import REPO
 
 from torchbuild.core.arch import Arch
-from torchbuild.inputs.baseimage import make_base_image
+from torchbuild.image.baseimage import make_base_image
 
 
 def build_standin(engine, test_cache: Path, fixture: Path, tag: str) -> str:

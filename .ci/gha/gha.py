@@ -33,10 +33,10 @@ import docker.errors  # docker-py: torchbuild's Engine is built on it
 from torchbuild.core.arch import Arch
 from torchbuild.core.errors import SourceError, TorchbuildError
 from torchbuild.core.process import run_streamed
-from torchbuild.inputs.baseimage import BASE_REPO, base_tag, make_base_image
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.engine import Engine
-from torchbuild.inputs.source import safe_extract, sha256_file
+from torchbuild.image.baseimage import BASE_REPO, base_tag, make_base_image
+from torchbuild.profile.config import resolve
+from torchbuild.runtime.engine import Engine
+from torchbuild.source.fetch import safe_extract, sha256_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from disk import Sampler

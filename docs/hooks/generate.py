@@ -2,7 +2,7 @@
 
 A page asks for a generated part with a comment on a line of its own:
 
-    <!-- generated: profile-keys -->          the key reference, from torchbuild.inputs.keys
+    <!-- generated: profile-keys -->          the key reference, from torchbuild.profile.keys
     <!-- generated: errors -->                the error table, from torchbuild.core.errors.ERRORS
     <!-- generated: help TASK -->             `invoke --help TASK`, from the task collection
     <!-- generated: spread-model twice -->    the on-paper spread tables of benchmarks/spread_nodes.py
@@ -36,7 +36,7 @@ PLACEHOLDER = re.compile(r"^<!-- generated: (?P<name>[a-z-]+)(?: (?P<arg>[a-z0-9
 
 def profile_keys(_: str | None = None) -> str:
     """Every profile key with its type, default and doc (what `invoke config --keys` prints)."""
-    from torchbuild.inputs.config import describe_keys
+    from torchbuild.profile.config import describe_keys
 
     return describe_keys()
 
@@ -101,9 +101,9 @@ def spread_model(passes: str | None) -> str:
 
 
 def official_wheels(_: str | None = None) -> str:
-    """torchbuild's table of PyTorch's official Linux wheels per line (torchbuild.inputs.official_wheels),
+    """torchbuild's table of PyTorch's official Linux wheels per line (torchbuild.profile.official_wheels),
     then each CUDA wheel's arch list."""
-    from torchbuild.inputs import official_wheels as ow
+    from torchbuild.profile import official_wheels as ow
 
     def cudas(wheels: Any) -> str:
         return ", ".join(w.cuda for w in wheels if w.cuda) or "none"

@@ -30,8 +30,8 @@ class TorchbuildProgram(Program):
 
 
 def program() -> Program:
+    from torchbuild.runtime.tasks import PROGRAM
     from torchbuild.tasks import ns
-    from torchbuild.tasks.common import PROGRAM
 
     PROGRAM["binary"] = "torchbuild"
     return TorchbuildProgram(namespace=ns, version=__version__, name="torchbuild", binary="torchbuild")

@@ -20,10 +20,10 @@ from slurm_cluster import SlurmCluster, missing_tools
 
 from torchbuild.core.arch import Arch
 from torchbuild.core.errors import EngineUnavailable
-from torchbuild.inputs.baseimage import make_base_image
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.engine import Engine
-from torchbuild.inputs.sif import DockerApptainer, ensure_builder, locate, remove_tree
+from torchbuild.image.baseimage import make_base_image
+from torchbuild.profile.config import resolve
+from torchbuild.runtime.engine import Engine
+from torchbuild.sif.host import DockerApptainer, ensure_builder, locate, remove_tree
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ import pytest
 from bare_node import build_bare_image, run_bare
 from helpers import FIXTURES, SUITE
 
-from torchbuild.inputs.sif import remove_tree
+from torchbuild.sif.host import remove_tree
 
 pytestmark = [pytest.mark.docker]
 

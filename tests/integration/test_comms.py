@@ -13,7 +13,7 @@ import time
 import pytest
 from helpers import OFI_PLUGIN, run_invoke, set_args
 
-from torchbuild.inputs.environment import build_env
+from torchbuild.runtime.environment import build_env
 
 pytestmark = pytest.mark.docker
 

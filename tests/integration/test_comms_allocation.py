@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from helpers import CALLER, FIXTURES, OFI_PLUGIN
 
-from torchbuild.inputs.environment import build_env
+from torchbuild.runtime.environment import build_env
 
 pytestmark = pytest.mark.docker
 

@@ -10,7 +10,7 @@ import shutil
 import pytest
 from helpers import FIXTURES, preflight_ok, set_args
 
-from torchbuild.inputs.cuda_archs import TARGETS, sm_name
+from torchbuild.profile.cuda_archs import TARGETS, sm_name
 
 pytestmark = pytest.mark.docker
 

@@ -16,7 +16,7 @@ import pytest
 from helpers import FIXTURES, TORCH_PROFILE, fixture_tree, run_in, run_invoke, set_args
 
 from torchbuild.core.safeio import sha256_file
-from torchbuild.delivery import manifest
+from torchbuild.runtime import manifest
 
 pytestmark = pytest.mark.docker
 

@@ -39,7 +39,7 @@ import pytest
 from helpers import REPO
 
 from torchbuild.core.errors import ERRORS
-from torchbuild.inputs.config import schema
+from torchbuild.profile.config import schema
 
 KEY = "ccache_remote"
 

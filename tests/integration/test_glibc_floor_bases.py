@@ -33,8 +33,8 @@ from helpers import FIXTURES, REPO, run_invoke, set_args
 from image_builds import BUILDS
 
 from torchbuild.core.arch import Arch
-from torchbuild.delivery import elffloor
-from torchbuild.inputs.baseimage import make_base_image
+from torchbuild.image.baseimage import make_base_image
+from torchbuild.runtime import elffloor
 
 pytestmark = pytest.mark.docker
 
@@ -65,8 +65,8 @@ def bullseye_sets(base: str, site_certs: list[str]) -> list[str]:
 
 def _bullseye_image(test_cache: Path) -> tuple[list[str], str]:
     """The bullseye base (debootstrap) and the cpu profile's image on it, through the CLI."""
-    from torchbuild.inputs.config import resolve
-    from torchbuild.inputs.engine import Engine
+    from torchbuild.profile.config import resolve
+    from torchbuild.runtime.engine import Engine
 
     base = make_base_image(Engine.connect(), suite="bullseye", arch=Arch.X86_64, work_dir=test_cache / "rootfs")[0]
     sets = bullseye_sets(base, _site_certs())

@@ -14,8 +14,8 @@ import shutil
 import pytest
 from helpers import FIXTURES, preflight_ok, set_args
 
-from torchbuild.inputs import lock as lk
-from torchbuild.inputs.image import read_image_files
+from torchbuild.image import lock as lk
+from torchbuild.image.host import read_image_files
 
 pytestmark = pytest.mark.docker
 

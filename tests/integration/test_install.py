@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import CALLER, FIXTURES, TORCH_PROFILE, run_in, run_invoke, set_args
 
-from torchbuild.delivery.manifest import read_install
+from torchbuild.runtime.manifest import read_install
 
 pytestmark = pytest.mark.docker
 

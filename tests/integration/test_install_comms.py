@@ -29,8 +29,8 @@ import pytest
 from helpers import CALLER, FIXTURES, OFI_PLUGIN, run_in
 
 import torchbuild
-from torchbuild.delivery import manifest as mf
-from torchbuild.inputs.config import resolve
+from torchbuild.profile.config import resolve
+from torchbuild.runtime import manifest as mf
 
 pytestmark = pytest.mark.docker
 

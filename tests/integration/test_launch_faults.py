@@ -284,7 +284,7 @@ def test_an_engine_that_goes_away_mid_run_is_engine_unavailable(engine, local_ba
     import io
 
     from torchbuild.core.errors import EngineUnavailable
-    from torchbuild.inputs.engine import Engine, engine_address
+    from torchbuild.runtime.engine import Engine, engine_address
 
     real = engine_address().removeprefix("unix://")
     proxy = EngineProxy(tmp_path / "engine.sock", real)
@@ -320,7 +320,7 @@ def test_an_engine_that_goes_away_mid_run_is_engine_unavailable(engine, local_ba
 def test_a_run_after_the_engine_came_back_removes_the_exited_containers_of_the_cut_run(engine, local_base):
     """The container of a run the engine's stop cut off stays, exited (the real build left one):
     the next run removes it. Another program's exited container stays."""
-    from torchbuild.inputs.engine import Engine
+    from torchbuild.runtime.engine import Engine
 
     ours = engine.client.containers.create(local_base, ["true"], labels={"org.torchbuild.run": "1"})
     theirs = engine.client.containers.create(local_base, ["true"])

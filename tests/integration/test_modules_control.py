@@ -15,9 +15,9 @@ import pytest
 from helpers import run_in
 
 from torchbuild.core.errors import ProfileError
-from torchbuild.delivery.modulefiles import ModuleInfo, write_modulefiles
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.environment import runtime_env
+from torchbuild.install.modulefiles import ModuleInfo, write_modulefiles
+from torchbuild.profile.config import resolve
+from torchbuild.runtime.environment import runtime_env
 
 pytestmark = pytest.mark.docker
 

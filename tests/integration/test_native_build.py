@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from helpers import FIXTURES, REPO, TREE_KINDS, fixture_tree, manifest_of, run_invoke, set_args
 
-from torchbuild.steps import unitpeak
+from torchbuild.builder import unitpeak
 
 pytestmark = pytest.mark.skipif(
     not all(shutil.which(t) for t in ("g++", "cmake", "ninja", "ccache")),

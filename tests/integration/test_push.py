@@ -16,8 +16,8 @@ import pytest
 from helpers import tiny_image
 
 from torchbuild.core.arch import Arch
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.image import push_images
+from torchbuild.image.host import push_images
+from torchbuild.profile.config import resolve
 
 pytestmark = [pytest.mark.docker]
 

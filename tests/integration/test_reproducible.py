@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from helpers import FIXTURES, TREE_KINDS, fixture_tree, run_invoke, set_args
 
+from torchbuild.builder.repro import PLAIN_TREE, PLAIN_TREE_EPOCH
 from torchbuild.core.safeio import sha256_file
-from torchbuild.steps.repro import PLAIN_TREE, PLAIN_TREE_EPOCH
 
 NATIVE_TOOLS = ("g++", "cmake", "ninja", "ccache")
 SID_PYTHONS = str(FIXTURES / "profiles" / "sid-pythons.yaml")  # the sid_pythons_image fixture's profile

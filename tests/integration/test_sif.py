@@ -20,8 +20,8 @@ import pytest
 from helpers import FIXTURES, REPO, manifest_of, run_invoke, set_args
 
 from torchbuild import __version__
-from torchbuild.inputs.config import cache_dir
-from torchbuild.inputs.sif import DockerApptainer, builder_tag
+from torchbuild.profile.config import cache_dir
+from torchbuild.sif.host import DockerApptainer, builder_tag
 
 pytestmark = [pytest.mark.docker, pytest.mark.apptainer]
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from helpers import ApptainerNode, shared_dir
 
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.recipe import translate, write_recipe
-from torchbuild.inputs.sif import ensure_builder, remove_tree, write_oci_layout
+from torchbuild.profile.config import resolve
+from torchbuild.sif.host import ensure_builder, remove_tree, write_oci_layout
+from torchbuild.sif.recipe import translate, write_recipe
 
 pytestmark = [pytest.mark.docker, pytest.mark.apptainer]
 

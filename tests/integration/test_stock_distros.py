@@ -51,9 +51,9 @@ from image_builds import BUILDS
 
 from torchbuild.core.arch import Arch
 from torchbuild.core.errors import ImageBuildFailed
-from torchbuild.inputs.baseimage import DEFAULT_COMPONENTS, make_base_image
-from torchbuild.inputs.config import DEFAULT_PROFILE, resolve
-from torchbuild.inputs.engine import Engine
+from torchbuild.image.baseimage import DEFAULT_COMPONENTS, make_base_image
+from torchbuild.profile.config import DEFAULT_PROFILE, resolve
+from torchbuild.runtime.engine import Engine
 
 pytestmark = pytest.mark.docker
 

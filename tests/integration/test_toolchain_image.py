@@ -12,8 +12,8 @@ from packaging.requirements import Requirement
 from torchbuild import __version__
 from torchbuild.core.arch import Arch
 from torchbuild.core.errors import ImageOutOfDate
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.image import image_inputs, require_image
+from torchbuild.image.host import image_inputs, require_image
+from torchbuild.profile.config import resolve
 
 pytestmark = pytest.mark.docker
 

@@ -31,7 +31,7 @@ def cluster(engine, torch_image, tmp_path_factory):
         nodes.start()
         prefix = nodes.shared / "env"
         hook = (
-            "from pathlib import Path; from torchbuild.delivery.modulefiles import add_activate_hook as h; "
+            "from pathlib import Path; from torchbuild.install.modulefiles import add_activate_hook as h; "
             f"p = Path('{prefix}/bin/activate'); p.write_text(h(p.read_text(), {{'TORCHBUILD_NODES_TEST': '{MARK}'}}))"
         )
         code, out = nodes.run(

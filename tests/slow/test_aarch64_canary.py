@@ -10,8 +10,8 @@ import pytest
 from helpers import FIXTURES, SUITE, image_ok, preflight_ok, set_args
 
 from torchbuild.core.arch import Arch
-from torchbuild.inputs.baseimage import make_base_image
-from torchbuild.inputs.engine import Engine
+from torchbuild.image.baseimage import make_base_image
+from torchbuild.runtime.engine import Engine
 
 pytestmark = [pytest.mark.docker, pytest.mark.emulation, pytest.mark.slow]
 

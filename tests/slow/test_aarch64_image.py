@@ -9,7 +9,7 @@ import pytest
 from helpers import SUITE_PYTHON, run_invoke, set_args
 
 from torchbuild import __version__
-from torchbuild.inputs.config import resolve
+from torchbuild.profile.config import resolve
 
 pytestmark = [pytest.mark.docker, pytest.mark.emulation]
 

@@ -44,7 +44,7 @@ import pytest
 from helpers import FIXTURES, REPO
 from standin import StandinNode, build_standin
 
-from torchbuild.inputs.config import resolve
+from torchbuild.profile.config import resolve
 
 pytestmark = [pytest.mark.docker]
 

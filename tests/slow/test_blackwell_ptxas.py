@@ -2,7 +2,7 @@
 compilers. No Debian or Ubuntu suite packages a CUDA with Blackwell (12.8), but NVIDIA publishes
 each toolkit's ptxas, the assembler that writes the SASS, on PyPI (nvidia-cuda-nvcc-cu12 12.8
 and 12.9, nvidia-cuda-nvcc 13.0). For each, in a container of the trixie base: the GPU names
-ptxas takes are inputs/cuda_archs.py's row for its CUDA, and a PTX kernel assembles for sm_100
+ptxas takes are profile/cuda_archs.py's row for its CUDA, and a PTX kernel assembles for sm_100
 (B200, GB200) and sm_120 into a cubin whose ELF header says so. `nox -s slow`: about 120 MB of
 wheels from the index pip is configured with, a minute."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.inputs.cuda_archs import TARGETS
+from torchbuild.profile.cuda_archs import TARGETS
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -27,7 +27,7 @@ import yaml
 from bare_node import build_bare_image, run_bare
 from helpers import FIXTURES, REPO, SUITE
 
-from torchbuild.inputs.sif import remove_tree
+from torchbuild.sif.host import remove_tree
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

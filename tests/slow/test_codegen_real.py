@@ -1,5 +1,5 @@
 """ATen's code generation reused with the real torchgen of PyTorch 2.6 (Debian's 2.6.0+dfsg
-source; steps/codegen.py): the six runs Codegen.cmake makes (a --dry-run and a real run of
+source; builder/codegen.py): the six runs Codegen.cmake makes (a --dry-run and a real run of
 headers, sources and declarations_yaml) in one tree, then again in a fresh tree, where none
 runs and the declared outputs are byte-identical, and so are the AOTInductor C shims
 (c_shim_cpu.cpp, c_shim_cuda.cpp) that the sources run writes into the source tree unlisted,
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.steps import codegen
+from torchbuild.builder import codegen
 
 KINDS = ("headers", "sources", "declarations_yaml")
 SHIMS = ("c_shim_cpu.cpp", "c_shim_cuda.cpp")  # what the sources run writes into the aoti dir

@@ -18,7 +18,7 @@ from integration.test_developer_loop import (
     install_beside_debian_torch,
 )
 
-from torchbuild.delivery import manifest
+from torchbuild.runtime import manifest
 
 pytestmark = pytest.mark.docker
 

@@ -39,7 +39,7 @@ import pytest
 from helpers import FIXTURES, REPO, make_wheel
 from standin import StandinNode, build_standin
 
-from torchbuild.inputs.config import resolve
+from torchbuild.profile.config import resolve
 
 pytestmark = [pytest.mark.docker]
 

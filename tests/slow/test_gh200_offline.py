@@ -12,7 +12,7 @@ import time
 import pytest
 from helpers import FIXTURES, image_ok, preflight_ok, set_args
 
-from torchbuild.inputs.config import resolve
+from torchbuild.profile.config import resolve
 
 pytestmark = [pytest.mark.docker, pytest.mark.emulation, pytest.mark.slow]
 

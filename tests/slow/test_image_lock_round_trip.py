@@ -10,7 +10,7 @@ import pytest
 from helpers import run_invoke, set_args
 from integration.test_image_lock import LOCKED_NAME, SID_PYTHONS, _cached_step, installed, run_in
 
-from torchbuild.inputs import lock as lk
+from torchbuild.image import lock as lk
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

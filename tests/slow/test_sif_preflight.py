@@ -11,8 +11,8 @@ import pytest
 from helpers import FIXTURES, image_ok, manifest_of, run_invoke, set_args
 from integration.test_sif import call, run_containers
 
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.sif import locate
+from torchbuild.profile.config import resolve
+from torchbuild.sif.host import locate
 
 pytestmark = [pytest.mark.docker, pytest.mark.apptainer, pytest.mark.slow]
 

@@ -19,8 +19,8 @@ from helpers import FIXTURES, ApptainerNode, set_args, shared_dir
 from integration.conftest import SPECIFIED_PACKAGES, SUITE_PYTHON
 
 from torchbuild import __version__
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.sif import ensure_builder
+from torchbuild.profile.config import resolve
+from torchbuild.sif.host import ensure_builder
 
 pytestmark = [pytest.mark.docker, pytest.mark.apptainer]
 

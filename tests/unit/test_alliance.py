@@ -9,8 +9,8 @@ from pathlib import Path
 
 from helpers import make_wheel, run_invoke, set_args
 
-from torchbuild.delivery.install import site_mpi4py_wheel
-from torchbuild.delivery.wheelhouse import ListFilter, listing
+from torchbuild.install.step import site_mpi4py_wheel
+from torchbuild.install.wheelhouse import ListFilter, listing
 
 NAMES = (
     "torch-2.6.0+computecanada-cp311-cp311-linux_x86_64.whl",
@@ -155,8 +155,8 @@ def test_no_mpi_wrapper_is_needed_where_the_sites_mpi4py_wheel_is_offered(tmp_pa
     import pytest
 
     from torchbuild.core.errors import ToolMissing
-    from torchbuild.delivery.install import _Step
-    from torchbuild.inputs.config import resolve
+    from torchbuild.install.step import _Step
+    from torchbuild.profile.config import resolve
 
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no mpicc anywhere
     spec = resolve("alliance")
@@ -212,8 +212,8 @@ def test_the_alliance_profile_builds_what_its_image_and_modules_provide():
     """Python from Ubuntu 24.04's apt (python3.12, its python3: 3.11 is not there), the CUDA of
     the base (nvidia/cuda 12.6.3) and of the module loaded natively, NCCL where nothing provides
     a system one, and the seed's cudnn and cusparselt modules for the libraries torch links."""
-    from torchbuild.inputs.config import resolve
-    from torchbuild.inputs.environment import build_env
+    from torchbuild.profile.config import resolve
+    from torchbuild.runtime.environment import build_env
 
     spec = resolve("alliance")
     assert spec.base_image.endswith("-ubuntu24.04") and spec.python_version == "3.12"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from torchbuild.core.errors import BuildFailed, OutOfMemory, PathError, TorchbuildError, UsageError, VerifyFailed
-from torchbuild.inputs.config import resolve
-from torchbuild.launch.backends import Binds, Options, choose, container_view, failure
+from torchbuild.profile.config import resolve
+from torchbuild.runtime.backends import Binds, Options, choose, container_view, failure
 
 
 @pytest.mark.parametrize(

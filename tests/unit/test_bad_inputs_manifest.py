@@ -16,13 +16,14 @@ import pytest
 from helpers import invoke_here, make_wheel
 from test_manifest import OLD_WHEEL, RUN, saved
 
+from torchbuild.builder import report as rp
+from torchbuild.builder import repro
+from torchbuild.builder.manifest_task import DIFFERENT
 from torchbuild.core import console
 from torchbuild.core.errors import PathError, WheelError
 from torchbuild.core.safeio import TooLarge
-from torchbuild.delivery import manifest as mf
-from torchbuild.steps import report as rp
-from torchbuild.steps import repro
-from torchbuild.tasks.manifest import DIFFERENT
+from torchbuild.runtime import manifest as mf
+from torchbuild.runtime.options import BuildOptions
 
 invoke = invoke_here  # `invoke ARGV` in this process, its exit status
 
@@ -354,9 +355,9 @@ def test_manifest_diff_of_a_damaged_wheel_is_a_named_error(tmp_path, capsys, dam
 
 
 def test_the_companions_step_reads_the_manifests_beside_the_wheel_only_up_to_the_limit(tmp_path, monkeypatch):
-    from torchbuild.inputs.config import resolve
-    from torchbuild.launch import runner
-    from torchbuild.launch.backends.native import NativeBackend
+    from torchbuild.builder import host as runner
+    from torchbuild.profile.config import resolve
+    from torchbuild.runtime.backends.native import NativeBackend
 
     wheel = tmp_path / "torch-2.6.0-cp312-cp312-linux_x86_64.whl"
     wheel.write_bytes(b"")
@@ -365,12 +366,12 @@ def test_the_companions_step_reads_the_manifests_beside_the_wheel_only_up_to_the
     monkeypatch.setattr(mf, "MANIFEST_LIMIT", 4000)
     spec = resolve("cpu")
     with pytest.raises(TooLarge, match=r"big\.whl\.manifest\.json"):
-        runner.companions_with(spec, NativeBackend(spec, runner.BuildOptions()), [], wheel, cache=tmp_path / "cache")
+        runner.companions_with(spec, NativeBackend(spec, BuildOptions()), [], wheel, cache=tmp_path / "cache")
 
 
 def test_config_text_sends_no_terminal_escape_sequence_from_a_value():
-    from torchbuild.inputs.config import resolve
-    from torchbuild.inputs.render import config_text
+    from torchbuild.configview.render import config_text
+    from torchbuild.profile.config import resolve
 
     spec = dataclasses.replace(resolve("cpu"), description="\x1b[2Jcleared", env={"TITLE": "\x1b]0;pwned\x07x"})
     text = config_text(spec)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from torchbuild.core.errors import ProfileError, UsageError
-from torchbuild.inputs.config import parse_jobs_option, resolve
+from torchbuild.profile.config import parse_jobs_option, resolve
 
 LONG_LOCAL = "a" * 220
 

@@ -23,10 +23,10 @@ from torchbuild.core.errors import (
     UnsafePatch,
     UsageError,
 )
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.patches import apply_series, load_series
-from torchbuild.inputs.source import get_source, unpack_archive
-from torchbuild.steps.compile_job import pip_wheel
+from torchbuild.profile.config import resolve
+from torchbuild.runtime.compile_job import pip_wheel
+from torchbuild.source.fetch import get_source, unpack_archive
+from torchbuild.source.patches import apply_series, load_series
 
 OUTSIDE_TEXT = "outside a\n"
 

@@ -1,4 +1,4 @@
-"""steps/bound.py: the lower bound of a build's ninja part on its jobs (the work over the jobs,
+"""builder/bound.py: the lower bound of a build's ninja part on its jobs (the work over the jobs,
 or the longest dependency chain from ninja's own graph), and the report's lines about it."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.delivery import manifest
-from torchbuild.steps.bound import bound_of, longest_chain, ninja_graph, not_this_run, parse_graph, render_bound
-from torchbuild.steps.report import Step, write_report
+from torchbuild.builder.bound import bound_of, longest_chain, ninja_graph, not_this_run, parse_graph, render_bound
+from torchbuild.builder.report import Step, write_report
+from torchbuild.runtime import manifest
 
 # a code generator with two outputs, a unit that includes one, another that does not, a library
 # linking both (order-only on the second output), and the phony default

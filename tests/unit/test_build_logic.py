@@ -6,11 +6,11 @@ import shutil
 
 import pytest
 
+from torchbuild.builder.step import BuildRequest, object_target
 from torchbuild.core import records
 from torchbuild.core.errors import BuildFailed
-from torchbuild.inputs.config import resolve
-from torchbuild.steps.build import BuildRequest, object_target
-from torchbuild.steps.compile_job import hit_rate
+from torchbuild.profile.config import resolve
+from torchbuild.runtime.compile_job import hit_rate
 
 NINJA = """rule cc
   command = touch $out
@@ -80,7 +80,7 @@ def test_clean_of_a_tree_whose_build_is_a_symlink_names_the_link_and_removes_not
 
 
 def test_clean_removes_a_real_build_directory(tmp_path):
-    from torchbuild.steps.build import remove_build_dir
+    from torchbuild.builder.step import remove_build_dir
 
     class Lines:
         def __init__(self) -> None:

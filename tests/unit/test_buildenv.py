@@ -1,4 +1,4 @@
-"""The native build venv (steps/buildenv.py): what goes in, its key, made once and published
+"""The native build venv (builder/buildenv.py): what goes in, its key, made once and published
 whole, reused, and a pip that cannot install is a named error with what to do."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from torchbuild.builder import buildenv
 from torchbuild.core.errors import BuildFailed, SourceError
 from torchbuild.core.progress import Tee
-from torchbuild.inputs.config import resolve
-from torchbuild.steps import buildenv
+from torchbuild.profile.config import resolve
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:

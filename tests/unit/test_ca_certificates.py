@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from torchbuild.core.errors import ProfileError
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.image import CA_LIMIT, make_context
+from torchbuild.image.host import CA_LIMIT, make_context
+from torchbuild.profile.config import resolve
 
 CA = Path(__file__).parents[1] / "fixtures" / "ca"
 A, B = ((CA / f"site-{x}.crt").read_text() for x in "ab")
@@ -94,7 +94,7 @@ def test_the_hosts_own_ca_bundle_is_accepted(tmp_path):
 
 
 def test_a_bad_ca_file_is_refused_before_the_engine_is_used(tmp_path):
-    from torchbuild.inputs.image import build_image
+    from torchbuild.image.host import build_image
 
     class NoEngine:
         def __getattr__(self, name):

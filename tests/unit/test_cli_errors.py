@@ -171,7 +171,7 @@ def test_a_reader_that_closed_the_pipe_ends_the_program_quietly(tmp_path, argv):
 
 def test_a_broken_pipe_that_is_not_stdout_is_still_a_named_error(tmp_path, capsys):
     """A BrokenPipeError from writing to a child's stdin, with stdout fine, is a real fault."""
-    from torchbuild.tasks.common import handles_errors
+    from torchbuild.runtime.tasks import handles_errors
 
     @handles_errors
     def task() -> None:

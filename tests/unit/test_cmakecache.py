@@ -10,10 +10,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from torchbuild.core.atomic import umask
-from torchbuild.core.errors import BuildFailed
-from torchbuild.steps import cmakecache
-from torchbuild.steps.build import (
+from torchbuild.builder import cmakecache
+from torchbuild.builder.cmakecache import (
+    CheckCache,
+    Entry,
+    ProbeCounter,
+    for_build,
+    key_of,
+    probe_entries,
+    setup_entries,
+)
+from torchbuild.builder.step import (
     CONFIGURE_DONE,
     ConfigureWatch,
     build_dir,
@@ -21,7 +28,8 @@ from torchbuild.steps.build import (
     prepare_configure,
     with_checks,
 )
-from torchbuild.steps.cmakecache import CheckCache, Entry, ProbeCounter, for_build, key_of, probe_entries, setup_entries
+from torchbuild.core.atomic import umask
+from torchbuild.core.errors import BuildFailed
 
 # Shapes of entries a real PyTorch 2.6 configure leaves (trimmed from its CMakeCache.txt)
 CACHE = """# This is the CMakeCache file.

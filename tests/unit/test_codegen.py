@@ -1,4 +1,4 @@
-"""ATen's code generation reused by the next fresh tree (steps/codegen.py), with a fake torchgen
+"""ATen's code generation reused by the next fresh tree (builder/codegen.py), with a fake torchgen
 that writes what the real one declares: <prefix>generated_T.cmake lists and the files they name."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.steps import codegen, skbuild
+from torchbuild.builder import codegen
+from torchbuild.runtime import skbuild
 
 FAKE_GEN = """
 import argparse, os, pathlib
@@ -241,7 +242,7 @@ def test_a_cmake_configure_and_build_run_the_generator_once(tree: Path, tmp_path
     """As Codegen.cmake runs torchgen (a dry run in the configure, the real run in ninja), with
     the hook's CMAKE_PROJECT_INCLUDE: a second fresh tree runs neither. A scikit-build-core tree
     (PyTorch main) forwards CMAKE_* variables only after project(): the build's configure passes
-    the hook as a define (steps/skbuild.py), as the backend's cmake.define does."""
+    the hook as a define (runtime/skbuild.py), as the backend's cmake.define does."""
     (tree / "cmake").mkdir()
     (tree / "cmake" / "Codegen.cmake").write_text("")
     if kind == "setup.py":

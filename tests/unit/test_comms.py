@@ -25,44 +25,10 @@ from typing import Any
 import pytest
 from helpers import make_wheel
 
-from torchbuild.core import records
-from torchbuild.core.errors import (
-    CommsFailed,
-    OutOfMemory,
-    ProfileError,
-    SifError,
-    SourceError,
-    ToolMissing,
-    UsageError,
-)
-from torchbuild.core.safeio import MANIFEST_LIMIT, sha256_file
-from torchbuild.delivery import manifest as mf
-from torchbuild.delivery.libraries import (
-    copy_dependencies,
-    host_dependencies,
-    nccl_version_of,
-    plugin_symbols,
-    plugin_symbols_in,
-    resolved,
-    site_dependencies,
-    system_dirs,
-    unresolvable,
-    unresolved,
-)
-from torchbuild.delivery.verify import comms_checks
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.environment import comms_install_env, comms_runtime_env
-from torchbuild.inputs.image import apt_packages, comms_packages, tree_digest
-from torchbuild.inputs.jobs import GiB, HostResources, plan_make
-from torchbuild.inputs.sif import SIF_COMMS, definition, environment_section, runtime_binds, runtime_hash, sif_id
-from torchbuild.launch.backends import Binds, Options, choose, container_view
-from torchbuild.launch.backends.apptainer import ApptainerBackend, run_args, sif_record
-from torchbuild.launch.backends.native import NativeBackend
-from torchbuild.launch.comms import comms
-from torchbuild.launch.runner import _comms as runner_comms
-from torchbuild.launch.runner import comms_for_verify
-from torchbuild.steps import run_step
-from torchbuild.steps.comms import (
+from torchbuild.builder.host import _comms as runner_comms
+from torchbuild.builder.host import comms_for_verify
+from torchbuild.comms.host import comms
+from torchbuild.comms.step import (
     COMMS_MANIFEST,
     HEADER_LIMIT,
     Part,
@@ -76,7 +42,41 @@ from torchbuild.steps.comms import (
     read_manifest,
     version_code,
 )
-from torchbuild.steps.comms import Request as CommsRequest
+from torchbuild.comms.step import Request as CommsRequest
+from torchbuild.core import records
+from torchbuild.core.errors import (
+    CommsFailed,
+    OutOfMemory,
+    ProfileError,
+    SifError,
+    SourceError,
+    ToolMissing,
+    UsageError,
+)
+from torchbuild.core.safeio import MANIFEST_LIMIT, sha256_file
+from torchbuild.image.host import apt_packages, comms_packages, tree_digest
+from torchbuild.profile.config import resolve
+from torchbuild.runtime import manifest as mf
+from torchbuild.runtime.backends import Binds, Options, choose, container_view
+from torchbuild.runtime.backends.apptainer import ApptainerBackend, run_args, sif_record
+from torchbuild.runtime.backends.native import NativeBackend
+from torchbuild.runtime.environment import comms_install_env, comms_runtime_env
+from torchbuild.runtime.jobs import GiB, HostResources, plan_make
+from torchbuild.runtime.libraries import (
+    copy_dependencies,
+    host_dependencies,
+    nccl_version_of,
+    plugin_symbols,
+    plugin_symbols_in,
+    resolved,
+    site_dependencies,
+    system_dirs,
+    unresolvable,
+    unresolved,
+)
+from torchbuild.runtime.steps import run_step
+from torchbuild.sif.host import SIF_COMMS, definition, environment_section, runtime_binds, runtime_hash, sif_id
+from torchbuild.verify.step import comms_checks
 
 CUDA = ["cuda_version=12.4", 'cuda_arch_list=["9.0"]', "distributed=[gloo, nccl]"]
 LINKED = "torch links the NCCL comms built"
@@ -713,7 +713,7 @@ def test_a_tag_archive_of_the_plugin_from_1_19_is_given_the_version_its_autogen_
 
 
 def test_a_plugin_tree_with_its_own_version_or_a_git_checkout_is_left_as_it_is(tmp_path):
-    from torchbuild.steps.comms import _release_version_file
+    from torchbuild.comms.step import _release_version_file
 
     own = _versioned_plugin_tree(tmp_path / "own")
     (own / ".release_version").write_text("1.20.0\n")
@@ -1551,7 +1551,7 @@ def test_runtime_binds_are_the_prefix_and_the_sites_libfabric_read_only():
 def test_verify_finds_the_plugins_site_libraries_in_deps_lib_with_the_site_gone(tmp_path, cray_site):
     """`invoke verify` on a node without the site's libfabric module (or in a container): the
     plugin resolves and loads from the deps/lib it carries, as the job's runtime env has it."""
-    from torchbuild.delivery.verify import comms_checks
+    from torchbuild.verify.step import comms_checks
 
     prefix, lib64, plugin, env = cray_site
     deps = copy_dependencies(site_dependencies(plugin, [prefix], env), plugin.parent.parent / "deps" / "lib")

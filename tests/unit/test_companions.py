@@ -19,13 +19,13 @@ import pytest
 from helpers import isolated_pip_env, make_wheel
 from packaging.version import Version
 
+from torchbuild.bench import step as benchmod
+from torchbuild.builder import companions
 from torchbuild.core.errors import BenchFailed, CompanionError, ProfileError, SourceError
-from torchbuild.inputs.companion_table import TABLE, default_ref, pairing_problem, version_problem
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.environment import build_env
-from torchbuild.steps import bench as benchmod
-from torchbuild.steps import companions
-from torchbuild.steps.develop import BASE_PTH, make_venv, mode_for
+from torchbuild.devloop.step import BASE_PTH, make_venv, mode_for
+from torchbuild.profile.companion_table import TABLE, default_ref, pairing_problem, version_problem
+from torchbuild.profile.config import resolve
+from torchbuild.runtime.environment import build_env
 
 # --------------------------------------------------------------------------- the table
 
@@ -414,8 +414,8 @@ def _minitorch(tmp_path: Path) -> Path:
 
 
 def test_build_refuses_a_companion_of_another_line_before_compiling_torch(tmp_path):
-    from torchbuild.launch import runner
-    from torchbuild.launch.backends import Options, choose
+    from torchbuild.builder import host as runner
+    from torchbuild.runtime.backends import Options, choose
 
     archive, _ = _archive(tmp_path, "vision-0.20.0", "0.20.0")
     spec = resolve(
@@ -435,8 +435,8 @@ def test_build_refuses_a_companion_of_another_line_before_compiling_torch(tmp_pa
 
 
 def test_build_runs_the_companions_after_the_wheel_and_before_verify(tmp_path, monkeypatch):
-    from torchbuild.launch import runner
-    from torchbuild.launch.backends import Options, choose
+    from torchbuild.builder import host as runner
+    from torchbuild.runtime.backends import Options, choose
 
     archive, _ = _archive(tmp_path, "vision-0.21.0", "0.21.0")
     spec = resolve(

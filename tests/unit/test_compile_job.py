@@ -1,4 +1,4 @@
-"""One compile job for torch, the companions, editable trees and NCCL (steps/compile_job.py):
+"""One compile job for torch, the companions, editable trees and NCCL (runtime/compile_job.py):
 every step plans from the allocation it runs in, and says the planned jobs the same way
 (MAX_JOBS and CMAKE_BUILD_PARALLEL_LEVEL, from inputs/environment.compile_env), again with fewer
 after an out-of-memory kill; a malformed request is a named error."""
@@ -15,12 +15,17 @@ from typing import Any
 
 import pytest
 
+from torchbuild.builder import companions
+from torchbuild.builder import step as build
+from torchbuild.comms import step as comms
 from torchbuild.core import records
 from torchbuild.core.errors import BuildFailed, CommsFailed, TorchbuildError, UsageError
-from torchbuild.inputs.config import BuildSpec, resolve
-from torchbuild.inputs.environment import build_env, compile_env, jobs_env
-from torchbuild.inputs.jobs import GiB, HostResources, JobPlan
-from torchbuild.steps import build, comms, companions, compile_job, develop, run_step
+from torchbuild.devloop import step as develop
+from torchbuild.profile.config import BuildSpec, resolve
+from torchbuild.runtime import compile_job
+from torchbuild.runtime.environment import build_env, compile_env, jobs_env
+from torchbuild.runtime.jobs import GiB, HostResources, JobPlan
+from torchbuild.runtime.steps import run_step
 
 ALLOCATION_CORES = 4  # a batch allocation's share of a 64-core node
 
@@ -67,7 +72,7 @@ def _spec(tmp_path: Path) -> BuildSpec:
 def _tree(tmp_path: Path, name: str) -> Path:
     tree = tmp_path / name
     tree.mkdir()
-    (tree / "setup.py").write_text("")  # a tree torchbuild builds (inputs/tree.py)
+    (tree / "setup.py").write_text("")  # a tree torchbuild builds (runtime/tree.py)
     return tree
 
 
@@ -203,7 +208,7 @@ def test_a_malformed_request_is_a_usage_error_naming_the_request(step, spoil, sa
 def test_no_ccache_at_all_records_no_counters_instead_of_failing(tmp_path):
     """A site node without ccache (Derecho's, natively): `invoke comms` built NCCL and the plugin,
     then failed with "ccache does not exist" when it recorded ccache's counters."""
-    from torchbuild.steps.compile_job import ccache_stats, hit_rate
+    from torchbuild.runtime.compile_job import ccache_stats, hit_rate
 
     env = {"PATH": str(tmp_path)}  # no ccache on PATH
     assert ccache_stats(env) == {}

@@ -7,8 +7,8 @@ import pytest
 
 from torchbuild.core.arch import Arch
 from torchbuild.core.errors import ProfileError
-from torchbuild.inputs.config import BuildSpec, available_profiles, resolve, schema
-from torchbuild.inputs.environment import build_env
+from torchbuild.profile.config import BuildSpec, available_profiles, resolve, schema
+from torchbuild.runtime.environment import build_env
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "profiles"
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.jobs import GiB, HostResources
-from torchbuild.inputs.render import config_data, config_text
+from torchbuild.configview.render import config_data, config_text
+from torchbuild.profile.config import resolve
+from torchbuild.runtime.jobs import GiB, HostResources
 
 HOST = HostResources(cores=8, memory_bytes=64 * GiB, memory_source="test")
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import yaml
 from jsonschema import Draft202012Validator
 
 from torchbuild.core.errors import ProfileError
-from torchbuild.inputs.config import (
+from torchbuild.profile.config import (
     SCHEMA_COMMAND,
     available_profiles,
     data_dir,
@@ -110,9 +110,9 @@ def test_numbers_yaml_reads_where_text_is_meant_are_taken_as_text(tmp_path):
 
 
 def test_committed_defaults_file_is_the_generated_one():
-    """configs/defaults.yaml lists the keys as inputs/keys.py declares them: a key added there
+    """configs/defaults.yaml lists the keys as profile/keys.py declares them: a key added there
     (one `key(...)` line) fails this until the file is written again with DEFAULTS_COMMAND."""
-    from torchbuild.inputs.keys import DEFAULTS_COMMAND, defaults_yaml_text
+    from torchbuild.profile.keys import DEFAULTS_COMMAND, defaults_yaml_text
 
     committed = (data_dir() / "configs" / "defaults.yaml").read_text()
     assert committed == defaults_yaml_text(), f"configs/defaults.yaml is stale; regenerate it: {DEFAULTS_COMMAND}"
@@ -121,8 +121,8 @@ def test_committed_defaults_file_is_the_generated_one():
 def test_each_key_is_declared_once_and_is_a_field_of_the_spec_in_the_keys_order():
     import dataclasses
 
-    from torchbuild.inputs.config import BuildSpec
-    from torchbuild.inputs.keys import GROUPS
+    from torchbuild.profile.config import BuildSpec
+    from torchbuild.profile.keys import GROUPS
 
     declared = [f.name for group in GROUPS for f in dataclasses.fields(group)]
     assert len(declared) == len(set(declared))

@@ -1,5 +1,5 @@
-"""CUDA 12.8 / 13 and Blackwell: what each CUDA compiles for (inputs/cuda_archs.py), the torch
-lines' CUDA and arch-name rules (inputs/torch_lines.py), `invoke config`'s refusals of what the
+"""CUDA 12.8 / 13 and Blackwell: what each CUDA compiles for (profile/cuda_archs.py), the torch
+lines' CUDA and arch-name rules (profile/torch_lines.py), `invoke config`'s refusals of what the
 profile's CUDA or torch cannot build, and the cuda128, cuda13 and gb200 profiles as resolved and
 rendered (their nvidia/cuda bases are pulled from a registry, which the test machines lack)."""
 
@@ -9,10 +9,10 @@ import pytest
 
 from torchbuild.core.arch import Arch
 from torchbuild.core.errors import ProfileError
-from torchbuild.inputs import cuda_archs, official_wheels, torch_lines
-from torchbuild.inputs.config import available_profiles, base_image_cuda, resolve
-from torchbuild.inputs.environment import build_env
-from torchbuild.inputs.image import build_args, make_context
+from torchbuild.image.host import build_args, make_context
+from torchbuild.profile import cuda_archs, official_wheels, torch_lines
+from torchbuild.profile.config import available_profiles, base_image_cuda, resolve
+from torchbuild.runtime.environment import build_env
 
 
 def test_the_table_has_what_nvidia_added_and_dropped_by_release():

@@ -22,7 +22,7 @@ from invoke.parser import Parser
 
 from torchbuild import __version__
 from torchbuild.core.errors import ERRORS
-from torchbuild.inputs.config import available_profiles, describe_keys, schema
+from torchbuild.profile.config import available_profiles, describe_keys, schema
 from torchbuild.tasks import ns
 
 DOCS = REPO / "docs"

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchbuild.launch.doctor import Check, Verdict, ca_check, render
+from torchbuild.doctor.host import Check, Verdict, ca_check, render
 
 PEM = "-----BEGIN CERTIFICATE-----\n"
 
@@ -58,7 +58,7 @@ def test_render_is_a_table_per_section():
 
 def node(**facts):
     from torchbuild.core.arch import Arch
-    from torchbuild.launch.doctor import _Host
+    from torchbuild.doctor.host import _Host
 
     base = dict(arch=Arch.X86_64, machine="x86_64", emulation={Arch.AARCH64: False}, engine_ok=False, debootstrap=None)
     return _Host(
@@ -67,7 +67,7 @@ def node(**facts):
 
 
 def test_recipe_verdict_says_which_bootstraps_a_node_can_build(tmp_path):
-    from torchbuild.launch.doctor import _recipe_verdict
+    from torchbuild.doctor.host import _recipe_verdict
 
     etc = tmp_path / "etc"
     etc.mkdir()
@@ -86,7 +86,7 @@ def test_recipe_verdict_says_which_bootstraps_a_node_can_build(tmp_path):
 def test_a_bare_node_with_a_compiler_and_venv_is_ready_to_build_natively():
     """cmake and ninja come from the build venv and ccache is optional: only a compiler and
     Python's venv are needed, and the verdict says what the build will do without the others."""
-    from torchbuild.launch.doctor import _native_verdict
+    from torchbuild.doctor.host import _native_verdict
 
     bare = _native_verdict(node(native_absent=("cmake", "ninja", "ccache")))
     assert bare.ok and "cmake and ninja from PyPI in the build venv" in bare.why and "no compile cache" in bare.why

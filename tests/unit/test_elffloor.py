@@ -18,10 +18,11 @@ from helpers import invoke_here
 
 from torchbuild.core import glibc
 from torchbuild.core.errors import FloorError, ProfileError
-from torchbuild.delivery import elffloor, verify
-from torchbuild.delivery import manifest as mf
-from torchbuild.delivery.wheelhouse import add_wheels
-from torchbuild.inputs.config import resolve
+from torchbuild.install.wheelhouse import add_wheels
+from torchbuild.profile.config import resolve
+from torchbuild.runtime import elffloor
+from torchbuild.runtime import manifest as mf
+from torchbuild.verify import step as verify
 
 pytestmark = pytest.mark.skipif(
     shutil.which("g++") is None or glibc.host_glibc() != "2.36",
@@ -357,7 +358,9 @@ def test_install_task_refuses_before_touching_the_prefix(built, tmp_path, monkey
 def test_build_and_companions_stop_before_compiling_on_a_toolchain_above_the_floor(tmp_path, monkeypatch):
     import io
 
-    from torchbuild.steps import build, companions, compile_job
+    from torchbuild.builder import companions
+    from torchbuild.builder import step as build
+    from torchbuild.runtime import compile_job
 
     compiled: list[object] = []
     monkeypatch.setattr(compile_job, "run_compile", lambda *a, **k: compiled.append(a))
@@ -366,7 +369,7 @@ def test_build_and_companions_stop_before_compiling_on_a_toolchain_above_the_flo
     out = tmp_path / "out"
     for d in (out, tmp_path / "pytorch", tmp_path / "vision"):
         d.mkdir()
-    (tmp_path / "pytorch" / "setup.py").write_text("")  # a tree of a kind the build knows (inputs/tree.py)
+    (tmp_path / "pytorch" / "setup.py").write_text("")  # a tree of a kind the build knows (runtime/tree.py)
     req = build.BuildRequest(
         spec=spec, source=str(tmp_path / "pytorch"), out_dir=str(out), cache_root=str(tmp_path / "cache")
     )

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from torchbuild.batch.host import Runtime
 from torchbuild.core.errors import UsageError
-from torchbuild.inputs.config import resolve
-from torchbuild.launch.backends import ENGINES, engine_for
-from torchbuild.launch.scheduler import Runtime
+from torchbuild.profile.config import resolve
+from torchbuild.runtime.backends import ENGINES, engine_for
 
 REPO = Path(__file__).resolve().parents[2]
 

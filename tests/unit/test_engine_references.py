@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from torchbuild.inputs.engine import Engine, registry_of, split_reference
-from torchbuild.inputs.image import registry_is_insecure
+from torchbuild.image.host import registry_is_insecure
+from torchbuild.runtime.engine import Engine, registry_of, split_reference
 
 DIGEST = "sha256:" + "ab" * 32
 

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from torchbuild.inputs import environment
-from torchbuild.inputs.config import resolve, spec_from_dict
-from torchbuild.inputs.environment import build_env, ccache_launcher, compilers, cuda_home, format_env
+from torchbuild.profile.config import resolve, spec_from_dict
+from torchbuild.runtime import environment
+from torchbuild.runtime.environment import build_env, ccache_launcher, compilers, cuda_home, format_env
 
 
 def test_cpu_env_has_no_cuda_and_uses_ccache():

@@ -50,10 +50,10 @@ def test_the_registry_holds_every_named_error_of_the_package():
 
 def test_the_moved_classes_are_still_importable_from_their_old_modules():
     from torchbuild.core.safeio import TooLarge as too_large
-    from torchbuild.delivery.manifest import READ_HINT
-    from torchbuild.delivery.manifest import ManifestError as manifest_error
-    from torchbuild.inputs.lock import LockError as lock_error
-    from torchbuild.inputs.recipe import RecipeError as recipe_error
+    from torchbuild.image.lock import LockError as lock_error
+    from torchbuild.runtime.manifest import READ_HINT
+    from torchbuild.runtime.manifest import ManifestError as manifest_error
+    from torchbuild.sif.recipe import RecipeError as recipe_error
 
     assert (lock_error, manifest_error, recipe_error, too_large) == (LockError, ManifestError, RecipeError, TooLarge)
     assert ManifestError.default_hint == READ_HINT
@@ -91,11 +91,11 @@ def test_an_undocumented_shared_code_is_refused(monkeypatch):
 FRESH = """
 import sys
 from pathlib import Path
-import torchbuild.core.errors, torchbuild.launch.backends
-assert not {"torchbuild.inputs.lock", "torchbuild.inputs.recipe", "torchbuild.delivery.manifest"} & set(sys.modules)
+import torchbuild.core.errors, torchbuild.runtime.backends
+assert not {"torchbuild.image.lock", "torchbuild.sif.recipe", "torchbuild.runtime.manifest"} & set(sys.modules)
 for rc in (28, 29, 19):
     print(rc, torchbuild.core.errors.error_for_exit(rc).__name__,
-          type(torchbuild.launch.backends.failure(rc, "verify", "the image", Path("logs"))).__name__)
+          type(torchbuild.runtime.backends.failure(rc, "verify", "the image", Path("logs"))).__name__)
 """
 
 

@@ -1,4 +1,4 @@
-"""The pre-generated flatbuffers header made again for a system flatbuffers (steps/flatbuf.py):
+"""The pre-generated flatbuffers header made again for a system flatbuffers (builder/flatbuf.py):
 Debian's de-vendored PyTorch 2.6 stopped at its static_assert an hour into the real build."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from torchbuild.builder import flatbuf
 from torchbuild.core.errors import ToolMissing
-from torchbuild.steps import flatbuf
 
 SCHEMA = "namespace torch.jit.mobile.serialization;\ntable Module { bytecode_version:uint; }\nroot_type Module;\n"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from torchbuild.steps import comms
+from torchbuild.comms import step as comms
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -486,7 +486,10 @@ def test_ci_run_prunes_only_the_dangling_images_torchbuild_makes(monkeypatch, tm
     # every dangling image there. Each filter must match an image kind torchbuild builds
     # (toolchain, apptainer-builder, debootstrapped base), and every kind one filter.
     from torchbuild.core.arch import Arch
-    from torchbuild.inputs import baseimage, config, image, sif
+    from torchbuild.image import baseimage
+    from torchbuild.image import host as image
+    from torchbuild.profile import config
+    from torchbuild.sif import host as sif
 
     script = (ROOT / ".ci" / "run").read_text()
     prunes = [line for line in script.splitlines() if "docker image prune" in line]

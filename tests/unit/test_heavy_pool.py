@@ -12,8 +12,19 @@ from pathlib import Path
 import pytest
 from helpers import TREE_KINDS, fixture_tree
 
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.jobs import (
+from torchbuild.builder.heavy import (
+    POOL,
+    apply_cmake_pool,
+    apply_pool,
+    cmake_hook,
+    glob_regex,
+    pool_record,
+    pooled_text,
+    write_cmake_hook,
+)
+from torchbuild.profile.config import resolve
+from torchbuild.runtime import compile_job, skbuild
+from torchbuild.runtime.jobs import (
     GiB,
     HeavyPlan,
     HostResources,
@@ -23,17 +34,6 @@ from torchbuild.inputs.jobs import (
     plan_heavy,
     record_unit_peaks,
     units_file,
-)
-from torchbuild.steps import compile_job, skbuild
-from torchbuild.steps.heavy import (
-    POOL,
-    apply_cmake_pool,
-    apply_pool,
-    cmake_hook,
-    glob_regex,
-    pool_record,
-    pooled_text,
-    write_cmake_hook,
 )
 
 SRC = Path("/src/tree")
@@ -104,7 +104,7 @@ def test_plan_for_uses_the_measured_heavy_peak_and_a_fixed_jobs_count_has_no_poo
 def test_only_the_heavy_compiles_get_the_pool_and_a_rewrite_is_idempotent():
     text, pooled = pooled_text(NINJA, ("build/heavy/*",), 2, BUILD, SRC)
     assert pooled == 2  # the C++ one by its absolute path, the C one relative to the build dir
-    assert text.startswith(f"# torchbuild: memory-heavy units' pool (steps/heavy.py)\npool {POOL}\n  depth = 2\n")
+    assert text.startswith(f"# torchbuild: memory-heavy units' pool (builder/heavy.py)\npool {POOL}\n  depth = 2\n")
     lines = text.splitlines()
     pooled_after = [lines[i - 1].split(":")[0] for i, ln in enumerate(lines) if ln == f"  pool = {POOL}"]
     assert pooled_after == ["build CMakeFiles/m.dir/heavy/heavy_1.cpp.o", "build CMakeFiles/m.dir/heavy/heavy_2.c.o"]
@@ -254,8 +254,8 @@ class _Sink:
 def test_an_attempt_whose_heavy_units_found_no_pool_runs_the_fallbacks_jobs(tmp_path):
     """The build's before-hook (the pool's rewrite) says 3 where 8 were planned: the compile
     runs -j3 with MAX_JOBS=3, and the manifest's jobs record ends at 3."""
-    from torchbuild.inputs.jobs import JobPlan
-    from torchbuild.steps.compile_job import CompileJob
+    from torchbuild.runtime.compile_job import CompileJob
+    from torchbuild.runtime.jobs import JobPlan
 
     seen = tmp_path / "seen"
     job = CompileJob(resolve("cpu"), JobPlan(8, "auto"), {}, {"PATH": "/usr/bin:/bin"}, _Sink(tmp_path / "log"))

@@ -16,9 +16,9 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 
 from torchbuild.core.errors import HostSetupFailed, PathError
-from torchbuild.launch import hostcheck as hc
-from torchbuild.launch.hostcheck import NOT_READY, READY, UNKNOWN, CommandResult, Setting
-from torchbuild.tasks.hostcheck import host_check
+from torchbuild.hostcheck import host as hc
+from torchbuild.hostcheck.host import NOT_READY, READY, UNKNOWN, CommandResult, Setting
+from torchbuild.hostcheck.task import host_check
 
 CPU = "sys/devices/system/cpu"
 CMDLINE = "BOOT_IMAGE=/boot/vmlinuz-6.1.0 root=/dev/sda1 ro quiet\n"

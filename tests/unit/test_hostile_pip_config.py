@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from helpers import isolated_pip_env, make_wheel
 
-from torchbuild.delivery import pipenv
-from torchbuild.delivery.manifest import INSTALL_MANIFEST, read_install
-from torchbuild.delivery.verify import verify_wheel
-from torchbuild.inputs.config import resolve
-from torchbuild.steps import bench as benchmod
-from torchbuild.steps import companions
+from torchbuild.bench import step as benchmod
+from torchbuild.builder import companions
+from torchbuild.profile.config import resolve
+from torchbuild.runtime import pipenv
+from torchbuild.runtime.manifest import INSTALL_MANIFEST, read_install
+from torchbuild.verify.step import verify_wheel
 
 BUILT = "9.9.9+built"
 PYVER = f"{sys.version_info[0]}.{sys.version_info[1]}"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from torchbuild.core.errors import ProfileError, UsageError
-from torchbuild.inputs.config import parse_jobs_option, resolve
-from torchbuild.tasks.common import spec_from
+from torchbuild.profile.config import parse_jobs_option, resolve
+from torchbuild.runtime.tasks import spec_from
 
 
 def _laughs(levels: int = 9) -> str:
@@ -112,7 +112,7 @@ def test_the_ranges_ends_are_accepted():
 
 def test_own_home_in_cache_dir_still_expands():
     spec = resolve("cpu", ["cache_dir=~/tb-cache"])
-    from torchbuild.inputs.config import cache_dir
+    from torchbuild.profile.config import cache_dir
 
     assert cache_dir(spec) == Path(os.path.expanduser("~/tb-cache"))
 
@@ -187,7 +187,7 @@ def test_a_control_character_in_a_set_value_is_named(char, item, where):
 
 
 def test_doctor_names_a_profile_with_a_control_character(tmp_path: Path):
-    from torchbuild.launch.doctor import _profile_ca_check
+    from torchbuild.doctor.host import _profile_ca_check
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("extends: cpu\ndescription: a\x1bb\n")

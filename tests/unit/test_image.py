@@ -13,9 +13,7 @@ import pytest
 from torchbuild import __version__
 from torchbuild.core.arch import Arch
 from torchbuild.core.errors import ImageBuildFailed, ProfileError
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.engine import build_failure, certificate_failure, certificate_hint, host_ca_files, pull_failure
-from torchbuild.inputs.image import (
+from torchbuild.image.host import (
     LockedBy,
     _lock_failure,
     apt_packages,
@@ -36,7 +34,9 @@ from torchbuild.inputs.image import (
     wanted_inputs,
     write_package_lists,
 )
-from torchbuild.inputs.lock import Lock, LockError, PipPin
+from torchbuild.image.lock import Lock, LockError, PipPin
+from torchbuild.profile.config import resolve
+from torchbuild.runtime.engine import build_failure, certificate_failure, certificate_hint, host_ca_files, pull_failure
 
 CA_A, CA_B = (Path(__file__).parents[1] / "fixtures" / "ca" / f"site-{x}.crt" for x in "ab")
 
@@ -269,7 +269,7 @@ def test_an_image_without_input_labels_is_out_of_date():
 def test_an_image_of_another_torchbuild_checkout_is_out_of_date_and_names_it():
     """The real build's resumed run wrote a request with a key the image's older torchbuild did
     not know (`keys unknown`); the image's source digest now says so before the build starts."""
-    from torchbuild.inputs.image import source_digest
+    from torchbuild.image.host import source_digest
 
     spec = resolve("cpu")
     here = _inspect(spec)
@@ -468,7 +468,7 @@ def test_a_lock_changes_the_inputs_hash_and_the_labels(tmp_path):
 
 
 def test_a_lock_source_tree_copy_leaves_lock_files_out(tmp_path, monkeypatch):
-    from torchbuild.inputs import image as image_mod
+    from torchbuild.image import host as image_mod
 
     root = tmp_path / "root"
     (root / "configs" / "profiles").mkdir(parents=True)
@@ -602,7 +602,7 @@ def test_the_image_runs_the_cuda_check_with_the_profiles_cuda_before_the_venvs(t
 
 
 def test_a_failed_cuda_check_is_a_profile_error_naming_both_versions(tmp_path):
-    from torchbuild.inputs.image import _profile_stop
+    from torchbuild.image.host import _profile_stop
 
     log = tmp_path / "image.log"
     log.write_text("Step 9/20 : RUN bash /opt/torchbuild/cuda-check.sh ...\n"
@@ -617,7 +617,7 @@ def test_a_failed_cuda_check_is_a_profile_error_naming_both_versions(tmp_path):
 
 
 def test_a_python_the_base_lacks_is_a_profile_error_naming_python_sources(tmp_path):
-    from torchbuild.inputs.image import _profile_stop
+    from torchbuild.image.host import _profile_stop
 
     log = tmp_path / "image.log"
     log.write_text(
@@ -692,11 +692,11 @@ def test_an_image_built_with_a_python_source_records_it_and_is_current():
 
 
 def test_the_source_digest_covers_exactly_the_files_the_image_installs(tmp_path):
-    from torchbuild.inputs.config import data_dir
-    from torchbuild.inputs.image import _copy_tree, source_files
+    from torchbuild.image.host import _copy_tree, source_files
+    from torchbuild.profile.config import data_dir
 
     _copy_tree(data_dir(), tmp_path / "copy")
     copied = {p.relative_to(tmp_path / "copy").as_posix() for p in (tmp_path / "copy").rglob("*") if p.is_file()}
     listed = {rel for rel, _ in source_files(data_dir())}
-    assert listed == copied and "src/torchbuild/inputs/image.py" in listed
+    assert listed == copied and "src/torchbuild/image/host.py" in listed
     assert not any("__pycache__" in rel or rel.endswith(".pyc") for rel in listed)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from torchbuild.core.errors import ImageBuildFailed
-from torchbuild.inputs.engine import Engine
+from torchbuild.runtime.engine import Engine
 
 RUN_BLOCK = (
     "/bin/sh -c set -eux;     apt-get update;     apt-get install -y --no-install-recommends gcc g++ "

@@ -14,8 +14,7 @@ import pytest
 
 from torchbuild.core.errors import LockError, ProfileError, UsageError
 from torchbuild.core.glibc import base_family
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.image import (
+from torchbuild.image.host import (
     DNF_DOCKERFILE,
     DOCKERFILE,
     image_context,
@@ -26,7 +25,8 @@ from torchbuild.inputs.image import (
     wanted_inputs,
     write_package_lists,
 )
-from torchbuild.inputs.recipe import bootstrap_for, recipe_definition, write_definition
+from torchbuild.profile.config import resolve
+from torchbuild.sif.recipe import bootstrap_for, recipe_definition, write_definition
 
 ROOT = Path(__file__).parents[2]
 MANYLINUX = ["base_image=quay.io/pypa/manylinux_2_28_x86_64", "glibc_floor=2.28", "python_version=3.12"]
@@ -179,7 +179,7 @@ def test_the_dnf_recipe_keeps_the_apt_recipes_contract():
         "COPY inputs/ /opt/torchbuild/inputs/",
         "COPY cuda-check.sh /opt/torchbuild/cuda-check.sh",
         "COPY torchbuild-src /opt/torchbuild-src",
-        "python -m torchbuild.inputs.lock installed > /opt/torchbuild/installed.txt",
+        "python -m torchbuild.image.lock installed > /opt/torchbuild/installed.txt",
         'venv="/opt/venv-$v"; if [ "$v" = "${PYTHON_VERSION}" ]; then venv=/opt/venv; fi; \\',
         "    PATH=/opt/venv/bin:${PATH}",
         "done < /opt/torchbuild/record/python-from-source.txt",

@@ -21,16 +21,16 @@ from helpers import TORCH_TAG, make_wheel
 from packaging.utils import canonicalize_name
 
 from torchbuild.core.errors import PathError, ProfileError, UsageError
-from torchbuild.delivery.install import mpi4py_requirement, other_packages, wants_mpi4py
-from torchbuild.delivery.manifest import INSTALL_MANIFEST, InstallManifest, read_install, write_install
-from torchbuild.delivery.mpiinfo import MPI_LIBRARY
-from torchbuild.delivery.wheelhouse import WheelFile
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.environment import readonly_shell_variables, runtime_env
-from torchbuild.inputs.sif import runtime_hash
-from torchbuild.launch.backends import Options, choose
-from torchbuild.launch.backends.apptainer import run_args
-from torchbuild.launch.install import check_prefix, choose_wheels, module_identity, record_files, wheel_python
+from torchbuild.install.host import check_prefix, choose_wheels, module_identity, record_files, wheel_python
+from torchbuild.install.mpiinfo import MPI_LIBRARY
+from torchbuild.install.step import mpi4py_requirement, other_packages, wants_mpi4py
+from torchbuild.install.wheelhouse import WheelFile
+from torchbuild.profile.config import resolve
+from torchbuild.runtime.backends import Options, choose
+from torchbuild.runtime.backends.apptainer import run_args
+from torchbuild.runtime.environment import readonly_shell_variables, runtime_env
+from torchbuild.runtime.manifest import INSTALL_MANIFEST, InstallManifest, read_install, write_install
+from torchbuild.sif.host import runtime_hash
 
 REPO = Path(__file__).resolve().parents[2]
 TORCHBUILD = Path(sys.executable).with_name("torchbuild")
@@ -330,7 +330,7 @@ def test_mpi_library_pattern(name, matches):
 
 def test_mpiinfo_reports_the_mpi_it_loads_or_that_there_is_none():
     proc = subprocess.run(
-        [sys.executable, str(REPO / "src" / "torchbuild" / "delivery" / "mpiinfo.py"), "no_such_module_xyz"],
+        [sys.executable, str(REPO / "src" / "torchbuild" / "install" / "mpiinfo.py"), "no_such_module_xyz"],
         capture_output=True,
         text=True,
         env={**os.environ, "LD_LIBRARY_PATH": "/nonexistent-lib-dir"},
@@ -596,7 +596,7 @@ def test_force_refuses_an_install_that_kept_no_list_of_its_files(tmp_path):
 def test_the_mpi_library_text_loses_open_mpis_trailing_nul_bytes():
     """The real install's summary said `mpi4py 4.1.2 against Open MPI v5.0.7, ...\\x00`: Open MPI's
     MPI_Get_library_version fills its buffer with NULs, which json carries through."""
-    from torchbuild.delivery.install import library_text
+    from torchbuild.install.step import library_text
 
     raw = json.loads(json.dumps("Open MPI v5.0.7, package: Debian OpenMPI, ident: 5.0.7\n\x00\x00"))
     assert library_text(raw) == "Open MPI v5.0.7, package: Debian OpenMPI, ident: 5.0.7"

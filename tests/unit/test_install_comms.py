@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.delivery import manifest as mf
-from torchbuild.delivery.libraries import loaded_problems, net_plugin_symbols
-from torchbuild.delivery.manifest import INSTALL_MANIFEST, read_install
-from torchbuild.delivery.modulefiles import ModuleInfo, add_activate_hook, lua_modulefile, tcl_modulefile
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.environment import comms_install_env
+from torchbuild.install.modulefiles import ModuleInfo, add_activate_hook, lua_modulefile, tcl_modulefile
+from torchbuild.profile.config import resolve
+from torchbuild.runtime import manifest as mf
+from torchbuild.runtime.environment import comms_install_env
+from torchbuild.runtime.libraries import loaded_problems, net_plugin_symbols
+from torchbuild.runtime.manifest import INSTALL_MANIFEST, read_install
 
 TORCHBUILD = Path(sys.executable).with_name("torchbuild")
 PYVER = f"{sys.version_info[0]}.{sys.version_info[1]}"

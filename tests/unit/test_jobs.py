@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from torchbuild.inputs.jobs import GiB, HostResources, cgroup_limit, mem_available, plan_jobs
+from torchbuild.runtime.jobs import GiB, HostResources, cgroup_limit, mem_available, plan_jobs
 
 
 def test_memory_bounds_jobs_below_cores():

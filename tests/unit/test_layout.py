@@ -29,7 +29,9 @@ def _is_task(node: ast.FunctionDef | ast.AsyncFunctionDef, module: str) -> bool:
             return target.attr
         return target.id if isinstance(target, ast.Name) else ""
 
-    return module.startswith("tasks/") and any(name(d) in TASK_DECORATORS for d in node.decorator_list)
+    return (module.startswith("tasks/") or module.endswith("task.py")) and any(
+        name(d) in TASK_DECORATORS for d in node.decorator_list
+    )
 
 
 def _functions(tree: ast.AST, prefix: str = "") -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:

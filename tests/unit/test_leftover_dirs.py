@@ -12,7 +12,7 @@ from helpers import fake_sif, make_wheel, run_invoke
 from test_hostcheck import FakeSmi, make_host
 
 from torchbuild.core.dirs import make_dirs, removing_made_dirs
-from torchbuild.launch import hostcheck as hc
+from torchbuild.hostcheck import host as hc
 
 
 def test_a_failure_removes_the_empty_directories_made_inside_and_keeps_the_rest(tmp_path):

@@ -1,4 +1,4 @@
-"""Toolchain locks (torchbuild.inputs.lock): the file format and its checks, the pins taken from what an
+"""Toolchain locks (torchbuild.image.lock): the file format and its checks, the pins taken from what an
 image build recorded, the installed list and its digest, and its record in the build manifest."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from torchbuild.core.errors import PathError
-from torchbuild.delivery import manifest as mf
-from torchbuild.inputs import lock as lk
+from torchbuild.image import lock as lk
+from torchbuild.runtime import manifest as mf
 
 H1, H2, H3 = "a" * 64, "b" * 64, "c" * 64
 
@@ -267,9 +267,9 @@ def test_installed_lines_list_each_venv_own_packages(tmp_path, monkeypatch):
 
 def test_requires_names_what_a_no_deps_install_left_missing():
     assert lk.unmet_requirements("torchbuild") == []  # this environment has all of torchbuild's
-    ok = subprocess.run([sys.executable, "-m", "torchbuild.inputs.lock", "requires", "torchbuild"], capture_output=True)
+    ok = subprocess.run([sys.executable, "-m", "torchbuild.image.lock", "requires", "torchbuild"], capture_output=True)
     assert ok.returncode == 0
-    usage = subprocess.run([sys.executable, "-m", "torchbuild.inputs.lock", "nonsense"], capture_output=True, text=True)
+    usage = subprocess.run([sys.executable, "-m", "torchbuild.image.lock", "nonsense"], capture_output=True, text=True)
     assert usage.returncode == 2 and "usage:" in usage.stderr
 
 
@@ -294,7 +294,7 @@ def test_the_build_manifest_records_the_list_beside_the_log(tmp_path):
 
 
 def test_a_manifest_with_the_packages_record_reads_back_and_older_ones_still_read(tmp_path):
-    from torchbuild.inputs.config import resolve
+    from torchbuild.profile.config import resolve
 
     spec = resolve("cpu")
     common = {

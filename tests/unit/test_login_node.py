@@ -15,9 +15,9 @@ from helpers import REPO, make_wheel, set_args
 from torchbuild.core import arch as arch_module
 from torchbuild.core.arch import Arch, binfmt_ready
 from torchbuild.core.errors import ProfileError
-from torchbuild.inputs.config import resolve
-from torchbuild.launch.backends.base import Options
-from torchbuild.launch.backends.native import NativeBackend
+from torchbuild.profile.config import resolve
+from torchbuild.runtime.backends.base import Options
+from torchbuild.runtime.backends.native import NativeBackend
 
 # `invoke ARGS` in a process whose platform.machine() answers MACHINE
 SIMULATED = """

@@ -1,4 +1,4 @@
-"""The manifest: typed, versioned, written and read only by torchbuild.delivery.manifest, and the
+"""The manifest: typed, versioned, written and read only by torchbuild.runtime.manifest, and the
 `invoke manifest.show` / `invoke manifest.diff` tasks that read it."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from helpers import invoke_here
 
 import torchbuild
 from torchbuild import __version__
+from torchbuild.builder.manifest_task import DIFFERENT
 from torchbuild.core.errors import BuildFailed, InsufficientSpace, PathError, TorchbuildError
-from torchbuild.delivery import manifest as mf
-from torchbuild.inputs.config import resolve
-from torchbuild.tasks.manifest import DIFFERENT
+from torchbuild.profile.config import resolve
+from torchbuild.runtime import manifest as mf
 
 SPEC = resolve("cpu")
 RUN = "0123456789ab"

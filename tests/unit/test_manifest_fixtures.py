@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.delivery import manifest as mf
+from torchbuild.runtime import manifest as mf
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "manifests"
 BUILD = sorted(FIXTURES.glob("*.manifest.json"))

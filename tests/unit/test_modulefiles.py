@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.delivery.modulefiles import (
+from torchbuild.install.modulefiles import (
     HOOK_BEGIN,
     RESTORE,
     ModuleInfo,
@@ -23,8 +23,8 @@ from torchbuild.delivery.modulefiles import (
     tcl_string,
     write_modulefiles,
 )
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.sif import environment_section
+from torchbuild.profile.config import resolve
+from torchbuild.sif.host import environment_section
 
 # values a runtime_env may hold that a shell, Lua or Tcl would otherwise interpret
 TRICKY = {

@@ -10,10 +10,10 @@ import json
 import pytest
 from helpers import invoke_here
 
-from torchbuild.inputs import official_wheels as ow
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.need_build import Reason, arch_runs, assess, choose_wheel, reasons
-from torchbuild.inputs.patches import load_series
+from torchbuild.configview.need_build import Reason, arch_runs, assess, choose_wheel, reasons
+from torchbuild.profile import official_wheels as ow
+from torchbuild.profile.config import resolve
+from torchbuild.source.patches import load_series
 
 
 def keys(spec) -> dict[str, str]:
@@ -215,7 +215,7 @@ def test_the_table_is_ordered_and_every_cuda_wheel_has_an_arch_list():
 @pytest.fixture
 def no_host_checks(monkeypatch):
     """The doctor's host checks (engine, tools) left out: the section under test reads the profile only."""
-    task = importlib.import_module("torchbuild.tasks.doctor")  # the module: the package names the task so
+    task = importlib.import_module("torchbuild.doctor.task")  # the module: the package names the task so
 
     monkeypatch.setattr(task, "run_checks", lambda *a, **k: ([], []))
 
@@ -247,7 +247,7 @@ def test_doctor_without_a_profile_has_no_section_and_a_bad_profile_is_named(no_h
 
 
 def test_doctor_help_acts_on_nothing(monkeypatch, capsys):
-    task = importlib.import_module("torchbuild.tasks.doctor")  # the module: the package names the task so
+    task = importlib.import_module("torchbuild.doctor.task")  # the module: the package names the task so
 
     def boom(*a, **k):
         raise AssertionError("--help ran the checks")

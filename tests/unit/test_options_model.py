@@ -1,6 +1,6 @@
 """Each option declared once (issue 43, item 2): the flags of `invoke build` and `invoke submit`,
 their help, the typed request and the argv a batch job passes on to the build all come from the
-option models (launch/runner.py, tasks/submit.py) and the profile keys (inputs/keys.py). What a
+option models (builder/host.py, batch/task.py) and the profile keys (profile/keys.py). What a
 user asks of `invoke submit` is what the build on the node gets: request -> argv -> request."""
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 from invoke.parser import Parser
 
+from torchbuild.batch.host import Runtime, _JobRequest, _make_job, scheduler_for
+from torchbuild.batch.task import JobHow, JobRun
+from torchbuild.builder.host import BuildInputs, BuildRun
 from torchbuild.core.options import flags, from_flags, to_argv
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.keys import flag_keys
-from torchbuild.launch.runner import BuildInputs, BuildOptions, BuildRun, LaunchOptions
-from torchbuild.launch.scheduler import Runtime, _JobRequest, _make_job, scheduler_for
+from torchbuild.profile.config import resolve
+from torchbuild.profile.keys import flag_keys
+from torchbuild.runtime.options import BuildOptions, LaunchOptions
 from torchbuild.tasks import ns
-from torchbuild.tasks.submit import JobHow, JobRun
 
 # every option of each model away from its default; values with spaces, '=' and a leading '/'
 EVERY = {

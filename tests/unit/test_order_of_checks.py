@@ -9,17 +9,17 @@ import io
 import pytest
 from helpers import invoke_here, make_wheel
 
+from torchbuild.builder import companions
+from torchbuild.comms import step as commsmod
+from torchbuild.comms.host import comms as launch_comms
+from torchbuild.comms.step import Part, _Step
+from torchbuild.comms.step import Request as CommsRequest
 from torchbuild.core.errors import PathError, ProfileError
 from torchbuild.core.problems import Problems
-from torchbuild.inputs.config import resolve
-from torchbuild.launch.backends import Options, choose
-from torchbuild.launch.comms import comms as launch_comms
-from torchbuild.steps import comms as commsmod
-from torchbuild.steps import companions
-from torchbuild.steps.comms import Part, _Step
-from torchbuild.steps.comms import Request as CommsRequest
+from torchbuild.profile.config import resolve
+from torchbuild.runtime.backends import Options, choose
 
-bench_task = importlib.import_module("torchbuild.tasks.bench")  # the module, not the task it exports
+bench_task = importlib.import_module("torchbuild.bench.task")  # the module, not the task it exports
 CUDA = ["cuda_version=12.4", 'cuda_arch_list=["9.0"]', "distributed=[gloo, nccl]"]
 
 
@@ -190,7 +190,7 @@ def test_develop_names_a_venv_that_is_no_venv_with_the_other_problems(tmp_path, 
 
 
 def test_a_venv_a_new_path_or_an_empty_directory_is_taken(tmp_path):
-    from torchbuild.launch.develop import check_venv_path
+    from torchbuild.devloop.host import check_venv_path
 
     (tmp_path / "empty").mkdir()
     (tmp_path / "venv").mkdir()
@@ -202,7 +202,7 @@ def test_a_venv_a_new_path_or_an_empty_directory_is_taken(tmp_path):
 def test_a_venv_made_in_the_container_is_taken_though_its_python_dangles_here(tmp_path):
     """`python3 -m venv` run in the image links bin/python to the image's interpreter, which the
     host may not have: the venv is still one (its pyvenv.cfg says so)."""
-    from torchbuild.steps.bench import check_venv
+    from torchbuild.bench.step import check_venv
 
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from torchbuild.core.errors import PatchConflict
-from torchbuild.inputs.patches import apply_series, find_series_dir, load_series, patches_root
+from torchbuild.source.patches import apply_series, find_series_dir, load_series, patches_root
 
 
 def tree_digest(root: Path) -> str:

@@ -12,9 +12,9 @@ import pytest
 
 from torchbuild.core.errors import BuildFailed, InsufficientSpace, OutOfMemory
 from torchbuild.core.progress import Tee
-from torchbuild.inputs.jobs import GiB, HostResources, Peaks, load_measured, plan_jobs, record_measured
-from torchbuild.steps import oom
-from torchbuild.steps.oom import JobsUsed, fewer_jobs, oom_evidence, run_compile
+from torchbuild.runtime import oom
+from torchbuild.runtime.jobs import GiB, HostResources, Peaks, load_measured, plan_jobs, record_measured
+from torchbuild.runtime.oom import JobsUsed, fewer_jobs, oom_evidence, run_compile
 
 
 def host(cores: int, mem_gib: float) -> HostResources:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from torchbuild.delivery import probe
+from torchbuild.verify import probe
 
 PROBE = Path(probe.__file__)
 EXPECT = {
@@ -71,7 +71,7 @@ def statuses(checks: list[dict[str, str]]) -> dict[str, str]:
 
 
 def test_records_are_what_verify_reads_back():
-    from torchbuild.delivery.verify import Check
+    from torchbuild.verify.step import Check
 
     assert probe.record("a", True, 3) == {"name": "a", "status": "pass", "detail": "3"}
     assert probe.record("a", False)["status"] == "fail"

@@ -105,7 +105,7 @@ def test_checked_raises_what_subprocess_run_check_true_raises():
 def test_a_query_past_its_deadline_is_stopped_with_its_children(tmp_path, monkeypatch):
     """hostcheck's commands go through run_captured: a child the command started (a wrapper's)
     is stopped with it at the deadline, where subprocess.run killed the command alone."""
-    from torchbuild.launch import hostcheck
+    from torchbuild.hostcheck import host as hostcheck
 
     pidfile = tmp_path / "child.pid"
     script = tmp_path / "slow"

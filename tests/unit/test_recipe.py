@@ -20,9 +20,10 @@ from helpers import run_invoke
 from torchbuild import __version__
 from torchbuild.core.arch import Arch
 from torchbuild.core.errors import PathError, ProfileError, SifError, TorchbuildError, UsageError
-from torchbuild.inputs.config import data_dir, resolve
-from torchbuild.inputs.image import apt_packages, build_args, image_context, labels, python_requirements
-from torchbuild.inputs.recipe import (
+from torchbuild.image.host import apt_packages, build_args, image_context, labels, python_requirements
+from torchbuild.profile.config import data_dir, resolve
+from torchbuild.sif.host import SIF_LABEL, TORCHBUILD_EXE, definition
+from torchbuild.sif.recipe import (
     Bootstrap,
     RecipeError,
     bootstrap_for,
@@ -31,7 +32,6 @@ from torchbuild.inputs.recipe import (
     translate,
     write_definition,
 )
-from torchbuild.inputs.sif import SIF_LABEL, TORCHBUILD_EXE, definition
 
 DOCKERFILE = data_dir() / "containers" / "toolchain.Dockerfile"
 
@@ -417,7 +417,7 @@ def test_write_definition_needs_from_recipe(tmp_path):
 
 def test_the_recipe_hash_is_the_same_for_the_same_inputs_and_differs_otherwise(tmp_path):
     """What says a SIF from the recipe is up to date: two fresh contexts of one profile hash alike."""
-    from torchbuild.inputs.recipe import recipe_hash
+    from torchbuild.sif.recipe import recipe_hash
 
     def digest(sets: list[str], name: str) -> str:
         spec = resolve("cpu", ["sif_bootstrap=debootstrap", "base_image=debian:trixie", *sets], arch="x86_64")

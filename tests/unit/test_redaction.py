@@ -14,9 +14,9 @@ from helpers import run_invoke
 
 from torchbuild.core.console import redact
 from torchbuild.core.errors import ProfileError, SourceError
-from torchbuild.delivery.manifest import write_json
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.source import fetch_git
+from torchbuild.profile.config import resolve
+from torchbuild.runtime.manifest import write_json
+from torchbuild.source.fetch import fetch_git
 
 SECRET = "hunter2"
 
@@ -74,7 +74,7 @@ def test_a_manifest_or_report_is_written_without_credentials(tmp_path):
 def test_the_profile_beside_a_batch_script_is_readable_by_its_owner_alone(tmp_path):
     from test_scheduler import _job
 
-    from torchbuild.launch.scheduler import scheduler_for, write_job
+    from torchbuild.batch.host import scheduler_for, write_job
 
     spec = resolve("cpu", [f"torch_repo=https://u:{SECRET}@example.com/pytorch.git"], arch="x86_64")
     profile = tmp_path / "jobs" / "cpu.yaml"
@@ -114,8 +114,8 @@ def test_image_labels_and_the_profile_baked_into_a_sif_carry_no_credentials():
     """Item 5: a requirement's URL token and a git URL's password reached the image's labels
     (`docker image inspect`, anyone with the engine) and the profile inside the SIF (a file
     people copy); the profile beside a batch job keeps them (it runs the build, 0600)."""
-    from torchbuild.inputs.config import profile_text, shareable_profile_text
-    from torchbuild.inputs.image import labels
+    from torchbuild.image.host import labels
+    from torchbuild.profile.config import profile_text, shareable_profile_text
 
     token = "ghp_" + "s3cr3t" * 4
     spec = resolve(

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 
+from torchbuild.configview.render import config_text
 from torchbuild.core.arch import Arch
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.jobs import GiB, HostResources
-from torchbuild.inputs.render import config_text
+from torchbuild.profile.config import resolve
+from torchbuild.runtime.jobs import GiB, HostResources
 
 
 def test_config_text_is_a_table_of_keys_values_and_origins(tmp_path):

@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 from helpers import invoke_here, make_wheel
 
+from torchbuild.builder import repro
+from torchbuild.builder.host import pythons_option
+from torchbuild.builder.manifest_task import DIFFERENT
 from torchbuild.core.errors import ToolMissing, UsageError, WheelError
-from torchbuild.delivery.pipenv import interpreter
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.source import SourceInfo
-from torchbuild.launch.runner import pythons_option
-from torchbuild.steps import repro
-from torchbuild.steps.compile_job import check_wheel_tools, path_independent
-from torchbuild.tasks.manifest import DIFFERENT
+from torchbuild.profile.config import resolve
+from torchbuild.runtime.compile_job import check_wheel_tools, path_independent
+from torchbuild.runtime.pipenv import interpreter
+from torchbuild.source.fetch import SourceInfo
 
 EPOCH = 1700000000  # 2023-11-14T22:13:20Z
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.jobs import GiB, HostResources, cgroup_limit, own_cgroups
-from torchbuild.steps.resume import STEPS, Record, record_path, request_key
+from torchbuild.builder.resume import STEPS, Record, record_path, request_key
+from torchbuild.profile.config import resolve
+from torchbuild.runtime.jobs import GiB, HostResources, cgroup_limit, own_cgroups
 
 BASE = {
     "spec_hash": "a" * 64,

@@ -1,4 +1,4 @@
-"""launch/rounds.py: a build carried across allocations. The supervisor runs a stand-in build
+"""batch/rounds.py: a build carried across allocations. The supervisor runs a stand-in build
 (a script that prints ninja's status lines and stops on SIGTERM as torchbuild does), stops it
 before the walltime (its own timer, or SIGUSR1 from the script's trap), records the round and
 submits the next one; no progress, too many rounds and a refused submission are named errors.
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from test_scheduler import _job, _lint, _spec
 
-from torchbuild.delivery import manifest as mf
-from torchbuild.launch.rounds import new_state
-from torchbuild.launch.scheduler import Pbs, Slurm, write_job
+from torchbuild.batch.host import Pbs, Slurm, write_job
+from torchbuild.batch.rounds import new_state
+from torchbuild.runtime import manifest as mf
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "manifests"
 # a build: ninja's "[k/N]" line every `pace` seconds for `steps` steps; SIGTERM ends it with 130
@@ -48,7 +48,7 @@ def _state(tmp_path: Path, *, max_rounds: int = 3, walltime: int = 3, warning: i
 def _round(state: Path, steps: int, pace: float, code: int = 0, manifest: str = "", **kw) -> subprocess.Popen[str]:
     build = [sys.executable, "-c", BUILD, str(steps), str(pace), str(code), manifest]
     return subprocess.Popen(
-        [sys.executable, "-m", "torchbuild.launch.rounds", str(state), "--", *build],
+        [sys.executable, "-m", "torchbuild.batch.rounds", str(state), "--", *build],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -136,7 +136,7 @@ def test_a_rounds_job_script_runs_the_supervisor_in_the_background_and_lints(tmp
     job = _job(tmp_path, spec, rounds=tmp_path / "out" / ".torchbuild" / "jobs" / "k" / "rounds.json")
     script = write_job(scheduler, job, tmp_path / "out" / ".torchbuild" / "jobs" / "k" / "cpu.yaml")
     text = script.read_text()
-    assert "-m torchbuild.launch.rounds" in text and "trap 'kill -USR1 \"$tb_pid\" 2>/dev/null' USR1" in text
+    assert "-m torchbuild.batch.rounds" in text and "trap 'kill -USR1 \"$tb_pid\" 2>/dev/null' USR1" in text
     assert "exec " not in text.split("set -eo pipefail")[1]
     _lint(script)
     state = json.loads(job.rounds.read_text())  # type: ignore[union-attr]
@@ -151,8 +151,8 @@ def test_a_rounds_job_script_runs_the_supervisor_in_the_background_and_lints(tmp
 
 
 def test_a_warning_as_long_as_the_walltime_is_refused():
+    from torchbuild.batch.host import check_job_keys
     from torchbuild.core.errors import UsageError
-    from torchbuild.launch.scheduler import check_job_keys
 
     with pytest.raises(UsageError, match="leaves no time of the walltime"):
         check_job_keys(_spec("cpu", "job_rounds=2", "job_round_warning_s=600", "walltime=00:10:00"))

@@ -1,4 +1,4 @@
-"""steps/runs.py and the whole-build figures of a build made in several runs: each run notes its
+"""builder/runs.py and the whole-build figures of a build made in several runs: each run notes its
 start and end in the tree, the report places the ninja log's steps in the runs by their origin
 (their output's time less their end), and gives the whole build's wall over its lower bound."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.delivery import manifest
-from torchbuild.steps import runs
-from torchbuild.steps.bound import bound_of, efficiency_record, render_across
-from torchbuild.steps.report import read_across_runs
+from torchbuild.builder import runs
+from torchbuild.builder.bound import bound_of, efficiency_record, render_across
+from torchbuild.builder.report import read_across_runs
+from torchbuild.runtime import manifest
 
 T0 = 1_795_864_000.0  # a start, seconds since the epoch
 
@@ -123,10 +123,10 @@ def test_a_partial_directory_of_a_run_killed_outright_is_removed_by_the_next_liv
     import subprocess
     import sys
 
-    from torchbuild.steps.compile_job import partial_dir, release_partial
+    from torchbuild.runtime.compile_job import partial_dir, release_partial
 
     make = (
-        "import sys, time; from pathlib import Path; from torchbuild.steps.compile_job import partial_dir;"
+        "import sys, time; from pathlib import Path; from torchbuild.runtime.compile_job import partial_dir;"
         "p = partial_dir(Path(sys.argv[1]), sys.argv[2], 'the wheel'); (p / 'half.whl').write_bytes(b'x');"
         "print(p, flush=True); time.sleep(float(sys.argv[3]))"
     )
@@ -160,7 +160,7 @@ def test_a_tree_held_by_another_process_is_tree_busy_naming_it(tmp_path: Path):
 
     from torchbuild.core.errors import TreeBusy
 
-    hold = "import sys, time; from pathlib import Path; from torchbuild.steps import runs; runs.hold_tree(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)"
+    hold = "import sys, time; from pathlib import Path; from torchbuild.builder import runs; runs.hold_tree(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)"
     other = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert other.stdout is not None and other.stdout.readline().strip() == "held"

@@ -21,19 +21,7 @@ import pytest
 from helpers import fake_sif as _fake_sif
 from helpers import run_invoke
 
-from torchbuild.core.errors import (
-    BuildInterrupted,
-    JobFailed,
-    PathError,
-    ProfileError,
-    SubmissionRefused,
-    ToolMissing,
-    UsageError,
-)
-from torchbuild.core.options import to_argv
-from torchbuild.inputs.config import available_profiles, resolve, schema
-from torchbuild.launch.runner import BuildOptions
-from torchbuild.launch.scheduler import (
+from torchbuild.batch.host import (
     TAIL_LINES,
     Job,
     JobStatus,
@@ -55,6 +43,18 @@ from torchbuild.launch.scheduler import (
     tail,
     write_job,
 )
+from torchbuild.core.errors import (
+    BuildInterrupted,
+    JobFailed,
+    PathError,
+    ProfileError,
+    SubmissionRefused,
+    ToolMissing,
+    UsageError,
+)
+from torchbuild.core.options import to_argv
+from torchbuild.profile.config import available_profiles, resolve, schema
+from torchbuild.runtime.options import BuildOptions
 
 NAME = "torchbuild-cpu-0123abcd"
 CUDA_COMMS = [
@@ -1044,7 +1044,7 @@ def test_invoke_submit_refuses_a_sif_that_is_no_sif_on_the_login_node(tmp_path, 
 
 def test_a_sif_is_told_by_its_header_with_a_bounded_read(tmp_path):
     from torchbuild.core.errors import ImageNotFound
-    from torchbuild.inputs.sif import check_sif_header
+    from torchbuild.sif.host import check_sif_header
 
     check_sif_header(_fake_sif(tmp_path / "ok.sif"), "--sif", "hint")
     big = tmp_path / "big.sif"
@@ -1155,7 +1155,7 @@ def test_every_shipped_profile_renders_a_clean_script(tmp_path, profile):
 
 
 def _dry_script(tmp_path: Path, spec, sif: Path, **options) -> str:
-    from torchbuild.launch.scheduler import submit_build
+    from torchbuild.batch.host import submit_build
 
     src = tmp_path / "pytorch src"
     src.mkdir(exist_ok=True)
@@ -1248,7 +1248,7 @@ def _standin_qsub(tmp_path: Path, monkeypatch) -> None:
 
 
 def _run_request(tmp_path: Path, script: Path):
-    from torchbuild.launch.scheduler import RunRequest
+    from torchbuild.batch.host import RunRequest
 
     house = tmp_path / "house"
     house.mkdir(exist_ok=True)
@@ -1260,7 +1260,7 @@ def _pbs_log_directive(script: Path) -> str:
 
 
 def test_pbs_run_jobs_of_one_script_each_keep_their_own_script_and_log(tmp_path, monkeypatch):
-    from torchbuild.launch.scheduler import submit_run
+    from torchbuild.batch.host import submit_run
 
     _standin_qsub(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
@@ -1278,7 +1278,7 @@ def test_pbs_run_jobs_of_one_script_each_keep_their_own_script_and_log(tmp_path,
 
 @pytest.mark.parametrize("scheduler", ["slurm", "pbs"])
 def test_scripts_whose_names_differ_in_odd_characters_get_names_of_their_own(tmp_path, scheduler):
-    from torchbuild.launch.scheduler import run_job
+    from torchbuild.batch.host import run_job
 
     spec = _spec("cpu", f"scheduler={scheduler}")
     names = {
@@ -1292,7 +1292,7 @@ def test_scripts_whose_names_differ_in_odd_characters_get_names_of_their_own(tmp
 
 
 def test_a_kept_script_that_exists_is_never_overwritten(tmp_path, monkeypatch):
-    from torchbuild.launch import scheduler as sched
+    from torchbuild.batch import host as sched
 
     _standin_qsub(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
@@ -1310,7 +1310,7 @@ def test_a_kept_script_that_exists_is_never_overwritten(tmp_path, monkeypatch):
 
 
 def test_a_reservation_is_slurms_reservation_and_pbss_queue(tmp_path):
-    """The key added in one place (inputs/keys.py; defaults.yaml and the schema generated): the
+    """The key added in one place (profile/keys.py; defaults.yaml and the schema generated): the
     job runs in the reservation, under PBS as its queue, which a partition may not also name."""
     slurm = scheduler_for("slurm").render(_job(tmp_path, _spec("cpu", "reservation=course_1")))
     assert "#SBATCH --reservation=course_1\n" in slurm

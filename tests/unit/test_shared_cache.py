@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from torchbuild.core.errors import ProfileError
-from torchbuild.delivery import manifest as mf
-from torchbuild.inputs import remote_cache
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.environment import build_env
-from torchbuild.inputs.jobs import JobPlan
-from torchbuild.launch import doctor
-from torchbuild.steps.compile_job import CompileJob
+from torchbuild.doctor import host as doctor
+from torchbuild.profile import remote_cache
+from torchbuild.profile.config import resolve
+from torchbuild.runtime import manifest as mf
+from torchbuild.runtime.compile_job import CompileJob
+from torchbuild.runtime.environment import build_env
+from torchbuild.runtime.jobs import JobPlan
 
 REDIS = "redis://cache.site.example:6379"
 

@@ -21,8 +21,9 @@ from helpers import fake_sif
 from torchbuild import __version__
 from torchbuild.cli import main
 from torchbuild.core.errors import ImageNotFound, InsufficientSpace, SifError, ToolMissing, UsageError
-from torchbuild.inputs.config import profile_text, resolve
-from torchbuild.inputs.sif import (
+from torchbuild.profile.config import profile_text, resolve
+from torchbuild.runtime.backends.apptainer import check_sif, run_args
+from torchbuild.sif.host import (
     APPTAINER_DEFAULT_COMPRESSION,
     Apptainer,
     Compression,
@@ -39,7 +40,6 @@ from torchbuild.inputs.sif import (
     space_needed,
     write_oci_layout,
 )
-from torchbuild.launch.backends.apptainer import check_sif, run_args
 
 
 def test_definition_bootstraps_from_the_oci_layout_and_adds_metadata_only(tmp_path):
@@ -276,7 +276,7 @@ def test_cli_help_explains_the_binds(capsys):
 
 
 def test_default_sif_link_is_replaced_without_leftovers(tmp_path):
-    from torchbuild.inputs.sif import link_default
+    from torchbuild.sif.host import link_default
 
     spec = resolve("cpu")
     final = tmp_path / sif_filename(spec)

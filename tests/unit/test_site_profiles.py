@@ -14,9 +14,9 @@ from helpers import run_invoke, set_args
 
 from torchbuild.core.arch import Arch
 from torchbuild.core.errors import PathError, ProfileError
-from torchbuild.inputs.companion_table import pairing_problem
-from torchbuild.inputs.config import resolve
-from torchbuild.inputs.environment import build_env, with_job_values
+from torchbuild.profile.companion_table import pairing_problem
+from torchbuild.profile.config import resolve
+from torchbuild.runtime.environment import build_env, with_job_values
 
 DERECHO = ["ncarenv/23.09", "gcc/12.2.0", "ncarcompilers", "cray-mpich/8.1.27", "cuda/12.2.1"]
 
@@ -47,7 +47,7 @@ def test_derechos_sif_runs_on_the_hosts_cray_mpich():
 
 @pytest.mark.parametrize("series", ["2.3", "2.4"])
 def test_the_cuda_aware_mpi_patch_says_where_it_differs_from_the_seeds(series):
-    from torchbuild.inputs.config import data_dir
+    from torchbuild.profile.config import data_dir
 
     text = (data_dir() / "patches" / "pytorch" / series / "01-cuda-aware-mpi-fallback.patch").read_text()
     header = " ".join(text.split("diff --git", 1)[0].split())
@@ -179,7 +179,7 @@ def test_archer2_refuses_a_job_whose_cache_source_or_out_is_under_home(tmp_path)
 
 
 def test_the_jobs_python_and_torchbuild_are_checked_against_unmounted_dirs():
-    from torchbuild.launch.jobplaces import check_mounted, runtime_places
+    from torchbuild.batch.jobplaces import check_mounted, runtime_places
 
     places = dict((what, path) for what, path, _ in runtime_places(resolve("archer2")))
     assert places["the job's Python"] == sys.executable and Path(places["torchbuild"], "__init__.py").is_file()
@@ -199,9 +199,9 @@ def test_required_names_keys_of_the_profile():
 def test_submit_makes_the_native_build_venv_on_the_login_node_before_the_job(tmp_path, monkeypatch):
     """Compute nodes may not reach PyPI: the venv the job's build uses (same Python, same tree,
     same cache: the same key) is made where submit runs, before sbatch."""
-    from torchbuild.launch.runner import BuildOptions
-    from torchbuild.launch.scheduler import Runtime, submit_build
-    from torchbuild.steps import buildenv
+    from torchbuild.batch.host import Runtime, submit_build
+    from torchbuild.builder import buildenv
+    from torchbuild.runtime.options import BuildOptions
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

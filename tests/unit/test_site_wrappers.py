@@ -20,11 +20,11 @@ import yaml
 from helpers import FIXTURES, REPO, make_wheel
 
 from torchbuild.core.errors import ProfileError
-from torchbuild.delivery.install import option_packages, other_packages
-from torchbuild.delivery.manifest import INSTALL_MANIFEST, read_install
-from torchbuild.inputs.config import RuntimePackage, profile_text, resolve, spec_from_dict
-from torchbuild.inputs.environment import build_env, compiler_commands, with_job_values
-from torchbuild.steps.compile_job import toolchain_versions
+from torchbuild.install.step import option_packages, other_packages
+from torchbuild.profile.config import RuntimePackage, profile_text, resolve, spec_from_dict
+from torchbuild.runtime.compile_job import toolchain_versions
+from torchbuild.runtime.environment import build_env, compiler_commands, with_job_values
+from torchbuild.runtime.manifest import INSTALL_MANIFEST, read_install
 
 TORCHBUILD = Path(sys.executable).with_name("torchbuild")
 PYVER = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -250,7 +250,7 @@ def test_a_check_that_does_not_end_fails_the_install_by_name(tmp_path, monkeypat
     import types
 
     from torchbuild.core.errors import InstallFailed
-    from torchbuild.delivery import install
+    from torchbuild.install import step as install
 
     monkeypatch.setattr(install, "CHECK_TIMEOUT", 1)
     step = types.SimpleNamespace(prefix=tmp_path, env={"PATH": os.defpath})

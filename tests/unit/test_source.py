@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from torchbuild.core.errors import SourceError, UsageError
-from torchbuild.inputs.source import _clone, describe_dir, fetch_git, mirror_path, unpack_archive, update_tree
+from torchbuild.source.fetch import _clone, describe_dir, fetch_git, mirror_path, unpack_archive, update_tree
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "t",

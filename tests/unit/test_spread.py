@@ -1,4 +1,4 @@
-"""`invoke submit --nodes N` (launch/spread.py): the job script that starts distccd on the
+"""`invoke submit --nodes N` (batch/spread.py): the job script that starts distccd on the
 allocation's other nodes through the scheduler, compiles through them and stops them. The
 scripts are run for real in bash with stand-ins for scontrol, srun, pbsdsh and getent (which
 record what they were asked and stay up as a daemon would); the real two-node Slurm run is in
@@ -20,11 +20,11 @@ from helpers import fake_sif as _fake_sif
 from helpers import run_invoke
 from test_scheduler import _executable, _lint
 
+from torchbuild.batch.host import Job, Runtime, spread_scheduler_for, submit_build
+from torchbuild.batch.spread import check_nodes, slots_per_node, spread_jobs, spread_lines
 from torchbuild.core.errors import UsageError
-from torchbuild.inputs.config import resolve
-from torchbuild.launch.runner import BuildOptions
-from torchbuild.launch.scheduler import Job, Runtime, spread_scheduler_for, submit_build
-from torchbuild.launch.spread import check_nodes, slots_per_node, spread_jobs, spread_lines
+from torchbuild.profile.config import resolve
+from torchbuild.runtime.options import BuildOptions
 
 ADDRESSES = {"node1": "10.9.0.1", "node2": "10.9.0.2", "node3": "10.9.0.3"}
 # prints what the build would see of the spread, as JSON

@@ -12,18 +12,18 @@ from typing import Any, ClassVar
 import pytest
 from helpers import TORCH_TAG, make_wheel
 
+from torchbuild.bench.step import Request as BenchRequest
+from torchbuild.builder.host import verify_with
 from torchbuild.core import records
 from torchbuild.core.errors import UsageError
-from torchbuild.delivery.install import InstallRequest, ModuleName, MpiRequest, WheelPin
-from torchbuild.delivery.verify import Request as VerifyRequest
-from torchbuild.delivery.verify import request as verify_request
-from torchbuild.inputs.config import resolve
-from torchbuild.launch.backends import Binds, Options
-from torchbuild.launch.backends.base import Backend
-from torchbuild.launch.install import install, mpi_check
-from torchbuild.launch.runner import verify_with
-from torchbuild.steps import STEPS, parse_request, run_step_file
-from torchbuild.steps.bench import Request as BenchRequest
+from torchbuild.install.host import install, mpi_check
+from torchbuild.install.step import InstallRequest, ModuleName, MpiRequest, WheelPin
+from torchbuild.profile.config import resolve
+from torchbuild.runtime.backends import Binds, Options
+from torchbuild.runtime.backends.base import Backend
+from torchbuild.runtime.steps import STEPS, parse_request, run_step_file
+from torchbuild.verify.step import Request as VerifyRequest
+from torchbuild.verify.step import request as verify_request
 
 SPEC = resolve("cpu")
 
@@ -79,7 +79,7 @@ def launched_mpi(tmp_path: Path) -> tuple[str, dict[str, Any]]:
 
 
 def launched_bench(tmp_path: Path) -> tuple[str, dict[str, Any]]:
-    # what tasks/bench.py hands the backend
+    # what bench/task.py hands the backend
     req = BenchRequest(venv=str(tmp_path / "env"), benchmark=str(tmp_path / "tb"), install_args=("resnet50",))
     return "bench", json.loads(json.dumps(records.to_dict(req)))
 
@@ -89,7 +89,10 @@ TYPES = {"verify": VerifyRequest, "install": InstallRequest, "mpi": MpiRequest, 
 
 
 def test_every_step_of_the_registry_parses_into_its_own_typed_request():
-    from torchbuild.steps import build, comms, companions, develop
+    from torchbuild.builder import companions
+    from torchbuild.builder import step as build
+    from torchbuild.comms import step as comms
+    from torchbuild.devloop import step as develop
 
     compile_steps = {"build": build.BuildRequest, "comms": comms.Request, "companions": companions.Request}
     every = {**TYPES, **compile_steps, "develop": develop.Request}

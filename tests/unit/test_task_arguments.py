@@ -1,4 +1,4 @@
-"""The words of every task's command line (tasks/common.py's TorchbuildTask and TaskArgument):
+"""The words of every task's command line (runtime/tasks.py's TorchbuildTask and TaskArgument):
 `--help` and `-h` print the task's help wherever they stand and nothing runs; no positional or
 option takes a value starting with '-' (but the options whose values are another program's
 options); no task has a short flag `-`, `--` or `-h`, nor one short flag twice.
@@ -19,8 +19,8 @@ from invoke.main import program as invoke_program
 from invoke.program import Program
 
 from torchbuild import cli
+from torchbuild.runtime.tasks import OPTION_VALUES, RESERVED_SHORT, TorchbuildTask
 from torchbuild.tasks import ns
-from torchbuild.tasks.common import OPTION_VALUES, RESERVED_SHORT, TorchbuildTask
 
 TASKS = sorted(ns.task_names)
 HELP_WORDS = ["--help", "-h"]

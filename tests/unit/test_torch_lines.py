@@ -1,4 +1,4 @@
-"""The per-line build requirements (inputs/torch_lines.py) and the companion table through torch
+"""The per-line build requirements (profile/torch_lines.py) and the companion table through torch
 2.15, as `invoke config` applies them before any image is built."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from torchbuild.core.errors import ProfileError
-from torchbuild.inputs import torch_lines
-from torchbuild.inputs.companion_table import TABLE, default_ref, likely_ref
-from torchbuild.inputs.config import resolve
+from torchbuild.profile import torch_lines
+from torchbuild.profile.companion_table import TABLE, default_ref, likely_ref
+from torchbuild.profile.config import resolve
 
 
 def test_the_lines_are_in_order_and_no_requirement_ever_goes_down():

@@ -1,5 +1,5 @@
-"""A tree's kind (inputs/tree.py) and how a scikit-build-core tree is configured and built
-(steps/skbuild.py): the one place that decides, and what the build runs from it."""
+"""A tree's kind (runtime/tree.py) and how a scikit-build-core tree is configured and built
+(runtime/skbuild.py): the one place that decides, and what the build runs from it."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from helpers import TREE_KINDS, fixture_tree, run_invoke, set_args
 
 from torchbuild.core.errors import SourceError
-from torchbuild.inputs.tree import SETUP_PY, SKBUILD, kind_of, skbuild_settings
-from torchbuild.steps import skbuild
+from torchbuild.runtime import skbuild
+from torchbuild.runtime.tree import SETUP_PY, SKBUILD, kind_of, skbuild_settings
 
 SKBUILD_TOML = '[build-system]\nrequires = ["scikit-build-core>=1.0"]\nbuild-backend = "scikit_build_core.build"\n'
 
@@ -90,7 +90,7 @@ def test_the_backend_gets_the_persistent_build_dir_and_the_project_time_defines(
 
 def test_the_wheel_tools_check_names_scikit_build_core_for_such_a_tree(tmp_path):
     from torchbuild.core.errors import ToolMissing
-    from torchbuild.steps.compile_job import check_wheel_tools
+    from torchbuild.runtime.compile_job import check_wheel_tools
 
     (tmp_path / "pyproject.toml").write_text(SKBUILD_TOML)
     check_wheel_tools(str(tmp_path), sys.executable)  # this interpreter has it (the test extras)
@@ -104,7 +104,7 @@ def test_the_wheel_tools_check_names_scikit_build_core_for_such_a_tree(tmp_path)
 
 
 def test_develop_installs_a_scikit_build_core_tree_with_pip(tmp_path):
-    from torchbuild.steps.develop import mode_for
+    from torchbuild.devloop.step import mode_for
 
     (tmp_path / "version.txt").write_text("2.6.0\n")  # a setup.py tree this old would `setup.py develop`
     (tmp_path / "pyproject.toml").write_text(SKBUILD_TOML)

@@ -1,4 +1,4 @@
-"""steps/unitpeak.py: each real compile's peak memory and time, through ccache's prefix command
+"""builder/unitpeak.py: each real compile's peak memory and time, through ccache's prefix command
 (only misses pass there), read back for the report's heaviest units and the heavy pool."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.steps import unitpeak
+from torchbuild.builder import unitpeak
 
 # a stand-in compiler that holds about 200 MiB (touched, so resident) and exits as asked
 HOG = "import sys; b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096]); sys.exit(int(sys.argv[1]))"

@@ -1,4 +1,4 @@
-"""delivery/upstream_tests.py: the profile's subset of the source's test/ run with pytest against
+"""verify/upstream_tests.py: the profile's subset of the source's test/ run with pytest against
 an interpreter, its counts from pytest's JUnit XML, the failure budget, the whole-run time bound
 (pytest stopped with SIGINT reports what ran), the per-arch skip list; and verify's check of it."""
 
@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 from helpers import FIXTURES
 
-from torchbuild.delivery import upstream_tests
-from torchbuild.delivery.verify import _upstream
+from torchbuild.verify import upstream_tests
+from torchbuild.verify.step import _upstream
 
 TESTS = {
     "test_torch.py": "def test_a():\n    pass\n\ndef test_b():\n    pass\n\ndef test_known_bad():\n    assert False\n",
@@ -88,8 +88,8 @@ def test_verify_on_its_own_finds_the_tree_its_wheels_manifest_names(tmp_path: Pa
     """`invoke verify --wheel W` after the build (issue 42): PyTorch's own tests come from the
     tree W's manifest names, as they do in the verify the build runs; not without verify_tests,
     a manifest, or the tree."""
-    from torchbuild.inputs.config import resolve
-    from torchbuild.launch.runner import tests_tree
+    from torchbuild.builder.host import tests_tree
+    from torchbuild.profile.config import resolve
 
     tree = tmp_path / "pytorch"
     (tree / "test").mkdir(parents=True)

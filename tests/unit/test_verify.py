@@ -15,7 +15,9 @@ import pytest
 from packaging.tags import Tag
 
 from torchbuild.core.errors import PathError, UsageError, VerifyFailed, WheelError
-from torchbuild.delivery.verify import (
+from torchbuild.profile.config import resolve
+from torchbuild.runtime.steps import run_step_file
+from torchbuild.verify.step import (
     Check,
     check_wheel_file,
     render,
@@ -26,8 +28,6 @@ from torchbuild.delivery.verify import (
     tag_checks,
     verify_wheel,
 )
-from torchbuild.inputs.config import resolve
-from torchbuild.steps import run_step_file
 
 PY = f"cp{sys.version_info.major}{sys.version_info.minor}"
 GOOD = f"tiny_pkg-1.2.3+tb-{PY}-{PY}-linux_x86_64.whl"
@@ -192,7 +192,7 @@ def test_the_fresh_venv_sees_the_system_packages_a_system_site_base_sees(tmp_pat
     python3-jwt), and the fresh venv made from it imports jwt from there."""
     import subprocess
 
-    from torchbuild.delivery.verify import _fresh_venv
+    from torchbuild.verify.step import _fresh_venv
 
     base = tmp_path / "base"
     subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", "--system-site-packages", str(base)], check=True)
@@ -270,8 +270,8 @@ def test_the_verify_report_is_written_atomically_so_a_failed_write_keeps_the_old
     import os
 
     from torchbuild.core.errors import InsufficientSpace
-    from torchbuild.delivery import verify as vf
-    from torchbuild.delivery.verify import Check
+    from torchbuild.verify import step as vf
+    from torchbuild.verify.step import Check
 
     wheel = make_wheel(tmp_path / "tiny_pkg-1.2.3+tb-py3-none-any.whl")
     report = Path(f"{wheel}.verify.json")

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from helpers import run_invoke
 
+from torchbuild.batch import host as sched
+from torchbuild.batch.verify_nodes import NodesRequest, prepare, rank_script, verify_nodes
 from torchbuild.core.errors import JobFailed, ProfileError, UsageError
-from torchbuild.delivery import multinode
-from torchbuild.delivery.multinode import Shape
-from torchbuild.inputs.config import resolve
-from torchbuild.launch import scheduler as sched
-from torchbuild.launch.verify_nodes import NodesRequest, prepare, rank_script, verify_nodes
+from torchbuild.profile.config import resolve
+from torchbuild.verify import multinode
+from torchbuild.verify.multinode import Shape
 
 
 def _spec(profile: str = "cpu", *sets: str):
@@ -196,7 +196,7 @@ def test_a_timeout_without_a_bound_is_refused_before_anything_is_written(tmp_pat
 
 def test_a_week_is_still_a_timeout(tmp_path):
     req = NodesRequest(_spec(), _prefix(tmp_path), Shape(2, 1), tmp_path / "out", timeout=604800.0, dry_run=True)
-    from torchbuild.launch.verify_nodes import check_request
+    from torchbuild.batch.verify_nodes import check_request
 
     check_request(req)
 
@@ -273,7 +273,7 @@ def test_the_mpi_check_all_reduces_a_cuda_tensor_where_a_gpu_is_visible(
     monkeypatch, gpus, aware, mpi_cuda, status, detail
 ):
     """Derecho's reason for MPI: CUDA-aware cray-mpich. A CPU tensor alone never exercised it."""
-    from torchbuild.delivery import rankcheck
+    from torchbuild.verify import rankcheck
 
     fake = _FakeTorch(gpus, aware)
     monkeypatch.setattr(rankcheck.importlib, "import_module", fake.import_module)

@@ -17,7 +17,7 @@ import pytest
 from helpers import TORCH_TAG, make_wheel
 
 from torchbuild.core.errors import WheelError
-from torchbuild.delivery.wheelhouse import add_wheels
+from torchbuild.install.wheelhouse import add_wheels
 
 TORCHBUILD = Path(sys.executable).with_name("torchbuild")
 FIFO_NAME = f"torch-2.6.0+cpu-{TORCH_TAG}.whl"

@@ -20,7 +20,7 @@ import pytest
 from helpers import TORCH_TAG, make_wheel
 
 from torchbuild.core.errors import InsufficientSpace, PathError, UsageError, WheelError, WheelhouseConflict
-from torchbuild.delivery.wheelhouse import add_wheels, wheels_in
+from torchbuild.install.wheelhouse import add_wheels, wheels_in
 
 TORCHBUILD = Path(sys.executable).with_name("torchbuild")
 

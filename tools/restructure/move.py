@@ -360,7 +360,7 @@ def rewrite_text(text: str, moves: dict[str, str], paths: dict[str, str], is_py:
     if is_py:
         text = rewrite_import_froms(text, moves)
 
-    # the same form in text the AST does not see: `python -c "from torchbuild.steps import runs"`
+    # the same form in text the AST does not see: `python -c "from torchbuild.builder import runs"`
     def from_text(m: re.Match[str]) -> str:
         sub = f"{m.group(1)}.{m.group(2)}"
         if sub not in moves:
@@ -379,7 +379,7 @@ def rewrite_text(text: str, moves: dict[str, str], paths: dict[str, str], is_py:
     olds_p = sorted(paths, key=len, reverse=True)
     path_re = re.compile(r"(?<![\w.-])((?:src/)?torchbuild/)?(" + "|".join(re.escape(o) for o in olds_p) + r")(?![\w])")
     text = path_re.sub(lambda m: f"{m.group(1) or ''}{paths[m.group(2)]}", text)
-    # pathlib joins in tests: REPO / "src" / "torchbuild" / "inputs" / "comms_table.py"
+    # pathlib joins in tests: REPO / "src" / "torchbuild" / "profile" / "comms_table.py"
     joined = re.compile(r'"torchbuild"((?:\s*/\s*"[a-z_]+")*\s*/\s*"[a-z_]+\.py")')
 
     def join(m: re.Match[str]) -> str:

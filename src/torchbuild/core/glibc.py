@@ -4,7 +4,7 @@ A shared object records the newest symbol version it takes from glibc (`GLIBC_2.
 libstdc++ (`GLIBCXX_3.4.32`) and from its C++ ABI (`CXXABI_1.3.15`); the dynamic loader refuses it
 on a system whose libraries are older. The profile's glibc_floor and libstdcxx_floor name the
 oldest the wheel must run on. This module compares such versions and names the bases whose C
-library meets a floor; it reads no file (delivery/elffloor.py reads the ELF files).
+library meets a floor; it reads no file (runtime/elffloor.py reads the ELF files).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Options declared once, as fields of a frozen dataclass: the field is the typed value a step
-gets, its metadata the flag's name and help. The tasks' flags and help (tasks/common.py
+gets, its metadata the flag's name and help. The tasks' flags and help (runtime/tasks.py
 options_task), the typed request (from_flags) and the argv a batch job passes on (to_argv) all
 derive from the field, so an option is one line.
 
@@ -12,7 +12,7 @@ derive from the field, so an option is one line.
 A tuple field is a repeatable flag; a bool field whose default is True is set off by its flag
 (--no-verify); parse turns the flag's text into the field's value (a UsageError for bad text).
 Kept here rather than through a CLI library (click, typer, cyclopts): invoke stays the command
-line, and what it needs from a model is a signature and a help dict, which tasks/common.py builds.
+line, and what it needs from a model is a signature and a help dict, which runtime/tasks.py builds.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ The subprocess calls left outside this module, and why each is not one of these:
   must have the wrapper's own stdin, stdout, stderr and process group, as if run directly.
 - inputs/source._git (1): git may ask for a URL's credentials on the terminal, which a process
   in a new session has no more.
-- delivery/probe.py (3): a script run by another interpreter (a fresh venv's), where torchbuild
+- verify/probe.py (3): a script run by another interpreter (a fresh venv's), where torchbuild
   is not importable: the standard library only.
 - delivery/upstream_tests._run_bounded (1): at its bound PyTorch's pytest gets SIGINT, so it
   reports what ran, before SIGKILL; here a group gets SIGTERM.
@@ -36,7 +36,7 @@ from typing import Any
 GRACE_S = 10.0
 
 # descriptors every streamed command inherits: the locks a build holds on its tree and its
-# partial wheel (steps/runs.py, steps/compile_job.py). A torchbuild killed outright leaves pip,
+# partial wheel (builder/runs.py, runtime/compile_job.py). A torchbuild killed outright leaves pip,
 # ninja and the compilers running in their own session; holding the locks too, they keep the
 # next run out of the tree until they are done, instead of two ninjas writing the same objects.
 HELD_FDS: set[int] = set()

@@ -4,7 +4,7 @@ A step's request crosses into the container as JSON and comes back as a typed da
 manifest is written from dataclasses and read back into them. Both go through `converter`:
 a key the record does not have, a missing key or a value of the wrong type is a named error
 (`from_dict`), never a KeyError or a half-filled record. Types outside the core register
-their own hooks where they are defined (BuildSpec in inputs/config.py), so this module imports
+their own hooks where they are defined (BuildSpec in profile/config.py), so this module imports
 nothing else of torchbuild but errors.
 """
 

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 from invoke.collection import Collection
 
-from torchbuild.tasks.bench import bench
-from torchbuild.tasks.build import build, companions_, patches, source
-from torchbuild.tasks.common import COLLECTION
-from torchbuild.tasks.comms import comms
-from torchbuild.tasks.config import config
-from torchbuild.tasks.develop import develop
-from torchbuild.tasks.doctor import doctor
-from torchbuild.tasks.hostcheck import host_check
-from torchbuild.tasks.image import base_image, image
+from torchbuild.batch.task import submit
+from torchbuild.bench.task import bench
+from torchbuild.builder.manifest_task import manifest
+from torchbuild.builder.task import build, companions_, patches, source
+from torchbuild.comms.task import comms
+from torchbuild.configview.task import config
+from torchbuild.devloop.task import develop
+from torchbuild.doctor.task import doctor
+from torchbuild.hostcheck.task import host_check
+from torchbuild.image.task import base_image, image
+from torchbuild.install.task import install, mpi_check
+from torchbuild.install.wheelhouse_task import wheelhouse
+from torchbuild.runtime.tasks import COLLECTION
+from torchbuild.sif.task import sif
 from torchbuild.tasks.inside import inside
-from torchbuild.tasks.install import install, mpi_check
-from torchbuild.tasks.manifest import manifest
-from torchbuild.tasks.sif import sif
-from torchbuild.tasks.submit import submit
-from torchbuild.tasks.verify import verify
-from torchbuild.tasks.wheelhouse import wheelhouse
+from torchbuild.verify.task import verify
 
 ns = Collection(
     config,

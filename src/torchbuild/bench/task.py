@@ -1,0 +1,88 @@
+"""invoke bench: torchbench installed against the built torch (which stays), then run."""
+
+from __future__ import annotations
+
+import shlex
+
+from invoke.context import Context
+
+from torchbuild.bench.step import DEFAULT_REPO, Request, check_venv
+from torchbuild.core import records
+from torchbuild.core.errors import SourceError, UsageError, writable_dir
+from torchbuild.core.problems import Problems
+from torchbuild.core.safeio import user_path
+from torchbuild.profile.config import cache_dir
+from torchbuild.runtime.backends import Binds
+from torchbuild.runtime.tasks import Launch, launch_task
+from torchbuild.source.fetch import describe_dir, fetch_git, looks_like_url
+
+
+@launch_task(
+    help={
+        "venv": "the venv with the built torch (the prefix of `invoke install`, or the venv `invoke develop` printed)",
+        "benchmark": f"torchbench: a local tree or a git URL (default {DEFAULT_REPO})",
+        "ref": "git ref of a --benchmark URL (default main)",
+        "model": "a model for torchbench's install.py (repeatable; default: what install.py installs by default)",
+        "no_install": "skip the install (it is there already)",
+        "script": "the script --args are given to (default run.py)",
+        "args": "arguments for the script, one shell-quoted string (e.g. 'resnet50 -d cpu -t eval'); empty: install only",
+    },
+    iterable=["model"],
+)
+def bench(
+    c: Context,
+    launch: Launch,
+    venv: str = "",
+    benchmark: str = "",
+    ref: str = "main",
+    model: list[str] | None = None,
+    no_install: bool = False,
+    script: str = "run.py",
+    args: str = "",
+) -> None:
+    """Install torchbench against the built torch without letting pip replace it, and run it with --args."""
+    if not venv:
+        raise UsageError("--venv is required", hint="invoke bench --venv ~/envs/torch-2.6 --args 'resnet50 -d cpu'")
+    # everything local first (the venv, --args, a local tree, the profile, the engine, the
+    # cache), all of it named at once; only then the clone
+    problems = Problems()
+    prefix = user_path(venv).absolute()
+    problems.check(lambda: check_venv(prefix))
+    words = problems.check(lambda: _words(args))
+    origin = benchmark or DEFAULT_REPO
+    local = user_path(origin).absolute()
+    remote = looks_like_url(origin) and not local.is_dir()
+    tree_ok = not remote and problems.check(lambda: describe_dir(local)) is not None
+    if tree_ok and words and not (local / script).is_file():
+        problems.add(SourceError(f"{local} has no {script}: is it a torchbench checkout?"))
+    spec = problems.check(launch.spec)
+    backend = problems.check(lambda: launch.backend(spec)) if spec else None
+    if backend:
+        problems.check(backend.check)
+    cache = problems.check(lambda: writable_dir(cache_dir(spec), "cache_dir")) if spec else None
+    problems.raise_any()
+    assert backend is not None and cache is not None and words is not None
+    if remote:
+        tree = cache / "src" / f"benchmark-{ref.replace('/', '_')}"
+        if not tree.is_dir():
+            fetch_git(origin, ref, tree, cache)
+    else:
+        tree = local
+    # the venv and the tree at their own paths (a venv is not relocatable)
+    binds = Binds(cache=cache, out=writable_dir(cache / "bench", "cache_dir"), extra=(tree, prefix))
+    req = Request(
+        venv=str(prefix),
+        benchmark=str(tree),
+        install=not no_install,
+        install_args=tuple(model or ()),
+        script=script,
+        args=words,
+    )
+    backend.run("bench", records.to_dict(req), binds)
+
+
+def _words(args: str) -> tuple[str, ...]:
+    try:
+        return tuple(shlex.split(args))
+    except ValueError as exc:
+        raise UsageError(f"--args {args!r} is not shell-quoted text ({exc})", hint="quote it as one string") from None

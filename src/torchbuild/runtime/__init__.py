@@ -1,0 +1,1 @@
+"""What every feature stands on: the backends (native, Docker, Apptainer), the engines, the step registry, the one compile job, the manifest and the shared wheel tools. Imports profile and core, never a feature."""

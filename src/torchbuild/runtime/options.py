@@ -1,0 +1,70 @@
+"""The option models the tasks of several features share (core/options.py turns each field into
+a flag with its help, and a batch job's argv back): where a step runs (LaunchOptions: every task
+that launches a step) and what a compile asks (BuildOptions: build, and comms and develop less
+NOT_COMPILE_OPTIONS). Here, under the features, so that runtime/tasks.py and comms/devloop take
+them without importing builder/."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torchbuild.core.options import option
+from torchbuild.profile.config import DEFAULT_PROFILE, parse_jobs_option
+from torchbuild.runtime.backends import ENGINE_HELP
+
+_RETRY_HELP = "fail with OutOfMemory at the first out-of-memory kill instead of resuming with fewer jobs"
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchOptions:
+    """The options of every task that runs a step natively, in the image or in the SIF: the
+    profile, its overrides and where the step runs (runtime/tasks.py Launch; a batch job passes
+    where its build runs on as to_argv of these)."""
+
+    profile: str = option(
+        "",
+        "profile name (configs/profiles) or path to a .yaml file; default $TORCHBUILD_PROFILE, else " + DEFAULT_PROFILE,
+    )
+    arch: str = option(
+        "", "target architecture: x86_64 or aarch64 (default: the profile's, else this host's); image takes all"
+    )
+    set_: tuple[str, ...] = option(
+        (), "override a profile key: --set key=value (repeatable; maps: --set switches.USE_MPI=1)"
+    )
+    in_container: bool = option(
+        False, "run in a container: short for --engine docker (default: natively, on this machine)"
+    )
+    engine: str = option("", f"where it runs: {ENGINE_HELP}; default native, docker with --in-container")
+    sif: str = option("", "with --engine apptainer: the SIF (default ./torch-build-<profile>-<arch>.sif)")
+    apptainer: str = option(
+        "auto", "with --engine apptainer: auto (this host's apptainer, else the builder container), host, docker"
+    )
+    nv: bool = option(False, "with --engine apptainer: pass --nv (NVIDIA driver and GPUs into the SIF; for GPU nodes)")
+    user: str = option("", "uid:gid the container runs as (default: yours; --engine docker only)")
+    memory: str = option("", "memory limit of the container, e.g. 8g (default: none; not natively)")
+    rebuild_image: bool = option(
+        False, "with --engine docker: rebuild the toolchain image when it was built from other inputs"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildOptions:
+    """What `invoke build` asks of the build itself (BuildRequest's knobs)."""
+
+    preflight: bool = option(False, "configure and build only the preflight targets and canaries (minutes, not hours)")
+    targets: tuple[str, ...] = option(
+        (), "preflight CMake target (repeatable; default: the profile's preflight_targets)", flag="target"
+    )
+    canaries: tuple[str, ...] = option(
+        (), "preflight canary source file (repeatable; default: the profile's canaries)", flag="canary"
+    )
+    clean: bool = option(False, "remove the tree's build/ directory first (ccache still helps)")
+    jobs: int = option(
+        0, "parallel compile jobs, an integer >= 1 (default: planned from cores and memory)", parse=parse_jobs_option
+    )
+    progress: str = "lines"  # the mode the step shows (BuildRun.progress, decided by the task)
+    oom_retry: bool = option(True, _RETRY_HELP, flag="no_retry")
+
+
+# what a step that compiles but builds no wheel takes of BuildOptions (comms, develop): --jobs, --no-retry
+NOT_COMPILE_OPTIONS = ("preflight", "targets", "canaries", "clean")
