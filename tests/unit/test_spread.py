@@ -256,11 +256,20 @@ def test_a_failed_build_still_stops_the_daemons_and_keeps_its_exit_code(tmp_path
 
 
 def test_a_cancelled_job_stops_the_daemons(tmp_path, stand_ins):
-    script = _script(tmp_path, "slurm", 2, ("sleep", "300"))
+    # the build marks that it runs, then sleeps: the cancel comes while the build runs, as scancel's
+    # does; a TERM in the instant bash forks the build reaches the child before its exec, which
+    # drops it (bash's own window: Slurm's KillWait SIGKILL ends such a job), and this test waited
+    # 30 s on it under load
+    started = tmp_path / "build-started"
+    build = ("bash", "-c", f"touch {started}; exec sleep 300")
+    script = _script(tmp_path, "slurm", 2, build)
     env = {**os.environ, "SLURM_JOB_NODELIST": "node1,node2", "SLURM_JOB_ID": "6"}
     job = subprocess.Popen(["bash", str(script)], env=env, start_new_session=True)
     try:
         [pid] = _wait_for_daemons(stand_ins, "srun", 1)
+        deadline = time.monotonic() + 20
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         os.killpg(job.pid, signal.SIGTERM)  # as scancel signals the batch step's processes
         assert job.wait(timeout=30) != 0
     finally:
