@@ -136,29 +136,33 @@ def audit(work: Path) -> None:
     trees = sorted((work / "cache" / "src").glob("pytorch_*"))
     if not trees:
         sys.exit(f"no tree under {work / 'cache' / 'src'}: run `build` first")
-    log = trees[0] / "build" / ".ninja_log"
-    from torchbuild.builder.report import outputs_of, read_ninja_log
+    build_dir = trees[0] / "build"
+    log = build_dir / ".ninja_log"
+    from torchbuild.builder.report import outputs_of
+    from torchbuild.builder.runs import read_runs
 
-    steps = read_ninja_log(log)
     outputs = outputs_of(log)
     twice = sorted(o for o, n in Counter(outputs).items() if n > 1)
     compiled_twice = [o for o in twice if o.endswith((".o", ".obj"))]
-    print(f"{log}: {len(outputs)} outputs logged over {len({s.run for s in steps})} ninja runs")
+    objects = {o for o in outputs if o.endswith((".o", ".obj"))}
+    runs = read_runs(build_dir)  # the tree's own record of the runs (builder/runs.py)
+    print(f"{log}: {len(objects)} objects among {len(set(outputs))} outputs, over the build's {len(runs)} runs")
     print(
         f"objects compiled more than once: {len(compiled_twice)}"
         + (f" ({', '.join(compiled_twice[:5])})" if compiled_twice else "")
     )
-    env = {**os.environ, "CCACHE_DIR": str(work / "cache" / "ccache")}
-    stats = subprocess.run(["ccache", "--print-stats"], env=env, capture_output=True, text=True, check=False).stdout
-    counts = dict(line.split("\t", 1) for line in stats.splitlines() if "\t" in line)
-    print(
-        f"ccache: {counts.get('direct_cache_hit', '?')} direct hits, {counts.get('preprocessed_cache_hit', '?')} preprocessed hits, {counts.get('cache_miss', '?')} misses"
-    )
-    units = trees[0] / "build" / "torchbuild-units.tsv"
+    units = build_dir / "torchbuild-units.tsv"
     if units.is_file():
         names = [ln.split("\t")[2] for ln in units.read_text().splitlines() if ln.count("\t") == 3]
         again = [n for n, c in Counter(names).items() if c > 1]
         print(f"units measured through ccache's prefix: {len(names)}, compiled more than once: {len(again)}")
+    env = {**os.environ, "CCACHE_DIR": str(work / "cache" / "ccache")}
+    stats = subprocess.run(["ccache", "--print-stats"], env=env, capture_output=True, text=True, check=False).stdout
+    counts = dict(line.split("\t", 1) for line in stats.splitlines() if "\t" in line)
+    print(  # each torchbuild run zeroes them first: they are the last run's in this cache, not the build's
+        f"ccache's counters, of the last run in this cache: {counts.get('direct_cache_hit', '?')} direct hits, "
+        f"{counts.get('preprocessed_cache_hit', '?')} preprocessed hits, {counts.get('cache_miss', '?')} misses"
+    )
 
 
 def cold_wall(out: Path) -> float:
