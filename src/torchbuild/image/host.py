@@ -43,10 +43,9 @@ from torchbuild.core.safeio import MiB, read_bytes, user_path
 from torchbuild.image import lock as lockfile
 from torchbuild.image.lock import Lock, LockError
 from torchbuild.profile.config import BuildSpec, data_dir, python_source
-from torchbuild.runtime.engine import Engine, registry_of, split_reference
+from torchbuild.runtime.engine import LABEL_PREFIX, Engine, registry_of, split_reference
 from torchbuild.runtime.environment import compilers
 
-LABEL_PREFIX = "org.torchbuild"
 DOCKERFILE = "toolchain.Dockerfile"
 # the same stages and contract on dnf (RPM) bases: Rocky/Alma/RHEL 8-class, the manylinux_2_28 builder
 DNF_DOCKERFILE = "toolchain-dnf.Dockerfile"

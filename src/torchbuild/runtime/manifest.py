@@ -120,7 +120,7 @@ class ImageRecord:
     ) -> ImageRecord:
         """The record from an image's (or a SIF's) labels: every `org.torchbuild.<name>` label
         but the SIF's own (`org.torchbuild.sif.*`) is an input, under <name>."""
-        from torchbuild.image.host import LABEL_PREFIX  # here: image.py brings in the Docker client
+        from torchbuild.runtime.engine import LABEL_PREFIX  # here: engine.py brings in the Docker client
 
         prefix, own = f"{LABEL_PREFIX}.", f"{LABEL_PREFIX}.sif."
         inputs = {k[len(prefix) :]: str(v) for k, v in labels.items() if k.startswith(prefix) and not k.startswith(own)}

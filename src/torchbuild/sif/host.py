@@ -67,10 +67,10 @@ from torchbuild.core.errors import BuildInterrupted, ImageNotFound, Insufficient
 from torchbuild.core.process import QUERY_TIMEOUT, interrupts_unwind, run_captured, run_streamed
 from torchbuild.core.progress import Tee
 from torchbuild.core.safeio import read_head
-from torchbuild.image.host import LABEL_PREFIX, inputs_hash, make_context, require_image
+from torchbuild.image.host import inputs_hash, make_context, require_image
 from torchbuild.profile.config import DEFAULT_PROFILE, BuildSpec, cache_dir, shareable_profile_text
 from torchbuild.profile.config import wanted as comms_wanted
-from torchbuild.runtime.engine import Engine
+from torchbuild.runtime.engine import LABEL_PREFIX, Engine
 from torchbuild.runtime.environment import COMMS_DEPS, build_env, comms_runtime_env, prepend_path_lines, runtime_env
 
 DEFAULT_SIF = "torch-build.sif"

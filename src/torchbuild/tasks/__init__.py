@@ -1,4 +1,7 @@
-"""The invoke Collection; tasks.py at the repository root only imports `ns` from here."""
+"""The invoke Collection; tasks.py at the repository root only imports `ns` from here.
+
+Importing it also hands the runtime what it needs from the features (runtime/handover.py):
+every entry point imports this package before a task runs (tasks.py, cli.program)."""
 
 from __future__ import annotations
 
@@ -13,13 +16,17 @@ from torchbuild.configview.task import config
 from torchbuild.devloop.task import develop
 from torchbuild.doctor.task import doctor
 from torchbuild.hostcheck.task import host_check
+from torchbuild.image.host import require_image
 from torchbuild.image.task import base_image, image
 from torchbuild.install.task import install, mpi_check
 from torchbuild.install.wheelhouse_task import wheelhouse
+from torchbuild.runtime import engine
 from torchbuild.runtime.tasks import COLLECTION
 from torchbuild.sif.task import sif
 from torchbuild.tasks.inside import inside
 from torchbuild.verify.task import verify
+
+engine.IMAGE_CHECK.fill(require_image)
 
 ns = Collection(
     config,

@@ -13,9 +13,9 @@ from typing import Any
 from torchbuild import __version__
 from torchbuild.core.errors import ImageNotFound, UsageError
 from torchbuild.core.safeio import user_path
-from torchbuild.image.host import LABEL_PREFIX
 from torchbuild.profile.config import BuildSpec
 from torchbuild.runtime.backends.base import CONTAINER_VIEW, Backend, Binds, container_view
+from torchbuild.runtime.engine import LABEL_PREFIX
 from torchbuild.runtime.environment import allocation_env, launch_env
 from torchbuild.runtime.manifest import ImageRecord
 from torchbuild.sif.host import SIF_LABEL, STEP_VARIABLE, Apptainer, check_sif_header, default_sif, locate
