@@ -35,8 +35,9 @@ from helpers import ApptainerNode, set_args, shared_dir
 
 from torchbuild import __version__
 from torchbuild.profile.config import resolve
+from torchbuild.runtime.apptainer import SIF_COMMS
 from torchbuild.runtime.engine import LABEL_PREFIX
-from torchbuild.sif.host import SIF_COMMS, definition, ensure_builder, remove_tree, write_oci_layout
+from torchbuild.sif.host import definition, ensure_builder, remove_tree, write_oci_layout
 
 pytestmark = [pytest.mark.docker, pytest.mark.apptainer, pytest.mark.slow]
 

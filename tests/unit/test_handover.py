@@ -20,16 +20,19 @@ except RuntimeError as exc:
 from torchbuild.cli import program
 program()
 from torchbuild.image.host import require_image
+from torchbuild.runtime.apptainer import BUILDER_IMAGE
+from torchbuild.sif.host import ensure_builder
 print("image check:", engine.IMAGE_CHECK.get() is require_image)
+print("builder image:", BUILDER_IMAGE.get() is ensure_builder)
 """
 
 
-def test_the_console_script_hands_the_runtime_the_image_check_before_a_task_runs():
+def test_the_console_script_hands_the_runtime_what_it_needs_from_the_features_before_a_task_runs():
     done = subprocess.run([sys.executable, "-c", FRESH], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     before, *after = done.stdout.splitlines()
     assert before.startswith("before: the toolchain image's check (image.host.require_image) was not handed")
-    assert after == ["image check: True"]
+    assert after == ["image check: True", "builder image: True"]
 
 
 def test_an_empty_slot_names_what_is_missing_and_who_fills_it():

@@ -20,13 +20,15 @@ from torchbuild.image.host import require_image
 from torchbuild.image.task import base_image, image
 from torchbuild.install.task import install, mpi_check
 from torchbuild.install.wheelhouse_task import wheelhouse
-from torchbuild.runtime import engine
+from torchbuild.runtime import apptainer, engine
 from torchbuild.runtime.tasks import COLLECTION
+from torchbuild.sif.host import ensure_builder
 from torchbuild.sif.task import sif
 from torchbuild.tasks.inside import inside
 from torchbuild.verify.task import verify
 
 engine.IMAGE_CHECK.fill(require_image)
+apptainer.BUILDER_IMAGE.fill(ensure_builder)
 
 ns = Collection(
     config,

@@ -11,9 +11,9 @@ from invoke.collection import Collection
 from invoke.context import Context
 
 from torchbuild.core.errors import ToolMissing
+from torchbuild.runtime.apptainer import LABELS_PREFIX, HostApptainer, host_apptainer
 from torchbuild.runtime.steps import STEPS, run_step_file
 from torchbuild.runtime.tasks import handles_errors, task
-from torchbuild.sif.host import LABELS_PREFIX, HostApptainer, host_apptainer
 
 
 @task(help={"name": f"the step: {', '.join(STEPS)}", "request": "the request file (JSON) its backend wrote"})
