@@ -25,10 +25,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+import torchbuild.tasks  # noqa: E402, F401  (hands the runtime its slots: locate's apptainer-builder image)
 from torchbuild.image.host import require_image  # noqa: E402
 from torchbuild.profile.config import cache_dir, resolve  # noqa: E402
+from torchbuild.runtime.apptainer import locate  # noqa: E402
 from torchbuild.runtime.engine import Engine  # noqa: E402
-from torchbuild.sif.host import APPTAINER_DEFAULT_COMPRESSION, build_sif, locate  # noqa: E402
+from torchbuild.sif.host import APPTAINER_DEFAULT_COMPRESSION, build_sif  # noqa: E402
 
 
 def main() -> None:

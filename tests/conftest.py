@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import signal
 
+# as every entry point does before a task runs (tasks.py, cli.program): the Collection hands the
+# runtime what it needs from the features (runtime/handover.py), so tests that call a backend or
+# a step directly see the same runtime as `invoke` and `torchbuild`
+import torchbuild.tasks  # noqa: F401
+
 
 def pytest_configure(config) -> None:
     """Ctrl-C as a terminal gives it. A runner started in the background by a shell without job

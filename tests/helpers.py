@@ -186,7 +186,7 @@ class ApptainerNode:
         """command in a fresh container as NODE_UID; (exit status, stdout and stderr)."""
         import io
 
-        from torchbuild.sif.host import BUILDER_CAPS, BUILDER_DEVICES, BUILDER_SECURITY
+        from torchbuild.runtime.apptainer import BUILDER_CAPS, BUILDER_DEVICES, BUILDER_SECURITY
 
         buf = io.StringIO()
         rc = self.engine.run(

@@ -22,8 +22,9 @@ from torchbuild.core.arch import Arch
 from torchbuild.core.errors import EngineUnavailable
 from torchbuild.image.baseimage import make_base_image
 from torchbuild.profile.config import resolve
+from torchbuild.runtime.apptainer import DockerApptainer, locate
 from torchbuild.runtime.engine import Engine
-from torchbuild.sif.host import DockerApptainer, ensure_builder, locate, remove_tree
+from torchbuild.sif.host import ensure_builder, remove_tree
 
 
 @pytest.fixture(scope="session")

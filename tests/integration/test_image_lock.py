@@ -14,8 +14,8 @@ import shutil
 import pytest
 from helpers import FIXTURES, preflight_ok, set_args
 
-from torchbuild.image import lock as lk
 from torchbuild.image.host import read_image_files
+from torchbuild.runtime.installed import INSTALLED_LIST, canonical_list, installed_digest
 
 pytestmark = pytest.mark.docker
 
@@ -30,7 +30,7 @@ def run_in(engine, tag: str, *cmd: str) -> str:
 
 
 def installed(engine, tag: str) -> list[str]:
-    return read_image_files(engine, tag, [lk.INSTALLED_LIST])["installed.txt"].decode().splitlines()
+    return read_image_files(engine, tag, [INSTALLED_LIST])["installed.txt"].decode().splitlines()
 
 
 def _cached_step(stdout: str, step: str) -> bool:
@@ -50,7 +50,7 @@ def test_each_python_has_its_venv_with_the_requirements(engine, sid_pythons_imag
     assert json.loads(labels["org.torchbuild.python-versions"]) == ["3.14"]
     assert labels["org.torchbuild.locked"] == "false" and "org.torchbuild.lock-sha256" not in labels
     listed = installed(engine, tag)
-    assert listed == lk.canonical_list(listed)
+    assert listed == canonical_list(listed)
     for venv in ("/opt/venv", "/opt/venv-3.14"):
         assert any(line.startswith(f"pip {venv} setuptools==") for line in listed), venv
     assert any(line.startswith("dpkg python3.14-venv=") for line in listed)
@@ -67,6 +67,6 @@ def test_a_build_in_the_image_records_its_installed_list(engine, sid_pythons_ima
     copy = out / "logs" / packages["file"]
     lines = copy.read_text().splitlines()
     assert lines == installed(engine, spec.image_tag)
-    assert packages["sha256"] == hashlib.sha256(copy.read_bytes()).hexdigest() == lk.installed_digest(lines)
+    assert packages["sha256"] == hashlib.sha256(copy.read_bytes()).hexdigest() == installed_digest(lines)
     assert packages["dpkg"] + packages["pip"] == len(lines)
     assert manifest["image"]["inputs"]["locked"] == "false"

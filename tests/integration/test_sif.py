@@ -21,7 +21,8 @@ from helpers import FIXTURES, REPO, manifest_of, run_invoke, set_args
 
 from torchbuild import __version__
 from torchbuild.profile.config import cache_dir
-from torchbuild.sif.host import DockerApptainer, builder_tag
+from torchbuild.runtime.apptainer import DockerApptainer
+from torchbuild.sif.host import builder_tag
 
 pytestmark = [pytest.mark.docker, pytest.mark.apptainer]
 

@@ -34,9 +34,10 @@ import pytest
 from helpers import ApptainerNode, set_args, shared_dir
 
 from torchbuild import __version__
-from torchbuild.image.host import LABEL_PREFIX
 from torchbuild.profile.config import resolve
-from torchbuild.sif.host import SIF_COMMS, definition, ensure_builder, remove_tree, write_oci_layout
+from torchbuild.runtime.apptainer import SIF_COMMS
+from torchbuild.runtime.engine import LABEL_PREFIX
+from torchbuild.sif.host import definition, ensure_builder, remove_tree, write_oci_layout
 
 pytestmark = [pytest.mark.docker, pytest.mark.apptainer, pytest.mark.slow]
 

@@ -12,7 +12,7 @@ from helpers import FIXTURES, image_ok, manifest_of, run_invoke, set_args
 from integration.test_sif import call, run_containers
 
 from torchbuild.profile.config import resolve
-from torchbuild.sif.host import locate
+from torchbuild.runtime.apptainer import locate
 
 pytestmark = [pytest.mark.docker, pytest.mark.apptainer, pytest.mark.slow]
 

@@ -57,6 +57,7 @@ from torchbuild.core.safeio import MANIFEST_LIMIT, sha256_file
 from torchbuild.image.host import apt_packages, comms_packages, tree_digest
 from torchbuild.profile.config import resolve
 from torchbuild.runtime import manifest as mf
+from torchbuild.runtime.apptainer import SIF_COMMS, runtime_binds, sif_id
 from torchbuild.runtime.backends import Binds, Options, choose, container_view
 from torchbuild.runtime.backends.apptainer import ApptainerBackend, run_args, sif_record
 from torchbuild.runtime.backends.native import NativeBackend
@@ -75,7 +76,7 @@ from torchbuild.runtime.libraries import (
     unresolved,
 )
 from torchbuild.runtime.steps import run_step
-from torchbuild.sif.host import SIF_COMMS, definition, environment_section, runtime_binds, runtime_hash, sif_id
+from torchbuild.sif.host import definition, environment_section, runtime_hash
 from torchbuild.verify.step import comms_checks
 
 CUDA = ["cuda_version=12.4", 'cuda_arch_list=["9.0"]', "distributed=[gloo, nccl]"]

@@ -13,6 +13,7 @@ import pytest
 from torchbuild.core.errors import PathError
 from torchbuild.image import lock as lk
 from torchbuild.runtime import manifest as mf
+from torchbuild.runtime.installed import canonical_list, installed_digest
 
 H1, H2, H3 = "a" * 64, "b" * 64, "c" * 64
 
@@ -246,9 +247,9 @@ def test_the_failed_locked_step_is_found_in_the_build_log_not_in_its_echo():
 
 def test_the_installed_digest_is_over_the_canonical_list():
     lines = ["pip /opt/venv wheel==0.48.0", "dpkg gcc=4:16.1.0-3", "", "dpkg gcc=4:16.1.0-3 "]
-    assert lk.canonical_list(lines) == ["dpkg gcc=4:16.1.0-3", "pip /opt/venv wheel==0.48.0"]
-    assert lk.installed_digest(lines) == lk.installed_digest(reversed(lk.canonical_list(lines)))
-    assert lk.installed_digest(lines) != lk.installed_digest([*lines, "pip /opt/venv-3.14 wheel==0.48.0"])
+    assert canonical_list(lines) == ["dpkg gcc=4:16.1.0-3", "pip /opt/venv wheel==0.48.0"]
+    assert installed_digest(lines) == installed_digest(reversed(canonical_list(lines)))
+    assert installed_digest(lines) != installed_digest([*lines, "pip /opt/venv-3.14 wheel==0.48.0"])
     assert lk.list_differences(["a", "b"], ["b", "c"]) == ["- a", "+ c"]
 
 
@@ -273,6 +274,25 @@ def test_requires_names_what_a_no_deps_install_left_missing():
     assert usage.returncode == 2 and "usage:" in usage.stderr
 
 
+# what a locked image has when it runs `python -m torchbuild.image.lock requires torchbuild`:
+# torchbuild installed with --no-deps, so none of its other dependencies may be needed yet
+WITHOUT_DEPENDENCIES = """
+import runpy, sys
+for name in ("cattrs", "docker", "invoke", "spython", "requests", "attrs"):
+    sys.modules[name] = None  # `import NAME` fails
+sys.argv = ["lock", *sys.argv[1:]]
+runpy.run_module("torchbuild.image.lock", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("args", [["installed"], ["requires", "torchbuild"]])
+def test_the_image_lists_and_checks_its_packages_with_the_standard_library_pyyaml_and_packaging(args):
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_DEPENDENCIES, *args], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+
+
 def test_the_build_manifest_records_the_list_beside_the_log(tmp_path):
     listed = tmp_path / "installed.txt"
     listed.write_text("pip /opt/venv wheel==0.48.0\ndpkg gcc=4:16.1.0-3\ndpkg cmake=4.3.4-1\n")
@@ -283,7 +303,7 @@ def test_the_build_manifest_records_the_list_beside_the_log(tmp_path):
     assert copy.read_text().splitlines() == ["dpkg cmake=4.3.4-1", "dpkg gcc=4:16.1.0-3", "pip /opt/venv wheel==0.48.0"]
     assert record == {
         "packages": {
-            "sha256": lk.installed_digest(copy.read_text().splitlines()),
+            "sha256": installed_digest(copy.read_text().splitlines()),
             "file": copy.name,
             "dpkg": 2,
             "pip": 1,

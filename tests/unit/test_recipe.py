@@ -22,7 +22,8 @@ from torchbuild.core.arch import Arch
 from torchbuild.core.errors import PathError, ProfileError, SifError, TorchbuildError, UsageError
 from torchbuild.image.host import apt_packages, build_args, image_context, labels, python_requirements
 from torchbuild.profile.config import data_dir, resolve
-from torchbuild.sif.host import SIF_LABEL, TORCHBUILD_EXE, definition
+from torchbuild.runtime.apptainer import SIF_LABEL
+from torchbuild.sif.host import TORCHBUILD_EXE, definition
 from torchbuild.sif.recipe import (
     Bootstrap,
     RecipeError,

@@ -1044,7 +1044,7 @@ def test_invoke_submit_refuses_a_sif_that_is_no_sif_on_the_login_node(tmp_path, 
 
 def test_a_sif_is_told_by_its_header_with_a_bounded_read(tmp_path):
     from torchbuild.core.errors import ImageNotFound
-    from torchbuild.sif.host import check_sif_header
+    from torchbuild.runtime.apptainer import check_sif_header
 
     check_sif_header(_fake_sif(tmp_path / "ok.sif"), "--sif", "hint")
     big = tmp_path / "big.sif"

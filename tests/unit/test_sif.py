@@ -22,21 +22,17 @@ from torchbuild import __version__
 from torchbuild.cli import main
 from torchbuild.core.errors import ImageNotFound, InsufficientSpace, SifError, ToolMissing, UsageError
 from torchbuild.profile.config import profile_text, resolve
+from torchbuild.runtime.apptainer import Apptainer, HostApptainer, _stream, locate, sif_filename
 from torchbuild.runtime.backends.apptainer import check_sif, run_args
 from torchbuild.sif.host import (
     APPTAINER_DEFAULT_COMPRESSION,
-    Apptainer,
     Compression,
-    HostApptainer,
-    _stream,
     build_args,
     check_space,
     choose_compression,
     definition,
-    locate,
     remove_tree,
     sif_build_env,
-    sif_filename,
     space_needed,
     write_oci_layout,
 )

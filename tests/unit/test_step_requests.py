@@ -21,7 +21,8 @@ from torchbuild.install.step import InstallRequest, ModuleName, MpiRequest, Whee
 from torchbuild.profile.config import resolve
 from torchbuild.runtime.backends import Binds, Options
 from torchbuild.runtime.backends.base import Backend
-from torchbuild.runtime.steps import STEPS, parse_request, run_step_file
+from torchbuild.runtime.steps import parse_request, run_step_file
+from torchbuild.tasks.steps import STEPS
 from torchbuild.verify.step import Request as VerifyRequest
 from torchbuild.verify.step import request as verify_request
 

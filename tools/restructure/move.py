@@ -43,7 +43,7 @@ FEATURES: dict[str, tuple[str, str]] = {
         "the toolchain image: build, lock, push; local Debian base images",
         "host",
     ),
-    "sif": ("the Apptainer SIF: from the image or from the recipe", "host"),
+    "sif": ("the Apptainer SIF: from the image or from the recipe", "recipe"),
     "configview": (
         "`invoke config`: the resolved profile shown, and when not to build",
         "need_build",

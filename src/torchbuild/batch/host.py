@@ -769,7 +769,7 @@ class Runtime:
                 f"--apptainer {self.apptainer!r} is none of {', '.join(APPTAINER_MODES)}",
                 hint="--apptainer auto (the node's apptainer, else the builder container), host or docker",
             )
-        from torchbuild.sif.host import check_sif_header, default_sif
+        from torchbuild.runtime.apptainer import check_sif_header, default_sif
 
         sif = user_path(self.sif or default_sif(spec), "--sif").absolute()
         make = f"make it with `invoke sif --profile {spec.profile} --arch {spec.arch}` (or pass --sif)"

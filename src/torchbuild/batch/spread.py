@@ -207,7 +207,7 @@ _STOP = [
     "trap 'tb_stop; exit 143' TERM INT",
 ]
 
-# the container runtime the build will use (as sif.host_apptainer: apptainer, else singularity),
+# the container runtime the build will use (as runtime.apptainer.host_apptainer: apptainer, else singularity),
 # as its path here: a pbsdsh task gets the job's starting environment, not this script's
 # module-loaded PATH
 _RUNTIME = [

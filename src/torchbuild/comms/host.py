@@ -39,11 +39,11 @@ from torchbuild.core import console, records
 from torchbuild.core.errors import UsageError, named_os_errors, writable_dir
 from torchbuild.core.problems import Problems
 from torchbuild.profile.config import BuildSpec, cache_dir, wanted
+from torchbuild.runtime.apptainer import runtime_binds, sif_id
 from torchbuild.runtime.backends import Backend, Binds
 from torchbuild.runtime.backends.apptainer import ApptainerBackend
 from torchbuild.runtime.environment import build_env
 from torchbuild.runtime.libraries import copy_dependencies, host_dependencies
-from torchbuild.sif.host import runtime_binds, sif_id
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,8 +14,8 @@ from typing import TextIO
 from torchbuild.core.arch import Arch
 from torchbuild.core.errors import BaseImageError, ToolMissing
 from torchbuild.core.process import run_captured
-from torchbuild.image.host import LABEL_PREFIX, check_platform, require_emulation
-from torchbuild.runtime.engine import Engine
+from torchbuild.image.host import check_platform, require_emulation
+from torchbuild.runtime.engine import LABEL_PREFIX, Engine
 
 BASE_REPO = "torchbuild/base"
 DEFAULT_COMPONENTS = ("main", "contrib", "non-free")

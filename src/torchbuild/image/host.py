@@ -43,10 +43,10 @@ from torchbuild.core.safeio import MiB, read_bytes, user_path
 from torchbuild.image import lock as lockfile
 from torchbuild.image.lock import Lock, LockError
 from torchbuild.profile.config import BuildSpec, data_dir, python_source
-from torchbuild.runtime.engine import Engine, registry_of, split_reference
+from torchbuild.runtime.engine import LABEL_PREFIX, Engine, registry_of, split_reference
 from torchbuild.runtime.environment import compilers
+from torchbuild.runtime.installed import INSTALLED_LIST
 
-LABEL_PREFIX = "org.torchbuild"
 DOCKERFILE = "toolchain.Dockerfile"
 # the same stages and contract on dnf (RPM) bases: Rocky/Alma/RHEL 8-class, the manylinux_2_28 builder
 DNF_DOCKERFILE = "toolchain-dnf.Dockerfile"
@@ -855,10 +855,10 @@ def lock_image(
     unlocked = build_image(
         spec, engine, logs_dir=logs_dir, rebuild=rebuild, pull=pull, apt_options=apt_options, out=out, locked=None
     )
-    records = read_image_files(engine, unlocked.image_id, [lockfile.RECORD_DIR, lockfile.INSTALLED_LIST])
-    listed = records.pop(Path(lockfile.INSTALLED_LIST).name, None)
+    records = read_image_files(engine, unlocked.image_id, [lockfile.RECORD_DIR, INSTALLED_LIST])
+    listed = records.pop(Path(INSTALLED_LIST).name, None)
     if listed is None:
-        raise LockError(f"{spec.image_tag} has no {lockfile.INSTALLED_LIST}: it was not built by this torchbuild")
+        raise LockError(f"{spec.image_tag} has no {INSTALLED_LIST}: it was not built by this torchbuild")
     installed = listed.decode().splitlines()
     base_id = str((engine.image_attrs(spec.base_image) or {}).get("Id", ""))
     lock = lockfile.from_records(
@@ -878,8 +878,8 @@ def lock_image(
     locked = build_image(
         spec, engine, logs_dir=logs_dir, rebuild=rebuild, apt_options=apt_options, out=out, locked=locked_by
     )
-    again = read_image_files(engine, locked.image_id, [lockfile.INSTALLED_LIST])
-    relisted = again.get(Path(lockfile.INSTALLED_LIST).name, b"").decode().splitlines()
+    again = read_image_files(engine, locked.image_id, [INSTALLED_LIST])
+    relisted = again.get(Path(INSTALLED_LIST).name, b"").decode().splitlines()
     differences = lockfile.list_differences(installed, relisted)
     if differences:
         raise LockError(

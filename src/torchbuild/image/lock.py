@@ -13,9 +13,9 @@ anything is written into a build context: a lock cannot smuggle an apt option, a
 (`--index-url`) or a shell word into the image build. The Dockerfile reads the rendered lists
 with `mapfile` into arrays it expands quoted (apt) and with `pip install -r` (pip).
 
-The installed list (INSTALLED_LIST, written by the image's last RUN with `python -m
-torchbuild.image.lock installed`) is one line a package: `dpkg name=version` and `pip <venv>
-name==version`, sorted; its sha256 (installed_digest) is what a build's manifest records.
+The installed list (runtime/installed.py's INSTALLED_LIST, written by the image's last RUN with
+`python -m torchbuild.image.lock installed`) is one line a package: `dpkg name=version` and
+`pip <venv> name==version`, sorted; its sha256 (installed_digest) is what a build's manifest records.
 
 This module runs inside the image too: only the standard library, PyYAML and packaging.
 """
@@ -43,12 +43,12 @@ from torchbuild.core.atomic import atomic_write_bytes
 from torchbuild.core.errors import LockError as LockError  # defined in errors.py (its registry); importable here too
 from torchbuild.core.errors import named_os_errors
 from torchbuild.core.process import QUERY_TIMEOUT, run_captured
+from torchbuild.runtime.installed import canonical_list
 
 LOCK_VERSION = 1
 SUFFIX = ".lock"
-# what an unlocked image build leaves for `invoke image --lock`, and the image's installed list
+# what an unlocked image build leaves for `invoke image --lock`
 RECORD_DIR = "/opt/torchbuild/record"
-INSTALLED_LIST = "/opt/torchbuild/installed.txt"
 PRIMARY_VENV = "/opt/venv"
 # the line an image build prints when a locked install step fails (the Dockerfile's printf;
 # anchored, so the build log's echo of the RUN command, with its %s, is no match)
@@ -345,16 +345,6 @@ def from_records(
 
 
 # --------------------------------------------------------------------------- the installed list
-
-
-def canonical_list(lines: Iterable[str]) -> list[str]:
-    """The installed list's canonical form: stripped, non-empty, unique, sorted (bytewise)."""
-    return sorted({line.strip() for line in lines if line.strip()})
-
-
-def installed_digest(lines: Iterable[str]) -> str:
-    """sha256 of the canonical list, one line each ending in a newline."""
-    return hashlib.sha256("".join(f"{line}\n" for line in canonical_list(lines)).encode()).hexdigest()
 
 
 def install_failures(log_text: str) -> tuple[list[str], list[str]]:

@@ -1,4 +1,5 @@
-"""The Docker engine, through docker-py: connect, build images with streamed output, inspect."""
+"""The Docker engine, through docker-py: connect, build images with streamed output, inspect;
+the label namespace of the images torchbuild builds, and the toolchain image's check."""
 
 from __future__ import annotations
 
@@ -11,9 +12,13 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from torchbuild.core.errors import EngineUnavailable, ImageBuildFailed
+from torchbuild.runtime.handover import Slot
+
+if TYPE_CHECKING:
+    from torchbuild.profile.config import BuildSpec
 
 try:  # docker-py is a host dependency; the code inside the image never connects to an engine
     import docker
@@ -23,6 +28,29 @@ try:  # docker-py is a host dependency; the code inside the image never connects
     import requests.exceptions  # docker-py's own transport: what it raises when the engine goes away
 except ImportError:  # pragma: no cover - exercised only without docker-py
     docker = None
+
+# the labels of every image torchbuild builds (toolchain, apptainer-builder, base) and of its SIFs
+LABEL_PREFIX = "org.torchbuild"
+
+
+class ImageCheck(Protocol):
+    def __call__(
+        self, spec: BuildSpec, engine: Engine, *, rebuild: bool = False, out: TextIO = sys.stdout
+    ) -> dict[str, object]: ...
+
+
+# image.host.require_image: whether the toolchain image is current is the image feature's
+# knowledge (the inputs it records, its lock, its build); torchbuild.tasks hands it over
+IMAGE_CHECK: Slot[ImageCheck] = Slot("the toolchain image's check (image.host.require_image)")
+
+
+def require_image(
+    spec: BuildSpec, engine: Engine, *, rebuild: bool = False, out: TextIO = sys.stdout
+) -> dict[str, object]:
+    """The inspect data of spec's toolchain image when it exists and was built from the inputs
+    spec asks for; otherwise ImageNotFound or ImageOutOfDate (with rebuild=True the image is
+    built instead), as the image feature checks it (IMAGE_CHECK)."""
+    return IMAGE_CHECK.get()(spec, engine, rebuild=rebuild, out=out)
 
 
 # Where administrators add CAs to a host's trust store (Debian/Ubuntu; RHEL/Fedora): a

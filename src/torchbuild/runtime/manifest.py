@@ -38,6 +38,7 @@ from torchbuild.core.errors import (
     ManifestError as ManifestError,  # defined in errors.py (its registry); importable here too
 )
 from torchbuild.core.safeio import MANIFEST_LIMIT, loads_json, read_bytes
+from torchbuild.runtime.installed import INSTALLED_LIST, canonical_list, installed_digest
 
 if typing.TYPE_CHECKING:
     from torchbuild.profile.config import BuildSpec
@@ -120,7 +121,7 @@ class ImageRecord:
     ) -> ImageRecord:
         """The record from an image's (or a SIF's) labels: every `org.torchbuild.<name>` label
         but the SIF's own (`org.torchbuild.sif.*`) is an input, under <name>."""
-        from torchbuild.image.host import LABEL_PREFIX  # here: image.py brings in the Docker client
+        from torchbuild.runtime.engine import LABEL_PREFIX  # here: engine.py brings in the Docker client
 
         prefix, own = f"{LABEL_PREFIX}.", f"{LABEL_PREFIX}.sif."
         inputs = {k[len(prefix) :]: str(v) for k, v in labels.items() if k.startswith(prefix) and not k.startswith(own)}
@@ -311,7 +312,7 @@ class PackagesRecord:
     """What the toolchain image had installed (its /opt/torchbuild/installed.txt): every dpkg
     package and each venv's pip packages with their versions."""
 
-    sha256: str  # of the canonical list (lock.installed_digest)
+    sha256: str  # of the canonical list (installed.installed_digest)
     file: str  # the list's copy, a file name in <out>/logs
     dpkg: int  # how many Debian packages
     pip: int  # how many pip packages, over every venv
@@ -647,11 +648,9 @@ def for_build(
 
 
 def installed_packages(logs_dir: Path, name: str, source: Path | None = None) -> dict[str, Any]:
-    """In a toolchain image: copy its installed list (source, default lock.INSTALLED_LIST) into
+    """In a toolchain image: copy its installed list (source, default INSTALLED_LIST) into
     logs_dir as name and return {"packages": {...}} for the manifest (for_build's provenance);
     {} where there is no list (a native build, an image from before schema 5)."""
-    from torchbuild.image.lock import INSTALLED_LIST, canonical_list, installed_digest
-
     source = Path(INSTALLED_LIST) if source is None else source
     try:
         text = source.read_text(encoding="utf-8")

@@ -1,14 +1,13 @@
 """The steps a backend runs: each gets its request as plain data (JSON), parsed here into the
 step's typed Request (records.from_dict: a missing key, an unknown key or a value of the wrong
 type is one UsageError naming the request file and the key), and returns an exit code, raising
-named errors. Natively they are called in this process; in the image or the SIF through
-`torchbuild inside.step NAME REQUEST.json`. A step added to STEPS runs on every backend without
-change.
+named errors. Natively they are called in this process (the native backend's `run_step`); in
+the image or the SIF through `torchbuild inside.step NAME REQUEST.json` (`run_step_file`).
 
-The package holds what runs in the container: the compile steps (torch's build, the
-companions, editable trees, NCCL and its plugin, the benchmark) and the compile job they share.
-It imports delivery (the install and verify steps it dispatches to), inputs and core; never the
-launching side."""
+Which steps there are is the features' (each feature's step module): the table is
+tasks/steps.py's, handed over by torchbuild.tasks when it is imported (`register`, TABLE),
+which every entry point does before a task runs. A step added there runs on every backend
+without change."""
 
 from __future__ import annotations
 
@@ -19,6 +18,7 @@ from typing import Any
 from torchbuild.core import records
 from torchbuild.core.errors import UsageError
 from torchbuild.core.safeio import MANIFEST_LIMIT, loads_json, read_text
+from torchbuild.runtime.handover import Slot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,82 +30,35 @@ class Step:
     run: Callable[[Any], int]
 
 
-# Each loader imports its step only when it is run (a step module pulls in much of the package).
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """The steps there are (name -> a loader that imports the step's module when it is run) and,
+    where it is not the step's own name, the task whose launching side writes its requests."""
+
+    steps: Mapping[str, Callable[[], Step]]
+    tasks: Mapping[str, str]
 
 
-def _build() -> Step:
-    from torchbuild.builder.step import BuildRequest, run_build_step
-
-    return Step(BuildRequest, run_build_step)
-
-
-def _verify() -> Step:
-    from torchbuild.verify.step import Request, run_request
-
-    return Step(Request, run_request)
+# tasks/steps.py's STEPS and TASKS: the steps are the features' (the layers contract keeps them
+# out of the runtime); torchbuild.tasks hands the table over when it is imported
+TABLE: Slot[Table] = Slot("the steps table (tasks/steps.py)")
 
 
-def _install() -> Step:
-    from torchbuild.install.step import InstallRequest, run_install_step
-
-    return Step(InstallRequest, run_install_step)
-
-
-def _mpi() -> Step:
-    from torchbuild.install.step import MpiRequest, run_mpi_step
-
-    return Step(MpiRequest, run_mpi_step)
-
-
-def _comms() -> Step:
-    from torchbuild.comms.step import Request, run_comms_step
-
-    return Step(Request, run_comms_step)
-
-
-def _companions() -> Step:
-    from torchbuild.builder.companions import Request, run_companions_step
-
-    return Step(Request, run_companions_step)
-
-
-def _develop() -> Step:
-    from torchbuild.devloop.step import Request, run_develop_step
-
-    return Step(Request, run_develop_step)
-
-
-def _bench() -> Step:
-    from torchbuild.bench.step import Request, run_bench_step
-
-    return Step(Request, run_bench_step)
-
-
-STEPS: dict[str, Callable[[], Step]] = {
-    "build": _build,
-    "verify": _verify,
-    "install": _install,
-    "mpi": _mpi,
-    "comms": _comms,
-    "companions": _companions,
-    "develop": _develop,
-    "bench": _bench,
-}
+def register(steps: Mapping[str, Callable[[], Step]], tasks: Mapping[str, str]) -> None:
+    """Hand over the steps table (torchbuild.tasks does, before any task runs)."""
+    TABLE.fill(Table(dict(steps), dict(tasks)))
 
 
 def _load(name: str) -> Step:
-    load = STEPS.get(name)
+    steps = TABLE.get().steps
+    load = steps.get(name)
     if load is None:
-        raise UsageError(f"unknown step {name!r}", hint=f"steps: {', '.join(STEPS)}")
+        raise UsageError(f"unknown step {name!r}", hint=f"steps: {', '.join(steps)}")
     return load()
 
 
-# the task whose launching side writes each step's request (named in a refusal's hint)
-TASKS = {"mpi": "mpi-check"}
-
-
 def _parse(name: str, step: Step, payload: Mapping[str, Any]) -> Any:
-    hint = f"`invoke {TASKS.get(name, name)}` writes these requests"
+    hint = f"`invoke {TABLE.get().tasks.get(name, name)}` writes these requests"
     return records.from_dict(step.request, payload, f"the {name} request", hint=hint)
 
 

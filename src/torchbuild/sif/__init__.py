@@ -1,1 +1,1 @@
-"""The Apptainer SIF: from the image or from the recipe. Other features import only torchbuild.sif.host (pyproject's import-linter contracts)."""
+"""The Apptainer SIF: from the image or from the recipe. Other features import only torchbuild.sif.recipe (pyproject's import-linter contracts): what doctor reads of the recipe route; running a SIF and telling one is the runtime's (runtime/apptainer.py)."""

@@ -67,13 +67,11 @@ from torchbuild.core.process import interrupts_unwind
 from torchbuild.core.safeio import RECIPE_LIMIT, loads_json, read_text
 from torchbuild.image.host import build_args, image_context, labels, tree_digest
 from torchbuild.profile.config import BuildSpec, cache_dir, shareable_profile_text
+from torchbuild.runtime.apptainer import SIF_LABEL, Apptainer, DockerApptainer, sif_filename
 from torchbuild.sif.host import (
     DEFAULT_COMPRESSION,
-    SIF_LABEL,
-    Apptainer,
     Compression,
     DefinitionWriter,
-    DockerApptainer,
     SifResult,
     check_definition_paths,
     check_space,
@@ -84,7 +82,6 @@ from torchbuild.sif.host import (
     metadata_files,
     remove_tree,
     runtime_hash,
-    sif_filename,
     space_needed,
 )
 from torchbuild.sif.host import build_args as apptainer_build_args

@@ -11,10 +11,11 @@ from torchbuild.core.errors import EngineUnavailable, ToolMissing, UsageError
 from torchbuild.core.safeio import user_path
 from torchbuild.profile.config import DEFAULT_PROFILE, BuildSpec, cache_dir
 from torchbuild.profile.config import wanted as comms_wanted
+from torchbuild.runtime.apptainer import host_apptainer, locate, sif_filename
 from torchbuild.runtime.backends import Options, choose
 from torchbuild.runtime.engine import Engine
 from torchbuild.runtime.tasks import HELP, handles_errors, spec_from, task
-from torchbuild.sif.host import SifResult, build_sif, host_apptainer, locate, sif_filename
+from torchbuild.sif.host import SifResult, build_sif
 from torchbuild.sif.recipe import bootstrap_for, build_from_recipe, write_definition
 
 

@@ -1,4 +1,10 @@
-"""The invoke Collection; tasks.py at the repository root only imports `ns` from here."""
+"""The invoke Collection; tasks.py at the repository root only imports `ns` from here.
+
+Importing it also hands the runtime what it needs from the features (runtime/handover.py): the
+steps table, the toolchain image's check and the apptainer-builder image. Every entry point
+imports this package before a task runs: invoke's tasks.py, the torchbuild console script and
+`python -m torchbuild` (cli.program), so also `torchbuild inside.step` in the image and the SIF
+(the docker and apptainer backends' command) and the native backend's in-process run_step."""
 
 from __future__ import annotations
 
@@ -13,13 +19,22 @@ from torchbuild.configview.task import config
 from torchbuild.devloop.task import develop
 from torchbuild.doctor.task import doctor
 from torchbuild.hostcheck.task import host_check
+from torchbuild.image.host import require_image
 from torchbuild.image.task import base_image, image
 from torchbuild.install.task import install, mpi_check
 from torchbuild.install.wheelhouse_task import wheelhouse
+from torchbuild.runtime import apptainer, engine
+from torchbuild.runtime import steps as runtime_steps  # (tasks.steps, once imported, is `steps` here)
 from torchbuild.runtime.tasks import COLLECTION
+from torchbuild.sif.host import ensure_builder
 from torchbuild.sif.task import sif
 from torchbuild.tasks.inside import inside
+from torchbuild.tasks.steps import STEPS, TASKS
 from torchbuild.verify.task import verify
+
+runtime_steps.register(STEPS, TASKS)
+engine.IMAGE_CHECK.fill(require_image)
+apptainer.BUILDER_IMAGE.fill(ensure_builder)
 
 ns = Collection(
     config,

@@ -11,9 +11,10 @@ from invoke.collection import Collection
 from invoke.context import Context
 
 from torchbuild.core.errors import ToolMissing
-from torchbuild.runtime.steps import STEPS, run_step_file
+from torchbuild.runtime.apptainer import LABELS_PREFIX, HostApptainer, host_apptainer
+from torchbuild.runtime.steps import run_step_file
 from torchbuild.runtime.tasks import handles_errors, task
-from torchbuild.sif.host import LABELS_PREFIX, HostApptainer, host_apptainer
+from torchbuild.tasks.steps import STEPS
 
 
 @task(help={"name": f"the step: {', '.join(STEPS)}", "request": "the request file (JSON) its backend wrote"})

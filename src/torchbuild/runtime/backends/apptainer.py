@@ -1,7 +1,7 @@
 """The apptainer backend: the step runs by the SIF's runscript (the torchbuild CLI) with
 --cleanenv (host modules must not leak into the build), the declared binds at /src, /cache and
 /out, and --nv on GPU nodes. Apptainer is this host's, or the apptainer-builder container's
-(sif.locate)."""
+(runtime/apptainer.py `locate`)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from typing import Any
 from torchbuild import __version__
 from torchbuild.core.errors import ImageNotFound, UsageError
 from torchbuild.core.safeio import user_path
-from torchbuild.image.host import LABEL_PREFIX
 from torchbuild.profile.config import BuildSpec
+from torchbuild.runtime.apptainer import SIF_LABEL, STEP_VARIABLE, Apptainer, check_sif_header, default_sif, locate
 from torchbuild.runtime.backends.base import CONTAINER_VIEW, Backend, Binds, container_view
+from torchbuild.runtime.engine import LABEL_PREFIX
 from torchbuild.runtime.environment import allocation_env, launch_env
 from torchbuild.runtime.manifest import ImageRecord
-from torchbuild.sif.host import SIF_LABEL, STEP_VARIABLE, Apptainer, check_sif_header, default_sif, locate
 
 
 def check_sif(spec: BuildSpec, apptainer: Apptainer, sif: Path) -> dict[str, str]:
@@ -59,7 +59,7 @@ def run_args(
     host MPI directories bound read-only at their own paths and first on LD_LIBRARY_PATH
     (Apptainer appends its /.singularity.d/libs after them), read_only directories bound
     read-only at their own paths, and comms: the bind specs of `invoke comms`'s prefix at
-    SIF_COMMS (sif.runtime_binds). step: the torchbuild step it runs (STEP_VARIABLE)."""
+    SIF_COMMS (runtime_binds). step: the torchbuild step it runs (STEP_VARIABLE)."""
     args = ["run", *flags, "--cleanenv"]
     if nv:
         args.append("--nv")

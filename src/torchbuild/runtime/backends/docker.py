@@ -12,10 +12,9 @@ from typing import Any
 
 from torchbuild.core.atomic import EXCHANGE
 from torchbuild.core.process import nice_prefix
-from torchbuild.image.host import require_image
 from torchbuild.profile.remote_cache import container_warning
 from torchbuild.runtime.backends.base import Backend, Binds, container_view
-from torchbuild.runtime.engine import Engine
+from torchbuild.runtime.engine import Engine, require_image
 from torchbuild.runtime.environment import allocation_env, launch_env
 from torchbuild.runtime.manifest import ImageRecord
 
