@@ -102,6 +102,22 @@ def test_a_step_whose_end_ninja_took_long_after_its_object_was_written_stays_in_
     assert across.spans == [0.0, 1980.07] and across.unplaced == 0
 
 
+def test_a_run_started_within_a_second_of_the_cut_runs_last_write_gets_none_of_its_steps(tmp_path: Path):
+    """The cut-and-run-again test's flake (CI of stop 48): run 1's ninja began at T0+5, its slow step
+    ran from 0.2 s to 3.2 s and was its last write (T0+8.2); run 2 began 0.3 s later. The step is
+    run 1's: its ninja started before T0+8.0, when run 2 had not begun."""
+    log = tmp_path / ".ninja_log"
+    log.write_text(
+        "# ninja log v5\n"
+        + "\n".join([_line(T0 + 5, 0, 100, "a.o", "a"), _line(T0 + 5, 200, 3200, "slow_1", "s")])
+        + "\n"
+        + "\n".join([_line(T0 + 9, 0, 3000, "slow_2", "t"), _line(T0 + 9, 3000, 3100, "lib.so", "l")])
+        + "\n"
+    )
+    across = read_across_runs(log, [T0, T0 + 8.5], [None, T0 + 13])
+    assert across.spans == [3.2, 3.1] and across.unplaced == 0
+
+
 def test_the_report_gives_each_run_and_the_whole_builds_wall_over_its_bound(tmp_path: Path):
     log = tmp_path / ".ninja_log"
     _two_run_log(log, True)

@@ -186,8 +186,12 @@ class RunSteps:
     unplaced: int  # latest lines no recorded run started (made before the record began)
 
 
-# seconds of slack for the clocks (a backfilled record's starts are whole seconds)
-_SLACK_S = 1.0
+# seconds of slack for the clocks: a file's time comes from the kernel's coarse clock, up to a tick
+# (<= 10 ms) behind time.time(). No more: the next run can start well within a second of a cut
+# run's last write (a resubmitted job, a test), and a wider slack gave the cut run's steps to it.
+# A start recorded late is what would need more, and none is: a backfilled record's starts
+# (benchmarks/real_wheel.py) are floored to whole seconds, so early.
+_SLACK_S = 0.05
 
 
 def read_across_runs(path: Path, starts: Sequence[float], ends: Sequence[float | None]) -> RunSteps:
