@@ -24,6 +24,11 @@ CALLER = f"{os.getuid()}:{os.getgid()}"
 # the fixture project's two shapes: with a setup.py (PyTorch up to the scikit-build-core switch)
 # and with a scikit-build-core pyproject.toml (PyTorch main's, pytorch/pytorch#189758)
 TREE_KINDS = ("setup.py", "scikit-build-core")
+# The line the tests build: Debian's PyTorch 2.6 (the only real source here; Debian's packaged
+# CUDA 12.4 is the only toolkit, older than 2.15's floor of 12.6). The default profile builds the
+# current release (torch_version's default): a test that builds, pairs the cpu profile with
+# Debian's CUDA, or checks what goes with a torch version, pins this one.
+TEST_TORCH = "torch_version=2.6.0"
 
 
 def fixture_tree(dest: Path, kind: str = "setup.py") -> Path:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import TEST_TORCH
 
 from torchbuild.core.errors import ProfileError, UsageError
 from torchbuild.profile.config import parse_jobs_option, resolve
@@ -77,9 +78,9 @@ def test_longest_local_version_that_fits_is_accepted():
     # torch-2.6.0+<L>-cp312-cp312-manylinux_2_28_aarch64.whl.manifest.json is 255 bytes
     fixed = len("torch-2.6.0+-cp312-cp312-manylinux_2_28_aarch64.whl.manifest.json")
     local = "a" * (255 - fixed)
-    assert resolve("cpu", [f"local_version={local}", "python_version=3.12"]).local_version == local
+    assert resolve("cpu", [TEST_TORCH, f"local_version={local}", "python_version=3.12"]).local_version == local
     with pytest.raises(ProfileError, match="256 bytes") as exc:
-        resolve("cpu", [f"local_version={local}a", "python_version=3.12"])
+        resolve("cpu", [TEST_TORCH, f"local_version={local}a", "python_version=3.12"])
     assert exc.value.hint == "shorten local_version by at least 1 character"
 
 

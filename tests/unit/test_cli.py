@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from helpers import FIXTURES, REPO, run_invoke
+from helpers import FIXTURES, REPO, TEST_TORCH, run_invoke
 
 from torchbuild import __version__
 from torchbuild.tasks import ns
@@ -22,7 +22,7 @@ def test_invoke_list_shows_every_task_with_help():
 
 
 def test_config_gh200_shows_arch_list_and_flags():
-    res = run_invoke("config", "--profile", "gh200")
+    res = run_invoke("config", "--profile", "gh200", "--set", TEST_TORCH)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert "TORCH_CUDA_ARCH_LIST=9.0" in lines

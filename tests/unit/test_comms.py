@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import make_wheel
+from helpers import TEST_TORCH, make_wheel
 
 from torchbuild.builder.host import _comms as runner_comms
 from torchbuild.builder.host import comms_for_verify
@@ -79,7 +79,7 @@ from torchbuild.runtime.steps import run_step
 from torchbuild.sif.host import definition, environment_section, runtime_hash
 from torchbuild.verify.step import comms_checks
 
-CUDA = ["cuda_version=12.4", 'cuda_arch_list=["9.0"]', "distributed=[gloo, nccl]"]
+CUDA = [TEST_TORCH, "cuda_version=12.4", 'cuda_arch_list=["9.0"]', "distributed=[gloo, nccl]"]
 LINKED = "torch links the NCCL comms built"
 
 

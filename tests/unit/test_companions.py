@@ -16,7 +16,7 @@ import venv
 from pathlib import Path
 
 import pytest
-from helpers import isolated_pip_env, make_wheel
+from helpers import TEST_TORCH, isolated_pip_env, make_wheel
 from packaging.version import Version
 
 from torchbuild.bench import step as benchmod
@@ -78,15 +78,15 @@ def test_pairs_outside_the_table_are_named():
 
 
 def test_companion_keys_resolve_and_are_refused_where_they_do_not_fit():
-    spec = resolve("cpu", ["companions=[torchvision, torchaudio]", 'companion_env={"BUILD_SOX": 1}'])
+    spec = resolve("cpu", [TEST_TORCH, "companions=[torchvision, torchaudio]", 'companion_env={"BUILD_SOX": 1}'])
     assert spec.companions == ("torchvision", "torchaudio") and spec.companion_env == {"BUILD_SOX": "1"}
     with pytest.raises(ProfileError, match=r"torchtext has no release for torch 2.6"):
-        resolve("cpu", ["companions=[torchtext]"])
+        resolve("cpu", [TEST_TORCH, "companions=[torchtext]"])
     with pytest.raises(ProfileError, match=r"companion_refs.*names torchaudio, which companions does not list"):
-        resolve("cpu", ["companions=[torchvision]", 'companion_refs={"torchaudio": "v2.6.0"}'])
+        resolve("cpu", [TEST_TORCH, "companions=[torchvision]", 'companion_refs={"torchaudio": "v2.6.0"}'])
     with pytest.raises(ProfileError, match=r"companion_repos.*not allowed"):
-        resolve("cpu", ["companions=[torchvision]", 'companion_repos={"vision": "/x"}'])
-    assert resolve("cpu", ["companions=[torchtext]", "torch_version=2.3.1"]).companions == ("torchtext",)
+        resolve("cpu", [TEST_TORCH, "companions=[torchvision]", 'companion_repos={"vision": "/x"}'])
+    assert resolve("cpu", [TEST_TORCH, "companions=[torchtext]", "torch_version=2.3.1"]).companions == ("torchtext",)
 
 
 # --------------------------------------------------------------------------- sources
@@ -105,7 +105,9 @@ def _archive(tmp_path: Path, top: str, version: str) -> tuple[Path, str]:
 
 def _vision_spec(repo: object, *extra: str):
     """The cpu profile with torchvision from repo, plus extra --set values."""
-    return resolve("cpu", ["companions=[torchvision]", f'companion_repos={{"torchvision": "{repo}"}}', *extra])
+    return resolve(
+        "cpu", [TEST_TORCH, "companions=[torchvision]", f'companion_repos={{"torchvision": "{repo}"}}', *extra]
+    )
 
 
 def test_an_archive_is_checked_unpacked_and_paired_before_anything_compiles(tmp_path):
@@ -132,6 +134,7 @@ def test_a_sha256_for_a_git_repository_is_refused(tmp_path):
     spec = resolve(
         "cpu",
         [
+            TEST_TORCH,
             "companions=[torchvision]",
             'companion_repos={"torchvision": "https://example.org/vision.git"}',
             f'companion_sha256={{"torchvision": "{"a" * 64}"}}',
@@ -146,7 +149,7 @@ def test_a_tree_without_version_txt_is_not_taken_for_a_companion(tmp_path):
     tree = tmp_path / "notvision"
     tree.mkdir()
     (tree / "setup.py").write_text("")
-    spec = resolve("cpu", ["companions=[torchvision]", f'companion_repos={{"torchvision": "{tree}"}}'])
+    spec = resolve("cpu", [TEST_TORCH, "companions=[torchvision]", f'companion_repos={{"torchvision": "{tree}"}}'])
     with pytest.raises(CompanionError, match=r"no version.txt"):
         companions.fetch(spec, tmp_path / "cache", out=io.StringIO())
 
@@ -164,7 +167,7 @@ def test_a_version_txt_that_is_no_small_file_is_named_not_read(tmp_path, make, s
     tree = tmp_path / "vision"
     tree.mkdir()
     make(tree / "version.txt")
-    spec = resolve("cpu", ["companions=[torchvision]", f'companion_repos={{"torchvision": "{tree}"}}'])
+    spec = resolve("cpu", [TEST_TORCH, "companions=[torchvision]", f'companion_repos={{"torchvision": "{tree}"}}'])
     with pytest.raises(CompanionError, match=says):
         companions.fetch(spec, tmp_path / "cache", out=io.StringIO())
 
@@ -174,6 +177,7 @@ def test_a_ref_for_an_archive_is_refused(tmp_path):
     spec = resolve(
         "cpu",
         [
+            TEST_TORCH,
             "companions=[torchvision]",
             f'companion_repos={{"torchvision": "{archive}"}}',
             'companion_refs={"torchvision": "v0.21.0"}',
@@ -198,7 +202,7 @@ def test_git_companions_come_through_the_mirror_and_update_fast_forwards(tmp_pat
     _git("add", "-A", cwd=upstream)
     _git("commit", "-qm", "one", cwd=upstream)
     url = f"file://{upstream}/.git"
-    sets = ["companions=[torchvision]", "torch_ref=main", f'companion_repos={{"torchvision": "{url}"}}']
+    sets = [TEST_TORCH, "companions=[torchvision]", "torch_ref=main", f'companion_repos={{"torchvision": "{url}"}}']
     spec = resolve("cpu", sets)
     cache = tmp_path / "cache"
     (got,) = companions.fetch(spec, cache, out=io.StringIO())
@@ -215,7 +219,7 @@ def test_git_companions_come_through_the_mirror_and_update_fast_forwards(tmp_pat
 
 
 def test_a_companion_gets_the_toolchain_not_torch_s_switches():
-    spec = resolve("cpu", ["companions=[torchaudio]", 'companion_env={"USE_FFMPEG": "1"}'])
+    spec = resolve("cpu", [TEST_TORCH, "companions=[torchaudio]", 'companion_env={"USE_FFMPEG": "1"}'])
     base = build_env(spec, cache_root="/cache", jobs=4)
     env = companions.companion_env(spec, "torchaudio", base)
     assert env["CC"] == base["CC"] and env["CCACHE_DIR"] == "/cache/ccache"
@@ -252,7 +256,7 @@ def test_ccache_shims_name_the_compilers_and_point_at_ccache(tmp_path, monkeypat
     assert shims is not None
     assert {"gcc", "g++", "cc", "c++"} <= {p.name for p in shims.iterdir()}
     assert all(p.resolve() == fake for p in shims.iterdir())
-    assert companions.ccache_shims(tmp_path / "s2", resolve("cpu", ["compiler=clang"])) is not None
+    assert companions.ccache_shims(tmp_path / "s2", resolve("cpu", [TEST_TORCH, "compiler=clang"])) is not None
 
 
 def test_the_torch_wheel_name_must_be_one():
@@ -421,6 +425,7 @@ def test_build_refuses_a_companion_of_another_line_before_compiling_torch(tmp_pa
     spec = resolve(
         "cpu",
         [
+            TEST_TORCH,
             "companions=[torchvision]",
             f'companion_repos={{"torchvision": "{archive}"}}',
             f"cache_dir={tmp_path / 'cache'}",
@@ -442,6 +447,7 @@ def test_build_runs_the_companions_after_the_wheel_and_before_verify(tmp_path, m
     spec = resolve(
         "cpu",
         [
+            TEST_TORCH,
             "companions=[torchvision]",
             f'companion_repos={{"torchvision": "{archive}"}}',
             f"cache_dir={tmp_path / 'cache'}",

@@ -4,6 +4,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from helpers import TEST_TORCH
 
 from torchbuild.core.arch import Arch
 from torchbuild.core.errors import ProfileError
@@ -92,7 +93,7 @@ def test_unquoted_python_version_float_is_refused_with_a_hint(tmp_path):
 
 
 def test_set_keeps_version_text_intact():
-    assert resolve("cpu", ["python_version=3.10"]).python_version == "3.10"
+    assert resolve("cpu", [TEST_TORCH, "python_version=3.10"]).python_version == "3.10"
 
 
 def test_invalid_yaml_names_the_line(tmp_path):
@@ -127,7 +128,7 @@ def test_unknown_profile_suggests_a_name():
     ("profile", "overrides", "fragment"),
     [
         ("cpu", ["cuda_arch_list=9.0"], "cuda_version is empty"),
-        ("cpu", ["cuda_version=12.4"], "without cuda_arch_list"),
+        ("cpu", [TEST_TORCH, "cuda_version=12.4"], "without cuda_arch_list"),
         ("cpu", ["distributed=gloo,nccl"], "nccl needs a CUDA build"),
         ("cpu", ["distributed=mpi"], "mpi is none"),
         ("cpu", ["mkl_threading=SEQ"], "only applies with blas: mkl"),
@@ -151,7 +152,7 @@ def test_spec_is_frozen_and_hash_is_stable_and_sensitive():
 
 
 def test_gh200_profile_facts():
-    spec = resolve("gh200")
+    spec = resolve("gh200", [TEST_TORCH])
     assert spec.arch is Arch.AARCH64
     assert spec.cuda_arch_list == ("9.0",)
     assert spec.build_version == "2.6.0+gh200"

@@ -7,13 +7,14 @@ from torchbuild.runtime.environment import build_env, ccache_launcher, compilers
 
 def test_cpu_env_has_no_cuda_and_uses_ccache():
     # in the image (which always has ccache): natively, ccache is used only where it is on PATH
-    env = build_env(resolve("cpu"), cache_root="/cache", jobs=3, backend="docker")
+    spec = resolve("cpu")
+    env = build_env(spec, cache_root="/cache", jobs=3, backend="docker")
     assert env["USE_CUDA"] == "0"
     assert "TORCH_CUDA_ARCH_LIST" not in env and "CMAKE_CUDA_COMPILER_LAUNCHER" not in env
     assert env["CMAKE_C_COMPILER_LAUNCHER"] == env["CMAKE_CXX_COMPILER_LAUNCHER"] == "ccache"
     assert env["MAX_JOBS"] == "3"
     assert env["CCACHE_DIR"] == "/cache/ccache" and env["PIP_CACHE_DIR"] == "/cache/pip"
-    assert env["PYTORCH_BUILD_VERSION"] == "2.6.0"
+    assert env["PYTORCH_BUILD_VERSION"] == spec.torch_version  # the default: no local version
     assert (env["USE_DISTRIBUTED"], env["USE_GLOO"], env["USE_NCCL"], env["USE_MPI"]) == ("1", "1", "0", "0")
 
 
@@ -24,7 +25,7 @@ def test_cuda_env_carries_arch_list_nvcc_flags_and_launcher():
     assert env["TORCH_NVCC_FLAGS"] == "-Xfatbin -compress-all --threads 4"
     assert env["CMAKE_CUDA_COMPILER_LAUNCHER"] == "ccache"
     assert env["CUDA_HOME"] == "/usr/local/cuda"
-    assert env["PYTORCH_BUILD_VERSION"] == "2.6.0"
+    assert env["PYTORCH_BUILD_VERSION"] == spec.torch_version
 
 
 def test_switches_win_over_derived_values_and_env_comes_last():

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import TEST_TORCH
 
 from torchbuild import __version__
 from torchbuild.core.arch import Arch
@@ -348,7 +349,10 @@ def test_a_certificate_failure_names_ca_certificates_and_the_host_cas(tmp_path):
 
 
 def test_push_publishes_a_manifest_list_over_both_arches():
-    specs = [resolve("gh200", ["image_name=registry.example.org/hpc/toolchain"], arch=a) for a in ("x86_64", "aarch64")]
+    specs = [
+        resolve("gh200", [TEST_TORCH, "image_name=registry.example.org/hpc/toolchain"], arch=a)
+        for a in ("x86_64", "aarch64")
+    ]
     cmds = manifest_commands(specs)
     target = "registry.example.org/hpc/toolchain:gh200-2.6.0"
     assert cmds[0] == [
@@ -631,7 +635,7 @@ def test_a_python_the_base_lacks_is_a_profile_error_naming_python_sources(tmp_pa
 @pytest.mark.parametrize(
     ("sets", "problem"),
     [
-        (["cuda_version=12.4"], "12.4, but base_image nvidia/cuda:12.6.3-cudnn-devel-ubuntu24.04 (/"),
+        ([TEST_TORCH, "cuda_version=12.4"], "12.4, but base_image nvidia/cuda:12.6.3-cudnn-devel-ubuntu24.04 (/"),
         (["base_image=nvcr.io/nvidia/cuda:12.8.1-devel-ubuntu24.04"], "12.6, but base_image nvcr.io/nvidia/cuda:12.8"),
     ],
 )
@@ -639,7 +643,7 @@ def test_cuda_version_must_be_the_cuda_of_an_nvidia_cuda_base_at_config(sets, pr
     with pytest.raises(ProfileError, match="key 'cuda_version'") as err:
         resolve("cuda", sets)
     assert problem in err.value.message and "set cuda_version" in (err.value.hint or "")
-    spec = resolve("cuda", ["cuda_version=12.4", "base_image=nvidia/cuda:12.4.1-cudnn-devel-ubuntu22.04"])
+    spec = resolve("cuda", [TEST_TORCH, "cuda_version=12.4", "base_image=nvidia/cuda:12.4.1-cudnn-devel-ubuntu22.04"])
     assert spec.cuda_version == "12.4"
     assert resolve("cuda", ["cuda_version=", "cuda_arch_list=[]", "distributed=[gloo]", "nccl=bundled"]).cuda is False
 

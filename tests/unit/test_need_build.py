@@ -8,7 +8,7 @@ import importlib
 import json
 
 import pytest
-from helpers import invoke_here
+from helpers import TEST_TORCH, invoke_here
 
 from torchbuild.configview.need_build import Reason, arch_runs, assess, choose_wheel, reasons
 from torchbuild.profile import official_wheels as ow
@@ -27,11 +27,14 @@ def keys(spec) -> dict[str, str]:
     ("profile", "wanted"),
     [
         ("derecho", {"distributed": "includes mpi", "nccl": "source", "patches": "auto"}),
-        ("archer2", {"distributed": "includes mpi", "patches": "auto"}),
-        ("alliance", {"distributed": "includes mpi", "patches": "auto"}),
-        ("bede", {"distributed": "includes mpi", "patches": "auto"}),
-        ("gh200", {"nccl": "system"}),
-        ("cuda", {"nccl": "system"}),
+        # 2.9.1, EPCC's: the shipped MPI series stops at 2.6
+        ("archer2", {"distributed": "includes mpi"}),
+        # the current release: its official wheels are CUDA 13 builds, the profiles' CUDA is 12.6
+        ("alliance", {"cuda_version": "12.6", "distributed": "includes mpi"}),
+        ("bede", {"cuda_version": "12.6", "distributed": "includes mpi"}),
+        ("gh200", {"cuda_version": "12.6", "nccl": "system"}),
+        ("cuda", {"cuda_version": "12.6", "nccl": "system"}),
+        ("cuda13", {"nccl": "system"}),
     ],
 )
 def test_a_shipped_profile_that_needs_a_build_says_which_choices_do(profile, wanted):
@@ -42,18 +45,22 @@ def test_a_shipped_profile_that_needs_a_build_says_which_choices_do(profile, wan
 
 @pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
 def test_the_default_cpu_profile_needs_no_build_and_gets_the_official_route(arch):
-    verdict = assess(resolve("cpu", arch=arch))
+    spec = resolve("cpu", arch=arch)
+    version = spec.torch_version  # the current release
+    verdict = assess(spec)
     assert verdict.reasons == ()
     assert verdict.summary == "no: the official wheel would do (https://download.pytorch.org/whl/cpu)"
     assert verdict.route[0].startswith(
-        "pip download torch==2.6.0 --no-deps --index-url https://download.pytorch.org/whl/cpu"
+        f"pip download torch=={version} --no-deps --index-url https://download.pytorch.org/whl/cpu"
     )
-    assert verdict.route[1].startswith("invoke install --profile cpu --prefix PREFIX --wheel WHEELS/torch-2.6.0+cpu-")
+    assert verdict.route[1].startswith(
+        f"invoke install --profile cpu --prefix PREFIX --wheel WHEELS/torch-{version}+cpu-"
+    )
     assert not any("invoke comms" in step for step in verdict.route)  # no plugin in the profile
 
 
 def test_gh200_with_torchs_own_nccl_is_the_official_aarch64_cuda_wheel():
-    verdict = assess(resolve("gh200", ["nccl=bundled"]))
+    verdict = assess(resolve("gh200", [TEST_TORCH, "nccl=bundled"]))
     assert verdict.reasons == () and verdict.index == "https://download.pytorch.org/whl/cu126"
     assert "(run with Python 3.12 on aarch64)" in verdict.route[0]
 
@@ -62,7 +69,7 @@ def test_gh200_with_torchs_own_nccl_is_the_official_aarch64_cuda_wheel():
 
 
 def test_mpi_in_distributed_needs_a_build_and_mpi_for_mpi4py_alone_does_not():
-    spec = resolve("cpu", ["distributed=[gloo,mpi]", "mpi=openmpi"], arch="x86_64")
+    spec = resolve("cpu", [TEST_TORCH, "distributed=[gloo,mpi]", "mpi=openmpi"], arch="x86_64")
     assert keys(spec) == {"distributed": "includes mpi", "patches": "auto"}  # the MPI patch counts with MPI
     alone = assess(resolve("cpu", ["mpi=openmpi"], arch="x86_64"))
     assert alone.reasons == ()
@@ -135,7 +142,7 @@ def test_a_cuda_major_the_line_has_no_wheel_of_needs_a_build_and_another_minor_d
     (found,) = reasons(spec)
     assert (found.key, found.value) == ("cuda_version", "12.6")
     assert "no CUDA 12 build (CUDA: 13.0, 13.2)" in found.why and "r580" in found.why
-    older = dataclasses.replace(resolve("cuda", ["nccl=bundled"]), cuda_version="12.2")
+    older = dataclasses.replace(resolve("cuda", [TEST_TORCH, "nccl=bundled"]), cuda_version="12.2")
     assert reasons(older) == []  # the 12.4 or 12.6 wheel brings its own runtime
     wheel = choose_wheel(older, ow.line_of("2.6.0"))
     assert wheel == ow.CU124 and "a driver for CUDA 12 runs it" in " ".join(assess(older).notes)
@@ -158,12 +165,12 @@ def test_a_python_without_an_official_wheel_needs_a_build_and_one_in_range_does_
 
 
 def test_a_glibc_floor_below_the_official_wheels_needs_a_build_and_one_at_it_does_not():
-    spec = resolve("cpu", ["glibc_floor=2.17", "base_image=site/base:1"], arch="x86_64")
+    spec = resolve("cpu", [TEST_TORCH, "glibc_floor=2.17", "base_image=site/base:1"], arch="x86_64")
     (found,) = reasons(spec)
     assert (
         found.key == "glibc_floor" and "below the official torch 2.6 wheels' glibc 2.28 (manylinux_2_28)" in found.why
     )
-    assert reasons(resolve("cpu", ["glibc_floor=2.28", "base_image=site/base:1"], arch="x86_64")) == []
+    assert reasons(resolve("cpu", [TEST_TORCH, "glibc_floor=2.28", "base_image=site/base:1"], arch="x86_64")) == []
     assert (
         reasons(resolve("cpu", ["glibc_floor=2.17", "base_image=site/base:1", "torch_version=2.5.1"], arch="x86_64"))
         == []
@@ -174,12 +181,14 @@ def test_a_switch_the_official_wheel_lacks_needs_a_build_and_one_it_has_or_turns
     assert keys(resolve("cpu", ["switches.USE_NNPACK=1"], arch="x86_64")) == {"switches.USE_NNPACK": "1"}
     assert keys(resolve("cpu", ["switches.USE_MKL=1", "switches.USE_CUDNN=0"], arch="x86_64")) == {}
     assert keys(resolve("cpu", ["switches.USE_MKL=1"], arch="aarch64")) == {"switches.USE_MKL": "1"}
-    assert keys(resolve("gh200", ["nccl=bundled"])) == {}  # USE_PRIORITIZED_TEXT_FOR_LD: the aarch64 wheels' too
+    assert (
+        keys(resolve("gh200", [TEST_TORCH, "nccl=bundled"])) == {}
+    )  # USE_PRIORITIZED_TEXT_FOR_LD: the aarch64 wheels' too
 
 
 def test_a_ref_or_version_other_than_a_release_needs_a_build():
     assert keys(resolve("cpu", ["torch_ref=main"], arch="x86_64")) == {"torch_ref": "main"}
-    assert keys(resolve("cpu", ["torch_ref=v2.6.0"], arch="x86_64")) == {}
+    assert keys(resolve("cpu", [TEST_TORCH, "torch_ref=v2.6.0"], arch="x86_64")) == {}
     assert keys(resolve("cpu", ["torch_version=2.6.0rc1"], arch="x86_64")) == {"torch_version": "2.6.0rc1"}
 
 
@@ -191,7 +200,7 @@ def test_a_torch_line_the_table_does_not_know_is_cannot_tell_not_no():
 
 
 def test_the_plugin_joins_the_route_as_invoke_comms():
-    spec = resolve("gh200", ["nccl=bundled", "aws_ofi_nccl_version=1.17.1"])
+    spec = resolve("gh200", [TEST_TORCH, "nccl=bundled", "aws_ofi_nccl_version=1.17.1"])
     verdict = assess(spec, profile="/site/my gh200.yaml")
     comms = [s for s in verdict.route if s.startswith("invoke comms")]
     assert comms and comms[0].startswith(
@@ -233,7 +242,10 @@ def test_doctor_with_the_cpu_profile_gives_the_official_route(no_host_checks, ca
     assert invoke_here("doctor", "--profile", "cpu") == 0
     out = capsys.readouterr().out
     assert "  no: the official wheel, `invoke comms`' plugin and `invoke install`'s runtime env would do:" in out
-    assert "  1. pip download torch==2.6.0 --no-deps --index-url https://download.pytorch.org/whl/cpu" in out
+    assert (
+        f"  1. pip download torch=={resolve('cpu').torch_version} --no-deps --index-url https://download.pytorch.org/whl/cpu"
+        in out
+    )
 
 
 def test_doctor_without_a_profile_has_no_section_and_a_bad_profile_is_named(no_host_checks, capsys, tmp_path):
@@ -262,9 +274,7 @@ def test_config_says_in_its_header_whether_a_build_is_needed_and_json_stays_json
     assert invoke_here("config", "--profile", "archer2") == 0
     lines = capsys.readouterr().out.splitlines()
     said = [ln for ln in lines if ln.startswith("# source build needed?")]
-    assert said == [
-        "# source build needed? yes: distributed includes mpi; patches auto (`invoke doctor --profile archer2` says why)"
-    ]
+    assert said == ["# source build needed? yes: distributed includes mpi (`invoke doctor --profile archer2` says why)"]
     assert lines.index(said[0]) < 6  # among the header lines, before the tables
     assert invoke_here("config", "--profile", "cpu", "--arch", "x86_64") == 0
     assert (

@@ -7,7 +7,7 @@ import importlib
 import io
 
 import pytest
-from helpers import invoke_here, make_wheel
+from helpers import TEST_TORCH, invoke_here, make_wheel
 
 from torchbuild.builder import companions
 from torchbuild.comms import step as commsmod
@@ -20,7 +20,7 @@ from torchbuild.profile.config import resolve
 from torchbuild.runtime.backends import Options, choose
 
 bench_task = importlib.import_module("torchbuild.bench.task")  # the module, not the task it exports
-CUDA = ["cuda_version=12.4", 'cuda_arch_list=["9.0"]', "distributed=[gloo, nccl]"]
+CUDA = [TEST_TORCH, "cuda_version=12.4", 'cuda_arch_list=["9.0"]', "distributed=[gloo, nccl]"]
 
 
 @pytest.fixture

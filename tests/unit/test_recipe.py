@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import run_invoke
+from helpers import TEST_TORCH, run_invoke
 
 from torchbuild import __version__
 from torchbuild.core.arch import Arch
@@ -497,7 +497,13 @@ def test_a_comms_profile_gets_the_comms_tools_and_finds_its_nccl_and_plugin_boun
     assert any("NCCL_NET_PLUGIN=" in line for line in env)
     own = resolve(
         "cpu",
-        ["aws_ofi_nccl_version=1.17.1", "cuda_version=12.4", 'cuda_arch_list=["9.0"]', "distributed=[gloo, nccl]"],
+        [
+            TEST_TORCH,
+            "aws_ofi_nccl_version=1.17.1",
+            "cuda_version=12.4",
+            'cuda_arch_list=["9.0"]',
+            "distributed=[gloo, nccl]",
+        ],
     )
     assert "libfabric-dev" in apt_packages(own)  # no site libfabric: the image's own
 

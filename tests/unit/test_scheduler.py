@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import TEST_TORCH, run_invoke
 from helpers import fake_sif as _fake_sif
-from helpers import run_invoke
 
 from torchbuild.batch.host import (
     TAIL_LINES,
@@ -58,6 +58,7 @@ from torchbuild.runtime.options import BuildOptions
 
 NAME = "torchbuild-cpu-0123abcd"
 CUDA_COMMS = [
+    TEST_TORCH,
     "cuda_version=12.4",
     "distributed=[gloo, nccl]",
     'cuda_arch_list=["9.0"]',

@@ -134,7 +134,7 @@ def test_gh200_offline_is_gh200_on_debians_arm64_cuda():
     env = build_env(offline, cache_root="/c", jobs=1)
     assert (env["CUDA_HOME"], env["CUDACXX"], env["CC"]) == ("/usr", "/usr/bin/nvcc", "gcc-13")
     assert (env["USE_CUDNN"], env["USE_PRIORITIZED_TEXT_FOR_LD"], env["USE_SYSTEM_NCCL"]) == ("0", "1", "1")
-    assert offline.image_tag == "torchbuild/toolchain:gh200-offline-2.6.0-aarch64"
+    assert offline.image_tag == "torchbuild/toolchain:gh200-offline-2.13.0-aarch64"  # the newest line CUDA 12.4 builds
 
 
 # -------------------------------------------------------------------- ARCHER2 (seed 003): /work, not /home

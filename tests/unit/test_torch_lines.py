@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from helpers import REPO
 
 from torchbuild.core.errors import ProfileError
 from torchbuild.profile import torch_lines
 from torchbuild.profile.companion_table import TABLE, default_ref, likely_ref
-from torchbuild.profile.config import resolve
+from torchbuild.profile.config import profiles_dir, resolve
 
 
 def test_the_lines_are_in_order_and_no_requirement_ever_goes_down():
@@ -56,7 +59,9 @@ def test_config_refuses_a_cuda_older_than_the_torch_line_builds_with():
 
 def test_what_each_line_accepts_resolves():
     assert resolve("cpu", ["torch_version=2.13.0", "base_image=ubuntu:22.04"], arch="x86_64").torch_version == "2.13.0"
-    assert resolve("archer2", []).torch_version == "2.6.0"  # focal's GCC 9.4 meets 2.6's 9.3
+    assert resolve("archer2", []).torch_version == "2.9.1"  # EPCC's; focal's GCC 9.4 meets 2.9's 9.3
+    with pytest.raises(ProfileError, match=r"GCC 9\.4 .* older than PyTorch 2\.15"):
+        resolve("archer2", ["torch_version=2.15.0"])
 
 
 def test_the_companion_table_runs_through_2_15_with_torchaudio_ending_at_2_11():
@@ -78,3 +83,21 @@ def test_a_torch_newer_than_the_table_needs_the_companion_ref_named_never_a_gues
     assert "companion_refs" in err.value.hint
     spec = resolve("cpu", [*sets, "companion_refs.torchvision=v0.31.0"])
     assert spec.companion_refs == {"torchvision": "v0.31.0"}
+
+
+def _torch_column(doc: str, header: str) -> dict[str, str]:
+    """{profile: torch} from the table under `header` in a Markdown file of the repository."""
+    text = (REPO / doc).read_text()
+    rows = text[text.index(header) :].split("\n\n", 1)[0].splitlines()[2:]
+    return {m[1]: m[2] for row in rows if (m := re.match(r"\| `([a-z0-9-]+)` \| ([0-9.]+) \|", row))}
+
+
+def test_the_default_builds_the_newest_line_and_the_docs_name_each_shipped_profiles_torch():
+    """The default profile builds the current release (the newest line known); each shipped profile's
+    torch version is what the README's and the profiles page's tables say (a pin moved without
+    them, or a new profile left out, fails here)."""
+    assert torch_lines.line_of(resolve("cpu").torch_version) is torch_lines.LINES[-1]
+    shipped = sorted(p.stem for p in profiles_dir().glob("*.yaml"))
+    versions = {name: resolve(name).torch_version for name in shipped}
+    assert _torch_column("README.md", "| profile | torch |") == versions
+    assert _torch_column("docs/profiles.md", "| profile | torch |") == versions

@@ -125,8 +125,9 @@ class WhatToBuild:
         "One line saying what the profile is for; shown by `invoke config`.",
     )
     torch_version: str = key(
-        "2.6.0",
-        "PyTorch release to build; names the image tag, PYTORCH_BUILD_VERSION and the patch series.",
+        "2.15.0",
+        "PyTorch release to build (default: the current release, the newest line torchbuild knows); names the "
+        "image tag, PYTORCH_BUILD_VERSION and the patch series.",
         pattern=r"\d+\.\d+(\.\d+)?([a-z0-9.]*)?",
     )
     torch_repo: str = key(
@@ -139,7 +140,7 @@ class WhatToBuild:
     )
     local_version: str = key(
         "",
-        "Local version suffix appended as +<local_version> (e.g. gh200 gives 2.6.0+gh200).",
+        "Local version suffix appended as +<local_version> (e.g. gh200 gives 2.15.0+gh200).",
         pattern="[A-Za-z0-9]+([.][A-Za-z0-9]+)*|",
     )
     patches: str = key(
