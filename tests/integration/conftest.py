@@ -14,7 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import FIXTURES, OFI_PLUGIN, SUITE, SUITE_PYTHON, TORCH_PROFILE, image_ok, run_in, run_invoke, set_args
+from helpers import (
+    FIXTURES,
+    OFI_PLUGIN,
+    SUITE,
+    SUITE_PYTHON,
+    TEST_TORCH,
+    TORCH_PROFILE,
+    image_ok,
+    run_in,
+    run_invoke,
+    set_args,
+)
 from image_builds import BUILDS
 from slurm_cluster import SlurmCluster, missing_tools
 
@@ -182,6 +193,7 @@ def site_overrides(local_base: str, site_certs: list[str]) -> list[str]:
 def _site_overrides(local_base: str, site_certs: list[str]) -> list[str]:
     packages = [*resolve("cpu").python_packages, *SPECIFIED_PACKAGES]
     return [
+        TEST_TORCH,
         f"base_image={local_base}",
         f"python_version={SUITE_PYTHON}",
         f"python_packages={json.dumps(packages)}",
@@ -242,7 +254,7 @@ def cpu_sif(engine, cpu_image, site_overrides, sid_base, tmp_path_factory):
 def _cpu_sif(site_overrides: list[str], sid_base: str, out: Path, after: tuple[str, ...] = ()):
     for name in after:  # queued with the image it converts and the builder: their builds first
         BUILDS.get(name, lambda: None)
-    sets = [*site_overrides, f"sif_builder_base={sid_base}", SIF_RUNTIME_ENV]
+    sets = [TEST_TORCH, *site_overrides, f"sif_builder_base={sid_base}", SIF_RUNTIME_ENV]
     res = run_invoke(
         "sif", "--profile", "cpu", "--arch", "x86_64", "--apptainer", "docker", "--out", str(out), *set_args(sets)
     )
@@ -342,7 +354,7 @@ def cuda_image(engine, local_base, site_certs) -> tuple[object, list[str]]:
 
 
 def _cuda_image(local_base: str, site_certs: list[str]) -> tuple[object, list[str]]:
-    sets = [f"base_image={local_base}", *site_certs, f"aws_ofi_nccl_version={OFI_PLUGIN}"]
+    sets = [TEST_TORCH, f"base_image={local_base}", *site_certs, f"aws_ofi_nccl_version={OFI_PLUGIN}"]
     res = run_invoke("image", "--profile", "cuda-offline", *set_args(sets))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
     return resolve("cuda-offline", sets), sets
@@ -356,7 +368,7 @@ def torch_image(engine, local_base, site_certs):
 
 
 def _torch_image(local_base: str, site_certs: list[str]):
-    sets = [f"base_image={local_base}", *site_certs]
+    sets = [TEST_TORCH, f"base_image={local_base}", *site_certs]
     image_ok(TORCH_PROFILE, set_args(sets))
     return resolve(TORCH_PROFILE, sets), sets
 
@@ -373,7 +385,7 @@ def sid_pythons_image(engine, sid_base, site_certs):
 
 
 def _sid_pythons_image(sid_base: str, site_certs: list[str]):
-    sets = [f"base_image={sid_base}", *site_certs]
+    sets = [TEST_TORCH, f"base_image={sid_base}", *site_certs]
     image_ok(SID_PYTHONS, set_args(sets))
     return resolve(SID_PYTHONS, sets, arch="x86_64"), sets
 

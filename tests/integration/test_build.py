@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, REPO, TREE_KINDS, fixture_tree, preflight_ok, run_invoke, set_args
+from helpers import FIXTURES, REPO, TEST_TORCH, TREE_KINDS, fixture_tree, preflight_ok, run_invoke, set_args
 
 from torchbuild.core.safeio import sha256_file
 
@@ -66,7 +66,7 @@ def build_args(tree, out, cache, overrides, *extra):
         str(out),
         "--user",
         f"{OTHER_UID}:{OTHER_UID}",
-        *set_args([*overrides, f"cache_dir={cache}", "patches=none", "local_version=tbtest"]),
+        *set_args([TEST_TORCH, *overrides, f"cache_dir={cache}", "patches=none", "local_version=tbtest"]),
         *extra,
     ]
 
@@ -181,7 +181,9 @@ def test_preflight_twice_reuses_probes_and_ccache_in_a_fresh_tree(cpu_image, sit
     tree = tmp_path / "minitorch"
     shutil.copytree(FIXTURES / "minitorch", tree, ignore=shutil.ignore_patterns("build", "*.so", "_version.py"))
     series = patch_series(tree, tmp_path / "series")
-    sets = set_args([*site_overrides, f"cache_dir={tmp_path / 'cache'}", f"patches={series}", "env.MINITORCH_PROBES=1"])
+    sets = set_args(
+        [TEST_TORCH, *site_overrides, f"cache_dir={tmp_path / 'cache'}", f"patches={series}", "env.MINITORCH_PROBES=1"]
+    )
     extra = ("--arch", "x86_64", "--canary", "csrc/ops.cpp")
     first_out, m1 = preflight_ok("cpu", tree, tmp_path / "out", sets, *extra)
     assert m1["preflight"]["targets"] == ["c10"] and (tree / "build" / "libc10.a").is_file()

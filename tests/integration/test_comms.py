@@ -11,7 +11,7 @@ import re
 import time
 
 import pytest
-from helpers import OFI_PLUGIN, run_invoke, set_args
+from helpers import OFI_PLUGIN, TEST_TORCH, run_invoke, set_args
 
 from torchbuild.runtime.environment import build_env
 
@@ -28,7 +28,13 @@ def test_plugin_builds_against_trixies_libfabric_and_a_rerun_is_a_no_op(engine, 
     spec, image_sets = cuda_image
     tarball, sha = ofi_sources[OFI_PLUGIN]
     cache = tmp_path / "cache"
-    sets = [*image_sets, f"aws_ofi_nccl_source={tarball}", f"aws_ofi_nccl_sha256={sha}", f"cache_dir={cache}"]
+    sets = [
+        TEST_TORCH,
+        *image_sets,
+        f"aws_ofi_nccl_source={tarball}",
+        f"aws_ofi_nccl_sha256={sha}",
+        f"cache_dir={cache}",
+    ]
     t0 = time.monotonic()
     res = _comms(sets, tmp_path)
     first = time.monotonic() - t0
@@ -65,7 +71,7 @@ def test_derechos_plugin_pin_does_not_compile_against_libfabric_2_and_is_refused
     spec, image_sets = cuda_image
     tarball, sha = ofi_sources["1.6.0"]
     cache = tmp_path / "cache"
-    sets = [
+    sets = [TEST_TORCH,
         *image_sets, "aws_ofi_nccl_version=1.6.0", f"aws_ofi_nccl_source={tarball}", f"aws_ofi_nccl_sha256={sha}",
         f"cache_dir={cache}",
     ]  # fmt: skip
@@ -94,7 +100,7 @@ def test_a_libfabric_prefix_that_is_not_there_is_named_and_nothing_is_made(cuda_
     _, image_sets = cuda_image
     tarball, sha = ofi_sources[OFI_PLUGIN]
     missing = tmp_path / "opt" / "cray" / "libfabric" / "1.15.2.0"
-    sets = [
+    sets = [TEST_TORCH,
         *image_sets, f"aws_ofi_nccl_source={tarball}", f"aws_ofi_nccl_sha256={sha}", f"libfabric_prefix={missing}",
         f"cache_dir={tmp_path / 'cache'}",
     ]  # fmt: skip

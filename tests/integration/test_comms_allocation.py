@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import CALLER, FIXTURES, OFI_PLUGIN
+from helpers import CALLER, FIXTURES, OFI_PLUGIN, TEST_TORCH
 
 from torchbuild.runtime.environment import build_env
 
@@ -98,7 +98,7 @@ def test_an_oom_killed_plugin_compile_resumes_with_fewer_jobs_and_finishes(engin
     env = build_env(spec, cache_root="/cache", jobs=1)
     _tools(tmp_path, env["CC"], env["CXX"])
     # 1 GiB / 0.5 GiB per job: two jobs, each fitting alone; a second one that grows kills itself
-    sets = ["mem_per_job_gb=0.5", "env.CC=/t/cc", "env.CXX=/t/c++"]
+    sets = [TEST_TORCH, "mem_per_job_gb=0.5", "env.CC=/t/cc", "env.CXX=/t/c++"]
     t0 = time.monotonic()
     rc, out, state = _comms_in_allocation(engine, cuda_image, ofi_sources, tmp_path, cpus=2, memory="1g", sets=sets)
     seconds = time.monotonic() - t0

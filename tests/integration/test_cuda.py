@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from helpers import FIXTURES, preflight_ok, set_args
+from helpers import FIXTURES, TEST_TORCH, preflight_ok, set_args
 
 from torchbuild.profile.cuda_archs import TARGETS, sm_name
 
@@ -68,7 +68,14 @@ def test_fixture_cuda_preflight_builds_c10_cuda_and_a_cu_canary(cuda_image, tmp_
     # the image was made for the plugin too (test_comms): this build makes none, and names the
     # plugin's build tools as extra packages so that it asks for the very same image
     plugin_tools = "apt_packages=[make, autoconf, automake, libtool, libhwloc-dev, libfabric-dev]"
-    sets = [*image_sets, "aws_ofi_nccl_version=", plugin_tools, f"cache_dir={tmp_path / 'cache'}", "patches=none"]
+    sets = [
+        TEST_TORCH,
+        *image_sets,
+        "aws_ofi_nccl_version=",
+        plugin_tools,
+        f"cache_dir={tmp_path / 'cache'}",
+        "patches=none",
+    ]
     sets.append('cuda_arch_list=["9.0"]')
     sets.append("preflight_targets=[c10, c10_cuda]")
     stdout, data = preflight_ok("cuda-offline", tree, tmp_path / "out", set_args(sets), "--canary", "csrc/c10_cuda.cu")

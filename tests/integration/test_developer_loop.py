@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, TORCH_PROFILE, fixture_tree, run_in, run_invoke, set_args
+from helpers import FIXTURES, TEST_TORCH, TORCH_PROFILE, fixture_tree, run_in, run_invoke, set_args
 
 from torchbuild.core.safeio import sha256_file
 from torchbuild.runtime import manifest
@@ -158,7 +158,9 @@ def test_develop_recompiles_only_the_touched_file(where, kind, cpu_image, site_o
     args = ["develop", "--source", str(tree), "--venv", str(venv)]
     if where == "in-container":
         args += ["--in-container", "--profile", "cpu", "--arch", "x86_64"]
-    sets = set_args([*(site_overrides if where == "in-container" else []), f"cache_dir={tmp_path / 'cache'}"])
+    sets = set_args(
+        [TEST_TORCH, *(site_overrides if where == "in-container" else []), f"cache_dir={tmp_path / 'cache'}"]
+    )
     first = run_invoke(*args, *sets)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr
     assert first.stdout.strip().splitlines()[-1] == str(venv)
@@ -191,7 +193,7 @@ def test_bench_install_keeps_the_built_torch_and_runs(engine, torch_image, tmp_p
     )
     res = run_invoke(
         "bench", "--in-container", "--profile", TORCH_PROFILE, "--venv", str(venv),
-        "--benchmark", str(tree), "--args", "tiny -d cpu -t eval", *set_args([*sets, f"cache_dir={tmp_path / 'cache'}"]),
+        "--benchmark", str(tree), "--args", "tiny -d cpu -t eval", *set_args([TEST_TORCH, *sets, f"cache_dir={tmp_path / 'cache'}"]),
         timeout=1800,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr

@@ -29,7 +29,7 @@ import venv
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, REPO, run_invoke, set_args
+from helpers import FIXTURES, REPO, TEST_TORCH, run_invoke, set_args
 from image_builds import BUILDS
 
 from torchbuild.core.arch import Arch
@@ -97,7 +97,7 @@ def build_fixture(tmp: Path, sets: list[str], name: str) -> tuple[subprocess.Com
         )
     args = ["build", "--in-container", "--profile", "cpu", "--arch", "x86_64", "--source", str(tree), "--out", str(out)]
     common = [f"cache_dir={tmp / 'cache'}", "patches=none", f"local_version={name}"]
-    return run_invoke(*args, *set_args([*sets, *common]), timeout=3600), out
+    return run_invoke(*args, *set_args([TEST_TORCH, *sets, *common]), timeout=3600), out
 
 
 def in_container(engine, tag: str, script: str, mounts: dict[str, str]) -> tuple[int, str]:

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import CALLER, FIXTURES, TORCH_PROFILE, run_in, run_invoke, set_args
+from helpers import CALLER, FIXTURES, TEST_TORCH, TORCH_PROFILE, run_in, run_invoke, set_args
 
 from torchbuild.runtime.manifest import read_install
 
@@ -35,7 +35,7 @@ def wheels(engine, torch_image, debian_torch_wheel, cpu_image, site_overrides, t
     shutil.copytree(FIXTURES / "minitorch", tree, ignore=shutil.ignore_patterns("build", "*.so", "_version.py"))
     res = run_invoke(
         "build", "--in-container", "--profile", "cpu", "--arch", "x86_64", "--source", str(tree), "--out", str(out),
-        "--no-verify", *set_args([*site_overrides, "patches=none", "local_version=tbtest"]),
+        "--no-verify", *set_args([TEST_TORCH, *site_overrides, "patches=none", "local_version=tbtest"]),
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
     (mini,) = out.glob("minitorch-2.6.0+tbtest-cp313-*.whl")
@@ -57,7 +57,7 @@ def installed(torch_image, wheels, tmp_path_factory):
     ]
     res = run_invoke(
         "install", "--in-container", "--profile", TORCH_PROFILE, "--prefix", str(prefix), "--out", str(out),
-        "--wheel", str(torch_wheel), "--wheel", str(mini), *set_args([*sets, *runtime]), timeout=1800,
+        "--wheel", str(torch_wheel), "--wheel", str(mini), *set_args([TEST_TORCH, *sets, *runtime]), timeout=1800,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-5000:] + res.stderr
     assert not list(out.glob(".partial-*")), "the staged wheelhouse was left behind"
@@ -234,7 +234,7 @@ def test_install_failure_leaves_nothing(torch_image, wheels, tmp_path):
     prefix, out = tmp_path / "env", tmp_path / "out"
     res = run_invoke(
         "install", "--in-container", "--profile", TORCH_PROFILE, "--prefix", str(prefix), "--out", str(out),
-        "--wheel", str(mini), *set_args([*sets, "runtime_packages=[no-such-package-tb]"]),
+        "--wheel", str(mini), *set_args([TEST_TORCH, *sets, "runtime_packages=[no-such-package-tb]"]),
     )  # fmt: skip
     assert res.returncode == 22 and "InstallFailed" in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert "no-such-package-tb" in res.stdout

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, REPO, run_invoke, set_args
+from helpers import FIXTURES, REPO, TEST_TORCH, run_invoke, set_args
 
 NATIVE = pytest.mark.skipif(
     not all(__import__("shutil").which(t) for t in ("g++", "cmake", "ninja", "ccache")),
@@ -75,7 +75,7 @@ def test_in_container_checks_the_runtime_before_touching_the_tree(
         str(tree),
         "--out",
         str(tmp_path / "out"),
-        *set_args([f"cache_dir={tmp_path / 'cache'}", f"patches={series}"]),
+        *set_args([TEST_TORCH, f"cache_dir={tmp_path / 'cache'}", f"patches={series}"]),
         *extra,
         env=env,
     )
@@ -108,7 +108,7 @@ def test_a_signal_to_invoke_alone_stops_every_build_process(tree, tmp_path, sig)
     out, cache = tmp_path / "out", tmp_path / "cache"
     env = {**os.environ, "MINITORCH_SLOW_SECONDS": seconds}
     cmd = [sys.executable, "-m", "invoke", "build", "--no-verify", "--source", str(tree), "--out", str(out)]
-    cmd += set_args([f"cache_dir={cache}", "patches=none"])
+    cmd += set_args([TEST_TORCH, f"cache_dir={cache}", "patches=none"])
     # its own session, like a batch system's job: the signal goes to invoke's pid only
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
@@ -143,7 +143,7 @@ def _native_build(tree: Path, tmp_path: Path, *sets: str, out: Path | None = Non
         str(tree),
         "--out",
         str(out or tmp_path / "out"),
-        *set_args([f"cache_dir={tmp_path / 'cache'}", "patches=none", *sets]),
+        *set_args([TEST_TORCH, f"cache_dir={tmp_path / 'cache'}", "patches=none", *sets]),
     )
 
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, REPO, TREE_KINDS, fixture_tree, manifest_of, run_invoke, set_args
+from helpers import FIXTURES, REPO, TEST_TORCH, TREE_KINDS, fixture_tree, manifest_of, run_invoke, set_args
 
 from torchbuild.builder import unitpeak
 
@@ -40,9 +40,11 @@ def test_native_wheel_and_preflight_with_a_canary(kind, tmp_path):
     pyproject.toml (configured by CMake as the backend would, built by pip wheel)."""
     tree = fixture_tree(tmp_path / "minitorch", kind)
     out, cache = tmp_path / "out", tmp_path / "cache"
-    sets = set_args([f"cache_dir={cache}", "patches=none", "local_version=native"])
+    sets = set_args([TEST_TORCH, f"cache_dir={cache}", "patches=none", "local_version=native"])
     # two small heavy units in their pool: build.ninja's for setup.py, CMake's for scikit-build-core
-    heavy = set_args(["heavy_units=[build/heavy/*]", "env.MINITORCH_HEAVY=2", "env.MINITORCH_HEAVY_ENTRIES=200"])
+    heavy = set_args(
+        [TEST_TORCH, "heavy_units=[build/heavy/*]", "env.MINITORCH_HEAVY=2", "env.MINITORCH_HEAVY_ENTRIES=200"]
+    )
     res = run_invoke("build", "--source", str(tree), "--out", str(out), *sets, *heavy)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
     pool = {"setup.py": "heavy pool: 2 compiles at most", "scikit-build-core": "heavy pool: CMake job pool"}[kind]
@@ -94,7 +96,7 @@ def test_unknown_canary_is_named(tree, tmp_path):
         str(tree),
         "--out",
         str(tmp_path / "o"),
-        *set_args([f"cache_dir={tmp_path / 'c'}", "patches=none"]),
+        *set_args([TEST_TORCH, f"cache_dir={tmp_path / 'c'}", "patches=none"]),
     )
     assert res.returncode == 10 and "canary csrc/nope.cpp" in res.stderr
 
@@ -127,7 +129,7 @@ def test_a_build_cut_off_and_run_again_is_one_build_over_two_runs(tree, tmp_path
     (issue 42, items 2 and 5)."""
     out, cache = tmp_path / "out", tmp_path / "cache"
     sets = set_args(
-        [f"cache_dir={cache}", "patches=none", "env.MINITORCH_SLOW_UNITS=6", "env.MINITORCH_UNIT_SECONDS=3"]
+        [TEST_TORCH, f"cache_dir={cache}", "patches=none", "env.MINITORCH_SLOW_UNITS=6", "env.MINITORCH_UNIT_SECONDS=3"]
     )
     args = [sys.executable, "-m", "invoke", "build", "--source", str(tree), "--out", str(out), *sets]
     ninja_log = tree / "build" / ".ninja_log"
@@ -169,7 +171,7 @@ def test_a_second_run_while_a_killed_runs_compile_goes_on_is_refused_by_name(tre
     once they are done, the same command finishes the build without compiling a step again."""
     out, cache = tmp_path / "out", tmp_path / "cache"
     sets = set_args(
-        [f"cache_dir={cache}", "patches=none", "env.MINITORCH_SLOW_UNITS=4", "env.MINITORCH_UNIT_SECONDS=3"]
+        [TEST_TORCH, f"cache_dir={cache}", "patches=none", "env.MINITORCH_SLOW_UNITS=4", "env.MINITORCH_UNIT_SECONDS=3"]
     )
     args = [sys.executable, "-m", "invoke", "build", "--source", str(tree), "--out", str(out), *sets]
     ninja_log = tree / "build" / ".ninja_log"

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, TREE_KINDS, fixture_tree, run_invoke, set_args
+from helpers import FIXTURES, TEST_TORCH, TREE_KINDS, fixture_tree, run_invoke, set_args
 
 from torchbuild.builder.repro import PLAIN_TREE, PLAIN_TREE_EPOCH
 from torchbuild.core.safeio import sha256_file
@@ -34,7 +34,7 @@ def build(tree: Path, out: Path, cache: Path, *extra: str, sets: tuple[str, ...]
         str(tree),
         "--out",
         str(out),
-        *set_args([f"cache_dir={cache}", "patches=none", "local_version=repro", *sets]),
+        *set_args([TEST_TORCH, f"cache_dir={cache}", "patches=none", "local_version=repro", *sets]),
         *extra,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
@@ -114,7 +114,7 @@ def test_one_tree_two_pythons_two_wheels_only_the_extension_recompiles(engine, s
     spec, image_sets = sid_pythons_image
     tree = fixture_tree(tmp_path / "minitorch", kind)
     out, cache = tmp_path / "out", tmp_path / "cache"
-    sets = [*image_sets, f"cache_dir={cache}", "patches=none", "local_version=py"]
+    sets = [TEST_TORCH, *image_sets, f"cache_dir={cache}", "patches=none", "local_version=py"]
     res = run_invoke(
         "build", "--in-container", "--profile", SID_PYTHONS, "--arch", "x86_64", "--python", "3.13,3.14",
         "--source", str(tree), "--out", str(out), *set_args(sets),

@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, bridge_gateway, manifest_of, run_invoke, set_args
+from helpers import FIXTURES, TEST_TORCH, bridge_gateway, manifest_of, run_invoke, set_args
 
 pytestmark = pytest.mark.docker
 
@@ -93,7 +93,16 @@ def _build(node: tuple[Path, Path, Path], overrides: list[str], url: str) -> tup
         str(tree),
         "--out",
         str(out),
-        *set_args([*overrides, f"cache_dir={cache}", "patches=none", "local_version=tbtest", f"ccache_remote={url}"]),
+        *set_args(
+            [
+                TEST_TORCH,
+                *overrides,
+                f"cache_dir={cache}",
+                "patches=none",
+                "local_version=tbtest",
+                f"ccache_remote={url}",
+            ]
+        ),
         timeout=900,
     )
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, REPO, manifest_of, run_invoke, set_args
+from helpers import FIXTURES, REPO, TEST_TORCH, manifest_of, run_invoke, set_args
 
 from torchbuild import __version__
 from torchbuild.profile.config import cache_dir
@@ -163,7 +163,7 @@ def test_sif_refuses_when_space_is_short(cpu_sif, tmp_path):
             "--out",
             str(small / "out"),
             "--rebuild",
-            *set_args([*sets, f"cache_dir={small / 'cache'}"]),
+            *set_args([TEST_TORCH, *sets, f"cache_dir={small / 'cache'}"]),
         )
         assert res.returncode == 12 and "InsufficientSpace" in res.stderr, res.stdout + res.stderr
         assert "GiB free on the file system of" in res.stderr
@@ -182,7 +182,7 @@ def test_sif_builds_and_verifies_the_fixture_wheel(engine, cpu_sif, tmp_path):
     res = run_invoke(
         "build", "--in-container", "--engine", "apptainer", "--apptainer", "docker", "--sif", str(sif),
         "--profile", "cpu", "--arch", "x86_64", "--source", str(tree), "--out", str(out),
-        *set_args([*sets, f"cache_dir={tmp_path / 'cache'}", "patches=none", "local_version=tbsif"]),
+        *set_args([TEST_TORCH, *sets, f"cache_dir={tmp_path / 'cache'}", "patches=none", "local_version=tbsif"]),
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr
     m = manifest_of(res.stdout)

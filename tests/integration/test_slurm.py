@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, manifest_of, run_invoke, set_args
+from helpers import FIXTURES, TEST_TORCH, manifest_of, run_invoke, set_args
 
 pytestmark = [pytest.mark.slurm]
 
@@ -29,7 +29,7 @@ def minitorch(tmp_path: Path, name: str = "minitorch") -> Path:
 def submit(slurm, tree: Path, out: Path, cache: Path, *extra: str, sets: tuple[str, ...] = (), timeout: int = 900):
     return run_invoke(
         "submit", "--source", str(tree), "--out", str(out), "--cpus", "1", "--mem", "2G", *extra,
-        *set_args([f"cache_dir={cache}", "patches=none", *sets]),
+        *set_args([TEST_TORCH, f"cache_dir={cache}", "patches=none", *sets]),
         env=slurm.env, timeout=timeout,
     )  # fmt: skip
 

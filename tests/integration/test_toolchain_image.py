@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from helpers import SUITE_PYTHON, run_invoke, set_args
+from helpers import SUITE_PYTHON, TEST_TORCH, run_invoke, set_args
 from packaging.requirements import Requirement
 
 from torchbuild import __version__
@@ -108,7 +108,7 @@ def test_missing_base_image_fails_named_and_leaves_no_container(engine, site_ove
         "cpu",
         "--arch",
         "x86_64",
-        *set_args([*site_overrides, "base_image=torchbuild/base:no-such-suite-x86_64"]),
+        *set_args([TEST_TORCH, *site_overrides, "base_image=torchbuild/base:no-such-suite-x86_64"]),
     )
     assert res.returncode == 4, res.stdout + res.stderr
     assert "ImageBuildFailed" in res.stderr and "no-such-suite" in res.stderr

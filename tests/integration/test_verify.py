@@ -6,7 +6,7 @@ import json
 import shutil
 
 import pytest
-from helpers import TORCH_PROFILE, manifest_of, run_invoke, set_args
+from helpers import TEST_TORCH, TORCH_PROFILE, manifest_of, run_invoke, set_args
 from test_build import build_args, workspace  # noqa: F401 - the fixture is used by name
 
 pytestmark = pytest.mark.docker
@@ -17,7 +17,7 @@ def test_verify_passes_the_wheel_and_fails_retagged_copies(engine, cpu_image, si
     res = run_invoke(*build_args(tree, out, cache, site_overrides))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
     wheel = out / manifest_of(res.stdout)["wheel"]["name"]
-    sets = set_args([*site_overrides, "local_version=tbtest"])
+    sets = set_args([TEST_TORCH, *site_overrides, "local_version=tbtest"])
     verify = ["verify", "--in-container", "--profile", "cpu", "--arch", "x86_64", *sets]
 
     res = run_invoke(*verify, "--wheel", str(wheel))
