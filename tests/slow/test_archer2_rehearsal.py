@@ -51,6 +51,7 @@ pytestmark = [pytest.mark.docker]
 STANDIN = "torchbuild-test/archer2-standin:bookworm"
 STANDIN_PYTHON = "3.11"  # bookworm's: this checkout's interpreter is bound in and must be the same
 WORK = "/work/t01/t01/archer2"  # the site user's /work: the test's directory bound in
+TORCH = resolve("archer2").torch_version  # the profile's (EPCC's 2.9.1): the fixture is built under that version
 DRIVERS = "/opt/cray/pe/craype/2.7.19/bin"
 CRAY_PYTHON = "/opt/cray/pe/python/3.11.2/bin/python3"
 WRAPPER_LOG = f"{WORK}/craype-wrappers.log"
@@ -142,7 +143,7 @@ def test_archer2_rehearsal_cray_wrappers_build_mpi4py_with_cc_and_a_package_with
     )
     build_s = time.monotonic() - t0
     assert "CC=cc" in out and "CXX=CC" in out and "FC=ftn" in out, out[-3000:]
-    (wheel,) = (work / "out").glob("minitorch-2.6.0+archer2-cp311-*.whl")
+    (wheel,) = (work / "out").glob(f"minitorch-{TORCH}+archer2-cp311-*.whl")
     manifest = json.loads((work / "out" / f"{wheel.name}.manifest.json").read_text())
     environment = manifest["environment"]
     assert (environment["CC"], environment["CXX"], environment["FC"]) == ("cc", "CC", "ftn")
@@ -177,7 +178,7 @@ def test_archer2_rehearsal_cray_wrappers_build_mpi4py_with_cc_and_a_package_with
     (package,) = record["packages"]
     assert package["pip_args"] == ["--no-build-isolation", "--no-cache-dir"]
     assert "[X] MPI" in package["check_output"]
-    assert "built against minitorch 2.6.0+archer2 with CC=cc" in package["check_output"]
+    assert f"built against minitorch {TORCH}+archer2 with CC=cc" in package["check_output"]
 
     # -- a job loads the install's module: cray-python and cray-mpich come with it
     used = n.sh(
@@ -185,5 +186,5 @@ def test_archer2_rehearsal_cray_wrappers_build_mpi4py_with_cc_and_a_package_with
         "python -c 'import minitorch, numpy, tb_needs_env; from mpi4py import MPI; "
         'print("OK", minitorch.__version__, MPI.Get_library_version().split()[0])\''
     )
-    assert "cray-python/3.11.2" in used and "OK 2.6.0+archer2 MPICH" in used, used[-2000:]
+    assert "cray-python/3.11.2" in used and f"OK {TORCH}+archer2 MPICH" in used, used[-2000:]
     print(f"archer2 rehearsal: build {build_s:.0f} s, install (mpi4py from PyPI) {install_s:.0f} s")
