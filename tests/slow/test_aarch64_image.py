@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import SUITE_PYTHON, run_invoke, set_args
+from helpers import SUITE_PYTHON, TEST_TORCH, run_invoke, set_args
 
 from torchbuild import __version__
 from torchbuild.profile.config import resolve
@@ -22,7 +22,7 @@ def test_arm64_toolchain_image_under_emulation(engine, arm64_base, site_certs):
     assert engine.image_attrs(arm64_base)["Architecture"] == "arm64"
     # PyTorch's Python build requirements (sympy, numpy, ...) take many minutes to byte-compile
     # under emulation and add nothing to what this checks: the arm64 toolchain itself
-    sets = [f"base_image={arm64_base}", f"python_version={SUITE_PYTHON}", "python_packages=[]", *site_certs]
+    sets = [TEST_TORCH, f"base_image={arm64_base}", f"python_version={SUITE_PYTHON}", "python_packages=[]", *site_certs]
     res = run_invoke("image", "--profile", "cpu", "--arch", "aarch64", *set_args(sets))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
     spec = resolve("cpu", sets, arch="aarch64")

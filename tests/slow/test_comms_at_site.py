@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ApptainerNode, set_args, shared_dir
+from helpers import TEST_TORCH, ApptainerNode, set_args, shared_dir
 
 from torchbuild import __version__
 from torchbuild.profile.config import resolve
@@ -95,6 +95,7 @@ def site(engine, cuda_image, local_base, sid_base, site_certs, ofi_sources, test
         source = shared_dir(root / "sources") / tarball.name
         source.write_bytes(tarball.read_bytes())
         sets = [
+            TEST_TORCH,
             f"aws_ofi_nccl_version={PLUGIN}",
             f"aws_ofi_nccl_source={source}",
             f"aws_ofi_nccl_sha256={sha}",

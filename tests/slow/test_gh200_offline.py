@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from helpers import FIXTURES, image_ok, preflight_ok, set_args
+from helpers import FIXTURES, TEST_TORCH, image_ok, preflight_ok, set_args
 
 from torchbuild.profile.config import resolve
 
@@ -29,7 +29,7 @@ __global__ void axpy(float a, const float* x, float* y, int n) {
 @pytest.fixture(scope="module")
 def gh200_offline_image(engine, arm64_base, site_certs):
     """The image, built through the CLI: (its spec, the --set values it was built with)."""
-    sets = [f"base_image={arm64_base}", *site_certs]
+    sets = [TEST_TORCH, f"base_image={arm64_base}", *site_certs]
     t0 = time.monotonic()
     image_ok(PROFILE, set_args(sets), timeout=7200)
     spec = resolve(PROFILE, sets)
@@ -65,7 +65,7 @@ def test_the_images_nvcc_compiles_a_canary_for_sm90_on_arm64(engine, gh200_offli
 
 def test_the_gh200_preflight_configures_real_pytorch_with_cuda(gh200_offline_image, debian_dsc, tmp_path):
     _, sets = gh200_offline_image
-    args = set_args([*sets, f"cache_dir={tmp_path / 'cache'}"])
+    args = set_args([TEST_TORCH, *sets, f"cache_dir={tmp_path / 'cache'}"])
     stdout, data = preflight_ok(PROFILE, debian_dsc, tmp_path / "out", args, timeout=7200)
     assert "USE_CUDA=1" in stdout and "TORCH_CUDA_ARCH_LIST=9.0" in stdout
     assert "-flax-vector-conversions" in stdout  # the gh200 flags

@@ -7,7 +7,7 @@ lock made for other inputs is refused before anything is built."""
 from __future__ import annotations
 
 import pytest
-from helpers import run_invoke, set_args
+from helpers import TEST_TORCH, run_invoke, set_args
 from integration.test_image_lock import LOCKED_NAME, SID_PYTHONS, _cached_step, installed, run_in
 
 from torchbuild.image import lock as lk
@@ -18,7 +18,14 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 def test_lock_round_trip_installs_the_same_packages(engine, sid_pythons_image, tmp_path):
     spec, sets = sid_pythons_image
     lock_file = tmp_path / "sid-pythons.x86_64.lock"
-    args = ["image", "--profile", SID_PYTHONS, "--arch", "x86_64", *set_args([*sets, f"image_name={LOCKED_NAME}"])]
+    args = [
+        "image",
+        "--profile",
+        SID_PYTHONS,
+        "--arch",
+        "x86_64",
+        *set_args([TEST_TORCH, *sets, f"image_name={LOCKED_NAME}"]),
+    ]
     locked_tag = spec.image_tag.replace(spec.image_name, LOCKED_NAME)
     try:
         res = run_invoke(*args, "--lock", "--lock-file", str(lock_file))

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, OFI_PLUGIN, image_ok, preflight_ok, run_invoke, set_args
+from helpers import FIXTURES, OFI_PLUGIN, TEST_TORCH, image_ok, preflight_ok, run_invoke, set_args
 
 NCCL = "2.22.3-1"
 PROFILE = str(FIXTURES / "profiles" / "derecho-on-debian.yaml")
@@ -27,7 +27,7 @@ def test_nccl_built_for_the_a100_and_pytorch_configures_against_it(
     tarball, sha = ofi_sources[OFI_PLUGIN]
     nccl_tarball, nccl_sha = nccl_sources[NCCL]
     cache = tmp_path / "cache"
-    sets = [
+    sets = [TEST_TORCH,
         f"base_image={local_base}", *site_certs, f"cache_dir={cache}", f"nccl_source={nccl_tarball}", f"nccl_sha256={nccl_sha}",
         f"aws_ofi_nccl_source={tarball}", f"aws_ofi_nccl_sha256={sha}",
     ]  # fmt: skip

@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, image_ok, preflight_ok, set_args
+from helpers import FIXTURES, TEST_TORCH, image_ok, preflight_ok, set_args
 from integration.test_build import configure_result
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -27,7 +27,7 @@ def test_real_pytorch_preflight_and_ccache_reuse(engine, local_base, site_certs,
     """Debian's de-vendored PyTorch 2.6: configure + c10 in a tool-built image, twice; the second
     time in a fresh tree (--clean) with the ccache warm and CMake's probe results of the first."""
     profile = str(FIXTURES / "profiles" / "debian-pytorch-2.6.yaml")
-    sets = set_args([f"base_image={local_base}", *site_certs, f"cache_dir={tmp_path / 'cache'}"])
+    sets = set_args([TEST_TORCH, f"base_image={local_base}", *site_certs, f"cache_dir={tmp_path / 'cache'}"])
     image_ok(profile, sets)
     first_out, m1 = preflight_ok(profile, debian_dsc, tmp_path / "out", sets)
     assert "USE_SYSTEM_LIBS=ON" in first_out
@@ -61,7 +61,7 @@ def test_real_pytorch_preflight_and_ccache_reuse(engine, local_base, site_certs,
 
 def test_real_pytorch_cuda_preflight(engine, local_base, site_certs, debian_dsc, tmp_path):
     profile = str(FIXTURES / "profiles" / "debian-pytorch-2.6-cuda.yaml")
-    sets = set_args([f"base_image={local_base}", *site_certs, f"cache_dir={tmp_path / 'cache'}"])
+    sets = set_args([TEST_TORCH, f"base_image={local_base}", *site_certs, f"cache_dir={tmp_path / 'cache'}"])
     image_ok(profile, sets)
     stdout, data = preflight_ok(profile, debian_dsc, tmp_path / "out", sets)
     assert "USE_CUDA=1" in stdout and "TORCH_CUDA_ARCH_LIST=9.0" in stdout

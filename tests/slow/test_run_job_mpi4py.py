@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from helpers import make_wheel, run_invoke, set_args
+from helpers import TEST_TORCH, make_wheel, run_invoke, set_args
 from integration.test_run_job import PROBE, fixture_wheelhouse, run_sets, submit_run_job
 
 pytestmark = [pytest.mark.slurm]
@@ -39,7 +39,7 @@ def mpi_wheelhouse(tmp_path_factory):
     t0 = time.monotonic()
     res = run_invoke(
         "wheelhouse", "--dest", str(house), "--add-mpi4py", "--profile", "alliance",
-        *set_args([f"mpicc={mpi / 'bin' / 'mpicc'}", "python_version={}.{}".format(*sys.version_info[:2])]),
+        *set_args([TEST_TORCH, f"mpicc={mpi / 'bin' / 'mpicc'}", "python_version={}.{}".format(*sys.version_info[:2])]),
         timeout=900,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, image_ok, manifest_of, run_invoke, set_args
+from helpers import FIXTURES, TEST_TORCH, image_ok, manifest_of, run_invoke, set_args
 from integration.test_sif import call, run_containers
 
 from torchbuild.profile.config import resolve
@@ -25,7 +25,7 @@ def test_sif_runs_real_pytorch_preflight_and_reuses_ccache(
     the first run filled through the /cache bind."""
     profile = str(FIXTURES / "profiles" / "debian-pytorch-2.6.yaml")
     cache, out = tmp_path / "cache", tmp_path / "out"
-    sets = [f"base_image={local_base}", *site_certs, f"cache_dir={cache}", f"sif_builder_base={sid_base}"]
+    sets = [TEST_TORCH, f"base_image={local_base}", *site_certs, f"cache_dir={cache}", f"sif_builder_base={sid_base}"]
     image_ok(profile, set_args(sets))
     res = run_invoke("sif", "--profile", profile, "--out", str(tmp_path), *set_args(sets))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr

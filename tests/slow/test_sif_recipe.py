@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, ApptainerNode, set_args, shared_dir
+from helpers import FIXTURES, TEST_TORCH, ApptainerNode, set_args, shared_dir
 from integration.conftest import SPECIFIED_PACKAGES, SUITE_PYTHON
 
 from torchbuild import __version__
@@ -29,6 +29,7 @@ def test_cpu_sif_from_the_recipe_without_docker_builds_the_fixture(engine, local
     tmp_path = node_tmp
     packages = [*resolve("cpu").python_packages, *SPECIFIED_PACKAGES]
     sets = [
+        TEST_TORCH,
         f"base_image={local_base}",  # torchbuild/base:trixie-x86_64: debootstrap derives trixie from it
         "sif_bootstrap=debootstrap",
         f"python_version={SUITE_PYTHON}",
