@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from bare_node import build_bare_image, run_bare
-from helpers import FIXTURES, SUITE
+from helpers import FIXTURES, SUITE, TEST_TORCH
 
 from torchbuild.sif.host import remove_tree
 
@@ -47,7 +47,7 @@ def test_a_bare_node_builds_in_a_venv_from_pypi_and_reuses_it(bare):
     tree = work / "minitorch"
     shutil.copytree(FIXTURES / "minitorch", tree, ignore=shutil.ignore_patterns("build", "*.so", "_version.py"))
     (tree / "requirements.txt").write_text("# the tree's own build requirements\ntyping-extensions>=4\n")
-    sets = "--set cache_dir=/work/cache --set patches=none --set local_version=bare"
+    sets = f"--set {TEST_TORCH} --set cache_dir=/work/cache --set patches=none --set local_version=bare"
     build = f"$TB build --source /work/minitorch --out /work/out {sets}"
     user = "0:0"  # the bind-mounted work directory is the caller's; the node's user is root here
 

@@ -53,6 +53,7 @@ def _site_certs() -> list[str]:  # as conftest's site_certs: this host's locally
 
 def bullseye_sets(base: str, site_certs: list[str]) -> list[str]:
     return [
+        TEST_TORCH,  # bullseye's GCC 10 and CMake 3.18 build 2.6, not the current release
         f"base_image={base}",
         f"python_version={PY}",
         f"python_sources={json.dumps({PY: PY_SOURCE})}",
