@@ -55,7 +55,7 @@ FEATURES: dict[str, tuple[str, str]] = {
     "comms": ("NCCL and the aws-ofi-nccl plugin: host checks, the comms step", "host"),
     "verify": (
         "verify a wheel or an install: the step, the probe, upstream tests, the ranks' checks and their job",
-        "step",
+        "host",
     ),
     "install": ("install environments, modulefiles, mpi-check, wheelhouses", "host"),
     "batch": (

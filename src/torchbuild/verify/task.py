@@ -8,10 +8,10 @@ from collections.abc import Mapping
 
 from invoke.context import Context
 
-from torchbuild.builder.host import verify_with
 from torchbuild.core.safeio import user_path
 from torchbuild.runtime.flags import key_flags
 from torchbuild.runtime.tasks import Launch, launch_task
+from torchbuild.verify.host import verify_with
 
 # the job options of `invoke submit` (the profile keys with a flag) that --nodes takes too, each
 # a --set of its key; not the scheduler (the profile's)
