@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.batch import host as scheduler
 from torchbuild.builder import resume
 from torchbuild.core.atomic import atomic_write_bytes, atomic_write_text, atomic_writer, umask
 from torchbuild.core.errors import InsufficientSpace, PathError
 from torchbuild.image import lock
-from torchbuild.runtime import jobs
+from torchbuild.runtime import jobs, scheduler
 from torchbuild.runtime.manifest import write_json
 
 LOCK = lock.Lock(

@@ -26,7 +26,6 @@ import pytest
 from helpers import TEST_TORCH, make_wheel
 
 from torchbuild.builder.host import _comms as runner_comms
-from torchbuild.builder.host import comms_for_verify
 from torchbuild.comms.host import comms
 from torchbuild.comms.step import (
     COMMS_MANIFEST,
@@ -77,6 +76,7 @@ from torchbuild.runtime.libraries import (
 )
 from torchbuild.runtime.steps import run_step
 from torchbuild.sif.host import definition, environment_section, runtime_hash
+from torchbuild.verify.host import comms_for_verify
 from torchbuild.verify.step import comms_checks
 
 CUDA = [TEST_TORCH, "cuda_version=12.4", 'cuda_arch_list=["9.0"]', "distributed=[gloo, nccl]"]

@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 from invoke.parser import Parser
 
-from torchbuild.batch.host import Runtime, _JobRequest, _make_job, scheduler_for
+from torchbuild.batch.host import Runtime, _JobRequest, _make_job
 from torchbuild.batch.task import JobHow, JobRun
 from torchbuild.builder.host import BuildInputs, BuildRun
 from torchbuild.core.options import flags, from_flags, to_argv
 from torchbuild.profile.config import resolve
 from torchbuild.profile.keys import flag_keys
 from torchbuild.runtime.options import BuildOptions, LaunchOptions
+from torchbuild.runtime.scheduler import scheduler_for
 from torchbuild.tasks import ns
 
 # every option of each model away from its default; values with spaces, '=' and a leading '/'

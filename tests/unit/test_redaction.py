@@ -74,7 +74,7 @@ def test_a_manifest_or_report_is_written_without_credentials(tmp_path):
 def test_the_profile_beside_a_batch_script_is_readable_by_its_owner_alone(tmp_path):
     from test_scheduler import _job
 
-    from torchbuild.batch.host import scheduler_for, write_job
+    from torchbuild.runtime.scheduler import scheduler_for, write_job
 
     spec = resolve("cpu", [f"torch_repo=https://u:{SECRET}@example.com/pytorch.git"], arch="x86_64")
     profile = tmp_path / "jobs" / "cpu.yaml"

@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 from test_scheduler import _job, _lint, _spec
 
-from torchbuild.batch.host import Pbs, Slurm, write_job
-from torchbuild.batch.rounds import new_state
 from torchbuild.runtime import manifest as mf
+from torchbuild.runtime.scheduler import Pbs, Slurm, new_state, write_job
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "manifests"
 # a build: ninja's "[k/N]" line every `pace` seconds for `steps` steps; SIGTERM ends it with 130
@@ -151,8 +150,8 @@ def test_a_rounds_job_script_runs_the_supervisor_in_the_background_and_lints(tmp
 
 
 def test_a_warning_as_long_as_the_walltime_is_refused():
-    from torchbuild.batch.host import check_job_keys
     from torchbuild.core.errors import UsageError
+    from torchbuild.runtime.scheduler import check_job_keys
 
     with pytest.raises(UsageError, match="leaves no time of the walltime"):
         check_job_keys(_spec("cpu", "job_rounds=2", "job_round_warning_s=600", "walltime=00:10:00"))

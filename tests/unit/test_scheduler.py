@@ -1,4 +1,4 @@
-"""Batch jobs (scheduler.py): the Slurm and PBS scripts `invoke submit` writes, the directives and
+"""Batch jobs (runtime/scheduler.py, batch/host.py): the Slurm and PBS scripts `invoke submit` writes, the directives and
 submit command lines they carry, reading the schedulers' answers (sbatch --parsable, scontrol,
 sacct, qstat -F json), submitting with a stand-in sbatch on PATH, following a job's log, and the
 `invoke submit` task's refusals. No scheduler is needed: the real Slurm is in tests/integration."""
@@ -21,12 +21,24 @@ import pytest
 from helpers import TEST_TORCH, run_invoke
 from helpers import fake_sif as _fake_sif
 
-from torchbuild.batch.host import (
+from torchbuild.batch.host import Runtime
+from torchbuild.core.errors import (
+    BuildInterrupted,
+    JobFailed,
+    PathError,
+    ProfileError,
+    SubmissionRefused,
+    ToolMissing,
+    UsageError,
+)
+from torchbuild.core.options import to_argv
+from torchbuild.profile.config import available_profiles, resolve, schema
+from torchbuild.runtime.options import BuildOptions
+from torchbuild.runtime.scheduler import (
     TAIL_LINES,
     Job,
     JobStatus,
     Pbs,
-    Runtime,
     Slurm,
     Submitted,
     check_job_keys,
@@ -43,18 +55,6 @@ from torchbuild.batch.host import (
     tail,
     write_job,
 )
-from torchbuild.core.errors import (
-    BuildInterrupted,
-    JobFailed,
-    PathError,
-    ProfileError,
-    SubmissionRefused,
-    ToolMissing,
-    UsageError,
-)
-from torchbuild.core.options import to_argv
-from torchbuild.profile.config import available_profiles, resolve, schema
-from torchbuild.runtime.options import BuildOptions
 
 NAME = "torchbuild-cpu-0123abcd"
 CUDA_COMMS = [

@@ -20,11 +20,12 @@ from helpers import fake_sif as _fake_sif
 from helpers import run_invoke
 from test_scheduler import _executable, _lint
 
-from torchbuild.batch.host import Job, Runtime, spread_scheduler_for, submit_build
+from torchbuild.batch.host import Runtime, spread_scheduler_for, submit_build
 from torchbuild.batch.spread import check_nodes, slots_per_node, spread_jobs, spread_lines
 from torchbuild.core.errors import UsageError
 from torchbuild.profile.config import resolve
 from torchbuild.runtime.options import BuildOptions
+from torchbuild.runtime.scheduler import Job
 
 ADDRESSES = {"node1": "10.9.0.1", "node2": "10.9.0.2", "node3": "10.9.0.3"}
 # prints what the build would see of the spread, as JSON

@@ -13,7 +13,6 @@ import pytest
 from helpers import TORCH_TAG, make_wheel
 
 from torchbuild.bench.step import Request as BenchRequest
-from torchbuild.builder.host import verify_with
 from torchbuild.core import records
 from torchbuild.core.errors import UsageError
 from torchbuild.install.host import install, mpi_check
@@ -23,6 +22,7 @@ from torchbuild.runtime.backends import Binds, Options
 from torchbuild.runtime.backends.base import Backend
 from torchbuild.runtime.steps import parse_request, run_step_file
 from torchbuild.tasks.steps import STEPS
+from torchbuild.verify.host import verify_with
 from torchbuild.verify.step import Request as VerifyRequest
 from torchbuild.verify.step import request as verify_request
 

@@ -88,8 +88,8 @@ def test_verify_on_its_own_finds_the_tree_its_wheels_manifest_names(tmp_path: Pa
     """`invoke verify --wheel W` after the build (issue 42): PyTorch's own tests come from the
     tree W's manifest names, as they do in the verify the build runs; not without verify_tests,
     a manifest, or the tree."""
-    from torchbuild.builder.host import tests_tree
     from torchbuild.profile.config import resolve
+    from torchbuild.verify.host import tests_tree
 
     tree = tmp_path / "pytorch"
     (tree / "test").mkdir(parents=True)

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from helpers import run_invoke
 
-from torchbuild.batch import host as sched
-from torchbuild.batch.verify_nodes import NodesRequest, prepare, rank_script, verify_nodes
 from torchbuild.core.errors import JobFailed, ProfileError, UsageError
 from torchbuild.profile.config import resolve
+from torchbuild.runtime import scheduler as sched
 from torchbuild.verify import multinode
 from torchbuild.verify.multinode import Shape
+from torchbuild.verify.nodes import NodesRequest, prepare, rank_script, verify_nodes
 
 
 def _spec(profile: str = "cpu", *sets: str):
@@ -196,7 +196,7 @@ def test_a_timeout_without_a_bound_is_refused_before_anything_is_written(tmp_pat
 
 def test_a_week_is_still_a_timeout(tmp_path):
     req = NodesRequest(_spec(), _prefix(tmp_path), Shape(2, 1), tmp_path / "out", timeout=604800.0, dry_run=True)
-    from torchbuild.batch.verify_nodes import check_request
+    from torchbuild.verify.nodes import check_request
 
     check_request(req)
 

@@ -54,12 +54,12 @@ FEATURES: dict[str, tuple[str, str]] = {
     ),
     "comms": ("NCCL and the aws-ofi-nccl plugin: host checks, the comms step", "host"),
     "verify": (
-        "verify a wheel or an install: the step, the probe, upstream tests, the ranks' checks",
-        "step",
+        "verify a wheel or an install: the step, the probe, upstream tests, the ranks' checks and their job",
+        "host",
     ),
     "install": ("install environments, modulefiles, mpi-check, wheelhouses", "host"),
     "batch": (
-        "Slurm and PBS jobs: build jobs, rounds, spread, run jobs, the multi-node check's job",
+        "Slurm and PBS jobs: build jobs, rounds, spread, run jobs",
         "host",
     ),
     "devloop": ("`invoke develop`: editable trees", "host"),
@@ -170,7 +170,7 @@ MOVES: dict[str, tuple[str, str]] = {
     "launch.spread": ("batch.spread", "host"),
     "launch.rounds": ("batch.rounds", "host"),
     "launch.jobplaces": ("batch.jobplaces", "host"),
-    "launch.verify_nodes": ("batch.verify_nodes", "host"),
+    "launch.verify_nodes": ("verify.nodes", "host"),  # split E: the multi-node check is verify's
     # devloop
     "tasks.develop": ("devloop.task", "task"),
     "launch.develop": ("devloop.host", "host"),

@@ -3,8 +3,9 @@ in the next allocation, round after round, until the wheel is built and verified
 
 The batch script runs `python -m torchbuild.batch.rounds STATE -- BUILD ARGV` (Scheduler.render,
 with the profile's job_rounds > 0). This supervisor
-- counts the round (STATE: a JSON file beside the kept job script, written by `invoke submit`)
-  and refuses a round past the profile's job_rounds (RoundsExhausted);
+- counts the round (STATE: a JSON file beside the kept job script, written by `invoke submit`
+  from runtime/scheduler.py's new_state) and refuses a round past the profile's job_rounds
+  (RoundsExhausted);
 - runs the build in a process group of its own and relays its output to the job log, counting
   the ninja steps it finishes;
 - stops it cleanly job_round_warning_s before the walltime: at Slurm's warning signal
@@ -70,20 +71,6 @@ def read_state(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("rounds"), list):
         raise ManifestError(f"{path} is not the job's rounds record")
     return data
-
-
-def new_state(
-    *, max_rounds: int, warning_s: int, walltime_s: int, scheduler: str, submit: Sequence[str]
-) -> dict[str, Any]:
-    """What `invoke submit` writes beside the job script: the limits and how to go on."""
-    return {
-        "max_rounds": max_rounds,
-        "warning_s": warning_s,
-        "walltime_s": walltime_s,
-        "scheduler": scheduler,
-        "submit": list(submit),
-        "rounds": [],
-    }
 
 
 class _Relay:

@@ -215,7 +215,7 @@ def torch_wheel_version(wheel: Path) -> Version:
 def check_torch_wheel(wheel: Path) -> Version:
     """The version of the torch wheel the companions are to be built against: WheelError when
     the file is not a readable wheel, or is one of another project (a torchvision wheel)."""
-    from torchbuild.verify.step import check_wheel_file
+    from torchbuild.verify.host import check_wheel_file
 
     check_wheel_file(wheel)
     project = canonicalize_name(parse_wheel_filename(wheel.name)[0])

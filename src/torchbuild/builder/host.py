@@ -1,12 +1,12 @@
-"""The one launch path: from `invoke build` / `invoke verify` (or `torchbuild build` in the
-image or SIF) to a step run by a backend.
+"""The one launch path: from `invoke build` (or `torchbuild build` in the image or SIF) to a
+step run by a backend.
 
     check the backend (engine, image or SIF)   -- before anything is fetched or patched
     check the output and cache directories     -- named errors, nothing written elsewhere
     get the tree, apply the patch series
     the build request, in the paths the backend shows the step
     backend.run("build", ...), then the manifest of that run
-    backend.run("verify", ...) on the wheel, where the build ran
+    backend.run("verify", ...) on the wheel, where the build ran (verify/host.py's verify_with)
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from torchbuild.builder.repro import source_date_epoch
 from torchbuild.builder.resume import Record, request_key
 from torchbuild.builder.step import BuildRequest, Outcome
 from torchbuild.comms.host import comms as build_comms
-from torchbuild.comms.step import COMMS_MANIFEST, link_env, read_manifest
+from torchbuild.comms.step import link_env
 from torchbuild.core import records
 from torchbuild.core.errors import SourceError, TorchbuildError, UsageError, named_os_errors, writable_dir
 from torchbuild.core.options import option
@@ -39,6 +39,7 @@ from torchbuild.runtime.environment import cuda_home
 from torchbuild.runtime.options import BuildOptions
 from torchbuild.source.fetch import SourceInfo, get_source, looks_like_url
 from torchbuild.source.patches import ApplyResult, Series, apply_series, load_series
+from torchbuild.verify.host import _built_tree, verify_with
 
 
 def in_container() -> bool:
@@ -343,22 +344,6 @@ def companions_with(
     return made
 
 
-def comms_for_verify(wheel: Path, cache: Path, view_cache: Path) -> dict[str, Any]:
-    """Where the NCCL and plugin the wheel was built with are, as the verify step sees them,
-    and their comms manifest; {"error": why} when the wheel's manifest does not say."""
-    path = Path(f"{wheel}{manifest.SUFFIX}")
-    try:
-        record = manifest.read(path).comms
-    except TorchbuildError as err:
-        return {"error": f"the wheel's manifest cannot say which NCCL it was linked to: {err.message}"}
-    if record is None:
-        return {"error": f"{path.name} records no NCCL built by `invoke comms`: the wheel was built without it"}
-    prefix = Path(record.prefix)
-    if not (prefix / COMMS_MANIFEST).is_file() or not prefix.is_relative_to(cache):
-        return {"error": f"{prefix} (the NCCL the wheel was built with) is not in the cache {cache} any more"}
-    return {"prefix": str(view_cache / prefix.relative_to(cache)), "manifest": read_manifest(prefix / COMMS_MANIFEST)}
-
-
 def key_of(
     spec: BuildSpec, where: Places, ref: str, options: BuildOptions, backend: Backend | str, python: str = ""
 ) -> str:
@@ -428,66 +413,3 @@ def outcome_of(host_out: Path, run_id: str) -> Outcome:
     """Find what the step wrote: the manifest of this run names the wheel and the log."""
     m, path = manifest.find_run(host_out, run_id)
     return Outcome(host_out / m.wheel.name if m.wheel else None, path, host_out / "logs" / m.log)
-
-
-def _built_tree(manifest_path: Path) -> Path | None:
-    """The source tree a wheel was built from (its manifest's source.path), where it still is."""
-    from torchbuild.runtime import manifest
-
-    try:
-        source = manifest.read(manifest_path).source
-    except TorchbuildError:
-        return None
-    tree = Path(source.path) if source is not None and source.path else None
-    return tree if tree is not None and tree.is_dir() else None
-
-
-def tests_tree(spec: BuildSpec, wheel: Path) -> Path | None:
-    """For `invoke verify --wheel W` on its own: the tree W's manifest names, where it still is,
-    whose test/ holds PyTorch's own tests (as verify after the build has); None when the profile
-    asks for none or W has no manifest beside it."""
-    manifest_path = Path(f"{wheel}.manifest.json")
-    if not spec.verify_tests or not manifest_path.is_file():
-        return None
-    return _built_tree(manifest_path)
-
-
-def verify_with(
-    spec: BuildSpec,
-    backend: Backend,
-    *,
-    wheel: Path | None = None,
-    installed: str = "",
-    expect_version: str = "",
-    report: Path | None = None,
-    cache: Path | None = None,
-    checked: bool = False,
-    python: str = "",
-    tree: Path | None = None,
-) -> None:
-    """Verify a wheel (or an installed package) with `backend`: natively, in the image or in
-    the SIF. The wheel's (or the report's) directory is the step's output bind; tree: the source
-    the wheel was built from, whose test/ holds PyTorch's own tests (verify_tests)."""
-    from torchbuild.verify.step import check_wheel_file, request
-
-    if wheel is None and not installed:
-        raise UsageError("give exactly one of --wheel W and --installed NAME", hint="invoke verify --wheel out/x.whl")
-    if wheel is not None:
-        check_wheel_file(wheel)
-        tree = tree or tests_tree(spec, wheel)
-    if not checked:
-        backend.check()
-    host_dir = (wheel or report or Path.cwd() / "-").parent
-    binds = Binds(cache=writable_dir(cache or cache_dir(spec), "cache_dir"), out=host_dir, src=tree)
-    view = backend.view(binds)
-    req = request(
-        spec,
-        wheel=view.out / wheel.name if wheel else None,
-        installed=installed,
-        expect_version=expect_version,
-        report=view.out / report.name if report else None,
-        python=python,
-        comms=comms_for_verify(wheel, binds.cache, view.cache) if wheel is not None and comms_wanted(spec) else None,
-        tests_dir=str(view.src / "test") if view.src is not None and spec.verify_tests else "",
-    )
-    backend.run("verify", records.to_dict(req), binds)

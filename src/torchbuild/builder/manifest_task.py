@@ -15,7 +15,7 @@ from torchbuild.core.errors import WheelError, named_os_errors
 from torchbuild.core.safeio import user_path
 from torchbuild.runtime import manifest as mf
 from torchbuild.runtime.tasks import handles_errors, task
-from torchbuild.verify.step import check_wheel_file
+from torchbuild.verify.host import check_wheel_file
 
 # `invoke manifest diff` when the manifests differ. Not 1: invoke exits 1 for its own errors
 # (and Python for a traceback), and 2..29 and 130 are named errors (2 a bad option or argument).

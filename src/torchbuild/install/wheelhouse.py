@@ -42,7 +42,7 @@ from torchbuild.core.errors import (
 from torchbuild.core.process import run_streamed
 from torchbuild.core.safeio import MiB, read_text, sha256_file, user_path
 from torchbuild.profile.config import BuildSpec
-from torchbuild.verify.step import check_wheel_file
+from torchbuild.verify.host import check_wheel_file
 
 SIMPLE = "simple"
 PARTIAL = ".partial-"

@@ -395,7 +395,7 @@ class Request:
     wheel: str = ""
     report: str = ""
     python: str = ""  # the interpreter the fresh venv is made of ("" for the step's own)
-    comms: Optional[dict[str, Any]] = None  # runner.comms_for_verify: the NCCL the wheel was built with
+    comms: Optional[dict[str, Any]] = None  # host.comms_for_verify: the NCCL the wheel was built with
     tests_dir: str = ""  # the source's test/ as the step sees it: PyTorch's own tests (verify_tests)
 
 

@@ -1,6 +1,6 @@
 """invoke verify: check a built wheel (or an installed torch) in a fresh venv, natively, in the
 toolchain image or in the SIF; with --nodes N, an install's distributed checks across N nodes
-as a batch job (batch/verify_nodes.py)."""
+as a batch job (verify/nodes.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from collections.abc import Mapping
 
 from invoke.context import Context
 
-from torchbuild.builder.host import verify_with
 from torchbuild.core.safeio import user_path
 from torchbuild.runtime.flags import key_flags
 from torchbuild.runtime.tasks import Launch, launch_task
+from torchbuild.verify.host import verify_with
 
 # the job options of `invoke submit` (the profile keys with a flag) that --nodes takes too, each
 # a --set of its key; not the scheduler (the profile's)
@@ -93,10 +93,10 @@ def _verify_nodes(
     dry_run: bool,
     job: Mapping[str, str],
 ) -> None:
-    from torchbuild.batch.verify_nodes import NodesRequest, verify_nodes
     from torchbuild.core.errors import UsageError
     from torchbuild.runtime.tasks import spec_from
     from torchbuild.verify.multinode import Shape
+    from torchbuild.verify.nodes import NodesRequest, verify_nodes
 
     if not prefix:
         raise UsageError("--nodes needs --prefix: the install to check", hint="invoke verify --nodes 2 --prefix DIR")

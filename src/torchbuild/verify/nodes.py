@@ -3,7 +3,7 @@
 1. a run directory under --out (a file system the nodes share) gets the rank program
    (verify/rankcheck.py) and rank.sh, which sources the install's bin/activate (the
    profile's runtime_env, as `invoke install` wrote it) and runs the program in its Python;
-2. the job (scheduler.py's script: the profile's directives for N nodes, its modules) runs
+2. the job (runtime/scheduler.py's script: the profile's directives for N nodes, its modules) runs
    the site's launcher (the profile's `launcher`: srun, mpiexec or mpirun) over rank.sh;
 3. torchbuild waits for it (at most --timeout seconds, then cancels it), reads each rank's
    result, prints a table per rank and the summary, writes the JSON report and fails
@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from torchbuild.batch import host as sched
 from torchbuild.core.errors import JobFailed, PathError, UsageError, VerifyFailed, named_os_errors, writable_dir
 from torchbuild.profile.config import BuildSpec
+from torchbuild.runtime import scheduler as sched
 from torchbuild.runtime.manifest import write_json
 from torchbuild.verify import multinode
 from torchbuild.verify import step as verify
