@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import io
 import subprocess
 import tarfile
@@ -9,8 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.core.errors import SourceError, UsageError
-from torchbuild.source.fetch import _clone, describe_dir, fetch_git, mirror_path, unpack_archive, update_tree
+from torchbuild.core.errors import ProfileError, SourceError, UsageError
+from torchbuild.profile.config import resolve
+from torchbuild.source.fetch import (
+    _clone,
+    describe_dir,
+    fetch_git,
+    get_source,
+    mirror_path,
+    unpack_archive,
+    update_tree,
+)
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "t",
@@ -152,6 +163,33 @@ def test_tarball_is_unpacked_once_with_its_sha256(tmp_path):
     assert (info.path / "setup.py").read_text() == "# x\n"
     assert info.kind == "tarball" and len(info.sha256) == 64
     assert unpack_archive(tarball, tmp_path / "srcs").path == info.path
+
+
+def test_torch_sha256_pins_the_archive_and_refuses_another_before_unpacking(tmp_path):
+    """torch_sha256 (a key declared once, in profile/keys.py): the archive it names is unpacked;
+    another is a SourceError naming both digests, and nothing is unpacked or created; a git or
+    directory source with it set is refused by name (the digest would never be checked)."""
+    tree = tmp_path / "pytorch-v2.15.0"
+    tree.mkdir()
+    (tree / "pyproject.toml").write_text("[build-system]\n")
+    tarball = tmp_path / "pytorch-v2.15.0.tar.gz"
+    with tarfile.open(tarball, "w:gz") as tar:
+        tar.add(tree, arcname="pytorch-v2.15.0")
+    digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
+    wrong = "0" * 64
+    srcs = tmp_path / "srcs"
+    spec = resolve("cpu", [f"torch_sha256={wrong}", f"cache_dir={tmp_path / 'cache'}"], arch="x86_64")
+    with pytest.raises(SourceError, match=f"has sha256 {digest}, not the profile's torch_sha256 {wrong}"):
+        get_source(spec, str(tarball), dest=str(srcs), out=io.StringIO())
+    assert not srcs.exists()
+    good = dataclasses.replace(spec, torch_sha256=digest)
+    info = get_source(good, str(tarball), dest=str(srcs), out=io.StringIO())
+    assert info.sha256 == digest and (info.path / "pyproject.toml").is_file()
+    for source in (str(tree), "https://example.invalid/pytorch.git"):
+        with pytest.raises(SourceError, match="torch_sha256 is set, but the source"):
+            get_source(good, source, out=io.StringIO())
+    with pytest.raises(ProfileError, match="torch_sha256"):
+        resolve("cpu", ["torch_sha256=abc"])
 
 
 def test_tarball_escaping_the_tree_is_refused(tmp_path):

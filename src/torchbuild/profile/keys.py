@@ -148,6 +148,15 @@ class WhatToBuild:
         "Patch series; auto = patches/pytorch/<torch_version>/, none = no patches, or a directory path.",
         path=True,
     )
+    torch_sha256: str = key(
+        "",
+        (
+            "sha256 of the PyTorch source archive (--source a tarball or .dsc), checked before it is unpacked: "
+            "an air-gapped site's copy of a release is the one it names; empty: not checked. A git or directory "
+            "source with it set is refused (a commit pins those)."
+        ),
+        pattern="([0-9a-f]{64})?",
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -290,20 +290,27 @@ def describe_dir(tree: Path) -> SourceInfo:
     )
 
 
-def unpack_archive(archive: Path, dest_root: Path, out: TextIO = sys.stdout) -> SourceInfo:
-    """Unpack a tarball or a Debian .dsc (with its patch series) under dest_root/<name>-<sha>.
+def unpack_archive(archive: Path, dest_root: Path, out: TextIO = sys.stdout, expect: str = "") -> SourceInfo:
+    """Unpack a tarball or a Debian .dsc (with its patch series) under dest_root/<name>-<sha>;
+    with expect (the profile's torch_sha256), an archive of another digest is a SourceError
+    before anything is unpacked.
 
     It is unpacked into a temporary sibling and renamed into place when complete: a truncated
     or foreign file is a SourceError naming it, and leaves no directory behind (not even
     dest_root, when this call created it). OS faults are named errors (PathError, InsufficientSpace)."""
     with named_os_errors(dest_root, f"unpacking {archive.name} into"):
-        return _unpack(archive, dest_root, out)
+        return _unpack(archive, dest_root, out, expect)
 
 
-def _unpack(archive: Path, dest_root: Path, out: TextIO) -> SourceInfo:
+def _unpack(archive: Path, dest_root: Path, out: TextIO, expect: str = "") -> SourceInfo:
     if not archive.is_file():
         raise SourceError(f"source archive {archive} does not exist")
     digest = sha256_file(archive)
+    if expect and digest != expect:
+        raise SourceError(
+            f"source archive {archive} has sha256 {digest}, not the profile's torch_sha256 {expect}",
+            hint="fetch the archive again from where the digest was published, or correct torch_sha256",
+        )
     stem = re.sub(r"(\.tar(\.\w+)?|\.tgz|\.dsc)$", "", archive.name)
     dest = dest_root / f"{stem}-{digest[:12]}"
     kind = "dsc" if archive.suffix == ".dsc" else "tarball"
@@ -472,9 +479,20 @@ def get_source(
         return _get_git(spec, source, ref, dest, out)
 
 
+def _no_sha256_for(spec: BuildSpec, what: str) -> None:
+    """torch_sha256 checks an archive: set for a git or directory source, it is refused by name
+    (a digest that is never checked would read as a pin)."""
+    if spec.torch_sha256:
+        raise SourceError(
+            f"torch_sha256 is set, but the source {what}: a sha256 checks an archive",
+            hint="drop torch_sha256 (a commit pins a git source), or pass the archive as --source",
+        )
+
+
 def _get_git(spec: BuildSpec, source: str, ref: str, dest: str, out: TextIO) -> SourceInfo:
     ref = ref or spec.git_ref
     url = source or spec.torch_repo
+    _no_sha256_for(spec, f"{url} is a git repository")
     tree = user_path(dest).absolute() if dest else default_tree(spec, ref)
     if tree.is_dir():
         print(f"using existing checkout {tree} (`invoke source --update` refreshes a branch)", file=out)
@@ -495,6 +513,7 @@ def _get_local(spec: BuildSpec, path: Path, ref: str, dest: str, out: TextIO) ->
                     f"{option} {value} cannot be used with a local tree (--source {path}): it is built as it is",
                     hint=f"drop {option}; to build another ref, check it out in the tree (git -C {path} checkout REF)",
                 )
+        _no_sha256_for(spec, f"{path} is a directory")
         return describe_dir(path)
     if ref:
         raise UsageError(
@@ -502,7 +521,7 @@ def _get_local(spec: BuildSpec, path: Path, ref: str, dest: str, out: TextIO) ->
             hint="drop --ref, or pass a git URL as --source to choose a ref",
         )
     root = _usable_dest(user_path(dest).absolute(), "--dest") if dest else _cache(spec) / "src"
-    return unpack_archive(path, root, out=out)
+    return unpack_archive(path, root, out=out, expect=spec.torch_sha256)
 
 
 def _usable_dest(path: Path, option: str) -> Path:
