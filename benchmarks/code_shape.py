@@ -1,6 +1,7 @@
 """The shape of src/torchbuild, for issue 43's before/after: source lines and modules per package,
 the functions over 40 lines and the longest one (a function counts from its first decorator to
-its last line, as tests/unit/test_layout.py counts it for the 60-line rule).
+its last line, as tests/unit/test_layout.py counts it for the 60-line rule), and how many packages
+each row of docs/architecture.md's "Where each behaviour lives" names (the goal: one).
 
   python benchmarks/code_shape.py [SRC]     # SRC defaults to this checkout's src/torchbuild
 """
@@ -8,6 +9,7 @@ its last line, as tests/unit/test_layout.py counts it for the 60-line rule).
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -47,6 +49,28 @@ def main() -> None:
     print(
         f"functions: {len(lengths)}; over {LONG} lines: {len(long)}; longest: {long[0][1] if long else '-'} ({max(lengths)[0]} lines)"
     )
+
+    rows()
+
+
+def rows(doc: Path = Path(__file__).parents[1] / "docs" / "architecture.md") -> None:
+    """Each behaviour-map row's packages: the first folder of every `pkg/module.py` its module cell names."""
+    text = doc.read_text()
+    table = text[text.index("## Where each behaviour lives") :].split("\n## ", 1)[0]
+    counts: dict[int, int] = defaultdict(int)
+    spread = []
+    for line in table.splitlines()[4:]:
+        cells = line.split(" | ")
+        if len(cells) < 2:
+            continue
+        packages = set(re.findall(r"`([a-z_]+)/[a-z_/]*\.py", cells[-1]))
+        counts[len(packages)] += 1
+        if len(packages) > 2:
+            spread.append(f"  {cells[0].lstrip('| ')[:70]}: {', '.join(sorted(packages))}")
+    total = sum(counts.values())
+    by = ", ".join(f"{n} package{'s' if n != 1 else ''}: {counts[n]}" for n in sorted(counts))
+    print(f"behaviour-map rows: {total}; naming {by}")
+    print("\n".join(spread))
 
 
 if __name__ == "__main__":
