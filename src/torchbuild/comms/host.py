@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from torchbuild.comms.step import COMMS_MANIFEST as COMMS_MANIFEST  # re-exported: builder, install
 from torchbuild.comms.step import (
-    COMMS_MANIFEST,
     NCCL_ARCHIVE,
     OFI_ARCHIVE,
     OFI_PINS,
@@ -32,9 +32,10 @@ from torchbuild.comms.step import (
     find_library,
     no_libfabric,
     plugin_needs_autotools,
-    read_manifest,
     tool_problems,
 )
+from torchbuild.comms.step import link_env as link_env  # re-exported: builder/host.py
+from torchbuild.comms.step import read_manifest as read_manifest  # re-exported: builder, install
 from torchbuild.core import console, records
 from torchbuild.core.errors import UsageError, named_os_errors, writable_dir
 from torchbuild.core.problems import Problems

@@ -26,6 +26,10 @@ from torchbuild.core.errors import InsufficientSpace, PathError, SourceError, To
 from torchbuild.core.process import run_captured
 from torchbuild.core.safeio import not_an_option, sha256_file, user_path
 from torchbuild.profile.config import BuildSpec
+from torchbuild.source.patches import ApplyResult as ApplyResult  # re-exported: the patch series, for builder
+from torchbuild.source.patches import Series as Series  # re-exported: builder, configview
+from torchbuild.source.patches import apply_series as apply_series  # re-exported: builder/host.py
+from torchbuild.source.patches import load_series as load_series  # re-exported: builder, configview
 
 _GIT = ["git", "-c", "advice.detachedHead=false"]
 # The file protocol (file:// and plain local paths) is allowed only where torchbuild itself
