@@ -24,11 +24,9 @@ from torchbuild.comms.step import (
     OFI_PINS,
     Part,
     Request,
-    Source,
     check_libfabric,
     comms_dir,
     comms_key,
-    fetch,
     find_library,
     no_libfabric,
     plugin_needs_autotools,
@@ -45,6 +43,7 @@ from torchbuild.runtime.backends import Backend, Binds
 from torchbuild.runtime.backends.apptainer import ApptainerBackend
 from torchbuild.runtime.environment import build_env
 from torchbuild.runtime.libraries import copy_dependencies, host_dependencies
+from torchbuild.source.fetch import Source, fetch
 
 
 @dataclasses.dataclass(frozen=True)
