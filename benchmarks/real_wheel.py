@@ -138,8 +138,8 @@ def audit(work: Path) -> None:
         sys.exit(f"no tree under {work / 'cache' / 'src'}: run `build` first")
     build_dir = trees[0] / "build"
     log = build_dir / ".ninja_log"
-    from torchbuild.builder.report import outputs_of
     from torchbuild.builder.runs import read_runs
+    from torchbuild.runtime.report import outputs_of
 
     outputs = outputs_of(log)
     twice = sorted(o for o, n in Counter(outputs).items() if n > 1)

@@ -11,7 +11,7 @@ import pytest
 from helpers import manifest_of, run_invoke
 from test_build import build_args, workspace  # noqa: F401 - the fixture is used by name
 
-from torchbuild.builder.report import outputs_of
+from torchbuild.runtime.report import outputs_of
 
 pytestmark = pytest.mark.docker
 

@@ -16,13 +16,13 @@ import pytest
 from helpers import invoke_here, make_wheel
 from test_manifest import OLD_WHEEL, RUN, saved
 
-from torchbuild.builder import report as rp
 from torchbuild.builder import repro
 from torchbuild.builder.manifest_task import DIFFERENT
 from torchbuild.core import console
 from torchbuild.core.errors import PathError, WheelError
 from torchbuild.core.safeio import TooLarge
 from torchbuild.runtime import manifest as mf
+from torchbuild.runtime import report as rp
 from torchbuild.runtime.options import BuildOptions
 
 invoke = invoke_here  # `invoke ARGV` in this process, its exit status

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from torchbuild.builder.bound import bound_of, longest_chain, ninja_graph, not_this_run, parse_graph, render_bound
-from torchbuild.builder.report import Step, write_report
 from torchbuild.runtime import manifest
+from torchbuild.runtime.report import Step, write_report
 
 # a code generator with two outputs, a unit that includes one, another that does not, a library
 # linking both (order-only on the second output), and the phony default

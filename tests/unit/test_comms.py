@@ -31,12 +31,9 @@ from torchbuild.comms.step import (
     COMMS_MANIFEST,
     HEADER_LIMIT,
     Part,
-    Source,
     _Step,
     comms_dir,
     comms_key,
-    download,
-    fetch,
     link_env,
     read_manifest,
     version_code,
@@ -76,6 +73,7 @@ from torchbuild.runtime.libraries import (
 )
 from torchbuild.runtime.steps import run_step
 from torchbuild.sif.host import definition, environment_section, runtime_hash
+from torchbuild.source.fetch import Source, download, fetch
 from torchbuild.verify.host import comms_for_verify
 from torchbuild.verify.step import comms_checks
 

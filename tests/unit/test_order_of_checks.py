@@ -10,7 +10,6 @@ import pytest
 from helpers import TEST_TORCH, invoke_here, make_wheel
 
 from torchbuild.builder import companions
-from torchbuild.comms import step as commsmod
 from torchbuild.comms.host import comms as launch_comms
 from torchbuild.comms.step import Part, _Step
 from torchbuild.comms.step import Request as CommsRequest
@@ -18,6 +17,7 @@ from torchbuild.core.errors import PathError, ProfileError
 from torchbuild.core.problems import Problems
 from torchbuild.profile.config import resolve
 from torchbuild.runtime.backends import Options, choose
+from torchbuild.source import fetch as sourcemod
 
 bench_task = importlib.import_module("torchbuild.bench.task")  # the module, not the task it exports
 CUDA = [TEST_TORCH, "cuda_version=12.4", 'cuda_arch_list=["9.0"]', "distributed=[gloo, nccl]"]
@@ -36,8 +36,8 @@ def no_network(monkeypatch):
         return fake
 
     monkeypatch.setattr(bench_task, "fetch_git", record("clone"))
-    monkeypatch.setattr(commsmod, "download", record("download"))
-    monkeypatch.setattr(commsmod, "fetch_git", record("clone"))
+    monkeypatch.setattr(sourcemod, "download", record("download"))  # comms' sources: source/fetch.py's fetch
+    monkeypatch.setattr(sourcemod, "fetch_git", record("clone"))
     monkeypatch.setattr(companions, "fetch", record("companions fetch"))
     return calls
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from torchbuild.builder.report import Step, lanes, mark, read_ninja_log, source_dir, summarize, write_report
 from torchbuild.core.errors import PathError
+from torchbuild.runtime.report import Step, lanes, mark, read_ninja_log, source_dir, summarize, write_report
 
 
 def _log(path: Path, *entries: tuple[int, int, str, str], version: int = 5, append: bool = False) -> Path:

@@ -12,8 +12,8 @@ import pytest
 
 from torchbuild.builder import runs
 from torchbuild.builder.bound import bound_of, efficiency_record, render_across
-from torchbuild.builder.report import read_across_runs
 from torchbuild.runtime import manifest
+from torchbuild.runtime.report import read_across_runs
 
 T0 = 1_795_864_000.0  # a start, seconds since the epoch
 

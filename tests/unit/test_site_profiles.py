@@ -199,8 +199,9 @@ def test_required_names_keys_of_the_profile():
 def test_submit_makes_the_native_build_venv_on_the_login_node_before_the_job(tmp_path, monkeypatch):
     """Compute nodes may not reach PyPI: the venv the job's build uses (same Python, same tree,
     same cache: the same key) is made where submit runs, before sbatch."""
+    from torchbuild.batch import jobplaces
     from torchbuild.batch.host import Runtime, submit_build
-    from torchbuild.builder import buildenv
+    from torchbuild.builder.host import BuildVenv
     from torchbuild.runtime.options import BuildOptions
 
     bin_dir = tmp_path / "bin"
@@ -212,9 +213,9 @@ def test_submit_makes_the_native_build_venv_on_the_login_node_before_the_job(tmp
 
     def ensure(spec, source, cache_root, python, log):
         calls.append((source, cache_root, python, (tmp_path / "submitted").exists()))
-        return buildenv.BuildVenv(Path(cache_root) / "buildenv" / "k", "k", True, 1.0, {"cmake": "3.31.6"})
+        return BuildVenv(Path(cache_root) / "buildenv" / "k", "k", True, 1.0, {"cmake": "3.31.6"})
 
-    monkeypatch.setattr(buildenv, "ensure", ensure)
+    monkeypatch.setattr(jobplaces, "ensure", ensure)  # the name batch/jobplaces.py calls (builder.host's)
     tree = tmp_path / "pytorch"
     tree.mkdir()
     (tree / "setup.py").write_text("")

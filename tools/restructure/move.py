@@ -111,6 +111,7 @@ MOVES: dict[str, tuple[str, str]] = {
     "delivery.pipenv": ("runtime.pipenv", ""),
     "delivery.elffloor": ("runtime.elffloor", ""),
     "delivery.libraries": ("runtime.libraries", ""),
+    "steps.report": ("runtime.report", ""),  # ninja's log: builder and devloop (split H)
     # source
     "inputs.source": ("source.fetch", "host"),
     "inputs.patches": ("source.patches", "host"),
@@ -139,7 +140,6 @@ MOVES: dict[str, tuple[str, str]] = {
     "steps.flatbuf": ("builder.flatbuf", "step"),
     "steps.heavy": ("builder.heavy", "step"),
     "steps.bound": ("builder.bound", "step"),
-    "steps.report": ("builder.report", "step"),
     "steps.runs": ("builder.runs", "step"),
     "steps.unitpeak": ("builder.unitpeak", "step"),
     "steps.repro": ("builder.repro", "step"),

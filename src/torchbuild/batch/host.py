@@ -387,7 +387,7 @@ def run_requirements(spec: BuildSpec, packages: Sequence[str]) -> list[str]:
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.utils import canonicalize_name
 
-    from torchbuild.install.step import mpi4py_requirement, wants_mpi4py
+    from torchbuild.install.host import mpi4py_requirement, wants_mpi4py
 
     # a runtime_packages mapping's requirement alone: the wheelhouse holds its built wheel, which
     # installs without the pip options and variables its build took (its check is the install's)
@@ -409,7 +409,7 @@ def check_run_request(spec: BuildSpec, script: str, wheelhouse: str, requirement
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
-    from torchbuild.install.wheelhouse import scan
+    from torchbuild.install.host import scan
 
     path = user_path(script, "--run").absolute()
     if not path.is_file():

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TextIO
 
 import torchbuild
-from torchbuild.builder import buildenv
+from torchbuild.builder.host import BuildVenv, ensure
 from torchbuild.core.arch import Arch, host_machine
 from torchbuild.core.errors import PathError, ProfileError
 from torchbuild.core.progress import Tee
@@ -103,7 +103,7 @@ def cache_place(spec: BuildSpec, cache: Path) -> Place:
     return ("cache_dir", str(cache), f"--set cache_dir=DIR: {what}")
 
 
-def make_build_venv(spec: BuildSpec, source: str, cache: Path, log: Path, out: TextIO) -> buildenv.BuildVenv | None:
+def make_build_venv(spec: BuildSpec, source: str, cache: Path, log: Path, out: TextIO) -> BuildVenv | None:
     """The native build venv for the job, made (or found) here with this Python, which the job
     runs too: None where it cannot be made here (the source is not a tree yet, the job runs
     another Python, job_python, or on another arch than this host's)."""
@@ -111,7 +111,7 @@ def make_build_venv(spec: BuildSpec, source: str, cache: Path, log: Path, out: T
         return None
     tee = Tee(log, out, "lines")
     try:
-        venv = buildenv.ensure(spec, source, str(cache), sys.executable, tee)
+        venv = ensure(spec, source, str(cache), sys.executable, tee)
     finally:
         tee.close()
     how = f"made here in {venv.seconds:.0f} s" if venv.created else "found"

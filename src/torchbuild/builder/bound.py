@@ -22,9 +22,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from torchbuild.builder.report import Step
 from torchbuild.core import console
 from torchbuild.core.process import run_captured
+from torchbuild.runtime.report import Step
 
 GRAPH_TIMEOUT_S = 120
 # `"0x55fd7c8d8d50" [label="lib.so"]`, `"0x..." [label="cc", shape=ellipse]`

@@ -94,7 +94,7 @@ def tree_version(name: str, tree: Path) -> str:
 
 
 def _is_git(origin: str) -> bool:
-    from torchbuild.comms.step import is_git_url
+    from torchbuild.source.fetch import is_git_url
 
     return is_git_url(origin) and not user_path(origin).is_dir()
 
@@ -103,7 +103,7 @@ def fetch_one(spec: BuildSpec, name: str, cache: Path, out: TextIO = sys.stdout)
     """One companion's tree: a git URL cloned at its ref into <cache>/src/<vision>-<ref> (an
     existing checkout there is used as it is), an archive unpacked in <cache>/src, or a local
     tree used where it is."""
-    from torchbuild.comms.step import fetch as fetch_archive
+    from torchbuild.source.fetch import fetch as fetch_archive
 
     origin = spec.companion_repos.get(name) or REPOS[name]
     ref = spec.companion_refs.get(name) or default_ref(name, spec.torch_version, spec.torch_ref)

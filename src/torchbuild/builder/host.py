@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from torchbuild.builder.buildenv import BuildVenv as BuildVenv  # re-exported: batch/jobplaces.py
+from torchbuild.builder.buildenv import ensure as ensure  # re-exported: batch/jobplaces.py
 from torchbuild.builder.companions import Fetched, Job
 from torchbuild.builder.companions import Request as CompanionsRequest
 from torchbuild.builder.companions import fetch as fetch_companions
@@ -26,7 +28,7 @@ from torchbuild.builder.repro import source_date_epoch
 from torchbuild.builder.resume import Record, request_key
 from torchbuild.builder.step import BuildRequest, Outcome
 from torchbuild.comms.host import comms as build_comms
-from torchbuild.comms.step import link_env
+from torchbuild.comms.host import link_env
 from torchbuild.core import records
 from torchbuild.core.errors import SourceError, TorchbuildError, UsageError, named_os_errors, writable_dir
 from torchbuild.core.options import option
@@ -37,8 +39,15 @@ from torchbuild.runtime import manifest
 from torchbuild.runtime.backends import Backend, Binds
 from torchbuild.runtime.environment import cuda_home
 from torchbuild.runtime.options import BuildOptions
-from torchbuild.source.fetch import SourceInfo, get_source, looks_like_url
-from torchbuild.source.patches import ApplyResult, Series, apply_series, load_series
+from torchbuild.source.fetch import (
+    ApplyResult,
+    Series,
+    SourceInfo,
+    apply_series,
+    get_source,
+    load_series,
+    looks_like_url,
+)
 from torchbuild.verify.host import _built_tree, verify_with
 
 

@@ -32,7 +32,6 @@ from torchbuild.builder.bound import (
     render_heaviest,
 )
 from torchbuild.builder.heavy import apply_cmake_pool, apply_pool, pool_record, write_cmake_hook
-from torchbuild.builder.report import LogMark, Report, Step, mark, read_across_runs, write_report
 from torchbuild.builder.repro import normalize_wheel
 from torchbuild.core.atomic import atomic_write_text
 from torchbuild.core.console import table
@@ -58,6 +57,7 @@ from torchbuild.runtime.environment import NO_CCACHE, ccache_launcher, compile_e
 from torchbuild.runtime.jobs import peaks_file, record_measured, record_unit_peaks, units_file
 from torchbuild.runtime.oom import run_watched
 from torchbuild.runtime.pipenv import interpreter
+from torchbuild.runtime.report import LogMark, Report, Step, mark, read_across_runs, write_report
 from torchbuild.runtime.tree import SKBUILD, kind_of
 
 

@@ -18,8 +18,7 @@ from torchbuild.core.safeio import user_path
 from torchbuild.profile.config import cache_dir, parse_jobs_option
 from torchbuild.runtime.options import BuildOptions
 from torchbuild.runtime.tasks import HELP, Launch, handles_errors, launch_task, spec_from, task
-from torchbuild.source.fetch import get_source, update_tree
-from torchbuild.source.patches import load_series
+from torchbuild.source.fetch import get_source, load_series, update_tree
 
 
 @launch_task(models={"where": BuildInputs, "options": BuildOptions, "run": BuildRun})

@@ -17,24 +17,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from torchbuild.comms.step import COMMS_MANIFEST as COMMS_MANIFEST
+from torchbuild.comms.step import COMMS_MANIFEST as COMMS_MANIFEST  # re-exported: builder, install
 from torchbuild.comms.step import (
     NCCL_ARCHIVE,
     OFI_ARCHIVE,
     OFI_PINS,
     Part,
     Request,
-    Source,
     check_libfabric,
     comms_dir,
     comms_key,
-    fetch,
     find_library,
     no_libfabric,
     plugin_needs_autotools,
     tool_problems,
 )
-from torchbuild.comms.step import read_manifest as read_manifest
+from torchbuild.comms.step import link_env as link_env  # re-exported: builder/host.py
+from torchbuild.comms.step import read_manifest as read_manifest  # re-exported: builder, install
 from torchbuild.core import console, records
 from torchbuild.core.errors import UsageError, named_os_errors, writable_dir
 from torchbuild.core.problems import Problems
@@ -44,6 +43,7 @@ from torchbuild.runtime.backends import Backend, Binds
 from torchbuild.runtime.backends.apptainer import ApptainerBackend
 from torchbuild.runtime.environment import build_env
 from torchbuild.runtime.libraries import copy_dependencies, host_dependencies
+from torchbuild.source.fetch import Source, fetch
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,7 @@ libfabric (`invoke comms`; `invoke build` runs it first when the profile has ncc
 
 On the host: everything that can be checked here (libfabric_prefix, which is bound at its own
 path; natively also nvcc, make and autotools) is checked, every problem named at once; then the
-sources are fetched (a download is checked against its sha256 before it is
+sources are fetched (source/fetch.py's `fetch`: a download is checked against its sha256 before it is
 unpacked) and unpacked into the cache. The prefix they are built into,
 <cache>/comms/<key>, is named by a hash of everything that decides the result (versions, source
 digests, arch list, libfabric, compilers, the image), so a rerun is a no-op.
@@ -29,25 +29,19 @@ import re
 import shutil
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-from torchbuild.core.atomic import atomic_writer
 from torchbuild.core.errors import (
     CommsFailed,
     ProfileError,
-    SourceError,
     ToolMissing,
     named_os_errors,
-    writable_dir,
 )
 from torchbuild.core.problems import Problems
 from torchbuild.core.process import QUERY_TIMEOUT, Finished, run_captured
-from torchbuild.core.safeio import MANIFEST_LIMIT, MiB, read_bytes, read_json, sha256_file, user_path
-from torchbuild.image.host import tree_digest
+from torchbuild.core.safeio import MANIFEST_LIMIT, MiB, read_bytes, read_json, user_path
 from torchbuild.profile.comms_table import PLUGIN_LIBFABRIC_SOURCE, older, plugin_libfabric_min
 from torchbuild.profile.config import BuildSpec
 from torchbuild.profile.nccl_arch import gencode, nccl_release
@@ -63,7 +57,7 @@ from torchbuild.runtime.libraries import (
     unresolvable,
 )
 from torchbuild.runtime.manifest import write_json
-from torchbuild.source.fetch import describe_dir, fetch_git, looks_like_url, unpack_archive
+from torchbuild.source.fetch import Source
 
 COMMS_MANIFEST = "torchbuild-comms.json"
 NCCL_ARCHIVE = "https://github.com/NVIDIA/nccl/archive/refs/tags/v{version}.tar.gz"
@@ -90,109 +84,6 @@ HEADER_LIMIT = 4 * MiB  # rdma/fabric.h is some 30 KiB
 
 
 # --------------------------------------------------------------------------- host side
-
-
-@dataclasses.dataclass(frozen=True)
-class Source:
-    """A source tree ready to build, and what identifies its content."""
-
-    tree: Path
-    origin: str  # the URL or path it came from
-    digest: str  # sha256 of the archive, or of the tree's files
-
-
-def fetch(
-    what: str,
-    source: str,
-    default_url: str,
-    sha256: str,
-    cache: Path,
-    out: TextIO = sys.stdout,
-    ref: str = "",
-    *,
-    key: str = "",
-    area: str = "comms-src",
-    sha_key: str = "",
-) -> Source:
-    """The source of `what` (nccl, aws-ofi-nccl, a companion library) unpacked in <cache>/<area>:
-    source is an archive URL, a git URL (cloned at ref), a tarball, a .dsc or a directory
-    ('' = default_url); sha256, when given, is checked before anything is unpacked. key is the
-    profile key named in errors (default <what>_source)."""
-    key, sha_key = key or f"{what}_source", sha_key or f"{what}_sha256"
-    origin = source or default_url
-    local = user_path(origin).absolute()
-    if is_git_url(origin) and not local.is_dir():
-        if sha256:
-            raise ProfileError(
-                f"{key}: {origin} is a git repository; a sha256 checks an archive", hint=f"drop {sha_key}"
-            )
-        return _clone(origin, ref, cache, out)
-    if looks_like_url(origin) and not local.is_dir():
-        archive = download(origin, cache / "downloads", sha256, key, out)
-    else:
-        path = local
-        if path.is_dir():
-            if sha256:
-                raise ProfileError(f"{key}: {path} is a directory; a sha256 checks an archive", hint=f"drop {sha_key}")
-            return Source(tree=path, origin=str(path), digest=tree_digest(path))
-        if not path.is_file():
-            raise ProfileError(f"{key}: {path} does not exist", hint="give a tarball, a .dsc, a directory or a URL")
-        archive = path
-        _check_sha(archive, sha256, key)
-    info = unpack_archive(archive, cache / area, out)
-    return Source(tree=info.path, origin=origin, digest=info.sha256 or sha256_file(archive))
-
-
-def is_git_url(text: str) -> bool:
-    """A repository to clone (git@, git://, ssh:// or a URL ending in .git), not an archive."""
-    return text.startswith(("git@", "git://", "ssh://")) or (looks_like_url(text) and text.rstrip("/").endswith(".git"))
-
-
-def _clone(url: str, ref: str, cache: Path, out: TextIO) -> Source:
-    name = re.sub(r"[^A-Za-z0-9._-]", "_", url.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git"))
-    dest = cache / "comms-src" / f"{name}-{hashlib.sha256(url.encode()).hexdigest()[:8]}-{ref or 'HEAD'}"
-    info = describe_dir(dest) if dest.is_dir() else fetch_git(url, ref, dest, cache, out)
-    return Source(tree=dest, origin=f"{url}@{ref}", digest=info.commit or tree_digest(dest))
-
-
-def _check_sha(archive: Path, sha256: str, key: str, label: str = "") -> None:
-    if sha256:
-        with named_os_errors(archive, key):
-            got = sha256_file(archive)
-        _check_digest(got, sha256, key, label or archive.name)
-
-
-def _check_digest(got: str, sha256: str, key: str, label: str) -> None:
-    if sha256 and got != sha256:
-        raise SourceError(
-            f"{key}: {label} has sha256 {got}, not the {sha256} expected",
-            hint="download it again from the release page; if the release was re-tagged, check and update the sha256",
-        )
-
-
-def download(url: str, dest_dir: Path, sha256: str, key: str, out: TextIO = sys.stdout) -> Path:
-    """url saved as dest_dir/<its name> (kept for the next run), whole or not at all."""
-    # the URL's own hash first: two URLs ending in the same name (master.tar.gz) stay apart
-    base = re.sub(r"[^A-Za-z0-9._+-]", "_", url.rstrip("/").rsplit("/", 1)[-1]) or "download"
-    name = f"{hashlib.sha256(url.encode()).hexdigest()[:12]}-{base}"
-    dest = writable_dir(dest_dir, "cache_dir") / name
-    if dest.is_file() and (not sha256 or sha256_file(dest) == sha256):
-        return dest
-    print(f"downloading {url}", file=out, flush=True)
-    try:
-        # 0600, as the cache's downloads always were (mkstemp's mode)
-        with atomic_writer(dest, mode=0o600) as f, urllib.request.urlopen(url, timeout=60) as resp:
-            hasher = hashlib.sha256()
-            while chunk := resp.read(1 << 20):
-                hasher.update(chunk)
-                f.write(chunk)
-            _check_digest(hasher.hexdigest(), sha256, key, url)
-    except (urllib.error.URLError, TimeoutError) as exc:
-        raise SourceError(
-            f"{key}: could not download {url}: {getattr(exc, 'reason', exc)}",
-            hint=f"download it where you can and set {key} to the file (with its sha256)",
-        ) from None
-    return dest
 
 
 def comms_key(

@@ -19,7 +19,7 @@ from pathlib import Path
 from torchbuild.profile import official_wheels as ow
 from torchbuild.profile.config import BuildSpec, data_dir
 from torchbuild.profile.torch_lines import version_tuple
-from torchbuild.source.patches import Series, load_series
+from torchbuild.source.fetch import Series, load_series
 
 _ON = ("1", "on", "yes", "true")
 _DEFAULT_REPO = "https://github.com/pytorch/pytorch.git"

@@ -25,7 +25,6 @@ from typing import Any, TextIO
 
 from packaging.version import InvalidVersion, Version
 
-from torchbuild.builder.report import mark, read_ninja_log
 from torchbuild.core.errors import BuildFailed, TorchbuildError, named_os_errors
 from torchbuild.core.process import QUERY_TIMEOUT, run_captured
 from torchbuild.core.progress import Tee
@@ -34,6 +33,7 @@ from torchbuild.profile.config import BuildSpec
 from torchbuild.runtime import compile_job, skbuild
 from torchbuild.runtime.compile_job import CompileJob, now_utc, open_log, path_independent
 from torchbuild.runtime.environment import compile_env
+from torchbuild.runtime.report import mark, read_ninja_log
 from torchbuild.runtime.tree import is_skbuild
 
 BASE_PTH = "torchbuild-base.pth"

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from torchbuild.comms.step import COMMS_MANIFEST, read_manifest
+from torchbuild.comms.host import COMMS_MANIFEST, read_manifest
 from torchbuild.core import console, records
 from torchbuild.core.atomic import PARTIAL_PREFIX, atomic_write_text
 from torchbuild.core.errors import (
@@ -41,7 +41,10 @@ from torchbuild.install.step import (
     empty_dir,
     say,
 )
+from torchbuild.install.step import mpi4py_requirement as mpi4py_requirement  # re-exported: batch/host.py
+from torchbuild.install.step import wants_mpi4py as wants_mpi4py  # re-exported: batch/host.py
 from torchbuild.install.wheelhouse import WheelFile, add_wheels, check_mix, wheels_in
+from torchbuild.install.wheelhouse import scan as scan  # re-exported: batch/host.py
 from torchbuild.profile.config import BuildSpec, cache_dir
 from torchbuild.runtime import elffloor
 from torchbuild.runtime import manifest as wheel_manifest

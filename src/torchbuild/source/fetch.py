@@ -1,5 +1,7 @@
 """Getting PyTorch source: git (with submodules and a reusable mirror cache), a local tree,
 a tarball, or a Debian .dsc. Every fetch returns a SourceInfo recorded in the manifest.
+The source of a library built beside torch (nccl, aws-ofi-nccl, a companion) comes the same
+ways through `fetch`, an archive checked against its sha256 before it is unpacked.
 """
 
 from __future__ import annotations
@@ -16,16 +18,33 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import urllib.error
+import urllib.request
 import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from torchbuild.core.atomic import atomic_writer
 from torchbuild.core.console import redact
-from torchbuild.core.errors import InsufficientSpace, PathError, SourceError, ToolMissing, UsageError, named_os_errors
+from torchbuild.core.errors import (
+    InsufficientSpace,
+    PathError,
+    ProfileError,
+    SourceError,
+    ToolMissing,
+    UsageError,
+    named_os_errors,
+    writable_dir,
+)
 from torchbuild.core.process import run_captured
 from torchbuild.core.safeio import not_an_option, sha256_file, user_path
+from torchbuild.image.host import tree_digest
 from torchbuild.profile.config import BuildSpec
+from torchbuild.source.patches import ApplyResult as ApplyResult  # re-exported: the patch series, for builder
+from torchbuild.source.patches import Series as Series  # re-exported: builder, configview
+from torchbuild.source.patches import apply_series as apply_series  # re-exported: builder/host.py
+from torchbuild.source.patches import load_series as load_series  # re-exported: builder, configview
 
 _GIT = ["git", "-c", "advice.detachedHead=false"]
 # The file protocol (file:// and plain local paths) is allowed only where torchbuild itself
@@ -535,3 +554,110 @@ def _usable_dest(path: Path, option: str) -> Path:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise PathError(f"{option} {path}: {existing} is not writable", hint="choose a directory you can write to")
     return path
+
+
+# --------------------------------------------------------------------------- a library's source
+# (nccl and aws-ofi-nccl for comms/host.py, a companion archive for builder/companions.py)
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A source tree ready to build, and what identifies its content."""
+
+    tree: Path
+    origin: str  # the URL or path it came from
+    digest: str  # sha256 of the archive, or of the tree's files
+
+
+def fetch(
+    what: str,
+    source: str,
+    default_url: str,
+    sha256: str,
+    cache: Path,
+    out: TextIO = sys.stdout,
+    ref: str = "",
+    *,
+    key: str = "",
+    area: str = "comms-src",
+    sha_key: str = "",
+) -> Source:
+    """The source of `what` (nccl, aws-ofi-nccl, a companion library) unpacked in <cache>/<area>:
+    source is an archive URL, a git URL (cloned at ref), a tarball, a .dsc or a directory
+    ('' = default_url); sha256, when given, is checked before anything is unpacked. key is the
+    profile key named in errors (default <what>_source)."""
+    key, sha_key = key or f"{what}_source", sha_key or f"{what}_sha256"
+    origin = source or default_url
+    local = user_path(origin).absolute()
+    if is_git_url(origin) and not local.is_dir():
+        if sha256:
+            raise ProfileError(
+                f"{key}: {origin} is a git repository; a sha256 checks an archive", hint=f"drop {sha_key}"
+            )
+        return _clone_source(origin, ref, cache, out)
+    if looks_like_url(origin) and not local.is_dir():
+        archive = download(origin, cache / "downloads", sha256, key, out)
+    else:
+        path = local
+        if path.is_dir():
+            if sha256:
+                raise ProfileError(f"{key}: {path} is a directory; a sha256 checks an archive", hint=f"drop {sha_key}")
+            return Source(tree=path, origin=str(path), digest=tree_digest(path))
+        if not path.is_file():
+            raise ProfileError(f"{key}: {path} does not exist", hint="give a tarball, a .dsc, a directory or a URL")
+        archive = path
+        _check_sha(archive, sha256, key)
+    info = unpack_archive(archive, cache / area, out)
+    return Source(tree=info.path, origin=origin, digest=info.sha256 or sha256_file(archive))
+
+
+def is_git_url(text: str) -> bool:
+    """A repository to clone (git@, git://, ssh:// or a URL ending in .git), not an archive."""
+    return text.startswith(("git@", "git://", "ssh://")) or (looks_like_url(text) and text.rstrip("/").endswith(".git"))
+
+
+def _clone_source(url: str, ref: str, cache: Path, out: TextIO) -> Source:
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", url.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git"))
+    dest = cache / "comms-src" / f"{name}-{hashlib.sha256(url.encode()).hexdigest()[:8]}-{ref or 'HEAD'}"
+    info = describe_dir(dest) if dest.is_dir() else fetch_git(url, ref, dest, cache, out)
+    return Source(tree=dest, origin=f"{url}@{ref}", digest=info.commit or tree_digest(dest))
+
+
+def _check_sha(archive: Path, sha256: str, key: str, label: str = "") -> None:
+    if sha256:
+        with named_os_errors(archive, key):
+            got = sha256_file(archive)
+        _check_digest(got, sha256, key, label or archive.name)
+
+
+def _check_digest(got: str, sha256: str, key: str, label: str) -> None:
+    if sha256 and got != sha256:
+        raise SourceError(
+            f"{key}: {label} has sha256 {got}, not the {sha256} expected",
+            hint="download it again from the release page; if the release was re-tagged, check and update the sha256",
+        )
+
+
+def download(url: str, dest_dir: Path, sha256: str, key: str, out: TextIO = sys.stdout) -> Path:
+    """url saved as dest_dir/<its name> (kept for the next run), whole or not at all."""
+    # the URL's own hash first: two URLs ending in the same name (master.tar.gz) stay apart
+    base = re.sub(r"[^A-Za-z0-9._+-]", "_", url.rstrip("/").rsplit("/", 1)[-1]) or "download"
+    name = f"{hashlib.sha256(url.encode()).hexdigest()[:12]}-{base}"
+    dest = writable_dir(dest_dir, "cache_dir") / name
+    if dest.is_file() and (not sha256 or sha256_file(dest) == sha256):
+        return dest
+    print(f"downloading {url}", file=out, flush=True)
+    try:
+        # 0600, as the cache's downloads always were (mkstemp's mode)
+        with atomic_writer(dest, mode=0o600) as f, urllib.request.urlopen(url, timeout=60) as resp:
+            hasher = hashlib.sha256()
+            while chunk := resp.read(1 << 20):
+                hasher.update(chunk)
+                f.write(chunk)
+            _check_digest(hasher.hexdigest(), sha256, key, url)
+    except (urllib.error.URLError, TimeoutError) as exc:
+        raise SourceError(
+            f"{key}: could not download {url}: {getattr(exc, 'reason', exc)}",
+            hint=f"download it where you can and set {key} to the file (with its sha256)",
+        ) from None
+    return dest
