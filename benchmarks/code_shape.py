@@ -1,6 +1,6 @@
 """The shape of src/torchbuild, for issue 43's before/after: source lines and modules per package,
 the functions over 40 lines and the longest one (a function counts from its first decorator to
-its last line, as tests/unit/test_layout.py counts it for the 60-line rule), and how many packages
+its last line, as tests/unit/repo/test_layout.py counts it for the 60-line rule), and how many packages
 each row of docs/architecture.md's "Where each behaviour lives" names (the goal: one).
 
   python benchmarks/code_shape.py [SRC]     # SRC defaults to this checkout's src/torchbuild

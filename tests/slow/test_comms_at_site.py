@@ -20,7 +20,7 @@ In tests/slow since the integration suite's measured new-machine run: its setup 
 images, the SIF built by `apptainer build --fakeroot`: about 5 minutes on 2 cores) was the
 suite's longest after the real preflights. The integration suite keeps the plugin built by
 `invoke comms` in the cuda-offline image (tests/integration/test_comms.py); the apptainer
-route's binds, keys and carried libraries are unit-tested with stand-ins (tests/unit/test_comms.py)."""
+route's binds, keys and carried libraries are unit-tested with stand-ins (tests/unit/comms/test_comms.py)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ WIDTH = 160
 # columns): rich 12.9 s, _aligned 0.37 s for the same text; 10,000 rows 4.9 s against 0.15 s.
 # rich has no switch for a table of one-line cells (no_wrap=True was no faster). So a table of
 # more than FAST_ROWS rows whose cells each fit on one line is laid out by _aligned, to the text
-# rich makes (tests/unit/test_bad_inputs_manifest.py compares the two on random tables);
+# rich makes (tests/unit/runtime/test_bad_inputs_manifest.py compares the two on random tables);
 # every other table, and every table up to FAST_ROWS rows, is rich's.
 FAST_ROWS = 200
 

@@ -350,7 +350,7 @@ class TooLarge(PathError):
     constraint file) is larger than torchbuild will read for that purpose."""
 
 
-# The registry: every TorchbuildError subclass, listed by hand (tests/unit/test_errors.py checks
+# The registry: every TorchbuildError subclass, listed by hand (tests/unit/core/test_errors.py checks
 # that no subclass anywhere in the package is missing; the docs' error table is generated from it).
 ERRORS: tuple[type[TorchbuildError], ...] = (
     ProfileError,

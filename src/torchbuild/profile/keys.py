@@ -3,7 +3,7 @@ in one group per feature (what to build, the toolchain image, CUDA, ... the batc
 build). BuildSpec (config.py) is made of these groups, so a key's typed field, its JSON Schema
 (configs/profile.schema.json), configs/defaults.yaml, the docs' key reference, `invoke config
 --keys` and the task flags that set it (`invoke submit --account`) all derive from its one
-`key(...)` line. A new key is that line in its group; tests/unit/test_config_schema.py fails,
+`key(...)` line. A new key is that line in its group; tests/unit/profile/test_config_schema.py fails,
 naming the command, until the two generated files are written again:
 
     python -m torchbuild.profile.keys > configs/defaults.yaml

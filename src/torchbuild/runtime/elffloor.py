@@ -8,7 +8,7 @@ library here, and only here, because its API is not stable: `analyze_wheel_abi` 
 `get_wheel_elfdata` changed their parameters between 6.4 (the last release for Python 3.9, which
 the toolchain image may run) and 6.8 (`args_ldpaths` added without a default, keywords made
 keyword-only), and the pure-wheel exception was renamed (NonPlatformWheel, NonPlatformWheelError).
-`_elfdata` passes what the installed release takes; both releases pass tests/unit/test_elffloor.py.
+`_elfdata` passes what the installed release takes; both releases pass tests/unit/runtime/test_elffloor.py.
 
 What torchbuild decides, not auditwheel: a site library (MPI, NCCL, the OFI plugin, the CUDA
 driver and toolkit: SITE_LIBRARIES) is never bundled, so it does not keep a wheel from a

@@ -16,7 +16,7 @@ from torchbuild.core.errors import UsageError
 from torchbuild.profile.config import resolve
 from torchbuild.runtime.backends import ENGINES, engine_for
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """The registry of named errors (errors.ERRORS): it holds every TorchbuildError subclass of the
 package, each exit code names one class (or a documented few), a step's exit code maps back to
 its class whatever modules are imported. The docs' error table is generated from ERRORS
-(tests/unit/test_docs.py checks it lists them all)."""
+(tests/unit/repo/test_docs.py checks it lists them all)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from torchbuild.core.errors import (
     error_for_exit,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _every_subclass(cls: type[TorchbuildError]) -> set[type[TorchbuildError]]:

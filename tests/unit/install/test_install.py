@@ -32,7 +32,7 @@ from torchbuild.runtime.environment import readonly_shell_variables, runtime_env
 from torchbuild.runtime.manifest import INSTALL_MANIFEST, InstallManifest, read_install, write_install
 from torchbuild.sif.host import runtime_hash
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TORCHBUILD = Path(sys.executable).with_name("torchbuild")
 
 

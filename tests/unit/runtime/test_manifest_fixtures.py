@@ -10,7 +10,7 @@ import pytest
 
 from torchbuild.runtime import manifest as mf
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "manifests"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "manifests"
 BUILD = sorted(FIXTURES.glob("*.manifest.json"))
 INSTALL = sorted(FIXTURES.glob("install-*.json"))
 

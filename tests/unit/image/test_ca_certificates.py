@@ -12,7 +12,7 @@ from torchbuild.core.errors import ProfileError
 from torchbuild.image.host import CA_LIMIT, make_context
 from torchbuild.profile.config import resolve
 
-CA = Path(__file__).parents[1] / "fixtures" / "ca"
+CA = Path(__file__).parents[2] / "fixtures" / "ca"
 A, B = ((CA / f"site-{x}.crt").read_text() for x in "ab")
 KEY = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg\n-----END PRIVATE KEY-----\n"
 BODY = A.splitlines()[1:-1]

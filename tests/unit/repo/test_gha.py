@@ -17,7 +17,7 @@ import yaml
 
 from torchbuild.comms import step as comms
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _load():

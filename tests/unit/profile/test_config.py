@@ -11,7 +11,7 @@ from torchbuild.core.errors import ProfileError
 from torchbuild.profile.config import BuildSpec, available_profiles, resolve, schema
 from torchbuild.runtime.environment import build_env
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "profiles"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "profiles"
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:

@@ -16,7 +16,7 @@ from torchbuild.profile.config import resolve
 from torchbuild.runtime.jobs import GiB, HostResources
 
 HOST = HostResources(cores=8, memory_bytes=64 * GiB, memory_source="test")
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _derived_rows(text: str) -> dict[str, list[str]]:

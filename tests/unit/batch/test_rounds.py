@@ -20,7 +20,7 @@ from test_scheduler import _job, _lint, _spec
 from torchbuild.runtime import manifest as mf
 from torchbuild.runtime.scheduler import Pbs, Slurm, new_state, write_job
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "manifests"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "manifests"
 # a build: ninja's "[k/N]" line every `pace` seconds for `steps` steps; SIGTERM ends it with 130
 # (BuildInterrupted); at the end the manifest line `invoke build` prints, when given one
 BUILD = """

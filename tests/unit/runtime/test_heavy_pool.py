@@ -116,7 +116,7 @@ def test_only_the_heavy_compiles_get_the_pool_and_a_rewrite_is_idempotent():
 
 @pytest.mark.skipif(not (shutil.which("ninja") and shutil.which("cmake")), reason="needs cmake and ninja")
 def test_ninja_runs_the_pooled_build_ninja_and_the_depth_follows_the_attempts_jobs(tmp_path):
-    fixture = Path(__file__).parents[1] / "fixtures" / "minitorch"
+    fixture = Path(__file__).parents[2] / "fixtures" / "minitorch"
     tree = tmp_path / "tree"
     shutil.copytree(fixture, tree, ignore=shutil.ignore_patterns("build"))
     env = {"PATH": "/usr/bin:/bin", "MINITORCH_HEAVY": "2", "MINITORCH_HEAVY_ENTRIES": "5", "MINITORCH_LIGHT": "3"}

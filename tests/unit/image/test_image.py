@@ -39,7 +39,7 @@ from torchbuild.image.lock import Lock, LockError, PipPin
 from torchbuild.profile.config import resolve
 from torchbuild.runtime.engine import build_failure, certificate_failure, certificate_hint, host_ca_files, pull_failure
 
-CA_A, CA_B = (Path(__file__).parents[1] / "fixtures" / "ca" / f"site-{x}.crt" for x in "ab")
+CA_A, CA_B = (Path(__file__).parents[2] / "fixtures" / "ca" / f"site-{x}.crt" for x in "ab")
 
 
 def test_apt_packages_follow_the_profile():
@@ -551,14 +551,14 @@ def test_lock_file_with_both_arches_is_refused_before_the_engine(tmp_path):
         [sys.executable, "-m", "invoke", "image", "--arch", "all", "--lock-file", str(tmp_path / "x.lock")],
         capture_output=True,
         text=True,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=Path(__file__).resolve().parents[3],
     )
     assert res.returncode == 2 and "UsageError" in res.stderr and "--lock-file names one lock" in res.stderr
 
 
 # -------------------------------------------------------------------- cuda_version (issue 41 item 27)
 
-CHECK = Path(__file__).resolve().parents[2] / "containers" / "cuda-check.sh"
+CHECK = Path(__file__).resolve().parents[3] / "containers" / "cuda-check.sh"
 NVCC_12_4 = """nvcc: NVIDIA (R) Cuda compiler driver
 Copyright (c) 2005-2024 NVIDIA Corporation
 Built on Thu_Mar_28_02:18:24_PDT_2024

@@ -28,7 +28,7 @@ from torchbuild.image.host import (
 from torchbuild.profile.config import resolve
 from torchbuild.sif.recipe import bootstrap_for, recipe_definition, write_definition
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 MANYLINUX = ["base_image=quay.io/pypa/manylinux_2_28_x86_64", "glibc_floor=2.28", "python_version=3.12"]
 
 RPM_BASES = [
