@@ -73,15 +73,19 @@ class JobRun:
     )
 
 
+# submit's option models, by the parameter that takes each (its signature orders the flags)
+_MODELS: dict[str, type] = {
+    "how": JobHow,
+    "runtime": Runtime,
+    "where": BuildInputs,
+    "options": BuildOptions,
+    "build_run": BuildRun,
+    "job_run": JobRun,
+}
+
+
 @options_task(
-    models={
-        "how": JobHow,
-        "runtime": Runtime,
-        "where": BuildInputs,
-        "options": BuildOptions,
-        "build_run": BuildRun,
-        "job_run": JobRun,
-    },
+    models=_MODELS,
     keys="job",
     exclude=("progress", "resume"),  # the job's build shows lines and always resumes
     help={
