@@ -34,10 +34,11 @@ from torchbuild.batch.spread import check_nodes, slots_per_node, spread_jobs, sp
 from torchbuild.core.atomic import atomic_write_text
 from torchbuild.core.dirs import make_dirs
 from torchbuild.core.errors import ImageNotFound, PathError, UsageError, named_os_errors, writable_dir
-from torchbuild.core.options import to_argv
+from torchbuild.core.options import option, to_argv
 from torchbuild.core.safeio import user_path
 from torchbuild.profile.config import BuildSpec, requirement_of, run_job_spec
 from torchbuild.profile.config import wanted as comms_wanted
+from torchbuild.runtime.backends import ENGINE_HELP, engine_for
 from torchbuild.runtime.scheduler import (
     _CONTROL,
     _JOB_ID,
@@ -74,14 +75,24 @@ APPTAINER_MODES = ("auto", "host", "docker")
 
 @dataclasses.dataclass(frozen=True)
 class Runtime:
-    """Where the job runs the build: the SIF (default), the toolchain image, or natively."""
+    """Where the job runs the build: the SIF (default), the toolchain image, or natively. The
+    option model of submit's --engine, --sif and --apptainer (core/options.py: the fields are
+    the flags, their help and defaults), declared here once; args() writes it as the
+    LaunchOptions flags the job's build takes.
 
-    engine: str = "apptainer"  # apptainer | docker | native
-    sif: str = ""
-    apptainer: str = "auto"
+    Its own model rather than LaunchOptions' three fields: the job's --engine defaults to
+    apptainer (a launching task's to native) and its help and --apptainer's speak of the node,
+    not this host; a model's fields carry one default and one help each, and core/options.py
+    composes no models (flags() reads one dataclass's fields), so sharing them would mean
+    declaring them again with the job's defaults and help."""
+
+    engine: str = option("apptainer", f"where the job builds on its node: {ENGINE_HELP}; default apptainer")
+    sif: str = option("", "with --engine apptainer: the SIF (default ./torch-build-<profile>-<arch>.sif)")
+    apptainer: str = option(
+        "auto", "with --engine apptainer: auto (the node's apptainer, else the builder container), host, docker"
+    )
 
     def args(self, spec: BuildSpec) -> list[str]:
-        from torchbuild.runtime.backends import engine_for
         from torchbuild.runtime.options import LaunchOptions
 
         engine = engine_for(self.engine, default="apptainer")  # the same check and meaning as build's

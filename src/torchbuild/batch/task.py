@@ -23,14 +23,14 @@ from torchbuild.core.errors import UsageError
 from torchbuild.core.options import option, to_argv
 from torchbuild.core.safeio import user_path
 from torchbuild.profile.config import RUN_JOB_KEYS, BuildSpec
-from torchbuild.runtime.backends import ENGINE_HELP
 from torchbuild.runtime.options import BuildOptions
 from torchbuild.runtime.tasks import HELP, options_task, spec_from
 
 
 @dataclasses.dataclass(frozen=True)
 class JobHow:
-    """submit's own options about the job: its directives and modules, and where it builds."""
+    """submit's own options about the job: its directives and modules (where it builds is the
+    job's Runtime, batch/host.py)."""
 
     directive: tuple[str, ...] = option(
         (), "a further scheduler directive, as written after #SBATCH / #PBS (repeatable; adds to the profile's)"
@@ -41,11 +41,6 @@ class JobHow:
         "with --run its `runtime_modules`)",
     )
     module_purge: bool = option(False, "`module purge` in the job before loading the modules")
-    engine: str = option("apptainer", f"where the job builds on its node: {ENGINE_HELP}; default apptainer")
-    sif: str = option("", "with --engine apptainer: the SIF (default ./torch-build-<profile>-<arch>.sif)")
-    apptainer: str = option(
-        "auto", "with --engine apptainer: auto (the node's apptainer, else the builder container), host, docker"
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +73,19 @@ class JobRun:
     )
 
 
+# submit's option models, by the parameter that takes each (its signature orders the flags)
+_MODELS: dict[str, type] = {
+    "how": JobHow,
+    "runtime": Runtime,
+    "where": BuildInputs,
+    "options": BuildOptions,
+    "build_run": BuildRun,
+    "job_run": JobRun,
+}
+
+
 @options_task(
-    models={"how": JobHow, "where": BuildInputs, "options": BuildOptions, "build_run": BuildRun, "job_run": JobRun},
+    models=_MODELS,
     keys="job",
     exclude=("progress", "resume"),  # the job's build shows lines and always resumes
     help={
@@ -101,6 +107,7 @@ def submit(
     *,
     job: Mapping[str, str],
     how: JobHow,
+    runtime: Runtime,
     where: BuildInputs,
     options: BuildOptions,
     build_run: BuildRun,
@@ -113,14 +120,14 @@ def submit(
     run = job_run.run
     if run or job_run.wheelhouse or job_run.package or job_run.arg:
         build_flags = [*to_argv(where, ("out",)), *to_argv(options), *to_argv(build_run, ("progress",))]
-        _check_run_options(how, job_run, build_flags)  # --out is the run job's too
+        _check_run_options(runtime, job_run, build_flags)  # --out is the run job's too
     modules = {"runtime_modules" if run else "modules": list(how.module)}
     spec = _job_spec(profile, arch, set_, job, modules=modules, module_purge=how.module_purge, directive=how.directive)
     if run:
         return _submit_run(spec, job_run, where.out, c.remainder or "")
     submit_build(
         spec,
-        Runtime(how.engine, how.sif, how.apptainer),
+        runtime,
         source=where.source,
         ref=where.ref,
         out_dir=where.out,
@@ -156,14 +163,14 @@ def _remainder_words(remainder: str) -> list[str]:
         ) from None
 
 
-def _check_run_options(how: JobHow, given: JobRun, build_flags: list[str]) -> None:
+def _check_run_options(runtime: Runtime, given: JobRun, build_flags: list[str]) -> None:
     """--run with the build's options (build_flags: those given, as to_argv writes them), or the
     run's options without --run, is a UsageError."""
     if not given.run:
         raise UsageError("--wheelhouse, --package and --arg belong to a run job", hint="add --run SCRIPT")
     used = list(dict.fromkeys(flag.split("=", 1)[0] for flag in build_flags))
-    used += [*(["--sif"] if how.sif else []), *(["--nodes"] if given.nodes != 1 else [])]
-    if how.engine != "apptainer" or how.apptainer != "auto":
+    used += [*(["--sif"] if runtime.sif else []), *(["--nodes"] if given.nodes != 1 else [])]
+    if runtime.engine != "apptainer" or runtime.apptainer != "auto":
         used.append("--engine/--apptainer")
     if used:
         raise UsageError(

@@ -1,7 +1,7 @@
 """Each option declared once (issue 43, item 2): the flags of `invoke build` and `invoke submit`,
 their help, the typed request and the argv a batch job passes on to the build all come from the
-option models (builder/host.py, batch/task.py) and the profile keys (profile/keys.py). What a
-user asks of `invoke submit` is what the build on the node gets: request -> argv -> request."""
+option models (builder/host.py, batch/task.py, batch/host.py's Runtime) and the profile keys
+(profile/keys.py). What a user asks of `invoke submit` is what the build on the node gets: request -> argv -> request."""
 
 from __future__ import annotations
 
@@ -51,10 +51,8 @@ EVERY = {
         directive=("--reservation=R", "-l job_priority=regular"),
         module=("gcc/13", "cuda/12.6"),
         module_purge=True,
-        engine="docker",
-        sif="/s/t.sif",
-        apptainer="host",
     ),
+    Runtime: Runtime(engine="docker", sif="/s/t.sif", apptainer="host"),
     JobRun: JobRun(
         nodes=3,
         dependency="123",
@@ -91,7 +89,9 @@ def test_a_build_request_round_trips_through_its_argv_and_invokes_parser(model):
     assert from_flags(model, _parsed("build", argv)) == request
 
 
-@pytest.mark.parametrize("model", [BuildInputs, BuildOptions, BuildRun, JobHow, JobRun], ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "model", [BuildInputs, BuildOptions, BuildRun, JobHow, Runtime, JobRun], ids=lambda m: m.__name__
+)
 def test_submit_takes_the_same_flags_into_the_same_request(model):
     """submit's flags are the build's (less --progress and --resume, which its job fixes) and its own."""
     exclude = ("progress", "resume")
