@@ -48,7 +48,7 @@ from torchbuild.source.fetch import (
     load_series,
     looks_like_url,
 )
-from torchbuild.verify.host import _built_tree, verify_with
+from torchbuild.verify.host import built_tree, verify_with
 
 
 def in_container() -> bool:
@@ -200,7 +200,7 @@ def build(
                 file=out,
             )
         else:
-            tree = _built_tree(outcome.manifest)
+            tree = built_tree(outcome.manifest)
             verify_with(spec, backend, wheel=outcome.wheel, cache=cache, checked=True, python=python, tree=tree)
             done.done("verify", wheel_sha256=digest)
     return outcome

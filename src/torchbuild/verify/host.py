@@ -41,7 +41,7 @@ def comms_for_verify(wheel: Path, cache: Path, view_cache: Path) -> dict[str, An
     return {"prefix": str(view_cache / prefix.relative_to(cache)), "manifest": read_manifest(prefix / COMMS_MANIFEST)}
 
 
-def _built_tree(manifest_path: Path) -> Path | None:
+def built_tree(manifest_path: Path) -> Path | None:
     """The source tree a wheel was built from (its manifest's source.path), where it still is."""
     try:
         source = manifest.read(manifest_path).source
@@ -58,7 +58,7 @@ def tests_tree(spec: BuildSpec, wheel: Path) -> Path | None:
     manifest_path = Path(f"{wheel}.manifest.json")
     if not spec.verify_tests or not manifest_path.is_file():
         return None
-    return _built_tree(manifest_path)
+    return built_tree(manifest_path)
 
 
 def verify_with(

@@ -152,13 +152,19 @@ def test_update_refuses_a_detached_tag(upstream, tmp_path):
         update_tree(info.path)
 
 
-def test_tarball_is_unpacked_once_with_its_sha256(tmp_path):
-    tree = tmp_path / "pytorch-v2.6.0"
+def _release_tarball(tmp_path: Path, name: str, file: str, text: str) -> tuple[Path, Path]:
+    """tmp_path/NAME/FILE holding text, packed as tmp_path/NAME.tar.gz: (the tree, the tarball)."""
+    tree = tmp_path / name
     tree.mkdir()
-    (tree / "setup.py").write_text("# x\n")
-    tarball = tmp_path / "pytorch-v2.6.0.tar.gz"
+    (tree / file).write_text(text)
+    tarball = tmp_path / f"{name}.tar.gz"
     with tarfile.open(tarball, "w:gz") as tar:
-        tar.add(tree, arcname="pytorch-v2.6.0")
+        tar.add(tree, arcname=name)
+    return tree, tarball
+
+
+def test_tarball_is_unpacked_once_with_its_sha256(tmp_path):
+    _, tarball = _release_tarball(tmp_path, "pytorch-v2.6.0", "setup.py", "# x\n")
     info = unpack_archive(tarball, tmp_path / "srcs")
     assert (info.path / "setup.py").read_text() == "# x\n"
     assert info.kind == "tarball" and len(info.sha256) == 64
@@ -169,12 +175,7 @@ def test_torch_sha256_pins_the_archive_and_refuses_another_before_unpacking(tmp_
     """torch_sha256 (a key declared once, in profile/keys.py): the archive it names is unpacked;
     another is a SourceError naming both digests, and nothing is unpacked or created; a git or
     directory source with it set is refused by name (the digest would never be checked)."""
-    tree = tmp_path / "pytorch-v2.15.0"
-    tree.mkdir()
-    (tree / "pyproject.toml").write_text("[build-system]\n")
-    tarball = tmp_path / "pytorch-v2.15.0.tar.gz"
-    with tarfile.open(tarball, "w:gz") as tar:
-        tar.add(tree, arcname="pytorch-v2.15.0")
+    tree, tarball = _release_tarball(tmp_path, "pytorch-v2.15.0", "pyproject.toml", "[build-system]\n")
     digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
     wrong = "0" * 64
     srcs = tmp_path / "srcs"
@@ -291,12 +292,7 @@ def test_a_git_tree_with_a_symlink_inside_is_kept(upstream, tmp_path):
 
 def test_an_archive_unpacked_earlier_with_a_link_leading_out_is_refused_when_reused(tmp_path):
     """A tree an older torchbuild unpacked (dpkg-source's was not checked) is checked again."""
-    tree = tmp_path / "pytorch"
-    tree.mkdir()
-    (tree / "setup.py").write_text("# x\n")
-    tarball = tmp_path / "pytorch.tar.gz"
-    with tarfile.open(tarball, "w:gz") as tar:
-        tar.add(tree, arcname="pytorch")
+    _, tarball = _release_tarball(tmp_path, "pytorch", "setup.py", "# x\n")
     info = unpack_archive(tarball, tmp_path / "srcs")
     (info.path / "build").symlink_to(tmp_path)
     with pytest.raises(SourceError, match=r"unpacked earlier .*: build is a symlink to"):
