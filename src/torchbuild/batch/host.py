@@ -40,8 +40,8 @@ from torchbuild.profile.config import BuildSpec, requirement_of, run_job_spec
 from torchbuild.profile.config import wanted as comms_wanted
 from torchbuild.runtime.backends import ENGINE_HELP, engine_for
 from torchbuild.runtime.scheduler import (
-    _CONTROL,
-    _JOB_ID,
+    CONTROL_CHARS,
+    JOB_ID,
     Job,
     Pbs,
     PbsNodes,
@@ -49,9 +49,9 @@ from torchbuild.runtime.scheduler import (
     Slurm,
     SlurmNodes,
     Submitted,
-    _arg_lines,
-    _directive_path,
+    arg_lines,
     check_job_keys,
+    directive_path,
     follow,
     job_account,
     memory_mb,
@@ -120,7 +120,7 @@ def local_source(source: str) -> str:
     """A local --source as the job will name it (absolute): it must exist here, as the node sees
     the same shared file system, and its path must be one line of text."""
     path = user_path(source).absolute()
-    bad = _CONTROL.search(str(path))
+    bad = CONTROL_CHARS.search(str(path))
     if bad:
         raise PathError(
             f"--source {str(path)!r} holds the control character {bad.group()!r}",
@@ -163,7 +163,7 @@ def submit_build(
         scheduler = spread_scheduler_for(spec.scheduler, nodes)
         options = _spread_options(spec, options, nodes)
     outp = user_path(out_dir or "out").absolute()
-    _directive_path(outp / "logs", scheduler.name)  # before anything is fetched
+    directive_path(outp / "logs", scheduler.name)  # before anything is fetched
     cache = _check_job_places(spec, outp)
     git = not source or looks_like_url(source)
     if not git:  # checked here, where the node's failure would be named hours later
@@ -270,7 +270,7 @@ def _check_job_request(spec: BuildSpec, options: BuildOptions, dependency: str) 
             hint="leave --jobs out: the job plans them from its cores and memory",
         )
     account = job_account(spec)
-    if dependency and not _JOB_ID.fullmatch(dependency):
+    if dependency and not JOB_ID.fullmatch(dependency):
         raise UsageError(f"--dependency {dependency!r} is no job id", hint="pass the id sbatch or qsub printed")
     return scheduler, account
 
@@ -446,7 +446,7 @@ def check_run_request(spec: BuildSpec, script: str, wheelhouse: str, requirement
                 hint=f"add it with `{make} --dest {shlex.quote(str(house))}`",
             )
     for what, p in (("--run", path), ("--wheelhouse", house)):
-        bad = _CONTROL.search(str(p))
+        bad = CONTROL_CHARS.search(str(p))
         if bad:
             raise PathError(f"{what} {str(p)!r} holds the control character {bad.group()!r}", hint="rename it")
     return path, house
@@ -496,7 +496,7 @@ def render_run(scheduler: Scheduler, job: Job, request: RunRequest) -> str:
     lines += [f"cd {shlex.quote(str(job.workdir))}", *_venv_lines(spec, site), *_install_lines(spec, request)]
     lines += [
         f"echo {shlex.quote('torchbuild: running ' + shell_words(job.command))}",
-        " \\\n  ".join(_arg_lines(job.command)),
+        " \\\n  ".join(arg_lines(job.command)),
     ]
     return "\n".join(lines) + "\n"
 
@@ -525,7 +525,7 @@ def _install_lines(spec: BuildSpec, request: RunRequest) -> list[str]:
 
     pip = ["python", "-m", "pip", "install", "--no-index", "--find-links", str(request.wheelhouse)]
     pip += ["--only-binary", "mpi4py", "--disable-pip-version-check", "--", *request.packages]
-    lines = [" \\\n  ".join(_arg_lines(pip))]
+    lines = [" \\\n  ".join(arg_lines(pip))]
     lines += [f"export {key}={shlex.quote(value)}" for key, value in sorted(runtime_env(spec).items())]
     return lines
 
@@ -546,9 +546,9 @@ def submit_run(
     scheduler = scheduler_for(spec.scheduler)
     check_job_keys(spec)
     account = job_account(spec)
-    if dependency and not _JOB_ID.fullmatch(dependency):
+    if dependency and not JOB_ID.fullmatch(dependency):
         raise UsageError(f"--dependency {dependency!r} is no job id", hint="pass the id sbatch or qsub printed")
-    _directive_path(request.out / "logs", scheduler.name)
+    directive_path(request.out / "logs", scheduler.name)
     places = [("--run", str(request.script), _MOUNTED_HINT), ("--wheelhouse", str(request.wheelhouse), _MOUNTED_HINT)]
     jobplaces.check_mounted(spec, [*places, *_job_places(request.out)])
     job = run_job(spec, request, account, dependency)

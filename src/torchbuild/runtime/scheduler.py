@@ -55,8 +55,8 @@ _DIRECTIVE_UNSAFE = re.compile(r'["\\\x00-\x1f\x7f]')
 _PBS_UNSAFE = re.compile(r"[\s\"'\\#:\x00-\x1f\x7f]")
 # a directive (the profile's `directives`, --directive) is one line of text: a NUL or another
 # control character would be written into the script as it is
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_JOB_ID = re.compile(r"[A-Za-z0-9_.\[\]-]+")
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+JOB_ID = re.compile(r"[A-Za-z0-9_.\[\]-]+")
 _WALLTIME = re.compile(r"(?:(\d+)-)?(\d+):(\d\d):(\d\d)")
 # Slurm's --time forms: days-hours[:minutes[:seconds]], or minutes[:seconds], hours:minutes:seconds
 _SLURM_TIME = re.compile(r"(?:(\d+)-(\d+)(?::(\d+))?(?::(\d+))?|(\d+)(?::(\d+))?(?::(\d+))?)")
@@ -115,7 +115,7 @@ class Scheduler(abc.ABC):
         spec = job.spec
         directives = self.directives(job)
         for line in directives:
-            bad = _CONTROL.search(line)
+            bad = CONTROL_CHARS.search(line)
             if bad:
                 raise ProfileError(
                     f"the directive {line!r} holds the control character {bad.group()!r}",
@@ -136,11 +136,11 @@ class Scheduler(abc.ABC):
             lines.append(shell_words(["module", "load", *spec.modules]))
             lines.append("module list 2>&1")
         lines.append(f"cd {shlex.quote(str(job.workdir))}")
-        lines += [" \\\n  ".join(_arg_lines(command)) for command in job.first]
+        lines += [" \\\n  ".join(arg_lines(command)) for command in job.first]
         lines += job.spread
         if job.rounds is not None:
             return "\n".join([*lines, *_rounds_lines(job)]) + "\n"
-        lines.append(("" if job.spread else "exec ") + " \\\n  ".join(_arg_lines(job.command)))
+        lines.append(("" if job.spread else "exec ") + " \\\n  ".join(arg_lines(job.command)))
         return "\n".join(lines) + "\n"
 
     @property
@@ -184,7 +184,7 @@ class Scheduler(abc.ABC):
                 "submit options; --dry-run shows the script",
             )
         job_id = self.parse_submitted(done.stdout)
-        if not _JOB_ID.fullmatch(job_id):
+        if not JOB_ID.fullmatch(job_id):
             raise SubmissionRefused(f"{self.submit_tool} answered {done.stdout.strip()!r}, which names no job id")
         return job_id
 
@@ -214,7 +214,7 @@ def _rounds_lines(job: Job) -> list[str]:
     return [
         "# the build goes on in a new allocation when the walltime comes (profile key job_rounds)",
         "trap 'kill -USR1 \"$tb_pid\" 2>/dev/null' USR1",
-        " \\\n  ".join(_arg_lines(command)) + " &",
+        " \\\n  ".join(arg_lines(command)) + " &",
         "tb_pid=$!",
         'while kill -0 "$tb_pid" 2>/dev/null; do wait "$tb_pid" || :; done',
         'wait "$tb_pid"',
@@ -234,7 +234,7 @@ def shell_words(words: Sequence[str]) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
-def _arg_lines(command: Sequence[str]) -> list[str]:
+def arg_lines(command: Sequence[str]) -> list[str]:
     """The command as lines for the script: the program and task on the first, then each
     option with its value."""
     lines: list[str] = []
@@ -254,7 +254,7 @@ def _said(text: str) -> str:
     return "; ".join(parts)
 
 
-def _directive_path(path: Path, scheduler: str) -> str:
+def directive_path(path: Path, scheduler: str) -> str:
     text = str(path)
     bad = (_PBS_UNSAFE if scheduler == "pbs" else _DIRECTIVE_UNSAFE).search(text)
     if bad:
@@ -276,7 +276,7 @@ class Slurm(Scheduler):
     def directives(self, job: Job) -> list[str]:
         s = job.spec
         # Slurm expands %-patterns in the whole path: the directory's own % are doubled
-        log = _directive_path(job.logs, "slurm").replace("%", "%%") + "/" + self.log_path(job).name
+        log = directive_path(job.logs, "slurm").replace("%", "%%") + "/" + self.log_path(job).name
         d = [
             f"--job-name={job.name}",
             f'--output="{log}"',
@@ -417,7 +417,7 @@ class Pbs(Scheduler):
         if s.reservation or s.partition:  # a PBS reservation is a queue of its own
             d.append(f"-q {s.reservation or s.partition}")
         d += [f"-l {chunk}", f"-l walltime={pbs_walltime(s.walltime)}", "-j oe"]
-        d.append(f"-o {_directive_path(self.log_path(job), 'pbs')}")
+        d.append(f"-o {directive_path(self.log_path(job), 'pbs')}")
         d += s.directives
         return [f"#PBS {x}" for x in d]
 
@@ -566,7 +566,7 @@ def check_job_keys(spec: BuildSpec) -> None:
             hint="--mem N[K|M|G|T] with the node's memory, e.g. --mem 64G",
         )
     for directive in spec.directives:
-        bad = _CONTROL.search(directive)
+        bad = CONTROL_CHARS.search(directive)
         if bad:
             raise ProfileError(
                 f"directive {directive!r} holds the control character {bad.group()!r}",
