@@ -237,3 +237,37 @@ def test_the_changelog_has_an_unreleased_section_and_the_package_version() -> No
     assert text.startswith("# Changelog\n")
     assert "\n## [Unreleased]\n" in text
     assert f"\n## [{__version__}]" in text
+
+
+def _behaviour_map_places() -> list[tuple[str, str, tuple[str, ...]]]:
+    """(row, module path, names in its parentheses) for every `pkg/module.py` the architecture
+    page's "Where each behaviour lives" names."""
+    text = (DOCS / "architecture.md").read_text()
+    table = text[text.index("## Where each behaviour lives") :].split("\n## ", 1)[0]
+    places = []
+    for line in table.splitlines()[4:]:
+        row, _, cell = line.rpartition(" | ")
+        for m in re.finditer(r"`([a-z_]+/[a-z_/]*\.py)`(?: \(([^)]*)\))?", cell):
+            places.append((row[:60], m.group(1), tuple(re.findall(r"`([A-Za-z_][\w.]*)`", m.group(2) or ""))))
+    return places
+
+
+def test_the_behaviour_map_names_modules_and_names_that_exist():
+    """A reader who opens the module a row names finds the functions it names there: a moved or
+    renamed function shows here, not as a wrong map."""
+    places = _behaviour_map_places()
+    assert len({row for row, _, _ in places}) >= 40
+    src = REPO / "src" / "torchbuild"
+    wrong = []
+    for row, module, names in places:
+        path = src / module
+        if not path.is_file():
+            wrong.append(f"{row}: {module} does not exist")
+            continue
+        body = path.read_text()
+        wrong += [
+            f"{row}: {module} has no {name}"
+            for name in names
+            if not re.search(rf"\b{re.escape(name.rsplit('.', 1)[-1])}\b", body)
+        ]
+    assert not wrong, "\n".join(wrong)
