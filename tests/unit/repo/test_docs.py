@@ -271,3 +271,16 @@ def test_the_behaviour_map_names_modules_and_names_that_exist():
             if not re.search(rf"\b{re.escape(name.rsplit('.', 1)[-1])}\b", body)
         ]
     assert not wrong, "\n".join(wrong)
+
+
+def test_each_behaviour_lives_in_one_feature():
+    """A behaviour-map row names one feature's modules at most, beside the shared layers
+    (docs/architecture.md "The layers"): a behaviour spread over two features shows here."""
+    shared = {"runtime", "profile", "core", "tasks"}
+    features: dict[str, set[str]] = {}
+    for row, module, _ in _behaviour_map_places():
+        features.setdefault(row, set())
+        if module.split("/")[0] not in shared:
+            features[row].add(module.split("/")[0])
+    spread = {row: sorted(f) for row, f in features.items() if len(f) > 1}
+    assert not spread, spread
