@@ -41,7 +41,7 @@ from typing import Any, TextIO
 
 from torchbuild.core.atomic import atomic_write_text
 from torchbuild.core.errors import ManifestError, NoProgress, RoundsExhausted, SubmissionRefused, TorchbuildError
-from torchbuild.core.process import run_captured, stop_group
+from torchbuild.core.process import run_captured, spawn, stop_group
 from torchbuild.core.safeio import KiB, read_bytes
 
 STATE_LIMIT = 256 * KiB
@@ -182,14 +182,7 @@ def run_round(state_path: Path, command: Sequence[str], out: TextIO = sys.stdout
         flush=True,
     )
     started, t0 = _now(), time.monotonic()
-    proc = subprocess.Popen(
-        list(command),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-    )
+    proc = spawn(command, text=True, stdin=None)  # the job's stdin, as the build had it
 
     def ask_left() -> float | None:
         return slurm_time_left(job) if state["scheduler"] == "slurm" else None

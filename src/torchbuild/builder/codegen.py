@@ -48,7 +48,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,7 +55,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from torchbuild.core.atomic import atomic_write_bytes, umask
-from torchbuild.core.process import QUERY_TIMEOUT, run_captured
+from torchbuild.core.process import QUERY_TIMEOUT, run_attached, run_captured
 from torchbuild.core.safeio import sha256_file
 
 FORMAT = 2  # of a saved entry; bumped whenever what is kept changes (2: the aoti dir's files)
@@ -328,13 +327,13 @@ def run(root: Path, python: str, args: Sequence[str], cwd: Path, say: bool = Tru
     """One interpreter command through the cache: a generator's run is restored or run and
     saved; anything else runs as it is. The command's exit code."""
     if len(args) < 2 or args[0] != "-m" or args[1] not in GENERATORS or _option(args, *DEPS) is None:
-        return subprocess.run([python, *args], cwd=cwd, check=False).returncode
+        return run_attached([python, *args], cwd=cwd).returncode
     store = Store(root, key_of(python, args, cwd))
     what = f"{args[1]} --generate {_option(args, '--generate')}{' --dry-run' if '--dry-run' in args else ''}"
     if _restore(store, args, cwd, what, say):
         return 0
     before = snapshot(aoti_dir(args, cwd))
-    code = subprocess.run([python, *args], cwd=cwd, check=False).returncode
+    code = run_attached([python, *args], cwd=cwd).returncode
     if code == 0:
         _save(store, sorted({*(outputs_of(args, cwd) or []), *unlisted_outputs(args, cwd, before)}), what, say)
     return code

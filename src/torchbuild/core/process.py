@@ -8,17 +8,19 @@ SIGKILL after a grace period. `run_streamed` hands each line on as it comes; `ru
 returns the output, with a deadline where one is given (QUERY_TIMEOUT for a tool asked a
 question); stdin is /dev/null for both.
 
+`spawn` is the one place a child is started in a group of its own: both of them use it, and
+batch/rounds.run_round, whose relay thread and walltime stopper need the process while it runs.
+`run_attached` runs a command the way subprocess.run does, in torchbuild's own session and
+process group, for the two that must stay there: source/fetch._git (git may ask for a URL's
+credentials on the terminal, which a process in a new session has no more) and
+builder/codegen.run (the wrapper CMake and ninja run in torchgen's place: the real command must
+have the wrapper's own stdin, stdout, stderr and process group, as if run directly).
+
 The subprocess calls left outside this module, and why each is not one of these:
-- steps/codegen.run (2): the wrapper CMake and ninja run in torchgen's place; the real command
-  must have the wrapper's own stdin, stdout, stderr and process group, as if run directly.
-- inputs/source._git (1): git may ask for a URL's credentials on the terminal, which a process
-  in a new session has no more.
 - verify/probe.py (3): a script run by another interpreter (a fresh venv's), where torchbuild
   is not importable: the standard library only.
-- delivery/upstream_tests._run_bounded (1): at its bound PyTorch's pytest gets SIGINT, so it
+- verify/upstream_tests._run_bounded (1): at its bound PyTorch's pytest gets SIGINT, so it
   reports what ran, before SIGKILL; here a group gets SIGTERM.
-- launch/rounds.run_round (1): the build of one round is stopped by a thread watching the
-  walltime, which needs the process while it runs.
 """
 
 from __future__ import annotations
@@ -126,6 +128,35 @@ def stop_group(pgid: int, grace: float = GRACE_S, leader: subprocess.Popen[Any] 
             time.sleep(0.1)
 
 
+def spawn(
+    cmd: Sequence[str],
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    merged: bool = True,
+    text: bool = False,
+    stdin: int | None = subprocess.DEVNULL,
+    held: bool = False,
+) -> subprocess.Popen[Any]:
+    """Start cmd in a process group of its own (a new session), its stdout a pipe and its stderr
+    merged into it (merged) or a pipe of its own; text: decoded, undecodable bytes replaced;
+    stdin /dev/null unless another is given (None: this process's); held: it inherits the
+    descriptors in HELD_FDS. The one place a child gets a group of its own: the caller stops the
+    group (stop_group) on every way out. OSError when it cannot start."""
+    return subprocess.Popen(
+        list(cmd),
+        cwd=cwd,
+        env=dict(env) if env is not None else None,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+        text=text,
+        errors="replace" if text else None,
+        start_new_session=True,
+        pass_fds=tuple(sorted(HELD_FDS)) if held else (),
+    )
+
+
 def run_streamed(
     cmd: Sequence[str],
     *,
@@ -136,16 +167,7 @@ def run_streamed(
     """Run cmd with stdout and stderr merged, each line handed to on_line as it comes; the
     command and everything it starts are stopped on any way out of this function."""
     start = time.monotonic()
-    proc = subprocess.Popen(
-        list(cmd),
-        cwd=cwd,
-        env=dict(env) if env is not None else None,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        pass_fds=tuple(sorted(HELD_FDS)),
-    )
+    proc = spawn(cmd, cwd=cwd, env=env, held=True)
     assert proc.stdout is not None
     status = None
     try:
@@ -197,17 +219,7 @@ def run_captured(
     `cc` script running gcc, ccache running the compiler) is never left behind. Undecodable
     bytes are replaced. OSError when it cannot start."""
     argv = tuple(cmd)
-    proc = subprocess.Popen(
-        list(argv),
-        cwd=cwd,
-        env=dict(env) if env is not None else None,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT if merged else subprocess.PIPE,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-    )
+    proc = spawn(argv, cwd=cwd, env=env, merged=merged, text=True)
     stopped = False  # the group was stopped and the process reaped
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -225,6 +237,22 @@ def run_captured(
         if not stopped:  # the leader exited: stop whatever it left running in its group
             stop_group(proc.pid, grace=0.0)
     return Captured(proc.returncode, out or "", err or "", argv, timeout)
+
+
+def run_attached(
+    cmd: Sequence[str],
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    capture: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """subprocess.run(cmd, check=False): in torchbuild's own session and process group, with its
+    stdin, and its stdout and stderr unless capture (then captured as text: stdout and stderr
+    are None without it); on an exception (Ctrl-C included) the command alone is killed. For
+    the commands that must not get a group of their own (see the module's docstring)."""
+    return subprocess.run(
+        list(cmd), cwd=cwd, env=dict(env) if env is not None else None, capture_output=capture, text=True, check=False
+    )
 
 
 def _leftover_output(proc: subprocess.Popen[str]) -> tuple[str, str]:

@@ -39,7 +39,7 @@ from torchbuild.core.errors import (
 )
 from torchbuild.core.glibc import base_family
 from torchbuild.core.process import run_captured
-from torchbuild.core.safeio import MiB, read_bytes, user_path
+from torchbuild.core.safeio import MiB, read_bytes, sha256_file, user_path
 from torchbuild.image import lock as lockfile
 from torchbuild.image.lock import Lock, LockError
 from torchbuild.profile.config import BuildSpec, data_dir, python_source
@@ -317,7 +317,7 @@ def source_digest() -> str:
     h = hashlib.sha256()
     for rel, path in source_files(data_dir()):
         h.update(f"{rel}\0".encode())
-        h.update(hashlib.sha256(path.read_bytes()).digest())
+        h.update(bytes.fromhex(sha256_file(path)))
     return h.hexdigest()
 
 
@@ -340,7 +340,7 @@ def tree_digest(root: Path) -> str:
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         rel = path.relative_to(root).as_posix()
         h.update(f"{rel}\0{path.stat().st_mode & 0o111}\0".encode())
-        h.update(hashlib.sha256(path.read_bytes()).digest())
+        h.update(bytes.fromhex(sha256_file(path)))
     return h.hexdigest()
 
 

@@ -39,6 +39,7 @@ from typing import Any
 from packaging.utils import parse_wheel_filename
 
 from torchbuild.core import glibc
+from torchbuild.core.atomic import atomic_writer
 from torchbuild.core.errors import FloorError, WheelError, named_os_errors
 from torchbuild.core.process import QUERY_TIMEOUT, run_captured
 from torchbuild.runtime.manifest import FloorRecord, LibraryRecord
@@ -265,20 +266,16 @@ def retag(wheel: Path, policy: str) -> Path:
         dist_info = _dist_info(infos, wheel)
         wheel_meta = _retagged_wheel_file(src.read(f"{dist_info}/WHEEL").decode("utf-8"), policy)
         record = _retagged_record(src.read(f"{dist_info}/RECORD").decode("utf-8"), f"{dist_info}/WHEEL", wheel_meta)
-        tmp = new.with_name(f".{new.name}.partial")
-        try:
-            with zipfile.ZipFile(tmp, "w") as dst:
-                for info in infos:
-                    replaced = {f"{dist_info}/WHEEL": wheel_meta, f"{dist_info}/RECORD": record}.get(info.filename)
-                    if replaced is not None:
-                        dst.writestr(info, replaced.encode("utf-8"), compress_type=info.compress_type)
-                        continue
-                    with src.open(info) as data, dst.open(info, "w") as out:
-                        while chunk := data.read(1 << 20):
-                            out.write(chunk)
-            tmp.replace(new)
-        finally:
-            tmp.unlink(missing_ok=True)
+        # not fsync'd before the rename, as it never was (core/atomic.py)
+        with atomic_writer(new, fsync=False) as f, zipfile.ZipFile(f, "w") as dst:
+            for info in infos:
+                replaced = {f"{dist_info}/WHEEL": wheel_meta, f"{dist_info}/RECORD": record}.get(info.filename)
+                if replaced is not None:
+                    dst.writestr(info, replaced.encode("utf-8"), compress_type=info.compress_type)
+                    continue
+                with src.open(info) as data, dst.open(info, "w") as out:
+                    while chunk := data.read(1 << 20):
+                        out.write(chunk)
     wheel.unlink()
     return new
 

@@ -14,7 +14,6 @@ import lzma
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -37,7 +36,7 @@ from torchbuild.core.errors import (
     named_os_errors,
     writable_dir,
 )
-from torchbuild.core.process import run_captured
+from torchbuild.core.process import run_attached, run_captured
 from torchbuild.core.safeio import not_an_option, sha256_file, user_path
 from torchbuild.image.host import tree_digest
 from torchbuild.profile.config import BuildSpec
@@ -92,7 +91,8 @@ def _git(*args: str, cwd: Path | None = None, out: TextIO | None = None, trusted
     if out is not None:
         print(redact(f"$ git {' '.join(args)}"), file=out, flush=True)  # a URL's token stays out of the log
     env = None if trusted else {**os.environ, "GIT_PROTOCOL_FROM_USER": "0"}
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    # attached: git may ask for a URL's credentials on the terminal (core/process.py)
+    proc = run_attached(cmd, cwd=cwd, env=env, capture=True)
     if proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip() or f"exit status {proc.returncode}"
         what = f"git {' '.join(args[:3])} failed"

@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 
 from torchbuild.core.errors import PatchConflict, SourceError, ToolMissing, UnsafePatch
 from torchbuild.core.process import Captured, run_captured
-from torchbuild.core.safeio import user_path
+from torchbuild.core.safeio import sha256_file, user_path
 from torchbuild.profile.config import data_dir
 
 
@@ -91,9 +91,7 @@ def load_series(setting: str, version: str, pkg: str = "pytorch") -> Series:
             )
     if directory is None:
         return Series(None, ())
-    patches = tuple(
-        Patch(p.name, p, hashlib.sha256(p.read_bytes()).hexdigest()) for p in sorted(directory.glob("*.patch"))
-    )
+    patches = tuple(Patch(p.name, p, sha256_file(p)) for p in sorted(directory.glob("*.patch")))
     return Series(directory, patches)
 
 

@@ -7,6 +7,8 @@
 It runs in a fresh venv where torchbuild is not importable, so it imports only the standard
 library at module level (torch inside functions) and prints its checks as one JSON list on
 the last line of stdout: [{"name": ..., "status": "pass" | "fail" | "skip", "detail": ...}].
+For the same reason it starts its child processes (a collective's ranks, mpirun, the C++ check's
+cmake and program) with subprocess, not through torchbuild's core/process.py.
 """
 
 from __future__ import annotations

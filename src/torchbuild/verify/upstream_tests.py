@@ -5,7 +5,8 @@ installed torch is imported, never the source tree's), its results read from pyt
 
 The time bound is a whole-run bound: at it, pytest gets SIGINT and writes the results of what
 ran (a KeyboardInterrupt ends its session cleanly), then SIGKILL after a grace. pytest-timeout
-bounds single tests only, and xdist is not in every image, so neither is used.
+bounds single tests only, and xdist is not in every image, so neither is used. That SIGINT is
+why pytest is started here with subprocess, not through core/process.py, whose groups get SIGTERM.
 """
 
 from __future__ import annotations

@@ -120,3 +120,34 @@ def test_a_query_past_its_deadline_is_stopped_with_its_children(tmp_path, monkey
     assert (
         not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
     )  # gone, or dead awaiting its reaper
+
+
+SHOW = "import os, sys; print(os.getpgrp(), os.getsid(0)); print(*sorted(map(int, os.listdir('/proc/self/fd'))))"
+
+
+def test_spawn_starts_a_group_of_its_own_and_passes_the_held_fds_only_when_asked(monkeypatch):
+    """spawn (run_streamed's, run_captured's and batch/rounds' start): a new session and group;
+    the locks in HELD_FDS go to the child only with held=True."""
+    r, w = os.pipe()
+    held_fd = os.dup2(r, 250, inheritable=False)  # far above what the child opens itself
+    try:
+        monkeypatch.setattr(process, "HELD_FDS", {held_fd})
+        for held in (False, True):
+            proc = process.spawn([sys.executable, "-c", SHOW], text=True, held=held)
+            out, _ = proc.communicate(timeout=30)
+            ids, fds = out.splitlines()
+            assert ids.split() == [str(proc.pid)] * 2
+            assert (held_fd in map(int, fds.split())) is held
+    finally:
+        os.close(held_fd)
+        os.close(r)
+        os.close(w)
+
+
+def test_run_attached_stays_in_this_process_group_as_subprocess_run_did():
+    """run_attached (git's credential prompt, codegen's wrapper): the command is in torchbuild's
+    own session and group, and captures only when asked."""
+    done = process.run_attached([sys.executable, "-c", SHOW], capture=True)
+    assert done.returncode == 0
+    assert done.stdout.splitlines()[0].split() == [str(os.getpgrp()), str(os.getsid(0))]
+    assert process.run_attached([sys.executable, "-c", "import sys; sys.exit(3)"]).returncode == 3
