@@ -266,8 +266,8 @@ def retag(wheel: Path, policy: str) -> Path:
         dist_info = _dist_info(infos, wheel)
         wheel_meta = _retagged_wheel_file(src.read(f"{dist_info}/WHEEL").decode("utf-8"), policy)
         record = _retagged_record(src.read(f"{dist_info}/RECORD").decode("utf-8"), f"{dist_info}/WHEEL", wheel_meta)
-        # not fsync'd before the rename, as it never was (core/atomic.py)
-        with atomic_writer(new, fsync=False) as f, zipfile.ZipFile(f, "w") as dst:
+        # fsync'd before the rename: the original is removed next, and a crash must not leave neither
+        with atomic_writer(new) as f, zipfile.ZipFile(f, "w") as dst:
             for info in infos:
                 replaced = {f"{dist_info}/WHEEL": wheel_meta, f"{dist_info}/RECORD": record}.get(info.filename)
                 if replaced is not None:
