@@ -266,7 +266,7 @@ def retag(wheel: Path, policy: str) -> Path:
         dist_info = _dist_info(infos, wheel)
         wheel_meta = _retagged_wheel_file(src.read(f"{dist_info}/WHEEL").decode("utf-8"), policy)
         record = _retagged_record(src.read(f"{dist_info}/RECORD").decode("utf-8"), f"{dist_info}/WHEEL", wheel_meta)
-        # fsync'd before the rename: the original is removed next, and a crash must not leave neither
+        # fsync'd before the rename: the original is removed next, so a crash must leave one whole wheel
         with atomic_writer(new) as f, zipfile.ZipFile(f, "w") as dst:
             for info in infos:
                 replaced = {f"{dist_info}/WHEEL": wheel_meta, f"{dist_info}/RECORD": record}.get(info.filename)
