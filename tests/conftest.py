@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 
 # as every entry point does before a task runs (tasks.py, cli.program): the Collection hands the
-# runtime what it needs from the features (runtime/handover.py), so tests that call a backend or
+# runtime what it needs from the features (core/handover.py), so tests that call a backend or
 # a step directly see the same runtime as `invoke` and `torchbuild`
 import torchbuild.tasks  # noqa: F401
 

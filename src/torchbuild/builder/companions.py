@@ -30,12 +30,13 @@ from typing import Any, TextIO
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from torchbuild.builder.companion_table import REPOS, default_ref, is_development, pairing_problem, version_problem
 from torchbuild.builder.repro import normalize_wheel, source_date_epoch
+from torchbuild.core.arch import Arch
 from torchbuild.core.errors import CompanionError, SourceError, WheelError, named_os_errors
 from torchbuild.core.process import run_captured
 from torchbuild.core.safeio import KiB, read_text, user_path
-from torchbuild.profile.companion_table import REPOS, default_ref, version_problem
-from torchbuild.profile.config import BuildSpec
+from torchbuild.profile.config import BuildSpec, fail
 from torchbuild.runtime import compile_job, elffloor, manifest, pipenv
 from torchbuild.runtime.compile_job import (
     CompileJob,
@@ -62,6 +63,42 @@ _TORCH_ONLY = ("USE_", "BUILD_", "PYTORCH_BUILD_", "BLAS", "MKL_THREADING", "TOR
 
 
 # --------------------------------------------------------------------------- host side
+
+
+def check(values: Mapping[str, Any], where: Mapping[str, str], arch: Arch) -> None:
+    """The profile's companion keys against companions and the table (profile/config.py runs it
+    among its rules over more than one key: its COMPANIONS_CHECK slot)."""
+    for key in ("companion_repos", "companion_refs", "companion_sha256"):
+        extra = sorted(set(values[key]) - set(values["companions"]))
+        if extra:
+            problem = f"names {', '.join(extra)}, which companions does not list"
+            fail(where, key, problem, f"add it to companions or drop it from {key}")
+    for name in values["companions"]:
+        problem = pairing_problem(
+            name, values["torch_version"], values["torch_ref"], values["companion_refs"].get(name, "")
+        )
+        if problem:
+            hint = "drop it from companions, or choose a torch_version the table pairs it with"
+            if "companion_refs" in problem:
+                hint = f"name the {name} tag that goes with it in companion_refs, or drop it from companions"
+            fail(where, "companions", problem, hint)
+
+
+def derived_refs(spec: BuildSpec) -> dict[str, tuple[str, str]]:
+    """What the build uses where the profile leaves a companion key empty: name -> (value, what
+    it is derived from). Each companion's ref from torch_version and torch_ref through the
+    companion table (torch 2.5.1: torchvision v0.20.1), its repository from torchbuild's list.
+    `invoke config` shows them beside profile.config.derived's, marked as derived."""
+    out: dict[str, tuple[str, str]] = {}
+    for name in spec.companions:
+        if name not in spec.companion_refs:
+            dev = is_development(spec.torch_ref)
+            source = f"torch_ref {spec.torch_ref}" if dev else f"torch_version {spec.torch_version}"
+            ref = default_ref(name, spec.torch_version, spec.torch_ref)
+            out[f"companion_refs.{name}"] = (ref, f"{source} (companion table)")
+        if name not in spec.companion_repos:
+            out[f"companion_repos.{name}"] = (REPOS[name], "companions (the default repository)")
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,7 @@ from torchbuild.builder.buildenv import BuildVenv as BuildVenv  # re-exported: b
 from torchbuild.builder.buildenv import ensure as ensure  # re-exported: batch/jobplaces.py
 from torchbuild.builder.companions import Fetched, Job
 from torchbuild.builder.companions import Request as CompanionsRequest
+from torchbuild.builder.companions import derived_refs as derived_refs  # re-exported: configview/render.py
 from torchbuild.builder.companions import fetch as fetch_companions
 from torchbuild.builder.repro import source_date_epoch
 from torchbuild.builder.resume import Record, request_key

@@ -33,6 +33,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from torchbuild.comms.nccl_arch import gencode, nccl_release
+from torchbuild.comms.table import PLUGIN_LIBFABRIC_SOURCE, older, plugin_libfabric_min
 from torchbuild.core.errors import (
     CommsFailed,
     ProfileError,
@@ -42,9 +44,7 @@ from torchbuild.core.errors import (
 from torchbuild.core.problems import Problems
 from torchbuild.core.process import QUERY_TIMEOUT, Finished, run_captured
 from torchbuild.core.safeio import MANIFEST_LIMIT, MiB, read_bytes, read_json, user_path
-from torchbuild.profile.comms_table import PLUGIN_LIBFABRIC_SOURCE, older, plugin_libfabric_min
 from torchbuild.profile.config import BuildSpec
-from torchbuild.profile.nccl_arch import gencode, nccl_release
 from torchbuild.runtime import compile_job
 from torchbuild.runtime.compile_job import CompileJob, into_place, now_utc
 from torchbuild.runtime.environment import COMMS_DEPS, build_env, compile_env

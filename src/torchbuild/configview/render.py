@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from torchbuild.builder.host import derived_refs
 from torchbuild.core import console
 from torchbuild.profile.config import BuildSpec, cache_dir, derived
 from torchbuild.runtime.environment import build_env, format_env
@@ -35,7 +36,10 @@ def config_data(spec: BuildSpec, host: HostResources | None = None, backend: str
         "values": spec.to_dict(),
         "origins": dict(spec.origins),
         # what the build uses where a key is left empty, and what it is derived from
-        "derived": {key: {"value": value, "from": source} for key, (value, source) in derived(spec).items()},
+        "derived": {
+            key: {"value": value, "from": source}
+            for key, (value, source) in {**derived(spec), **derived_refs(spec)}.items()
+        },
         "jobs_reason": plan.reason,
         "env": env,
     }

@@ -29,13 +29,12 @@ from packaging.version import InvalidVersion, Version
 from torchbuild.core import glibc, records
 from torchbuild.core.arch import Arch, host_machine
 from torchbuild.core.errors import ProfileError, UsageError
+from torchbuild.core.handover import Slot
 from torchbuild.core.safeio import PROFILE_LIMIT, not_an_option, read_text, user_path
-from torchbuild.profile import comms_table, cuda_archs, official_wheels, remote_cache, torch_lines
+from torchbuild.profile import cuda_archs, official_wheels, remote_cache, torch_lines
 from torchbuild.profile import keys as keys_model
-from torchbuild.profile.companion_table import REPOS as COMPANION_REPOS
-from torchbuild.profile.companion_table import default_ref, is_development, minor, pairing_problem
 from torchbuild.profile.keys import KeySpec, PackageEntry, RuntimePackage, StrMap
-from torchbuild.profile.nccl_arch import nccl_cannot_target
+from torchbuild.profile.torch_lines import minor
 
 DEFAULT_PROFILE = "cpu"
 _CUDA_ARCH_RE = re.compile(r"\d+\.\d+a?(\+PTX)?")
@@ -1004,7 +1003,7 @@ def _check_compilers(values: Mapping[str, Any], where: Mapping[str, str]) -> Non
     preflight as it is written, never through a shell)."""
     for role, command in values["compilers"].items():
         if not COMMAND_RE.fullmatch(command):
-            _fail(
+            fail(
                 where,
                 "compilers",
                 f"{role}: {_shown(command, 40)} is not a program name or an absolute path",
@@ -1054,17 +1053,24 @@ RUNTIME_MANAGED = frozenset(
 )
 
 
-def _fail(where: Mapping[str, str], key: str, problem: str, hint: str | None) -> NoReturn:
+def fail(where: Mapping[str, str], key: str, problem: str, hint: str | None) -> NoReturn:
+    """A profile problem: where the key was set, the key, what is wrong, what to do (the features' checks raise it too)."""
     raise ProfileError(f"{where[key]}: key {key!r}: {problem}", hint=hint)
+
+
+# A feature's rules over its keys, kept with the table they read; torchbuild.tasks fills these
+# (core/handover.py: the profile layer may not import a feature). Each raises `fail`'s ProfileError.
+FeatureCheck = Callable[[Mapping[str, Any], Mapping[str, str], Arch], None]
+COMMS_CHECK: Slot[FeatureCheck] = Slot("the comms keys' check (comms.checks.check)")
+COMPANIONS_CHECK: Slot[FeatureCheck] = Slot("the companions' check (builder.companions.check)")
 
 
 def _cross_check(values: Mapping[str, Any], where: Mapping[str, str], arch: Arch) -> None:
     """Rules that involve more than one key; the message names where the later key was set."""
-    _check_cuda_and_nccl(values, where)
-    _check_known_bad(values, where, arch)
-    _check_plugin_build(values, where)
+    _check_cuda(values, where)
+    COMMS_CHECK.get()(values, where, arch)
     _check_compilers(values, where)
-    _check_companions(values, where)
+    COMPANIONS_CHECK.get()(values, where, arch)
     _check_not_options(values, where)
     _check_libraries(values, where, arch)
     _check_ccache_remote(values, where)
@@ -1095,123 +1101,36 @@ def _check_required(values: Mapping[str, Any], where: Mapping[str, str]) -> None
     """required names keys a user sets (not itself), each with what to give."""
     for key, what in values["required"].items():
         if key not in _declared() or key == "required":
-            _fail(where, "required", f"{key!r} is no key a user could set{_suggest(key)}", "name keys of defaults.yaml")
+            fail(where, "required", f"{key!r} is no key a user could set{_suggest(key)}", "name keys of defaults.yaml")
         if not what.strip():
-            _fail(where, "required", f"{key}: say what to give", f"e.g. {{{key}: a directory the compute nodes mount}}")
+            fail(where, "required", f"{key}: say what to give", f"e.g. {{{key}: a directory the compute nodes mount}}")
 
 
 def _check_ccache_remote(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
     problem = remote_cache.problem(values["ccache_remote"])
     if problem:
         hint = "write redis://HOST[:PORT] or http(s)://HOST[:PORT]/PATH, or '' for the local cache alone"
-        _fail(where, "ccache_remote", problem, hint)
+        fail(where, "ccache_remote", problem, hint)
 
 
-def _check_cuda_and_nccl(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
+def _check_cuda(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
     cuda = bool(values["cuda_version"])
     if values["cuda_arch_list"] and not cuda:
-        _fail(
+        fail(
             where,
             "cuda_arch_list",
             "set, but cuda_version is empty",
             "set cuda_version (e.g. 12.6) or clear cuda_arch_list",
         )
     if cuda and not values["cuda_arch_list"]:
-        _fail(where, "cuda_version", "CUDA build without cuda_arch_list", 'set cuda_arch_list, e.g. ["8.0", "9.0"]')
+        fail(where, "cuda_version", "CUDA build without cuda_arch_list", 'set cuda_arch_list, e.g. ["8.0", "9.0"]')
     base = base_image_cuda(values["base_image"])
     if cuda and base and base != values["cuda_version"]:
         problem = (
             f"{values['cuda_version']}, but base_image {values['base_image']} ({where['base_image']}) is CUDA {base}"
         )
         hint = f'set cuda_version: "{base}", or a base_image of CUDA {values["cuda_version"]} (nvidia/cuda:X.Y.Z-...)'
-        _fail(where, "cuda_version", problem, hint)
-    if "nccl" in values["distributed"] and not cuda:
-        _fail(where, "distributed", "nccl needs a CUDA build", "drop nccl from distributed or set cuda_version")
-    if values["nccl"] != "bundled" and "nccl" not in values["distributed"]:
-        _fail(where, "nccl", f"{values['nccl']}, but nccl is not in distributed", "add nccl to distributed")
-    for key in ("nccl_source", "nccl_sha256"):
-        if values[key] and values["nccl"] != "source":
-            problem = f"only applies with nccl: source (nccl is {values['nccl']})"
-            _fail(where, key, problem, f"set nccl: source or remove {key}")
-    plugin = values["aws_ofi_nccl_version"]
-    for key in ("aws_ofi_nccl_source", "aws_ofi_nccl_sha256", "aws_ofi_nccl_configure", "libfabric_prefix"):
-        if values[key] and not plugin:
-            problem = "set, but aws_ofi_nccl_version is empty (no plugin is built)"
-            _fail(where, key, problem, "set aws_ofi_nccl_version, e.g. 1.17.1")
-    taken = sorted({o.split("=", 1)[0] for o in values["aws_ofi_nccl_configure"]} & set(PLUGIN_CONFIGURE_OWN))
-    if taken:
-        problem = f"{', '.join(taken)} is passed by torchbuild itself"
-        _fail(where, "aws_ofi_nccl_configure", problem, "leave it out (libfabric_prefix and cuda_home set them)")
-    if plugin and "nccl" not in values["distributed"]:
-        _fail(where, "aws_ofi_nccl_version", "the NCCL plugin needs nccl in distributed", "add nccl to distributed")
-    if values["nccl"] == "source":
-        bad = nccl_cannot_target(values["nccl_version"], values["cuda_arch_list"])
-        if bad:
-            _fail(where, "nccl_version", bad, "choose a newer nccl_version, or drop that arch from cuda_arch_list")
-
-
-def _comms_of(values: Mapping[str, Any], arch: Arch) -> comms_table.Stack:
-    """What the profile says of its NCCL, plugin and libfabric, as the known-bad table reads it."""
-    return comms_table.Stack(
-        nccl=values["nccl_version"] if values["nccl"] == "source" else "",
-        plugin=values["aws_ofi_nccl_version"],
-        libfabric=comms_table.libfabric_of_prefix(values["libfabric_prefix"]),
-        arch=arch.value,
-        cuda_arch_list=tuple(values["cuda_arch_list"]),
-        runtime_env=values["runtime_env"],
-    )
-
-
-def _stack_text(entry: comms_table.KnownBad, stack: comms_table.Stack) -> str:
-    """The parts of the profile's stack the entry is about: "NCCL 2.29.2-1 on aarch64"."""
-    parts = [f"NCCL {stack.nccl}"] if entry.nccl else []
-    parts += [f"aws-ofi-nccl {stack.plugin}"] if entry.plugin else []
-    parts += [f"libfabric {stack.libfabric}"] if entry.libfabric else []
-    text = " with ".join(parts)
-    if entry.arch:
-        text += f" on {entry.arch}"
-    if entry.gpus:
-        text += f" for sm_{'/'.join(entry.gpus)}x (cuda_arch_list)"
-    return text
-
-
-def _check_known_bad(values: Mapping[str, Any], where: Mapping[str, str], arch: Arch) -> None:
-    """A combination comms_table.KNOWN_BAD names (it builds, then hangs or corrupts at run time):
-    refused here, so `invoke config`, `invoke comms` and the build stop before anything is fetched."""
-    stack = _comms_of(values, arch)
-    entry = comms_table.known_bad(stack)
-    if entry is None:
-        return
-    problem = f"{_stack_text(entry, stack)} is known-bad ({entry.name}): {entry.reason}; see {entry.source}"
-    if entry.unless_no_ll128:
-        problem += " (runtime_env sets neither NCCL_PROTO without LL128 nor NCCL_LL128_C2C=0)"
-    _fail(where, entry.key, problem, entry.instead)
-
-
-def _check_plugin_build(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
-    """What the plugin's configure requires that the profile shows: a libfabric_prefix naming an
-    older libfabric than it accepts, a GCC (compiler_version, else the known base's) older than
-    its C++ standard needs. Found here, not after the download, in autogen and configure."""
-    plugin = values["aws_ofi_nccl_version"]
-    if not plugin:
-        return
-    prefix, low = values["libfabric_prefix"], comms_table.plugin_libfabric_min(plugin)
-    found = comms_table.libfabric_of_prefix(prefix)
-    if comms_table.older(found, low):
-        problem = (
-            f"{prefix} is libfabric {found}; aws-ofi-nccl {plugin}'s configure needs libfabric >= {low} "
-            f"({comms_table.PLUGIN_LIBFABRIC_SOURCE})"
-        )
-        _fail(where, "libfabric_prefix", problem, f"point libfabric_prefix at a libfabric {low} or newer")
-    std, gcc_min = comms_table.plugin_cxx(plugin)
-    key = "compiler_version" if values["compiler_version"] else "base_image"
-    gcc = str(values["compiler_version"]) or glibc.base_gcc(values["base_image"])
-    if values["compiler"] == "gcc" and comms_table.older(gcc, gcc_min):
-        of = "" if key == "compiler_version" else f" (the gcc of {values['base_image']})"
-        problem = f"GCC {gcc}{of} is older than aws-ofi-nccl {plugin} needs: C++{std}, GCC >= {gcc_min}"
-        hint = f"set compiler_version to {gcc_min} or newer where the base has it, or a newer base_image"
-        older_plugin = "; or aws_ofi_nccl_version 1.20.0, the last that needs only C++17" if std == "20" else ""
-        _fail(where, key, problem, hint + older_plugin)
+        fail(where, "cuda_version", problem, hint)
 
 
 _NVIDIA_CUDA_TAG = re.compile(r"(?:^|/)nvidia/cuda:(\d+\.\d+)(?:\.\d+)*-")
@@ -1224,8 +1143,6 @@ def base_image_cuda(base_image: str) -> str:
     return found.group(1) if found else ""
 
 
-# the plugin's configure options comms/step.py passes itself (aws_ofi_nccl_configure may not)
-PLUGIN_CONFIGURE_OWN = ("--prefix", "--with-libfabric", "--with-cuda", "--disable-tests", "--disable-platform-aws")
 _MODULE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+@/-]*")
 
 
@@ -1237,7 +1154,7 @@ def _with_torch_version_modules(values: dict[str, Any], where: Mapping[str, str]
         bad = [w for w in str(words).split() if not _MODULE_RE.fullmatch(w)]
         if bad or not str(words).split():
             problem = f"{_shown(str(words), 40)} is not a list of module names"
-            _fail(where, "torch_version_modules", problem, 'write them space-separated: "cudnn/9.2.0.82-12 nccl/2.21"')
+            fail(where, "torch_version_modules", problem, 'write them space-separated: "cudnn/9.2.0.82-12 nccl/2.21"')
     version = values["torch_version"]
     chosen = table.get(version) or table.get(minor(version))
     if not chosen:
@@ -1245,23 +1162,6 @@ def _with_torch_version_modules(values: dict[str, Any], where: Mapping[str, str]
     added = str(chosen).split()
     for key in ("modules", "runtime_modules"):
         values[key] = tuple(dict.fromkeys([*values[key], *added]))
-
-
-def _check_companions(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
-    for key in ("companion_repos", "companion_refs", "companion_sha256"):
-        extra = sorted(set(values[key]) - set(values["companions"]))
-        if extra:
-            problem = f"names {', '.join(extra)}, which companions does not list"
-            _fail(where, key, problem, f"add it to companions or drop it from {key}")
-    for name in values["companions"]:
-        problem = pairing_problem(
-            name, values["torch_version"], values["torch_ref"], values["companion_refs"].get(name, "")
-        )
-        if problem:
-            hint = "drop it from companions, or choose a torch_version the table pairs it with"
-            if "companion_refs" in problem:
-                hint = f"name the {name} tag that goes with it in companion_refs, or drop it from companions"
-            _fail(where, "companions", problem, hint)
 
 
 def _check_not_options(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
@@ -1273,7 +1173,7 @@ def _check_not_options(values: Mapping[str, Any], where: Mapping[str, str]) -> N
             try:
                 not_an_option(value, label, ProfileError)
             except ProfileError as exc:
-                _fail(where, key, exc.message, exc.hint)
+                fail(where, key, exc.message, exc.hint)
 
 
 def _check_python_floor(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
@@ -1292,7 +1192,7 @@ def _check_python_floor(values: Mapping[str, Any], where: Mapping[str, str]) -> 
                 f"Python {old[0]} is older than PyTorch {line.torch} accepts "
                 f"(torch_version {values['torch_version']}, {where['torch_version']}): it needs Python >= {line.python_min}"
             )
-            _fail(where, key, problem, f"set {key} to {line.python_min} or newer (one the base image's apt provides)")
+            fail(where, key, problem, f"set {key} to {line.python_min} or newer (one the base image's apt provides)")
 
 
 def _check_toolchain_floor(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
@@ -1310,14 +1210,14 @@ def _check_toolchain_floor(values: Mapping[str, Any], where: Mapping[str, str]) 
         gcc = str(values["compiler_version"]) or glibc.base_gcc(values["base_image"])
         if torch_lines.older(gcc, line.gcc_min):
             of = "" if key == "compiler_version" else f" (the gcc of {values['base_image']})"
-            _fail(
+            fail(
                 where,
                 key,
                 f"GCC {gcc}{of} is older than {torch} needs: GCC >= {line.gcc_min} (C++{line.cxx_standard})",
                 f"set compiler_version to {line.gcc_min.split('.')[0]} or newer where the base has it, or a newer base_image",
             )
     if values["cuda_version"] and torch_lines.older(str(values["cuda_version"]), line.cuda_min):
-        _fail(
+        fail(
             where,
             "cuda_version",
             f"CUDA {values['cuda_version']} is older than {torch} builds with: CUDA >= {line.cuda_min}",
@@ -1335,7 +1235,7 @@ def _check_cuda_targets(values: Mapping[str, Any], where: Mapping[str, str]) -> 
         return
     bad = cuda_archs.cannot_compile(cuda, values["cuda_arch_list"])
     if bad:
-        _fail(where, "cuda_arch_list", f"{bad[0]} (cuda_version set in {where['cuda_version']})", bad[1])
+        fail(where, "cuda_arch_list", f"{bad[0]} (cuda_version set in {where['cuda_version']})", bad[1])
     line = torch_lines.line_of(values["torch_version"], values["torch_ref"])
     if line is None:
         return
@@ -1346,7 +1246,7 @@ def _check_cuda_targets(values: Mapping[str, Any], where: Mapping[str, str]) -> 
             hint = (
                 f"choose torch_version {torch_lines.TWO_DIGIT_ARCH_FROM} or newer, or drop {entry} from cuda_arch_list"
             )
-            _fail(where, "cuda_arch_list", f"{problem}: {torch}", hint)
+            fail(where, "cuda_arch_list", f"{problem}: {torch}", hint)
     wheels = (
         None
         if values["torch_ref"] in torch_lines.DEVELOPMENT_REFS
@@ -1354,7 +1254,7 @@ def _check_cuda_targets(values: Mapping[str, Any], where: Mapping[str, str]) -> 
     )
     if wheels and official_wheels.cuda_too_new(wheels, cuda):
         newest = official_wheels.newest_cuda(wheels)
-        _fail(
+        fail(
             where,
             "cuda_version",
             f"CUDA {cuda} is a newer major than {torch} was released for (its newest CUDA is {newest})",
@@ -1376,7 +1276,7 @@ def python_source(value: str) -> tuple[str, str] | None:
 def _check_python_sources(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
     for version, value in values["python_sources"].items():
         if python_source(str(value)) is None:
-            _fail(
+            fail(
                 where,
                 "python_sources",
                 f"entry {version!r} is not an http(s) URL with its sha256 and no user or password "
@@ -1395,7 +1295,7 @@ def _check_floor_base(values: Mapping[str, Any], where: Mapping[str, str]) -> No
     if not glibc.above(own, floor):
         return
     where_to = glibc.base_advice(floor, values["libstdcxx_floor"])
-    _fail(
+    fail(
         where,
         "base_image",
         f"{values['base_image']} has glibc {own}, newer than glibc_floor {floor} ({where['glibc_floor']}): a wheel "
@@ -1407,28 +1307,28 @@ def _check_floor_base(values: Mapping[str, Any], where: Mapping[str, str]) -> No
 def _check_libraries(values: Mapping[str, Any], where: Mapping[str, str], arch: Arch) -> None:
     twice = sorted({v for v in values["python_versions"] if values["python_versions"].count(v) > 1})
     if twice:
-        _fail(where, "python_versions", f"lists {', '.join(twice)} twice", "list each Python once")
+        fail(where, "python_versions", f"lists {', '.join(twice)} twice", "list each Python once")
     _check_python_floor(values, where)
     _check_toolchain_floor(values, where)
     _check_cuda_targets(values, where)
     if "mpi" in values["distributed"] and values["mpi"] == "none":
-        _fail(where, "distributed", "mpi backend requested but mpi is none", "set mpi: openmpi, mpich or system")
+        fail(where, "distributed", "mpi backend requested but mpi is none", "set mpi: openmpi, mpich or system")
     if values["mkl_threading"] and values["blas"] != "mkl":
-        _fail(where, "mkl_threading", f"only applies with blas: mkl (blas is {values['blas']})", "remove mkl_threading")
+        fail(where, "mkl_threading", f"only applies with blas: mkl (blas is {values['blas']})", "remove mkl_threading")
     if values["blas"] == "mkl" and arch is Arch.AARCH64:
-        _fail(where, "blas", "MKL exists only for x86_64", "use openblas or nvpl on aarch64")
+        fail(where, "blas", "MKL exists only for x86_64", "use openblas or nvpl on aarch64")
     if values["blas"] == "nvpl" and arch is Arch.X86_64:
-        _fail(where, "blas", "NVPL exists only for aarch64", "use mkl or openblas on x86_64")
+        fail(where, "blas", "NVPL exists only for aarch64", "use mkl or openblas on x86_64")
     managed = sorted(set(values["runtime_env"]) & RUNTIME_MANAGED)
     if managed:
-        _fail(
+        fail(
             where,
             "runtime_env",
             f"{', '.join(managed)} is set by the install environment itself (its bin/ first on PATH)",
             "leave it out; host library directories go in host_mpi",
         )
     if not _PROFILE_NAME_RE.fullmatch(values["profile"]):
-        _fail(where, "profile", "profile names may use letters, digits, '.', '_' and '-'", "rename the file")
+        fail(where, "profile", "profile names may use letters, digits, '.', '_' and '-'", "rename the file")
 
 
 # the longest platform tag a wheel of ours may carry, and the longest file written beside it
@@ -1499,7 +1399,7 @@ def resolve(
     if merged["arch"] == "host":
         if host is None:
             hint = "set arch: aarch64 or x86_64 in the profile, or pass --arch (the target's, not this host's)"
-            _fail(
+            fail(
                 origins,
                 "arch",
                 f"'host' is this machine, a {host_machine()}, which torchbuild does not build for",
@@ -1551,20 +1451,11 @@ def describe_keys() -> str:
 
 def derived(spec: BuildSpec) -> dict[str, tuple[str, str]]:
     """What the build uses where the profile leaves a key empty: name -> (value, what it is
-    derived from). torch_ref from torch_version; each companion's ref from torch_version and
-    torch_ref through the companion table (torch 2.5.1: torchvision v0.20.1), its repository
-    from torchbuild's list. `invoke config` shows them, marked as derived."""
+    derived from): torch_ref from torch_version (the companions' refs and repositories:
+    builder.companions.derived). `invoke config` shows them, marked as derived."""
     out: dict[str, tuple[str, str]] = {}
     if not spec.torch_ref:
         out["torch_ref"] = (spec.git_ref, f"torch_version {spec.torch_version}")
-    for name in spec.companions:
-        if name not in spec.companion_refs:
-            dev = is_development(spec.torch_ref)
-            source = f"torch_ref {spec.torch_ref}" if dev else f"torch_version {spec.torch_version}"
-            ref = default_ref(name, spec.torch_version, spec.torch_ref)
-            out[f"companion_refs.{name}"] = (ref, f"{source} (companion table)")
-        if name not in spec.companion_repos:
-            out[f"companion_repos.{name}"] = (COMPANION_REPOS[name], "companions (the default repository)")
     return out
 
 

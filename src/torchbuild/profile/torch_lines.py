@@ -71,6 +71,12 @@ _TORCH_ARCH = re.compile(r"(\d+)\.")
 _RELEASE = re.compile(r"(\d+)\.(\d+)")
 
 
+def minor(version: str) -> str:
+    """'2.6' of '2.6.0', '2.6.0a0+git1234', '0.21.0+gh200'; '' when it is not a release number."""
+    m = _RELEASE.match(version.strip())
+    return f"{m[1]}.{m[2]}" if m else ""
+
+
 def version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
 

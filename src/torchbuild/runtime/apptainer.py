@@ -9,7 +9,7 @@ Apptainer is reached one of two ways, chosen by `locate()`:
   runs as the caller, and sees every host path it needs at the same path, so one command line
   means the same thing both ways. Its image is the sif feature's (sif.host.ensure_builder: its
   build context is the toolchain image's), handed over through BUILDER_IMAGE
-  (runtime/handover.py).
+  (core/handover.py).
 
 spython drives `inspect` on the host. Builds and runs do not go through spython's build() and
 run(): build() defaults to sudo, their streaming reads stderr only at the end (Apptainer
@@ -36,12 +36,12 @@ from pathlib import Path
 from typing import Protocol, TextIO, cast
 
 from torchbuild.core.errors import ImageNotFound, SifError, ToolMissing
+from torchbuild.core.handover import Slot
 from torchbuild.core.process import QUERY_TIMEOUT, run_captured, run_streamed
 from torchbuild.core.progress import Tee
 from torchbuild.core.safeio import read_head
 from torchbuild.profile.config import BuildSpec, cache_dir
 from torchbuild.runtime.engine import LABEL_PREFIX, Engine
-from torchbuild.runtime.handover import Slot
 
 DEFAULT_SIF = "torch-build.sif"
 SIF_LABEL = f"{LABEL_PREFIX}.sif"

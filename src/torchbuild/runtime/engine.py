@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from torchbuild.core.errors import EngineUnavailable, ImageBuildFailed
-from torchbuild.runtime.handover import Slot
+from torchbuild.core.handover import Slot
 
 if TYPE_CHECKING:
     from torchbuild.profile.config import BuildSpec

@@ -17,8 +17,8 @@ from typing import Any
 
 from torchbuild.core import records
 from torchbuild.core.errors import UsageError
+from torchbuild.core.handover import Slot
 from torchbuild.core.safeio import MANIFEST_LIMIT, loads_json, read_text
-from torchbuild.runtime.handover import Slot
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,9 +21,9 @@ from packaging.version import Version
 
 from torchbuild.bench import step as benchmod
 from torchbuild.builder import companions
+from torchbuild.builder.companion_table import TABLE, default_ref, pairing_problem, version_problem
 from torchbuild.core.errors import BenchFailed, CompanionError, ProfileError, SourceError
 from torchbuild.devloop.step import BASE_PTH, make_venv, mode_for
-from torchbuild.profile.companion_table import TABLE, default_ref, pairing_problem, version_problem
 from torchbuild.profile.config import resolve
 from torchbuild.runtime.environment import build_env
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from helpers import run_invoke, set_args
 
+from torchbuild.builder.companion_table import pairing_problem
 from torchbuild.core.arch import Arch
 from torchbuild.core.errors import PathError, ProfileError
-from torchbuild.profile.companion_table import pairing_problem
 from torchbuild.profile.config import resolve
 from torchbuild.runtime.environment import build_env, with_job_values
 

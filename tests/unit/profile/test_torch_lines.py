@@ -8,9 +8,9 @@ import re
 import pytest
 from helpers import REPO
 
+from torchbuild.builder.companion_table import TABLE, default_ref, likely_ref
 from torchbuild.core.errors import ProfileError
 from torchbuild.profile import torch_lines
-from torchbuild.profile.companion_table import TABLE, default_ref, likely_ref
 from torchbuild.profile.config import profiles_dir, resolve
 
 

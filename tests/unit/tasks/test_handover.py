@@ -1,4 +1,4 @@
-"""What the features hand the runtime (runtime/handover.py): filled by torchbuild.tasks, which
+"""What the features hand the runtime (core/handover.py): filled by torchbuild.tasks, which
 every entry point imports before a task runs, and named when it was not."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from torchbuild.runtime.handover import Slot
+from torchbuild.core.handover import Slot
 
 # a fresh interpreter: nothing is handed over until the console script's program is made
 FRESH = """
@@ -33,10 +33,7 @@ def test_the_console_script_hands_the_runtime_what_it_needs_from_the_features_be
     done = subprocess.run([sys.executable, "-c", FRESH], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert (
-        lines[0]
-        == "before: the steps table (tasks/steps.py) was not handed to the runtime: import torchbuild.tasks first"
-    )
+    assert lines[0] == "before: the steps table (tasks/steps.py) was not handed over: import torchbuild.tasks first"
     assert lines[1].startswith("before: the toolchain image's check (image.host.require_image) was not handed")
     assert lines[2:] == [
         "image check: True",
@@ -65,7 +62,7 @@ def test_a_step_run_from_its_request_file_in_a_fresh_process_reaches_the_step(tm
 
 def test_an_empty_slot_names_what_is_missing_and_who_fills_it():
     slot: Slot[int] = Slot("the answer")
-    with pytest.raises(RuntimeError, match=r"the answer was not handed to the runtime: import torchbuild\.tasks first"):
+    with pytest.raises(RuntimeError, match=r"the answer was not handed over: import torchbuild\.tasks first"):
         slot.get()
     slot.fill(42)
     slot.fill(43)  # filled again (a second import path): the last one holds

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from helpers import TEST_TORCH
 
+from torchbuild.comms.nccl_arch import gencode, nccl_cannot_target
 from torchbuild.core.errors import ProfileError
 from torchbuild.profile.config import resolve
-from torchbuild.profile.nccl_arch import gencode, nccl_cannot_target
 from torchbuild.runtime.environment import build_env
 
 CUDA = [TEST_TORCH, "cuda_version=12.4", 'cuda_arch_list=["9.0"]', "distributed=[gloo, nccl]"]

@@ -1,9 +1,10 @@
-"""What the features hand the runtime: a slot the runtime reads and torchbuild.tasks fills.
+"""What the features hand the layers under them: a slot a lower layer reads and torchbuild.tasks fills.
 
-No runtime module may import a feature (pyproject's layers contract), yet a backend does some
+No runtime or profile module may import a feature (pyproject's layers contract), yet some
 things only a feature knows how to do: whether the toolchain image is current (its inputs, its
-lock, its build: the image feature's). Each such thing is a Slot in the runtime module that
-uses it; torchbuild.tasks, which may import every feature, fills them all when it is imported.
+lock, its build: the image feature's), or whether a profile's NCCL stack is known-bad (the
+comms feature's table). Each such thing is a Slot in the module that uses it; torchbuild.tasks,
+which may import every feature, fills them all when it is imported.
 Every entry point imports it before a task runs: invoke's tasks.py (the Collection `ns`), the
 torchbuild console script and `python -m torchbuild` (cli.program), and so `torchbuild
 inside.step` in the image and the SIF. A slot read before that is a wiring fault of torchbuild's
@@ -29,5 +30,5 @@ class Slot(Generic[T]):
 
     def get(self) -> T:
         if not self._value:
-            raise RuntimeError(f"{self.what} was not handed to the runtime: import torchbuild.tasks first")
+            raise RuntimeError(f"{self.what} was not handed over: import torchbuild.tasks first")
         return self._value[0]

@@ -1,4 +1,4 @@
-"""The known-bad NCCL / aws-ofi-nccl / libfabric table (profile/comms_table.py) and what refuses it:
+"""The known-bad NCCL / aws-ofi-nccl / libfabric table (comms/table.py) and what refuses it:
 `invoke config` and `invoke comms` stop on a combination the table names, with its reason and
 its source, before anything is fetched; the plugin's own build floors (libfabric, C++); the
 docs' copy of the table; every shipped profile still resolves."""
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from helpers import REPO, invoke_here
 
+from torchbuild.comms import table as comms_table
 from torchbuild.comms.step import check_libfabric
+from torchbuild.comms.table import KNOWN_BAD, KnownBad, Range, Stack, excludes_ll128, known_bad
 from torchbuild.core.errors import ProfileError
-from torchbuild.profile import comms_table
-from torchbuild.profile.comms_table import KNOWN_BAD, KnownBad, Range, Stack, excludes_ll128, known_bad
 from torchbuild.profile.config import resolve
 
 # a CUDA profile building NCCL from source (the cpu profile's base, Ubuntu 24.04: GCC 13)
@@ -265,7 +265,7 @@ def test_the_docs_table_lists_every_entry_with_its_source_and_nothing_else():
 
 
 def test_comms_table_imports_nothing_of_torchbuild_but_core():
-    tree = ast.parse((REPO / "src" / "torchbuild" / "profile" / "comms_table.py").read_text())
+    tree = ast.parse((REPO / "src" / "torchbuild" / "comms" / "table.py").read_text())
     imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     assert [m for m in imported if m.startswith("torchbuild") and not m.startswith("torchbuild.core")] == []

@@ -1,5 +1,6 @@
-"""Which torchvision, torchaudio and torchtext release lines go with which torch (no imports from
-the rest of torchbuild: config checks profiles against it).
+"""Which torchvision, torchaudio and torchtext release lines go with which torch (data; of the
+rest of torchbuild it reads only profile.torch_lines' `minor`): builder/companions.py checks
+profiles against it and builds by it.
 
 A companion library's C++ extension is compiled against one torch's headers and ABI: a pair
 outside this table either does not compile or fails at import with undefined symbols
@@ -18,6 +19,8 @@ it names the likely ref for a torch newer than the table, which is then the user
 from __future__ import annotations
 
 import re
+
+from torchbuild.profile.torch_lines import minor
 
 NAMES = ("torchvision", "torchaudio", "torchtext")
 
@@ -45,15 +48,9 @@ REPOS = {
     "torchaudio": "https://github.com/pytorch/audio.git",
     "torchtext": "https://github.com/pytorch/text.git",
 }
-TABLE_NAME = "torchbuild.profile.companion_table.TABLE (docs: For PyTorch developers)"
+TABLE_NAME = "torchbuild.builder.companion_table.TABLE (docs: For PyTorch developers)"
 
 _RELEASE = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
-
-
-def minor(version: str) -> str:
-    """'2.6' of '2.6.0', '2.6.0a0+git1234', '0.21.0+gh200'; '' when it is not a release number."""
-    m = _RELEASE.match(version.strip())
-    return f"{m[1]}.{m[2]}" if m else ""
 
 
 def patch(version: str) -> int:
