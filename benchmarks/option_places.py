@@ -40,7 +40,7 @@ TASK_DECORATORS = {"task", "launch_task", "options_task"}
 GENERATED_MARK = "generated from"
 OPTION_CLASSES = {"BuildSpec", "Launch", "BuildOptions", "Runtime"}
 MODEL_CALLS = {"key", "option"}
-ARGV_FUNCTIONS = {"build_option_args", "_make_job", "_comms_first", "args"}
+ARGV_FUNCTIONS = {"build_option_args", "_make_job", "_comms_first", "_profile_argv", "args"}
 
 
 def _name(text: str, field: bool = False) -> str:

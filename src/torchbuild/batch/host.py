@@ -34,7 +34,7 @@ from torchbuild.batch.spread import check_nodes, slots_per_node, spread_jobs, sp
 from torchbuild.core.atomic import atomic_write_text
 from torchbuild.core.dirs import make_dirs
 from torchbuild.core.errors import ImageNotFound, PathError, UsageError, named_os_errors, writable_dir
-from torchbuild.core.options import option, to_argv
+from torchbuild.core.options import flag_of, option, to_argv
 from torchbuild.core.safeio import user_path
 from torchbuild.profile.config import BuildSpec, requirement_of, run_job_spec
 from torchbuild.profile.config import wanted as comms_wanted
@@ -107,11 +107,12 @@ class Runtime:
             )
         from torchbuild.runtime.apptainer import check_sif_header, default_sif
 
-        sif = user_path(self.sif or default_sif(spec), "--sif").absolute()
-        make = f"make it with `invoke sif --profile {spec.profile} --arch {spec.arch}` (or pass --sif)"
+        given = flag_of(Runtime, "sif")  # --sif, named in the errors
+        sif = user_path(self.sif or default_sif(spec), given).absolute()
+        make = f"make it with `invoke sif --profile {spec.profile} --arch {spec.arch}` (or pass {given})"
         if not sif.is_file():
             raise ImageNotFound(f"SIF {sif} does not exist: the job would have nothing to build in", hint=make)
-        check_sif_header(sif, "--sif", make)
+        check_sif_header(sif, given, make)
         where = LaunchOptions(in_container=True, engine="apptainer", sif=str(sif), apptainer=self.apptainer)
         return to_argv(dataclasses.replace(where, nv=bool(spec.gpus)))
 
@@ -314,10 +315,11 @@ def _make_job(request: _JobRequest, account: str, dependency: str) -> tuple[Job,
     key = key_of(spec, places, "", request.options, request.runtime.engine, ",".join(pythons))
     name = f"torchbuild-{spec.profile}-{key[:8]}"
     profile_file = outp / ".torchbuild" / "jobs" / key / f"{spec.profile}.yaml"
-    # the build's flags from its models (builder.host BuildInputs and BuildRun, runtime.options BuildOptions): to_argv
+    # the build's flags from its models (runtime.options LaunchOptions and BuildOptions, builder.host
+    # BuildInputs and BuildRun): to_argv
     where = BuildInputs(source=request.source, out=str(outp))
     run = BuildRun(progress="lines", verify=request.verify, resume=True, python=",".join(pythons))
-    command = [jobplaces.job_python(spec), "-m", "torchbuild", "build", "--profile", str(profile_file)]
+    command = [jobplaces.job_python(spec), "-m", "torchbuild", "build", *_profile_argv(profile_file)]
     command += [*to_argv(where), *request.engine_args, *to_argv(request.options), *to_argv(run)]
     job = Job(
         name, tuple(command), Path.cwd(), outp, spec, account, dependency, first=_comms_first(request, profile_file)
@@ -327,6 +329,13 @@ def _make_job(request: _JobRequest, account: str, dependency: str) -> tuple[Job,
     return job, profile_file
 
 
+def _profile_argv(profile_file: Path) -> list[str]:
+    """--profile of the job's steps: the profile file written beside the script (LaunchOptions' flag)."""
+    from torchbuild.runtime.options import LaunchOptions
+
+    return to_argv(LaunchOptions(profile=str(profile_file)))
+
+
 def _comms_first(request: _JobRequest, profile_file: Path) -> tuple[tuple[str, ...], ...]:
     """`torchbuild comms` where the job builds, before the build: NCCL and the plugin against
     the node's libfabric_prefix (bound read-only into the SIF), a no-op when they are built. The
@@ -334,10 +343,12 @@ def _comms_first(request: _JobRequest, profile_file: Path) -> tuple[tuple[str, .
     the job with the comms step's error, not hours into the build."""
     if not comms_wanted(request.spec):
         return ()
+    from torchbuild.builder.host import BuildInputs
     from torchbuild.runtime.options import BuildOptions
 
-    command = [jobplaces.job_python(request.spec), "-m", "torchbuild", "comms", "--profile", str(profile_file)]
-    command += [f"--out={request.out}", *request.engine_args]
+    command = [jobplaces.job_python(request.spec), "-m", "torchbuild", "comms", *_profile_argv(profile_file)]
+    # comms's --out is the build's (the same directory, the same flag): BuildInputs writes it
+    command += [*to_argv(BuildInputs(out=str(request.out))), *request.engine_args]
     # the two build options comms takes (--jobs, --no-retry), as the build's argv writes them
     command += to_argv(BuildOptions(jobs=request.options.jobs, oom_retry=request.options.oom_retry))
     return (tuple(command),)

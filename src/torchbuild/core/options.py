@@ -87,6 +87,12 @@ def flags(model: type, exclude: Iterable[str] = ()) -> list[Flag]:
     return out
 
 
+def flag_of(model: type, field: str) -> str:
+    """A field's flag as it is typed (--sif), to name it in a message from its one declaration."""
+    (flag,) = [f for f in flags(model) if f.field == field]
+    return flag.option
+
+
 def from_flags(
     model: type[T], given: Mapping[str, Any], exclude: Iterable[str] = (), problems: Problems | None = None
 ) -> T:

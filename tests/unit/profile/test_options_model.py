@@ -127,14 +127,14 @@ def test_the_job_passes_the_users_build_request_on_to_the_build_on_the_node(tmp_
     request = _JobRequest(
         resolve("cpu"), Runtime("native"), options, False, ("3.12",), "/src/py torch", tmp_path / "out dir", ()
     )
-    job, _ = _make_job(request, "", "")
+    job, profile_file = _make_job(request, "", "")
     command = list(job.command)
     argv = command[command.index("build") + 1 :]
     given = _parsed("build", argv)
     assert from_flags(BuildOptions, given) == options
     assert from_flags(BuildInputs, given) == BuildInputs(source="/src/py torch", out=str(tmp_path / "out dir"))
     assert from_flags(BuildRun, given) == BuildRun(progress="lines", verify=False, resume=True, python="3.12")
-    assert from_flags(LaunchOptions, given) == LaunchOptions(profile=command[command.index("build") + 2])
+    assert from_flags(LaunchOptions, given) == LaunchOptions(profile=str(profile_file))
     # and the script's shell reads that command back word for word
     script = scheduler_for("slurm").render(job)
     lines = script[script.index(shlex.quote(command[0])) :].replace("\\\n", " ")
