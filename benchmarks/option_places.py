@@ -6,8 +6,9 @@ An option is a profile key or a task's flag (`--set` is set_, `--gpu-type` gpu_t
 that declares one is hand-written text that has to change when the option is added:
 
 - yaml:   a top-level key of configs/defaults.yaml (unless the file says it is generated)
-- model:  a field of any class declared with key(...) (a profile key) or option(...) (a flag):
-          the options model, where one declaration gives the field, the flag, its help and argv
+- model:  a field of any class declared with key(...) (a profile key), option(...) (a flag) or
+          positional(...) (a task's positional argument, as inside.step's): the options model,
+          where one declaration gives the field, the flag, its help and argv
 - field:  any other annotated field of a class that holds option values as given
           (OPTION_CLASSES: BuildSpec, Launch, BuildOptions, the job's Runtime)
 - param:  a parameter of a task function (a function decorated with @task or @launch_task)
@@ -39,7 +40,7 @@ ALIASES = {"targets": "target", "canaries": "canary", "oom_retry": "no_retry", "
 TASK_DECORATORS = {"task", "launch_task", "options_task"}
 GENERATED_MARK = "generated from"
 OPTION_CLASSES = {"BuildSpec", "Launch", "BuildOptions", "Runtime"}
-MODEL_CALLS = {"key", "option"}
+MODEL_CALLS = {"key", "option", "positional"}
 ARGV_FUNCTIONS = {"build_option_args", "_make_job", "_comms_first", "_profile_argv", "args"}
 
 

@@ -11,6 +11,8 @@ derive from the field, so an option is one line.
 
 A tuple field is a repeatable flag; a bool field whose default is True is set off by its flag
 (--no-verify); parse turns the flag's text into the field's value (a UsageError for bad text).
+A field declared with positional(help) has no default: invoke takes it as a positional argument
+(`torchbuild inside.step NAME FILE`), in field order.
 Kept here rather than through a CLI library (click, typer, cyclopts): invoke stays the command
 line, and what it needs from a model is a signature and a help dict, which runtime/tasks.py builds.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -42,6 +45,12 @@ def option(default: Any, help: str, *, flag: str = "", parse: Callable[[Any], An
     return dataclasses.field(default=default, metadata={"option": Option(flag, help, parse)})
 
 
+def positional(help: str) -> Any:
+    """A field with no default: a positional argument of the task (invoke makes a parameter
+    without a default one), with its help."""
+    return dataclasses.field(metadata={"option": Option("", help)})
+
+
 @dataclasses.dataclass(frozen=True)
 class Flag:
     """One field's flag as a task takes it."""
@@ -62,9 +71,17 @@ class Flag:
         return self.default is True
 
     @property
+    def positional(self) -> bool:
+        """A field with no default (positional()): invoke's positional argument."""
+        return self.default is dataclasses.MISSING
+
+    @property
     def cli_default(self) -> Any:
-        """What the flag's parameter defaults to: False for a bool flag, None for a repeatable one
-        (invoke's), "" for a parsed one (not given), else the field's default."""
+        """What the flag's parameter defaults to: none for a positional one (inspect's empty),
+        False for a bool flag, None for a repeatable one (invoke's), "" for a parsed one (not
+        given), else the field's default."""
+        if self.positional:
+            return inspect.Parameter.empty
         if isinstance(self.default, bool):
             return False
         if self.repeatable:

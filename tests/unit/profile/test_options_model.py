@@ -139,3 +139,16 @@ def test_the_job_passes_the_users_build_request_on_to_the_build_on_the_node(tmp_
     script = scheduler_for("slurm").render(job)
     lines = script[script.index(shlex.quote(command[0])) :].replace("\\\n", " ")
     assert shlex.split(lines.splitlines()[0]) == command
+
+
+@pytest.mark.parametrize("argv", [["mpi", "/o u/r.json"], ["--name=mpi", "--request=/o u/r.json"]])
+def test_a_positional_field_is_invokes_positional_argument(argv):
+    """inside.step's model (positional fields, as the backends pass NAME FILE): invoke reads
+    them by position, or by name as to_argv writes them."""
+    from torchbuild.tasks.inside import StepFile
+
+    request = StepFile(name="mpi", request="/o u/r.json")
+    assert [f.positional for f in flags(StepFile)] == [True, True]
+    assert ns["inside.step"].positional == ["name", "request"]
+    assert from_flags(StepFile, _parsed("inside.step", argv)) == request
+    assert from_flags(StepFile, _parsed("inside.step", to_argv(request))) == request
