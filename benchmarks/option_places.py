@@ -19,7 +19,10 @@ that declares one is hand-written text that has to change when the option is add
 
 A field and a flag are one option where their names differ only as ALIASES say (targets is
 --target, oom_retry is --no-retry). What a model derives at import time (a signature built
-from fields, help taken from the model) is not text anyone edits, so it is not counted.
+from fields, help taken from the model) is not text anyone edits, so it is not counted; nor is
+a field declared with a call in DERIVED_CALLS, whose name, default and help come from the
+declaration it names (key_option("module_purge"): the switch of that bool key, its help the
+key's flag=): --json lists those under "derived".
 The longest function and the functions over 40 lines: benchmarks/code_shape.py.
 """
 
@@ -41,6 +44,7 @@ TASK_DECORATORS = {"task", "launch_task", "options_task"}
 GENERATED_MARK = "generated from"
 OPTION_CLASSES = {"BuildSpec", "Launch", "BuildOptions", "Runtime"}
 MODEL_CALLS = {"key", "option", "positional"}
+DERIVED_CALLS = {"key_option"}
 ARGV_FUNCTIONS = {"build_option_args", "_make_job", "_comms_first", "_profile_argv", "args"}
 
 
@@ -102,6 +106,20 @@ def _module_places(tree: ast.Module, rel: str, places: dict[str, list[str]]) -> 
             for elt in node.value.elts:
                 if isinstance(elt, ast.Constant) and isinstance(elt.value, str):
                     places[_name(elt.value)].append(f"names {rel}:{name}")
+
+
+def derived_fields() -> dict[str, list[str]]:
+    """The fields declared by naming another declaration (DERIVED_CALLS), by option: not counted."""
+    out: dict[str, list[str]] = collections.defaultdict(list)
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    value = item.value if isinstance(item, ast.AnnAssign) else None
+                    if isinstance(value, ast.Call) and _decorator_name(value) in DERIVED_CALLS:
+                        named = value.args[0].value if value.args and isinstance(value.args[0], ast.Constant) else "?"
+                        out[str(named)].append(f"{_decorator_name(value)} {path.relative_to(SRC)}:{node.name}")
+    return dict(out)
 
 
 def _field_places(tree: ast.Module, rel: str, places: dict[str, list[str]], options: set[str]) -> None:
@@ -208,7 +226,7 @@ def main() -> None:
         "options_in_more_than_one_place": sum(1 for v in places.values() if len(v) > 1),
     }
     if "--json" in sys.argv:
-        print(json.dumps({"figures": figures, "places": places}, indent=1))
+        print(json.dumps({"figures": figures, "places": places, "derived": derived_fields()}, indent=1))
         return
     for key, value in figures.items():
         print(f"{key}: {value}")

@@ -104,10 +104,18 @@ def test_submit_takes_the_same_flags_into_the_same_request(model):
 def test_submits_profile_key_flags_are_the_keys_that_declare_one():
     keyed = set(flag_keys())
     assert keyed == {"scheduler", "account", "partition", "qos", "walltime", "cpus", "mem", "gpus", "gpu_type"} | {
-        "constraint"
+        "constraint",
+        "module_purge",  # a bool key: its switch is JobHow's key_option field
     }
-    given = _parsed("submit", ["--account=proj-1", "--gpu-type=a100", "--cpus=8"])
-    assert {k: given[k] for k in keyed if given[k]} == {"account": "proj-1", "gpu_type": "a100", "cpus": "8"}
+    given = _parsed("submit", ["--account=proj-1", "--gpu-type=a100", "--cpus=8", "--module-purge"])
+    assert {k: given[k] for k in keyed if given[k]} == {
+        "account": "proj-1",
+        "gpu_type": "a100",
+        "cpus": "8",
+        "module_purge": True,
+    }
+    assert from_flags(JobHow, given) == JobHow(module_purge=True)
+    assert [f.help for f in flags(JobHow) if f.name == "module_purge"] == [flag_keys()["module_purge"].flag]
 
 
 @pytest.mark.parametrize("task", ["build", "submit"])
