@@ -22,7 +22,8 @@ A field and a flag are one option where their names differ only as ALIASES say (
 from fields, help taken from the model) is not text anyone edits, so it is not counted; nor is
 a field declared with a call in DERIVED_CALLS, whose name, default and help come from the
 declaration it names (key_option("module_purge"): the switch of that bool key, its help the
-key's flag=): --json lists those under "derived".
+key's flag=; like(LaunchOptions, "sif"): that field's default and help): --json lists those
+under "derived".
 The longest function and the functions over 40 lines: benchmarks/code_shape.py.
 """
 
@@ -44,7 +45,7 @@ TASK_DECORATORS = {"task", "launch_task", "options_task"}
 GENERATED_MARK = "generated from"
 OPTION_CLASSES = {"BuildSpec", "Launch", "BuildOptions", "Runtime"}
 MODEL_CALLS = {"key", "option", "positional"}
-DERIVED_CALLS = {"key_option"}
+DERIVED_CALLS = {"key_option", "like"}
 ARGV_FUNCTIONS = {"build_option_args", "_make_job", "_comms_first", "_profile_argv", "args"}
 
 
@@ -117,8 +118,8 @@ def derived_fields() -> dict[str, list[str]]:
                 for item in node.body:
                     value = item.value if isinstance(item, ast.AnnAssign) else None
                     if isinstance(value, ast.Call) and _decorator_name(value) in DERIVED_CALLS:
-                        named = value.args[0].value if value.args and isinstance(value.args[0], ast.Constant) else "?"
-                        out[str(named)].append(f"{_decorator_name(value)} {path.relative_to(SRC)}:{node.name}")
+                        named = [a.value for a in value.args if isinstance(a, ast.Constant)] or ["?"]
+                        out[str(named[0])].append(f"{_decorator_name(value)} {path.relative_to(SRC)}:{node.name}")
     return dict(out)
 
 
@@ -130,8 +131,10 @@ def _field_places(tree: ast.Module, rel: str, places: dict[str, list[str]], opti
             if not isinstance(item, ast.AnnAssign) or not isinstance(item.target, ast.Name):
                 continue
             name = _name(item.target.id, field=node.name != "BuildSpec" and not _is_key(item))
-            declared = isinstance(item.value, ast.Call) and _decorator_name(item.value) in MODEL_CALLS
-            if declared:
+            called = _decorator_name(item.value) if isinstance(item.value, ast.Call) else ""
+            if called in DERIVED_CALLS:  # derived_fields() lists it
+                continue
+            if called in MODEL_CALLS:
                 places[name].append(f"model {rel}:{node.name}")
             elif node.name in OPTION_CLASSES and name in options:
                 places[name].append(f"field {rel}:{node.name}")

@@ -34,11 +34,12 @@ from torchbuild.batch.spread import check_nodes, slots_per_node, spread_jobs, sp
 from torchbuild.core.atomic import atomic_write_text
 from torchbuild.core.dirs import make_dirs
 from torchbuild.core.errors import ImageNotFound, PathError, UsageError, named_os_errors, writable_dir
-from torchbuild.core.options import flag_of, option, to_argv
+from torchbuild.core.options import flag_of, like, option, to_argv
 from torchbuild.core.safeio import user_path
 from torchbuild.profile.config import BuildSpec, requirement_of, run_job_spec
 from torchbuild.profile.config import wanted as comms_wanted
 from torchbuild.runtime.backends import ENGINE_HELP, engine_for
+from torchbuild.runtime.options import LaunchOptions
 from torchbuild.runtime.scheduler import (
     CONTROL_CHARS,
     JOB_ID,
@@ -77,24 +78,21 @@ APPTAINER_MODES = ("auto", "host", "docker")
 class Runtime:
     """Where the job runs the build: the SIF (default), the toolchain image, or natively. The
     option model of submit's --engine, --sif and --apptainer (core/options.py: the fields are
-    the flags, their help and defaults), declared here once; args() writes it as the
-    LaunchOptions flags the job's build takes.
+    the flags, their help and defaults); args() writes it as the LaunchOptions flags the job's
+    build takes.
 
-    Its own model rather than LaunchOptions' three fields: the job's --engine defaults to
-    apptainer (a launching task's to native) and its help and --apptainer's speak of the node,
-    not this host; a model's fields carry one default and one help each, and core/options.py
-    composes no models (flags() reads one dataclass's fields), so sharing them would mean
-    declaring them again with the job's defaults and help."""
+    --sif is LaunchOptions' own field (like(): the same default and help). --engine and
+    --apptainer are declared here again, as the job's: its --engine defaults to apptainer (a
+    launching task's to native) and its help and --apptainer's speak of the node, not this host;
+    a field carries one default and one help, so the job's are their own declarations."""
 
     engine: str = option("apptainer", f"where the job builds on its node: {ENGINE_HELP}; default apptainer")
-    sif: str = option("", "with --engine apptainer: the SIF (default ./torch-build-<profile>-<arch>.sif)")
+    sif: str = like(LaunchOptions, "sif")
     apptainer: str = option(
         "auto", "with --engine apptainer: auto (the node's apptainer, else the builder container), host, docker"
     )
 
     def args(self, spec: BuildSpec) -> list[str]:
-        from torchbuild.runtime.options import LaunchOptions
-
         engine = engine_for(self.engine, default="apptainer")  # the same check and meaning as build's
         if engine in ("native", "docker"):
             if self.sif or self.apptainer != "auto":
@@ -331,8 +329,6 @@ def _make_job(request: _JobRequest, account: str, dependency: str) -> tuple[Job,
 
 def _profile_argv(profile_file: Path) -> list[str]:
     """--profile of the job's steps: the profile file written beside the script (LaunchOptions' flag)."""
-    from torchbuild.runtime.options import LaunchOptions
-
     return to_argv(LaunchOptions(profile=str(profile_file)))
 
 

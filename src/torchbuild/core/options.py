@@ -45,6 +45,16 @@ def option(default: Any, help: str, *, flag: str = "", parse: Callable[[Any], An
     return dataclasses.field(default=default, metadata={"option": Option(flag, help, parse)})
 
 
+def like(model: type, field: str) -> Any:
+    """A field declared as model's field is: its default, flag name, help and parse, for a model
+    that takes the same option into another request (the job's Runtime takes --sif as
+    LaunchOptions does). A field whose default or help differs is its own option(...)."""
+    (same,) = [f for f in dataclasses.fields(model) if f.name == field]
+    opt = same.metadata["option"]
+    named = dataclasses.replace(opt, name=opt.name or field)  # its flag, whatever this field is called
+    return dataclasses.field(default=same.default, metadata={"option": named})
+
+
 def positional(help: str) -> Any:
     """A field with no default: a positional argument of the task (invoke makes a parameter
     without a default one), with its help."""

@@ -160,3 +160,10 @@ def test_a_positional_field_is_invokes_positional_argument(argv):
     assert ns["inside.step"].positional == ["name", "request"]
     assert from_flags(StepFile, _parsed("inside.step", argv)) == request
     assert from_flags(StepFile, _parsed("inside.step", to_argv(request))) == request
+
+
+def test_the_jobs_sif_is_launch_options_sif():
+    """Runtime's --sif is declared once, as LaunchOptions' field (core/options.py like())."""
+    (job,) = [f for f in flags(Runtime) if f.field == "sif"]
+    (launch,) = [f for f in flags(LaunchOptions) if f.field == "sif"]
+    assert (job.name, job.help, job.default, job.parse) == (launch.name, launch.help, launch.default, launch.parse)
