@@ -6,8 +6,9 @@ An option is a profile key or a task's flag (`--set` is set_, `--gpu-type` gpu_t
 that declares one is hand-written text that has to change when the option is added:
 
 - yaml:   a top-level key of configs/defaults.yaml (unless the file says it is generated)
-- model:  a field of any class declared with key(...) (a profile key) or option(...) (a flag):
-          the options model, where one declaration gives the field, the flag, its help and argv
+- model:  a field of any class declared with key(...) (a profile key), option(...) (a flag) or
+          positional(...) (a task's positional argument, as inside.step's): the options model,
+          where one declaration gives the field, the flag, its help and argv
 - field:  any other annotated field of a class that holds option values as given
           (OPTION_CLASSES: BuildSpec, Launch, BuildOptions, the job's Runtime)
 - param:  a parameter of a task function (a function decorated with @task or @launch_task)
@@ -18,7 +19,11 @@ that declares one is hand-written text that has to change when the option is add
 
 A field and a flag are one option where their names differ only as ALIASES say (targets is
 --target, oom_retry is --no-retry). What a model derives at import time (a signature built
-from fields, help taken from the model) is not text anyone edits, so it is not counted.
+from fields, help taken from the model) is not text anyone edits, so it is not counted; nor is
+a field declared with a call in DERIVED_CALLS, whose name, default and help come from the
+declaration it names (key_option("module_purge"): the switch of that bool key, its help the
+key's flag=; like(LaunchOptions, "sif"): that field's default and help): --json lists those
+under "derived".
 The longest function and the functions over 40 lines: benchmarks/code_shape.py.
 """
 
@@ -39,8 +44,9 @@ ALIASES = {"targets": "target", "canaries": "canary", "oom_retry": "no_retry", "
 TASK_DECORATORS = {"task", "launch_task", "options_task"}
 GENERATED_MARK = "generated from"
 OPTION_CLASSES = {"BuildSpec", "Launch", "BuildOptions", "Runtime"}
-MODEL_CALLS = {"key", "option"}
-ARGV_FUNCTIONS = {"build_option_args", "_make_job", "_comms_first", "args"}
+MODEL_CALLS = {"key", "option", "positional"}
+DERIVED_CALLS = {"key_option", "like"}
+ARGV_FUNCTIONS = {"build_option_args", "_make_job", "_comms_first", "_profile_argv", "args"}
 
 
 def _name(text: str, field: bool = False) -> str:
@@ -103,6 +109,20 @@ def _module_places(tree: ast.Module, rel: str, places: dict[str, list[str]]) -> 
                     places[_name(elt.value)].append(f"names {rel}:{name}")
 
 
+def derived_fields() -> dict[str, list[str]]:
+    """The fields declared by naming another declaration (DERIVED_CALLS), by option: not counted."""
+    out: dict[str, list[str]] = collections.defaultdict(list)
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    value = item.value if isinstance(item, ast.AnnAssign) else None
+                    if isinstance(value, ast.Call) and _decorator_name(value) in DERIVED_CALLS:
+                        named = [a.value for a in value.args if isinstance(a, ast.Constant)] or ["?"]
+                        out[str(named[0])].append(f"{_decorator_name(value)} {path.relative_to(SRC)}:{node.name}")
+    return dict(out)
+
+
 def _field_places(tree: ast.Module, rel: str, places: dict[str, list[str]], options: set[str]) -> None:
     for node in ast.walk(tree):
         if not isinstance(node, ast.ClassDef):
@@ -111,8 +131,10 @@ def _field_places(tree: ast.Module, rel: str, places: dict[str, list[str]], opti
             if not isinstance(item, ast.AnnAssign) or not isinstance(item.target, ast.Name):
                 continue
             name = _name(item.target.id, field=node.name != "BuildSpec" and not _is_key(item))
-            declared = isinstance(item.value, ast.Call) and _decorator_name(item.value) in MODEL_CALLS
-            if declared:
+            called = _decorator_name(item.value) if isinstance(item.value, ast.Call) else ""
+            if called in DERIVED_CALLS:  # derived_fields() lists it
+                continue
+            if called in MODEL_CALLS:
                 places[name].append(f"model {rel}:{node.name}")
             elif node.name in OPTION_CLASSES and name in options:
                 places[name].append(f"field {rel}:{node.name}")
@@ -207,7 +229,7 @@ def main() -> None:
         "options_in_more_than_one_place": sum(1 for v in places.values() if len(v) > 1),
     }
     if "--json" in sys.argv:
-        print(json.dumps({"figures": figures, "places": places}, indent=1))
+        print(json.dumps({"figures": figures, "places": places, "derived": derived_fields()}, indent=1))
         return
     for key, value in figures.items():
         print(f"{key}: {value}")

@@ -34,11 +34,12 @@ from torchbuild.batch.spread import check_nodes, slots_per_node, spread_jobs, sp
 from torchbuild.core.atomic import atomic_write_text
 from torchbuild.core.dirs import make_dirs
 from torchbuild.core.errors import ImageNotFound, PathError, UsageError, named_os_errors, writable_dir
-from torchbuild.core.options import option, to_argv
+from torchbuild.core.options import flag_of, like, option, to_argv
 from torchbuild.core.safeio import user_path
 from torchbuild.profile.config import BuildSpec, requirement_of, run_job_spec
 from torchbuild.profile.config import wanted as comms_wanted
 from torchbuild.runtime.backends import ENGINE_HELP, engine_for
+from torchbuild.runtime.options import LaunchOptions
 from torchbuild.runtime.scheduler import (
     CONTROL_CHARS,
     JOB_ID,
@@ -77,24 +78,21 @@ APPTAINER_MODES = ("auto", "host", "docker")
 class Runtime:
     """Where the job runs the build: the SIF (default), the toolchain image, or natively. The
     option model of submit's --engine, --sif and --apptainer (core/options.py: the fields are
-    the flags, their help and defaults), declared here once; args() writes it as the
-    LaunchOptions flags the job's build takes.
+    the flags, their help and defaults); args() writes it as the LaunchOptions flags the job's
+    build takes.
 
-    Its own model rather than LaunchOptions' three fields: the job's --engine defaults to
-    apptainer (a launching task's to native) and its help and --apptainer's speak of the node,
-    not this host; a model's fields carry one default and one help each, and core/options.py
-    composes no models (flags() reads one dataclass's fields), so sharing them would mean
-    declaring them again with the job's defaults and help."""
+    --sif is LaunchOptions' own field (like(): the same default and help). --engine and
+    --apptainer are declared here again, as the job's: its --engine defaults to apptainer (a
+    launching task's to native) and its help and --apptainer's speak of the node, not this host;
+    a field carries one default and one help, so the job's are their own declarations."""
 
     engine: str = option("apptainer", f"where the job builds on its node: {ENGINE_HELP}; default apptainer")
-    sif: str = option("", "with --engine apptainer: the SIF (default ./torch-build-<profile>-<arch>.sif)")
+    sif: str = like(LaunchOptions, "sif")
     apptainer: str = option(
         "auto", "with --engine apptainer: auto (the node's apptainer, else the builder container), host, docker"
     )
 
     def args(self, spec: BuildSpec) -> list[str]:
-        from torchbuild.runtime.options import LaunchOptions
-
         engine = engine_for(self.engine, default="apptainer")  # the same check and meaning as build's
         if engine in ("native", "docker"):
             if self.sif or self.apptainer != "auto":
@@ -107,11 +105,12 @@ class Runtime:
             )
         from torchbuild.runtime.apptainer import check_sif_header, default_sif
 
-        sif = user_path(self.sif or default_sif(spec), "--sif").absolute()
-        make = f"make it with `invoke sif --profile {spec.profile} --arch {spec.arch}` (or pass --sif)"
+        given = flag_of(Runtime, "sif")  # --sif, named in the errors
+        sif = user_path(self.sif or default_sif(spec), given).absolute()
+        make = f"make it with `invoke sif --profile {spec.profile} --arch {spec.arch}` (or pass {given})"
         if not sif.is_file():
             raise ImageNotFound(f"SIF {sif} does not exist: the job would have nothing to build in", hint=make)
-        check_sif_header(sif, "--sif", make)
+        check_sif_header(sif, given, make)
         where = LaunchOptions(in_container=True, engine="apptainer", sif=str(sif), apptainer=self.apptainer)
         return to_argv(dataclasses.replace(where, nv=bool(spec.gpus)))
 
@@ -314,10 +313,11 @@ def _make_job(request: _JobRequest, account: str, dependency: str) -> tuple[Job,
     key = key_of(spec, places, "", request.options, request.runtime.engine, ",".join(pythons))
     name = f"torchbuild-{spec.profile}-{key[:8]}"
     profile_file = outp / ".torchbuild" / "jobs" / key / f"{spec.profile}.yaml"
-    # the build's flags from its models (builder.host BuildInputs and BuildRun, runtime.options BuildOptions): to_argv
+    # the build's flags from its models (runtime.options LaunchOptions and BuildOptions, builder.host
+    # BuildInputs and BuildRun): to_argv
     where = BuildInputs(source=request.source, out=str(outp))
     run = BuildRun(progress="lines", verify=request.verify, resume=True, python=",".join(pythons))
-    command = [jobplaces.job_python(spec), "-m", "torchbuild", "build", "--profile", str(profile_file)]
+    command = [jobplaces.job_python(spec), "-m", "torchbuild", "build", *_profile_argv(profile_file)]
     command += [*to_argv(where), *request.engine_args, *to_argv(request.options), *to_argv(run)]
     job = Job(
         name, tuple(command), Path.cwd(), outp, spec, account, dependency, first=_comms_first(request, profile_file)
@@ -327,6 +327,11 @@ def _make_job(request: _JobRequest, account: str, dependency: str) -> tuple[Job,
     return job, profile_file
 
 
+def _profile_argv(profile_file: Path) -> list[str]:
+    """--profile of the job's steps: the profile file written beside the script (LaunchOptions' flag)."""
+    return to_argv(LaunchOptions(profile=str(profile_file)))
+
+
 def _comms_first(request: _JobRequest, profile_file: Path) -> tuple[tuple[str, ...], ...]:
     """`torchbuild comms` where the job builds, before the build: NCCL and the plugin against
     the node's libfabric_prefix (bound read-only into the SIF), a no-op when they are built. The
@@ -334,10 +339,12 @@ def _comms_first(request: _JobRequest, profile_file: Path) -> tuple[tuple[str, .
     the job with the comms step's error, not hours into the build."""
     if not comms_wanted(request.spec):
         return ()
+    from torchbuild.builder.host import BuildInputs
     from torchbuild.runtime.options import BuildOptions
 
-    command = [jobplaces.job_python(request.spec), "-m", "torchbuild", "comms", "--profile", str(profile_file)]
-    command += [f"--out={request.out}", *request.engine_args]
+    command = [jobplaces.job_python(request.spec), "-m", "torchbuild", "comms", *_profile_argv(profile_file)]
+    # comms's --out is the build's (the same directory, the same flag): BuildInputs writes it
+    command += [*to_argv(BuildInputs(out=str(request.out))), *request.engine_args]
     # the two build options comms takes (--jobs, --no-retry), as the build's argv writes them
     command += to_argv(BuildOptions(jobs=request.options.jobs, oom_retry=request.options.oom_retry))
     return (tuple(command),)

@@ -23,6 +23,7 @@ from torchbuild.core.errors import UsageError
 from torchbuild.core.options import option, to_argv
 from torchbuild.core.safeio import user_path
 from torchbuild.profile.config import RUN_JOB_KEYS, BuildSpec
+from torchbuild.profile.keys import key_option
 from torchbuild.runtime.options import BuildOptions
 from torchbuild.runtime.tasks import HELP, options_task, spec_from
 
@@ -40,7 +41,7 @@ class JobHow:
         "an environment module to load in the job (repeatable; replaces the profile's `modules`, "
         "with --run its `runtime_modules`)",
     )
-    module_purge: bool = option(False, "`module purge` in the job before loading the modules")
+    module_purge: bool = key_option("module_purge")  # the key's switch: its help is declared with the key
 
 
 @dataclasses.dataclass(frozen=True)

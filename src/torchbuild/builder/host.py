@@ -168,11 +168,13 @@ def build(
     verify: bool = True,
     resume: bool = False,
     python: str = "",
+    progress: str = "lines",
     out: TextIO = sys.stdout,
 ) -> Outcome:
     """Check, fetch, patch, build with `backend`, then verify the wheel where it was built.
     With resume, the steps this request finished in an earlier run are skipped (resume.py).
-    python: X.Y to build with (one of spec.pythons); "": the interpreter the step runs on."""
+    python: X.Y to build with (one of spec.pythons); "": the interpreter the step runs on.
+    progress: the mode the step shows (bar, lines, raw: --progress as the task decided it)."""
     image = backend.check()
     out_dir = writable_dir(where.out, "--out")
     cache = writable_dir(where.cache, "cache_dir")
@@ -189,7 +191,7 @@ def build(
     fetched = fetch_companions(spec, cache, out=out) if wanted else []
     if outcome is None:
         dirs = Places(where.source, out_dir, cache)
-        outcome = _build_step(spec, backend, dirs, ref, options, done, image, python, out)
+        outcome = _build_step(spec, backend, dirs, ref, options, done, image, python, out, progress)
     print(f"{outcome.wheel or 'preflight passed'}\nmanifest: {outcome.manifest}\nlog: {outcome.log}", file=out)
     if outcome.wheel and fetched:
         companions_with(spec, backend, fetched, outcome.wheel, cache=cache, options=options, image=image, out=out)
@@ -217,6 +219,7 @@ def _build_step(
     image: dict[str, Any] | None,
     python: str,
     out: TextIO,
+    progress: str,
 ) -> Outcome:
     """NCCL first where the profile builds it, the patched tree, then the build step's typed
     request handed to the backend; what the step wrote (where: the checked directories)."""
@@ -240,6 +243,7 @@ def _build_step(
         backend=backend.name,
         extra_env=extra_env,
         python=python,
+        progress=progress,
         source_date_epoch=epoch.seconds,
         epoch_origin=epoch.origin,
         cuda_home=cuda_home(spec, backend.name)[0] if spec.cuda else "",

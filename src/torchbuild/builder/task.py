@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 from invoke.context import Context
@@ -33,7 +32,8 @@ def build(c: Context, launch: Launch, where: BuildInputs, options: BuildOptions,
         runner.places(spec, where.source, where.out),
         pythons,
         ref=where.ref,
-        options=dataclasses.replace(options, progress=progress_mode(run.progress)),
+        options=options,
+        progress=progress_mode(run.progress),
         verify=run.verify,
         resume=run.resume,
     )

@@ -11,6 +11,8 @@ derive from the field, so an option is one line.
 
 A tuple field is a repeatable flag; a bool field whose default is True is set off by its flag
 (--no-verify); parse turns the flag's text into the field's value (a UsageError for bad text).
+A field declared with positional(help) has no default: invoke takes it as a positional argument
+(`torchbuild inside.step NAME FILE`), in field order.
 Kept here rather than through a CLI library (click, typer, cyclopts): invoke stays the command
 line, and what it needs from a model is a signature and a help dict, which runtime/tasks.py builds.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -42,6 +45,22 @@ def option(default: Any, help: str, *, flag: str = "", parse: Callable[[Any], An
     return dataclasses.field(default=default, metadata={"option": Option(flag, help, parse)})
 
 
+def like(model: type, field: str) -> Any:
+    """A field declared as model's field is: its default, flag name, help and parse, for a model
+    that takes the same option into another request (the job's Runtime takes --sif as
+    LaunchOptions does). A field whose default or help differs is its own option(...)."""
+    (same,) = [f for f in dataclasses.fields(model) if f.name == field]
+    opt = same.metadata["option"]
+    named = dataclasses.replace(opt, name=opt.name or field)  # its flag, whatever this field is called
+    return dataclasses.field(default=same.default, metadata={"option": named})
+
+
+def positional(help: str) -> Any:
+    """A field with no default: a positional argument of the task (invoke makes a parameter
+    without a default one), with its help."""
+    return dataclasses.field(metadata={"option": Option("", help)})
+
+
 @dataclasses.dataclass(frozen=True)
 class Flag:
     """One field's flag as a task takes it."""
@@ -62,9 +81,17 @@ class Flag:
         return self.default is True
 
     @property
+    def positional(self) -> bool:
+        """A field with no default (positional()): invoke's positional argument."""
+        return self.default is dataclasses.MISSING
+
+    @property
     def cli_default(self) -> Any:
-        """What the flag's parameter defaults to: False for a bool flag, None for a repeatable one
-        (invoke's), "" for a parsed one (not given), else the field's default."""
+        """What the flag's parameter defaults to: none for a positional one (inspect's empty),
+        False for a bool flag, None for a repeatable one (invoke's), "" for a parsed one (not
+        given), else the field's default."""
+        if self.positional:
+            return inspect.Parameter.empty
         if isinstance(self.default, bool):
             return False
         if self.repeatable:
@@ -85,6 +112,12 @@ def flags(model: type, exclude: Iterable[str] = ()) -> list[Flag]:
             continue
         out.append(Flag(field.name, opt.name or field.name, opt.help, field.default, opt.parse))
     return out
+
+
+def flag_of(model: type, field: str) -> str:
+    """A field's flag as it is typed (--sif), to name it in a message from its one declaration."""
+    (flag,) = [f for f in flags(model) if f.field == field]
+    return flag.option
 
 
 def from_flags(

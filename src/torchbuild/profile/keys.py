@@ -52,7 +52,9 @@ class KeySpec:
     # the built torch is installed and run (runtime environment, packages, modules, host MPI)
     scope: str = "build"
     # the help of the task flag of the same name that sets this key (`invoke submit --account`:
-    # a --set of it); "" for none. Tasks take these flags from here (flag_keys).
+    # a --set of it); "" for none. Tasks take these flags from here (flag_keys): a text flag
+    # through their keys parameter (runtime/flags.py), a bool key's switch as a model's
+    # key_option field (submit's --module-purge, in JobHow).
     flag: str = ""
 
 
@@ -795,6 +797,7 @@ class BatchJob:
             " into the build)."
         ),
         scope="job",
+        flag="`module purge` in the job before loading the modules",
     )
     module_purge_force: bool = key(
         False,
@@ -1019,6 +1022,19 @@ def declared() -> dict[str, KeySpec]:
 def flag_keys() -> dict[str, KeySpec]:
     """The keys a task flag of the same name sets (key(..., flag=HELP))."""
     return {name: spec for name, spec in declared().items() if spec.flag}
+
+
+def key_option(name: str) -> Any:
+    """An option model's field (core/options.py) that is the switch of the bool key `name`,
+    declared there with flag=HELP: its help is that flag's, its default False (not given: the
+    profile's value stands); the task sets the key true where it is given. So the switch stands
+    in its model's place among a task's flags, and its help is declared once, with the key."""
+    from torchbuild.core.options import option
+
+    spec = declared()[name]
+    if spec.type != "bool" or not spec.flag:
+        raise TypeError(f"key_option({name!r}): only a bool key declared with flag=HELP is a switch")
+    return option(False, spec.flag, flag=name)  # the key's name is the flag's, whatever the field is called
 
 
 DEFAULTS_COMMAND = "python -m torchbuild.profile.keys > configs/defaults.yaml"

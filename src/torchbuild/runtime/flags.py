@@ -25,8 +25,9 @@ _KIND = inspect.Parameter.POSITIONAL_OR_KEYWORD
 
 def key_flags(exclude: Iterable[str] = ()) -> dict[str, str]:
     """The profile keys a task flag of the same name sets: name -> help (key(..., flag=HELP)).
-    Each takes the key's value as text, checked as a --set of the key is."""
-    return {name: spec.flag for name, spec in flag_keys().items() if name not in exclude}
+    Each takes the key's value as text, checked as a --set of the key is. Not the bool keys:
+    their switches are fields of option models (profile/keys.py key_option)."""
+    return {name: spec.flag for name, spec in flag_keys().items() if name not in exclude and spec.type != "bool"}
 
 
 @dataclasses.dataclass(frozen=True)

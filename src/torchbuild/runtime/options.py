@@ -62,7 +62,6 @@ class BuildOptions:
     jobs: int = option(
         0, "parallel compile jobs, an integer >= 1 (default: planned from cores and memory)", parse=parse_jobs_option
     )
-    progress: str = "lines"  # the mode the step shows (BuildRun.progress, decided by the task)
     oom_retry: bool = option(True, _RETRY_HELP, flag="no_retry")
 
 

@@ -1196,7 +1196,7 @@ def test_a_comms_profiles_job_builds_nccl_and_the_plugin_in_the_sif_before_the_b
     lines = text.split("\ncd ", 1)[1].split("\n", 1)[1]
     comms, build = lines.split("\nexec ", 1)
     first = comms.replace(" \\\n  ", " ")
-    assert first.startswith(f"{sys.executable} -m torchbuild comms --profile ") and "--resume" not in first
+    assert first.startswith(f"{sys.executable} -m torchbuild comms --profile=") and "--resume" not in first
     engine = f"--in-container --engine=apptainer '--sif={sif}'"
     assert engine in first and engine in build.replace(" \\\n  ", " ")
     assert ("--nv" in first) == bool(spec.gpus)

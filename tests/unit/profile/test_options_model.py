@@ -104,10 +104,18 @@ def test_submit_takes_the_same_flags_into_the_same_request(model):
 def test_submits_profile_key_flags_are_the_keys_that_declare_one():
     keyed = set(flag_keys())
     assert keyed == {"scheduler", "account", "partition", "qos", "walltime", "cpus", "mem", "gpus", "gpu_type"} | {
-        "constraint"
+        "constraint",
+        "module_purge",  # a bool key: its switch is JobHow's key_option field
     }
-    given = _parsed("submit", ["--account=proj-1", "--gpu-type=a100", "--cpus=8"])
-    assert {k: given[k] for k in keyed if given[k]} == {"account": "proj-1", "gpu_type": "a100", "cpus": "8"}
+    given = _parsed("submit", ["--account=proj-1", "--gpu-type=a100", "--cpus=8", "--module-purge"])
+    assert {k: given[k] for k in keyed if given[k]} == {
+        "account": "proj-1",
+        "gpu_type": "a100",
+        "cpus": "8",
+        "module_purge": True,
+    }
+    assert from_flags(JobHow, given) == JobHow(module_purge=True)
+    assert [f.help for f in flags(JobHow) if f.name == "module_purge"] == [flag_keys()["module_purge"].flag]
 
 
 @pytest.mark.parametrize("task", ["build", "submit"])
@@ -127,15 +135,35 @@ def test_the_job_passes_the_users_build_request_on_to_the_build_on_the_node(tmp_
     request = _JobRequest(
         resolve("cpu"), Runtime("native"), options, False, ("3.12",), "/src/py torch", tmp_path / "out dir", ()
     )
-    job, _ = _make_job(request, "", "")
+    job, profile_file = _make_job(request, "", "")
     command = list(job.command)
     argv = command[command.index("build") + 1 :]
     given = _parsed("build", argv)
     assert from_flags(BuildOptions, given) == options
     assert from_flags(BuildInputs, given) == BuildInputs(source="/src/py torch", out=str(tmp_path / "out dir"))
     assert from_flags(BuildRun, given) == BuildRun(progress="lines", verify=False, resume=True, python="3.12")
-    assert from_flags(LaunchOptions, given) == LaunchOptions(profile=command[command.index("build") + 2])
+    assert from_flags(LaunchOptions, given) == LaunchOptions(profile=str(profile_file))
     # and the script's shell reads that command back word for word
     script = scheduler_for("slurm").render(job)
     lines = script[script.index(shlex.quote(command[0])) :].replace("\\\n", " ")
     assert shlex.split(lines.splitlines()[0]) == command
+
+
+@pytest.mark.parametrize("argv", [["mpi", "/o u/r.json"], ["--name=mpi", "--request=/o u/r.json"]])
+def test_a_positional_field_is_invokes_positional_argument(argv):
+    """inside.step's model (positional fields, as the backends pass NAME FILE): invoke reads
+    them by position, or by name as to_argv writes them."""
+    from torchbuild.tasks.inside import StepFile
+
+    request = StepFile(name="mpi", request="/o u/r.json")
+    assert [f.positional for f in flags(StepFile)] == [True, True]
+    assert ns["inside.step"].positional == ["name", "request"]
+    assert from_flags(StepFile, _parsed("inside.step", argv)) == request
+    assert from_flags(StepFile, _parsed("inside.step", to_argv(request))) == request
+
+
+def test_the_jobs_sif_is_launch_options_sif():
+    """Runtime's --sif is declared once, as LaunchOptions' field (core/options.py like())."""
+    (job,) = [f for f in flags(Runtime) if f.field == "sif"]
+    (launch,) = [f for f in flags(LaunchOptions) if f.field == "sif"]
+    assert (job.name, job.help, job.default, job.parse) == (launch.name, launch.help, launch.default, launch.parse)
