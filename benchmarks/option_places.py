@@ -100,13 +100,18 @@ def _module_places(tree: ast.Module, rel: str, places: dict[str, list[str]]) -> 
         if not isinstance(node, ast.Assign) or not isinstance(node.targets[0], ast.Name):
             continue
         name = node.targets[0].id
-        if rel.startswith("tasks/") and name.endswith("HELP"):
+        if _task_module(rel) and name.endswith("HELP"):
             for key in _dict_keys(node.value):
                 places[_name(key)].append(f"help {rel}:{name}")
-        if rel.startswith("tasks/") and name.endswith("OPTIONS") and isinstance(node.value, (ast.Tuple, ast.List)):
+        if _task_module(rel) and name.endswith("OPTIONS") and isinstance(node.value, (ast.Tuple, ast.List)):
             for elt in node.value.elts:
                 if isinstance(elt, ast.Constant) and isinstance(elt.value, str):
                     places[_name(elt.value)].append(f"names {rel}:{name}")
+
+
+def _task_module(rel: str) -> bool:
+    """A module of tasks: tasks/, a feature's task.py or *_task.py, the shared runtime/tasks.py."""
+    return rel.startswith("tasks/") or rel.endswith("task.py") or rel == "runtime/tasks.py"
 
 
 def derived_fields() -> dict[str, list[str]]:
@@ -161,8 +166,7 @@ def option_places() -> dict[str, list[str]]:
         places[key].append("yaml configs/defaults.yaml")
     trees = {str(p.relative_to(SRC)): ast.parse(p.read_text()) for p in sorted(SRC.rglob("*.py"))}
     for rel, tree in trees.items():
-        if rel.startswith("tasks/"):
-            _task_places(tree, rel, places)
+        _task_places(tree, rel, places)  # wherever a task is: tasks/, each feature's task.py
         _module_places(tree, rel, places)
     # the profile keys and flags found so far are the options; fields and argv literals of the
     # same names are further places of them (a class's other fields are not options)
