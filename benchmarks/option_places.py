@@ -12,10 +12,11 @@ that declares one is hand-written text that has to change when the option is add
 - field:  any other annotated field of a class that holds option values as given
           (OPTION_CLASSES: BuildSpec, Launch, BuildOptions, the job's Runtime)
 - param:  a parameter of a task function (a function decorated with @task or @launch_task)
-- help:   a key of a task's help={...} dict, or of a module-level *HELP dict in tasks/
+- help:   a key of a task's help={...} dict, or of a module-level *HELP dict in a task module
+          (tasks/, a feature's task.py or *_task.py, runtime/tasks.py)
 - argv:   a "--flag" string literal in the functions of batch/host.py that write the batch
           job's torchbuild command (ARGV_FUNCTIONS)
-- names:  a string in a module-level tuple of option names in tasks/ (JOB_OPTIONS...)
+- names:  a string in a module-level tuple of option names in a task module (JOB_OPTIONS...)
 
 A field and a flag are one option where their names differ only as ALIASES say (targets is
 --target, oom_retry is --no-retry). What a model derives at import time (a signature built
