@@ -80,14 +80,26 @@ def wheelhouse(
         links = [Path(f) for f in find_links or []]
         added = build_mpi4py_wheel(spec, target, python=python, find_links=links)
     else:
-        wheels = [Path(w) for w in wheel or []] or [w.path for w in wheels_in(user_path(out).absolute())]
-        if not wheels:
-            raise UsageError(f"no wheels in {out}", hint="build one first, or give --wheel W")
-        # the house's floor: the site profile's, where one is given
-        named = profile or set_ or os.environ.get("TORCHBUILD_PROFILE")
-        house = spec_from(profile, set_, None) if named else None
-        floor = (house.glibc_floor, house.libstdcxx_floor) if house else ("", "")
-        added = add_wheels(target, wheels, allow_mixed=mix_local_versions, floor=floor)
+        added = _add_built_wheels(target, wheel, out, profile, set_, mix_local_versions=mix_local_versions)
+    _print_added(target, added)
+
+
+def _add_built_wheels(
+    target: Path, wheel: list[str] | None, out: str, profile: str, set_: list[str] | None, *, mix_local_versions: bool
+) -> list[Path]:
+    """Add --wheel (default: every wheel in --out) to the house, above the site profile's floor where one is named."""
+    wheels = [Path(w) for w in wheel or []] or [w.path for w in wheels_in(user_path(out).absolute())]
+    if not wheels:
+        raise UsageError(f"no wheels in {out}", hint="build one first, or give --wheel W")
+    # the house's floor: the site profile's, where one is given
+    named = profile or set_ or os.environ.get("TORCHBUILD_PROFILE")
+    house = spec_from(profile, set_, None) if named else None
+    floor = (house.glibc_floor, house.libstdcxx_floor) if house else ("", "")
+    return add_wheels(target, wheels, allow_mixed=mix_local_versions, floor=floor)
+
+
+def _print_added(target: Path, added: list[Path]) -> None:
+    """Name each wheel added, then the house's size, its index and how to install from it."""
     for p in added:
         print(f"added {console.printable(p.name)}")
     print(console.printable(f"{len(wheels_in_house(target))} wheels in {target}; index: {target / 'simple'}"))
