@@ -54,10 +54,7 @@ def host_check(
     a VM, do not fail it: nothing here can fix them). 25 (HostSetupFailed) only when --apply or
     --restore fails or is run without root; 2 (UsageError) for --apply with --restore.
     """
-    if apply and restore:
-        raise UsageError("--apply and --restore undo each other", hint="give one of them")
-    if not Path(root).is_dir():
-        raise UsageError(f"--root {root} is not a directory", hint="give the directory /sys and /proc are read under")
+    _check_flags(root, apply=apply, restore=restore)
     state_file = user_path(state) if state else hc.default_state_file(root)
     actions: list[str] = []
     if apply:
@@ -65,6 +62,27 @@ def host_check(
     elif restore:
         actions = hc.restore(root, state_file)
     settings = hc.check(root, state_file=state_file)
+    _print_report(settings, actions, state_file, json_=json_, apply=apply, restore=restore)
+    missing = hc.not_ready(settings)
+    if strict and missing:
+        raise Exit(
+            message=f"host-check: not ready: {', '.join(s.name for s in missing)}",
+            code=NOT_READY_EXIT,
+        )
+
+
+def _check_flags(root: str, *, apply: bool, restore: bool) -> None:
+    """A UsageError for --apply with --restore, or a --root that is no directory."""
+    if apply and restore:
+        raise UsageError("--apply and --restore undo each other", hint="give one of them")
+    if not Path(root).is_dir():
+        raise UsageError(f"--root {root} is not a directory", hint="give the directory /sys and /proc are read under")
+
+
+def _print_report(
+    settings: list[hc.Setting], actions: list[str], state_file: Path, *, json_: bool, apply: bool, restore: bool
+) -> None:
+    """The report as JSON (with the state file and the changes made), else the changes made and the table."""
     if json_:
         extra: dict[str, object] = {"state_file": str(state_file), "state_saved": state_file.is_file()}
         if apply:
@@ -76,9 +94,3 @@ def host_check(
         if actions:
             print("\n".join(actions), end="\n\n")
         print(hc.render(settings))
-    missing = hc.not_ready(settings)
-    if strict and missing:
-        raise Exit(
-            message=f"host-check: not ready: {', '.join(s.name for s in missing)}",
-            code=NOT_READY_EXIT,
-        )

@@ -59,18 +59,10 @@ def verify(
     """Verify a wheel: tags, version, fresh-venv install, import; for torch also its configuration,
     tensor/autograd, 2-process gloo all_reduce and broadcast, CUDA when a GPU is visible.
     With --nodes N --prefix DIR: the install's gloo, MPI and NCCL all_reduce across N nodes."""
-    from torchbuild.core.errors import UsageError
-
+    _check_flags(nodes, wheel, installed, expect_version, prefix, out, dry_run)
     if nodes:
-        if wheel or installed or expect_version:
-            raise UsageError("--nodes checks an install (--prefix), not --wheel or --installed",
-                             hint="invoke verify --nodes 2 --prefix /shared/envs/torch")  # fmt: skip
         _verify_nodes(launch, nodes, tasks_per_node, prefix, out, report, timeout, dry_run, job)
         return
-    if prefix or out or dry_run:
-        raise UsageError("--prefix, --out and --dry-run go with --nodes N", hint="invoke verify --nodes 2 --prefix DIR")
-    if bool(wheel) == bool(installed):
-        raise UsageError("give exactly one of --wheel W and --installed NAME", hint="invoke verify --wheel out/x.whl")
     spec = launch.spec()
     verify_with(
         spec,
@@ -80,6 +72,24 @@ def verify(
         expect_version=expect_version,
         report=user_path(report).resolve() if report else None,
     )
+
+
+def _check_flags(
+    nodes: int, wheel: str, installed: str, expect_version: str, prefix: str, out: str, dry_run: bool
+) -> None:
+    """A UsageError for flags that do not go together: --nodes with a wheel, --nodes' own flags without it, and
+    not exactly one of --wheel and --installed."""
+    from torchbuild.core.errors import UsageError
+
+    if nodes:
+        if wheel or installed or expect_version:
+            raise UsageError("--nodes checks an install (--prefix), not --wheel or --installed",
+                             hint="invoke verify --nodes 2 --prefix /shared/envs/torch")  # fmt: skip
+        return
+    if prefix or out or dry_run:
+        raise UsageError("--prefix, --out and --dry-run go with --nodes N", hint="invoke verify --nodes 2 --prefix DIR")
+    if bool(wheel) == bool(installed):
+        raise UsageError("give exactly one of --wheel W and --installed NAME", hint="invoke verify --wheel out/x.whl")
 
 
 def _verify_nodes(
