@@ -17,16 +17,20 @@ from torchbuild.runtime.tasks import handles_errors, task
 NOT_READY_EXIT = 1
 
 
+# `invoke host-check`'s flags, as `invoke --help host-check` shows them
+_FLAG_HELP = {
+    "root": "read every /sys and /proc path under this directory (default /; pyperf and the GPUs only for /)",
+    "apply": "as root: set governor, turbo, SMT, perf event rate, GPU persistence and clocks, saving the previous values first",
+    "restore": "as root: put back the values --apply saved and remove the state file",
+    "state": "the state file --apply writes and --restore reads (default <root>/var/lib/torchbuild/host-state.json)",
+    "json_": "print the report as JSON (with the changes --apply or --restore made)",
+    "strict": "exit 1 when a setting is not ready (unknown ones do not count)",
+}
+
+
 @task(
     name="host-check",
-    help={
-        "root": "read every /sys and /proc path under this directory (default /; pyperf and the GPUs only for /)",
-        "apply": "as root: set governor, turbo, SMT, perf event rate, GPU persistence and clocks, saving the previous values first",
-        "restore": "as root: put back the values --apply saved and remove the state file",
-        "state": "the state file --apply writes and --restore reads (default <root>/var/lib/torchbuild/host-state.json)",
-        "json_": "print the report as JSON (with the changes --apply or --restore made)",
-        "strict": "exit 1 when a setting is not ready (unknown ones do not count)",
-    },
+    help=_FLAG_HELP,
 )
 @handles_errors
 def host_check(

@@ -19,24 +19,28 @@ NODES_NOT_JOB_OPTIONS = ("scheduler",)
 NODES_WALLTIME = "00:15:00"  # the check's job, unless --walltime: not the build's hours
 
 
+# `invoke verify`'s own flags (the launch options' come with @launch_task), as `invoke --help verify` shows them
+_FLAG_HELP = {
+    "wheel": "the wheel to verify (its directory also gets <wheel>.verify.json)",
+    "installed": "verify this already-installed package instead (e.g. torch from the image's distribution)",
+    "expect_version": "the version the package must report (default: the profile's, e.g. 2.6.0+gh200)",
+    "report": "where to write the JSON report (default <wheel>.verify.json; --installed: none; "
+    "--nodes: <out>/verify-nodes/<run>/verify-nodes.json)",
+    "nodes": "N > 0: submit a batch job (the profile's scheduler) that runs gloo, MPI and NCCL all_reduce "
+    "across N nodes with the profile's `launcher`, in the runtime env of --prefix",
+    "tasks_per_node": "with --nodes: ranks per node (default 1; e.g. 4 for one per GPU)",
+    "prefix": "with --nodes: the install `invoke install` made, on a file system the nodes share",
+    "out": "with --nodes: where the job's run directory goes, shared with the nodes (default ./out)",
+    "timeout": "with --nodes: seconds to wait for the job, queueing included (default 1800); then it is cancelled",
+    "dry_run": "with --nodes: print the job's script and the submit command; write and submit nothing",
+    **{key: f"with --nodes: {text}" for key, text in key_flags(NODES_NOT_JOB_OPTIONS).items()},
+    "walltime": f"with --nodes: the job's time limit (default {NODES_WALLTIME})",
+    "gpus": "with --nodes: GPUs per node (default: the profile's `gpus`); NCCL is checked where GPUs are visible",
+}
+
+
 @launch_task(
-    help={
-        "wheel": "the wheel to verify (its directory also gets <wheel>.verify.json)",
-        "installed": "verify this already-installed package instead (e.g. torch from the image's distribution)",
-        "expect_version": "the version the package must report (default: the profile's, e.g. 2.6.0+gh200)",
-        "report": "where to write the JSON report (default <wheel>.verify.json; --installed: none; "
-        "--nodes: <out>/verify-nodes/<run>/verify-nodes.json)",
-        "nodes": "N > 0: submit a batch job (the profile's scheduler) that runs gloo, MPI and NCCL all_reduce "
-        "across N nodes with the profile's `launcher`, in the runtime env of --prefix",
-        "tasks_per_node": "with --nodes: ranks per node (default 1; e.g. 4 for one per GPU)",
-        "prefix": "with --nodes: the install `invoke install` made, on a file system the nodes share",
-        "out": "with --nodes: where the job's run directory goes, shared with the nodes (default ./out)",
-        "timeout": "with --nodes: seconds to wait for the job, queueing included (default 1800); then it is cancelled",
-        "dry_run": "with --nodes: print the job's script and the submit command; write and submit nothing",
-        **{key: f"with --nodes: {text}" for key, text in key_flags(NODES_NOT_JOB_OPTIONS).items()},
-        "walltime": f"with --nodes: the job's time limit (default {NODES_WALLTIME})",
-        "gpus": "with --nodes: GPUs per node (default: the profile's `gpus`); NCCL is checked where GPUs are visible",
-    },
+    help=_FLAG_HELP,
     keys="job",
     exclude=NODES_NOT_JOB_OPTIONS,
 )
