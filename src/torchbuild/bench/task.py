@@ -51,15 +51,20 @@ def bench(
     cache, prefix = checked.cache, checked.prefix
     # the venv and the tree at their own paths (a venv is not relocatable)
     binds = Binds(cache=cache, out=writable_dir(cache / "bench", "cache_dir"), extra=(tree, prefix))
-    req = Request(
-        venv=str(prefix),
+    req = _request(checked, tree, install=not no_install, model=model, script=script)
+    checked.backend.run("bench", records.to_dict(req), binds)
+
+
+def _request(checked: _Checked, tree: Path, *, install: bool, model: list[str] | None, script: str) -> Request:
+    """The bench step's request: the venv, the tree, whether to install (with which models), and what to run."""
+    return Request(
+        venv=str(checked.prefix),
         benchmark=str(tree),
-        install=not no_install,
+        install=install,
         install_args=tuple(model or ()),
         script=script,
         args=checked.words,
     )
-    checked.backend.run("bench", records.to_dict(req), binds)
 
 
 @dataclass(frozen=True)

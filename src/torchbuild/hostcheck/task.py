@@ -60,11 +60,7 @@ def host_check(
     """
     _check_flags(root, apply=apply, restore=restore)
     state_file = user_path(state) if state else hc.default_state_file(root)
-    actions: list[str] = []
-    if apply:
-        actions = hc.apply(root, state_file)
-    elif restore:
-        actions = hc.restore(root, state_file)
+    actions = _change(root, state_file, apply=apply, restore=restore)
     settings = hc.check(root, state_file=state_file)
     _print_report(settings, actions, state_file, json_=json_, apply=apply, restore=restore)
     missing = hc.not_ready(settings)
@@ -73,6 +69,16 @@ def host_check(
             message=f"host-check: not ready: {', '.join(s.name for s in missing)}",
             code=NOT_READY_EXIT,
         )
+
+
+def _change(root: str, state_file: Path, *, apply: bool, restore: bool) -> list[str]:
+    """--apply's or --restore's changes, made (what each did); none without them."""
+    actions: list[str] = []
+    if apply:
+        actions = hc.apply(root, state_file)
+    elif restore:
+        actions = hc.restore(root, state_file)
+    return actions
 
 
 def _check_flags(root: str, *, apply: bool, restore: bool) -> None:

@@ -643,6 +643,19 @@ def build_sif(
         return current
     job = _plan_conversion(spec, apptainer, image_size, final, requested)
     save_seconds, build_seconds = _convert(spec, engine, apptainer, job, image_id, image_size, comms, out)
+    return _converted_sif(spec, final, start, image_size, save_seconds, build_seconds, job)
+
+
+def _converted_sif(
+    spec: BuildSpec,
+    final: Path,
+    start: float,
+    image_size: int,
+    save_seconds: float,
+    build_seconds: float,
+    job: _Conversion,
+) -> SifResult:
+    """The result for the SIF just converted from the image at final."""
     link = link_default(spec, final)
     return SifResult(
         final,
