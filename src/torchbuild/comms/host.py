@@ -74,8 +74,7 @@ def comms(
     host_libs, host_digest = _host_libraries(spec, backend, cache, out) if plugin else (None, "")
     key = comms_key(spec, nccl, plugin, toolchain_identity(backend, image), libfabric, host_digest)
     prefix = cache / "comms" / comms_dir(spec, key)
-    read_only = (Path(spec.libfabric_prefix),) if spec.libfabric_prefix and backend.name != "native" else ()
-    binds = Binds(cache=cache, out=out_dir, extra=tuple(s.tree for s in (nccl, plugin) if s), read_only=read_only)
+    binds = _binds(spec, backend, cache, out_dir, (nccl, plugin))
     view = backend.view(binds)
     view_prefix = view.cache / prefix.relative_to(cache)
     done = prefix / COMMS_MANIFEST
@@ -98,6 +97,15 @@ def comms(
     manifest = read_manifest(done)
     _summary(manifest, prefix)
     return _bound(spec, backend, Comms(prefix, view_prefix, manifest, built_now=True))
+
+
+def _binds(
+    spec: BuildSpec, backend: Backend, cache: Path, out_dir: Path, sources: tuple[Source | None, Source | None]
+) -> Binds:
+    """The step's binds: the cache, out_dir, the NCCL and plugin trees, and (in a container) the site's libfabric,
+    read-only."""
+    read_only = (Path(spec.libfabric_prefix),) if spec.libfabric_prefix and backend.name != "native" else ()
+    return Binds(cache=cache, out=out_dir, extra=tuple(s.tree for s in sources if s), read_only=read_only)
 
 
 def _check_wanted(spec: BuildSpec) -> None:
