@@ -128,25 +128,38 @@ def bench(req: Request, out: TextIO = sys.stdout) -> dict[str, Any]:
             installer = [str(python), "install.py", *req.install_args]
             if (tree / "install.py").is_file() and _run(installer, tree, env, log, out) != 0:
                 raise BenchFailed(f"torchbench's install.py failed (log: {log_path})")
-            after = pinned_packages(python, env)
-            changed = [n for n in before if after.get(n) != before[n]]
-            if changed:
-                raise BenchFailed(
-                    f"the install replaced {', '.join(f'{n} {before[n]} -> {after.get(n)}' for n in changed)}",
-                    hint="reinstall the built wheel (invoke install); a model that needs another torch cannot run here",
-                )
+            _check_kept(python, env, before)
             result["install_s"] = round(time.monotonic() - t0, 1)
             print(f"torchbench installed in {venv} against torch {before['torch']['version']} (kept)", file=out)
         if req.args:
-            t0 = time.monotonic()
-            code = _run([str(python), req.script, *req.args], tree, env, log, out)
-            result["run_s"] = round(time.monotonic() - t0, 1)
-            if code != 0:
-                raise BenchFailed(f"{req.script} {shlex.join(req.args)} exited {code} (log: {log_path})")
+            result["run_s"] = _run_script(req, python, tree, env, log, out, log_path=log_path)
     finally:
         log.close()
     result["log"] = str(log_path)
     return result
+
+
+def _check_kept(python: Path, env: Mapping[str, str], before: Mapping[str, Mapping[str, str]]) -> None:
+    """BenchFailed when the install replaced a package pinned before it (the built torch among them)."""
+    after = pinned_packages(python, env)
+    changed = [n for n in before if after.get(n) != before[n]]
+    if changed:
+        raise BenchFailed(
+            f"the install replaced {', '.join(f'{n} {before[n]} -> {after.get(n)}' for n in changed)}",
+            hint="reinstall the built wheel (invoke install); a model that needs another torch cannot run here",
+        )
+
+
+def _run_script(
+    req: Request, python: Path, tree: Path, env: Mapping[str, str], log: TextIO, out: TextIO, *, log_path: Path
+) -> float:
+    """Run the script with req.args in tree; its seconds. BenchFailed when it exits non-zero."""
+    t0 = time.monotonic()
+    code = _run([str(python), req.script, *req.args], tree, env, log, out)
+    seconds = round(time.monotonic() - t0, 1)
+    if code != 0:
+        raise BenchFailed(f"{req.script} {shlex.join(req.args)} exited {code} (log: {log_path})")
+    return seconds
 
 
 def run_bench_step(req: Request) -> int:

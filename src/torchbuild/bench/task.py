@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
+from pathlib import Path
 
 from invoke.context import Context
 
@@ -12,7 +14,7 @@ from torchbuild.core.errors import SourceError, UsageError, writable_dir
 from torchbuild.core.problems import Problems
 from torchbuild.core.safeio import user_path
 from torchbuild.profile.config import cache_dir
-from torchbuild.runtime.backends import Binds
+from torchbuild.runtime.backends import Backend, Binds
 from torchbuild.runtime.tasks import Launch, launch_task
 from torchbuild.source.fetch import describe_dir, fetch_git, looks_like_url
 
@@ -43,13 +45,48 @@ def bench(
     """Install torchbench against the built torch without letting pip replace it, and run it with --args."""
     if not venv:
         raise UsageError("--venv is required", hint="invoke bench --venv ~/envs/torch-2.6 --args 'resnet50 -d cpu'")
-    # everything local first (the venv, --args, a local tree, the profile, the engine, the
-    # cache), all of it named at once; only then the clone
+    origin = benchmark or DEFAULT_REPO
+    checked = _check_local(launch, venv, args, origin, script)
+    tree = _benchmark_tree(origin, ref, checked)
+    cache, prefix = checked.cache, checked.prefix
+    # the venv and the tree at their own paths (a venv is not relocatable)
+    binds = Binds(cache=cache, out=writable_dir(cache / "bench", "cache_dir"), extra=(tree, prefix))
+    req = _request(checked, tree, install=not no_install, model=model, script=script)
+    checked.backend.run("bench", records.to_dict(req), binds)
+
+
+def _request(checked: _Checked, tree: Path, *, install: bool, model: list[str] | None, script: str) -> Request:
+    """The bench step's request: the venv, the tree, whether to install (with which models), and what to run."""
+    return Request(
+        venv=str(checked.prefix),
+        benchmark=str(tree),
+        install=install,
+        install_args=tuple(model or ()),
+        script=script,
+        args=checked.words,
+    )
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """What bench checked before the clone: the venv, --args' words, the tree and where it comes from, the backend
+    and the cache."""
+
+    prefix: Path
+    words: tuple[str, ...]
+    local: Path
+    remote: bool
+    backend: Backend
+    cache: Path
+
+
+def _check_local(launch: Launch, venv: str, args: str, origin: str, script: str) -> _Checked:
+    """Check everything local (the venv, --args, a local tree, the profile, the engine, the cache), all of it
+    named at once."""
     problems = Problems()
     prefix = user_path(venv).absolute()
     problems.check(lambda: check_venv(prefix))
     words = problems.check(lambda: _words(args))
-    origin = benchmark or DEFAULT_REPO
     local = user_path(origin).absolute()
     remote = looks_like_url(origin) and not local.is_dir()
     tree_ok = not remote and problems.check(lambda: describe_dir(local)) is not None
@@ -62,23 +99,17 @@ def bench(
     cache = problems.check(lambda: writable_dir(cache_dir(spec), "cache_dir")) if spec else None
     problems.raise_any()
     assert backend is not None and cache is not None and words is not None
-    if remote:
-        tree = cache / "src" / f"benchmark-{ref.replace('/', '_')}"
-        if not tree.is_dir():
-            fetch_git(origin, ref, tree, cache)
-    else:
-        tree = local
-    # the venv and the tree at their own paths (a venv is not relocatable)
-    binds = Binds(cache=cache, out=writable_dir(cache / "bench", "cache_dir"), extra=(tree, prefix))
-    req = Request(
-        venv=str(prefix),
-        benchmark=str(tree),
-        install=not no_install,
-        install_args=tuple(model or ()),
-        script=script,
-        args=words,
-    )
-    backend.run("bench", records.to_dict(req), binds)
+    return _Checked(prefix, words, local, remote, backend, cache)
+
+
+def _benchmark_tree(origin: str, ref: str, checked: _Checked) -> Path:
+    """The local tree, or a URL's clone in the cache (cloned once per ref)."""
+    if not checked.remote:
+        return checked.local
+    tree = checked.cache / "src" / f"benchmark-{ref.replace('/', '_')}"
+    if not tree.is_dir():
+        fetch_git(origin, ref, tree, checked.cache)
+    return tree
 
 
 def _words(args: str) -> tuple[str, ...]:

@@ -49,6 +49,7 @@ from torchbuild.runtime.compile_job import (
     release_partial,
 )
 from torchbuild.runtime.environment import compile_env, compilers
+from torchbuild.runtime.oom import Sink
 from torchbuild.source.fetch import SourceInfo, describe_dir, fetch_git, update_tree
 
 # what torchbuild sets for each library unless companion_env says otherwise: both switches
@@ -145,18 +146,8 @@ def fetch_one(spec: BuildSpec, name: str, cache: Path, out: TextIO = sys.stdout)
     origin = spec.companion_repos.get(name) or REPOS[name]
     ref = spec.companion_refs.get(name) or default_ref(name, spec.torch_version, spec.torch_ref)
     if _is_git(origin):
-        if name in spec.companion_sha256:
-            raise CompanionError(
-                f"companion_sha256.{name}: {origin} is a git repository; a sha256 checks an archive",
-                hint=f"drop companion_sha256.{name} (a git ref, or a commit id in companion_refs, pins it)",
-            )
-        dest = cache / "src" / f"{short(name)}-{ref.replace('/', '_')}"
-        if dest.is_dir():
-            print(f"{name}: using the existing checkout {dest}", file=out)
-            info = describe_dir(dest)
-        else:
-            info = fetch_git(origin, ref, dest, cache, out)
-        tree, digest, shown, kind = dest, info.commit, f"{origin}@{ref}", "git"
+        tree, digest = _checkout(spec, name, origin, ref, cache, out)
+        shown, kind = f"{origin}@{ref}", "git"
     else:
         if name in spec.companion_refs:
             raise CompanionError(
@@ -177,6 +168,22 @@ def fetch_one(spec: BuildSpec, name: str, cache: Path, out: TextIO = sys.stdout)
         tree, digest, shown = got.tree, got.digest, got.origin
         kind = "dir" if user_path(origin).is_dir() else "tarball"
     return Fetched(name=name, tree=tree, origin=shown, digest=digest, version=tree_version(name, tree), kind=kind)
+
+
+def _checkout(spec: BuildSpec, name: str, origin: str, ref: str, cache: Path, out: TextIO) -> tuple[Path, str]:
+    """A git companion's checkout in <cache>/src (cloned at ref unless it is there) and its commit."""
+    if name in spec.companion_sha256:
+        raise CompanionError(
+            f"companion_sha256.{name}: {origin} is a git repository; a sha256 checks an archive",
+            hint=f"drop companion_sha256.{name} (a git ref, or a commit id in companion_refs, pins it)",
+        )
+    dest = cache / "src" / f"{short(name)}-{ref.replace('/', '_')}"
+    if dest.is_dir():
+        print(f"{name}: using the existing checkout {dest}", file=out)
+        info = describe_dir(dest)
+    else:
+        info = fetch_git(origin, ref, dest, cache, out)
+    return dest, info.commit
 
 
 def fetch(spec: BuildSpec, cache: Path, torch_version: str = "", out: TextIO = sys.stdout) -> list[Fetched]:
@@ -518,22 +525,14 @@ def _build_one(
 ) -> Path:
     """One companion: built, checked beside torch, moved into req.out_dir, recorded."""
     tee, env_vars, version = compiled.sink, compiled.env_vars, compiled.env_vars["BUILD_VERSION"]
-    tee.line(f"{job.name} {version} against {torch.wheel.name} ({job.tree})")
-    for k in sorted(env_vars):
-        tee.line(f"  {k}={env_vars[k]}")
+    _print_start(tee, job, version, torch, env_vars)
     check_wheel_tools(job.tree)  # setuptools (and wheel) for --no-build-isolation, named up front
     compiled.zero_ccache()
     out_dir, run_id = Path(req.out_dir), f"{req.run_id}.{short(job.name)}"
     partial = partial_dir(out_dir, run_id, "the companion wheel", tee.line)
     try:
         compiled.compile(lambda n: pip_wheel(partial, job.tree), cwd=job.tree, what=f"pip wheel {job.name}")
-        built = sorted(partial.glob("*.whl"))
-        if len(built) != 1:
-            raise CompanionError(f"{job.name}: pip wheel produced {len(built)} wheels in {partial}; expected one")
-        name, got, _, _ = parse_wheel_filename(built[0].name)
-        if canonicalize_name(name) != canonicalize_name(job.name) or got != Version(version):
-            raise CompanionError(f"{job.name}: pip built {built[0].name}, not {job.name} {version}")
-        wheel, floor = elffloor.measure(built[0], compiled.spec.glibc_floor, tee.line, work)
+        wheel, floor = elffloor.measure(_built_wheel(job, partial, version), compiled.spec.glibc_floor, tee.line, work)
         normalized = normalize_wheel(wheel, int(env_vars["SOURCE_DATE_EPOCH"]))
         checked = check_wheel(job.name, wheel, torch.tree, work, compiled.env, str(torch.version))
         tee.line(f"{job.name}: {checked['op']} (torch from {checked['torch_file']})")
@@ -553,25 +552,54 @@ def _build_one(
         log=log.name,
         report=None,
         wheel=final,
-        companion={
-            "name": job.name,
-            "version": version,
-            "torch_wheel": dataclasses.asdict(manifest.WheelRecord.of(torch.wheel)),
-            "torch_version": str(torch.version),
-            "check": checked["op"],
-        },
-        reproducibility={
-            "source_date_epoch": int(env_vars["SOURCE_DATE_EPOCH"]),
-            "origin": origin,
-            "ccache_basedir": env_vars["CCACHE_BASEDIR"],
-            "python": "{}.{}".format(*sys.version_info[:2]),
-            "normalized": normalized,
-        },
+        companion=_companion_record(job, version, torch, checked),
+        reproducibility=_reproducibility(env_vars, origin, normalized),
         floor=floor,
     )
     path = manifest.write(m, manifest.manifest_path(out_dir, final.name, compiled.spec.profile, run_id))
     tee.line(f"{job.name}: {final} ({fields['seconds']:.1f} s), manifest {path.name}")
     return final
+
+
+def _print_start(tee: Sink, job: Job, version: str, torch: Against, env_vars: Mapping[str, str]) -> None:
+    """Name the companion, its version and the torch it is built against, then the build's environment."""
+    tee.line(f"{job.name} {version} against {torch.wheel.name} ({job.tree})")
+    for k in sorted(env_vars):
+        tee.line(f"  {k}={env_vars[k]}")
+
+
+def _built_wheel(job: Job, partial: Path, version: str) -> Path:
+    """The one wheel pip built in partial; CompanionError when there are others or it is not job's at version."""
+    built = sorted(partial.glob("*.whl"))
+    if len(built) != 1:
+        raise CompanionError(f"{job.name}: pip wheel produced {len(built)} wheels in {partial}; expected one")
+    name, got, _, _ = parse_wheel_filename(built[0].name)
+    if canonicalize_name(name) != canonicalize_name(job.name) or got != Version(version):
+        raise CompanionError(f"{job.name}: pip built {built[0].name}, not {job.name} {version}")
+    return built[0]
+
+
+def _companion_record(job: Job, version: str, torch: Against, checked: Mapping[str, str]) -> dict[str, Any]:
+    """The manifest's companion record: what was built, the torch wheel it was built and checked against."""
+    return {
+        "name": job.name,
+        "version": version,
+        "torch_wheel": dataclasses.asdict(manifest.WheelRecord.of(torch.wheel)),
+        "torch_version": str(torch.version),
+        "check": checked["op"],
+    }
+
+
+def _reproducibility(env_vars: Mapping[str, str], origin: str, normalized: bool) -> dict[str, Any]:
+    """The manifest's reproducibility record: the timestamp, origin, ccache base and Python the wheel was made
+    with, and whether it was normalized."""
+    return {
+        "source_date_epoch": int(env_vars["SOURCE_DATE_EPOCH"]),
+        "origin": origin,
+        "ccache_basedir": env_vars["CCACHE_BASEDIR"],
+        "python": "{}.{}".format(*sys.version_info[:2]),
+        "normalized": normalized,
+    }
 
 
 def run_companions_step(req: Request) -> int:

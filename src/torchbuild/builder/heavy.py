@@ -181,7 +181,15 @@ def glob_regex(pattern: str) -> str:
 def cmake_hook(patterns: tuple[str, ...], depth: int, local: bool) -> str:
     """The CMake file that makes the heavy units' pool of a scikit-build-core tree."""
     regex = "|".join(glob_regex(p) for p in patterns)
-    launch = (
+    return _HOOK.format(
+        POOL=POOL, depth=depth, _COMPILED=_COMPILED, regex=regex, launch=_launchers(local), POOL_RECORD=POOL_RECORD
+    )
+
+
+def _launchers(local: bool) -> str:
+    """With local (the pooled compiles run here), the hook's lines that take a spread's CCACHE_PREFIX out of a pooled
+    target's compiler launchers; "" otherwise."""
+    return (
         "\n".join(
             f"      if(CMAKE_{lang}_COMPILER_LAUNCHER)\n"
             f"        set_property(TARGET ${{t}} PROPERTY {lang}_COMPILER_LAUNCHER env -u CCACHE_PREFIX"
@@ -191,7 +199,11 @@ def cmake_hook(patterns: tuple[str, ...], depth: int, local: bool) -> str:
         if local
         else ""
     )
-    return f"""# torchbuild: memory-heavy units' pool (builder/heavy.py), for a scikit-build-core tree
+
+
+# cmake_hook's file (str.format: {{ }} are CMake's braces): every target under the source tree whose compiled
+# sources all match the heavy patterns goes into the pool; pooled and mixed targets are recorded
+_HOOK = """# torchbuild: memory-heavy units' pool (builder/heavy.py), for a scikit-build-core tree
 set_property(GLOBAL APPEND PROPERTY JOB_POOLS {POOL}={depth})
 function(_torchbuild_heavy_dir dir)
   get_property(targets DIRECTORY "${{dir}}" PROPERTY BUILDSYSTEM_TARGETS)

@@ -15,7 +15,7 @@ import dataclasses
 import os
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -196,17 +196,45 @@ def build(
     if outcome.wheel and fetched:
         companions_with(spec, backend, fetched, outcome.wheel, cache=cache, options=options, image=image, out=out)
     if outcome.wheel and verify:
-        digest = sha256_file(outcome.wheel)
-        if _verified(done, outcome.wheel, digest):
-            print(
-                f"resume: skipping verify: {outcome.wheel.name} passed it before ({outcome.wheel}.verify.json)",
-                file=out,
-            )
-        else:
-            tree = built_tree(outcome.manifest)
-            verify_with(spec, backend, wheel=outcome.wheel, cache=cache, checked=True, python=python, tree=tree)
-            done.done("verify", wheel_sha256=digest)
+        _verify_once(spec, backend, done, outcome.wheel, outcome.manifest, cache=cache, python=python, out=out)
     return outcome
+
+
+def _verify_once(
+    spec: BuildSpec,
+    backend: Backend,
+    done: Record,
+    wheel: Path,
+    built: Path,
+    *,
+    cache: Path,
+    python: str,
+    out: TextIO,
+) -> None:
+    """Verify the wheel where it was built (built: its manifest), unless an earlier run of this request verified
+    this very wheel (resume)."""
+    digest = sha256_file(wheel)
+    if _verified(done, wheel, digest):
+        print(
+            f"resume: skipping verify: {wheel.name} passed it before ({wheel}.verify.json)",
+            file=out,
+        )
+    else:
+        tree = built_tree(built)
+        verify_with(spec, backend, wheel=wheel, cache=cache, checked=True, python=python, tree=tree)
+        done.done("verify", wheel_sha256=digest)
+
+
+def _build_provenance(
+    source: Mapping[str, Any], backend: Backend, image: dict[str, Any] | None, linked: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The build request's provenance: the source's, the engine, and the image and comms prefix where there are."""
+    return {
+        **source,
+        "engine": backend.engine,
+        **({"image": image} if image else {}),
+        **({"comms": linked} if linked else {}),
+    }
 
 
 def _build_step(
@@ -234,12 +262,7 @@ def _build_step(
         source=str(view.src),
         out_dir=str(view.out),
         cache_root=str(view.cache),
-        provenance={
-            **provenance(info, series, result),
-            "engine": backend.engine,
-            **({"image": image} if image else {}),
-            **({"comms": linked} if linked else {}),
-        },
+        provenance=_build_provenance(provenance(info, series, result), backend, image, linked),
         backend=backend.name,
         extra_env=extra_env,
         python=python,
@@ -346,10 +369,15 @@ def companions_with(
     )
     # run_id at the top: on a failure or Ctrl-C the backend removes the step's .partial-<run_id>* too
     backend.run("companions", records.to_dict(req), binds)
+    return _companions_made(out_dir, req.run_id, out)
+
+
+def _companions_made(out_dir: Path, run_id: str, out: TextIO) -> list[Path]:
+    """The companion wheels the step of run_id made in out_dir (found through their manifests), each printed."""
     made = []
     with named_os_errors(out_dir, "looking for the companions' manifests"):
         for path in sorted(out_dir.glob(f"*{manifest.SUFFIX}")):
-            if not manifest.mentions(path, f'"{req.run_id}.'):
+            if not manifest.mentions(path, f'"{run_id}.'):
                 continue  # another run's
             m = manifest.read(path)
             if m.companion is not None and m.wheel is not None:

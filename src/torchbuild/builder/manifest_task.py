@@ -54,29 +54,38 @@ def diff(c: Context, a: str, b: str, all_: bool = False) -> None:
     non-zero on an error (a named error's code: 2 for a bad option or a missing argument)."""
     pa, pb = user_path(a), user_path(b)
     if pa.suffix == ".whl" or pb.suffix == ".whl":
-        for p in (pa, pb):
-            _regular_file(p)  # zipfile would wait forever on a FIFO, read /dev/zero without end
-            repro.check_member_count(p)  # before zipfile reads every member's entry into memory
-            check_wheel_file(p)
-        wheels = repro.diff_wheels(pa, pb)
-        print(repro.describe(wheels, pa, pb))
-        if not wheels.identical:
-            raise Exit(code=DIFFERENT)
+        _diff_wheels(pa, pb)
         return
     ma, mb = mf.read(pa), mf.read(pb)
     differences = mf.diff(ma, mb, everything=all_)
     print(mf.show_diff(differences, pa, pb, everything=all_))
     if ma.wheel and mb.wheel and ma.wheel.sha256 != mb.wheel.sha256:
-        wa, wb = pa.parent / ma.wheel.name, pb.parent / mb.wheel.name
-        if wa.is_file() and wb.is_file():
-            print(repro.describe(repro.diff_wheels(wa, wb), wa, wb))
-        else:
-            print(
-                f"the wheels are not both beside their manifests ({printable(wa)}, {printable(wb)}): "
-                "their members are not compared"
-            )
+        _diff_wheels_beside(pa.parent / ma.wheel.name, pb.parent / mb.wheel.name)
     if differences:
         raise Exit(code=DIFFERENT)
+
+
+def _diff_wheels(pa: Path, pb: Path) -> None:
+    """`manifest.diff` of two wheels: each checked as a wheel first, then what differs printed (Exit 99 if any)."""
+    for p in (pa, pb):
+        _regular_file(p)  # zipfile would wait forever on a FIFO, read /dev/zero without end
+        repro.check_member_count(p)  # before zipfile reads every member's entry into memory
+        check_wheel_file(p)
+    wheels = repro.diff_wheels(pa, pb)
+    print(repro.describe(wheels, pa, pb))
+    if not wheels.identical:
+        raise Exit(code=DIFFERENT)
+
+
+def _diff_wheels_beside(wa: Path, wb: Path) -> None:
+    """The members that differ between two manifests' wheels, where both are beside their manifests."""
+    if wa.is_file() and wb.is_file():
+        print(repro.describe(repro.diff_wheels(wa, wb), wa, wb))
+    else:
+        print(
+            f"the wheels are not both beside their manifests ({printable(wa)}, {printable(wb)}): "
+            "their members are not compared"
+        )
 
 
 def _regular_file(path: Path) -> None:

@@ -657,36 +657,13 @@ def _report(run: Run) -> dict[str, Any] | None:
     if not ninja_log.is_file():
         return None
     found: dict[str, Any] = {}
-
-    def appendix(summary: Report, steps: list[Step]) -> str:
-        try:  # the report's figures never fail a build whose wheel is made
-            wall = time.monotonic() - run.job.t0
-            graph = ninja_graph(build_dir(req.source))
-            deps = parse_graph(graph) if graph else None
-            found["heaviest"] = heaviest = _heaviest(run)
-            whole = _across_runs(run, ninja_log, deps)
-            if whole is not None:
-                text, found["efficiency"] = whole
-                return text + render_heaviest(heaviest)
-            mixed = not_this_run(summary.wall_seconds, wall)
-            if mixed:
-                tee.line(f"torchbuild: no lower bound in the report: {mixed}")
-                return render_heaviest(heaviest)
-            b = bound_of(steps, deps, run.job.jobs.start)
-            text = render_bound(b, summary.wall_seconds, wall) + render_heaviest(heaviest)
-        except Exception as exc:  # named in the log; the build goes on
-            tee.line(f"torchbuild: no lower bound in the report: {type(exc).__name__}: {exc}")
-            return ""
-        found["efficiency"] = efficiency_record(b, summary.wall_seconds, wall)
-        return text
-
     try:
         rep = write_report(
             ninja_log,
             run.log.parent,
             f"report-{req.spec.profile}-{req.run_id}",
             since=run.ninja_mark,
-            appendix=appendix,
+            appendix=lambda summary, steps: _report_appendix(run, ninja_log, found, summary, steps),
         )
     except TorchbuildError as err:
         tee.line(f"torchbuild: no build report: {err.message}")
@@ -695,18 +672,48 @@ def _report(run: Run) -> dict[str, Any] | None:
         slowest = rep.summary.slowest[0]
         tee.line(f"slowest translation unit: {slowest.output} ({slowest.seconds:.1f} s)")
     if "efficiency" in found:
-        e = found["efficiency"]
-        tee.line(
-            f"efficiency: wall {e['build_wall_s']:.0f} s = {e['build_wall_s'] / e['bound_s']:.2f} x the lower bound "
-            f"{e['bound_s']:.0f} s on {e['jobs']} jobs (limited by {e['limited_by']})"
-            + (f", over the build's {e['runs']} runs" if e["runs"] > 1 else "")
-            if e["bound_s"] > 0
-            else "efficiency: no step took measurable time"
-        )
+        tee.line(_efficiency_line(found["efficiency"]))
     if rep.notice:
         tee.line(rep.notice)
     files = {"text": rep.text.name, "trace": rep.trace.name, **({"png": rep.png.name} if rep.png else {})}
     return {**files, **found}
+
+
+def _report_appendix(run: Run, ninja_log: Path, found: dict[str, Any], summary: Report, steps: list[Step]) -> str:
+    """The report's appendix: the build's lower bound and its heaviest steps (kept in found as "efficiency" and
+    "heaviest"); "" when they cannot be figured (named in the log: they never fail a build)."""
+    req, tee = run.req, run.tee
+    try:  # the report's figures never fail a build whose wheel is made
+        wall = time.monotonic() - run.job.t0
+        graph = ninja_graph(build_dir(req.source))
+        deps = parse_graph(graph) if graph else None
+        found["heaviest"] = heaviest = _heaviest(run)
+        whole = _across_runs(run, ninja_log, deps)
+        if whole is not None:
+            text, found["efficiency"] = whole
+            return text + render_heaviest(heaviest)
+        mixed = not_this_run(summary.wall_seconds, wall)
+        if mixed:
+            tee.line(f"torchbuild: no lower bound in the report: {mixed}")
+            return render_heaviest(heaviest)
+        b = bound_of(steps, deps, run.job.jobs.start)
+        text = render_bound(b, summary.wall_seconds, wall) + render_heaviest(heaviest)
+    except Exception as exc:  # named in the log; the build goes on
+        tee.line(f"torchbuild: no lower bound in the report: {type(exc).__name__}: {exc}")
+        return ""
+    found["efficiency"] = efficiency_record(b, summary.wall_seconds, wall)
+    return text
+
+
+def _efficiency_line(e: Mapping[str, Any]) -> str:
+    """The log's efficiency line: the build's wall time against its lower bound on its jobs."""
+    return (
+        f"efficiency: wall {e['build_wall_s']:.0f} s = {e['build_wall_s'] / e['bound_s']:.2f} x the lower bound "
+        f"{e['bound_s']:.0f} s on {e['jobs']} jobs (limited by {e['limited_by']})"
+        + (f", over the build's {e['runs']} runs" if e["runs"] > 1 else "")
+        if e["bound_s"] > 0
+        else "efficiency: no step took measurable time"
+    )
 
 
 def _write_manifest(run: Run, fields: Mapping[str, Any], wheel: Path | None, report: Mapping[str, Any] | None) -> Path:
@@ -765,6 +772,13 @@ def _summary(
             justify=["left", "right", "left"],
         )
     )
+    run.tee.line(table(["", ""], _facts(run, seconds, ccache, report), header=False))
+
+
+def _facts(
+    run: Run, seconds: float, ccache: tuple[int, int, float], report: Mapping[str, Any] | None
+) -> list[tuple[str, str]]:
+    """The build's figures for _summary's second table: time, jobs, retries, ccache, canaries, log and report."""
     hits, misses, rate = ccache
     jobs = run.job.jobs
     used = str(jobs.start) if jobs.current == jobs.start else f"{jobs.start} -> {jobs.current}"
@@ -788,7 +802,7 @@ def _summary(
             else []
         ),
     ]
-    run.tee.line(table(["", ""], facts, header=False))
+    return facts
 
 
 def run_build_step(req: BuildRequest) -> int:

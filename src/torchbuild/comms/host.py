@@ -68,25 +68,18 @@ def comms(
     """Build NCCL and the plugin the profile asks for with backend, unless a prefix of the same
     key is there already. jobs: --jobs (0: planned where the step runs, from its cores and
     memory); oom_retry: resume a make with fewer jobs after an out-of-memory kill."""
-    if not wanted(spec):
-        raise UsageError(
-            f"profile {spec.profile} builds neither NCCL nor a plugin (nccl: {spec.nccl}, no aws_ofi_nccl_version)",
-            hint="set nccl: source and/or aws_ofi_nccl_version (e.g. --set nccl=source)",
-        )
+    _check_wanted(spec)
     image, out_dir, cache, libfabric = _check(spec, backend, out_dir)
     nccl, plugin = _fetch(spec, cache, out)
     host_libs, host_digest = _host_libraries(spec, backend, cache, out) if plugin else (None, "")
     key = comms_key(spec, nccl, plugin, toolchain_identity(backend, image), libfabric, host_digest)
     prefix = cache / "comms" / comms_dir(spec, key)
-    read_only = (Path(spec.libfabric_prefix),) if spec.libfabric_prefix and backend.name != "native" else ()
-    binds = Binds(cache=cache, out=out_dir, extra=tuple(s.tree for s in (nccl, plugin) if s), read_only=read_only)
+    binds = _binds(spec, backend, cache, out_dir, (nccl, plugin))
     view = backend.view(binds)
     view_prefix = view.cache / prefix.relative_to(cache)
     done = prefix / COMMS_MANIFEST
     if done.is_file():
-        manifest = read_manifest(done)
-        print(f"comms: {prefix} is up to date (built {manifest.get('finished', '?')}); nothing to do", file=out)
-        return _bound(spec, backend, Comms(prefix, view_prefix, manifest, built_now=False))
+        return _up_to_date(spec, backend, prefix, view_prefix, out)
     request = Request(
         spec=spec,
         key=key,
@@ -100,15 +93,45 @@ def comms(
         oom_retry=oom_retry,
         host_libs=str(view.cache / host_libs.relative_to(cache)) if host_libs else "",
     )
+    _run_step(backend, request, binds, prefix)
+    manifest = read_manifest(done)
+    _summary(manifest, prefix)
+    return _bound(spec, backend, Comms(prefix, view_prefix, manifest, built_now=True))
+
+
+def _binds(
+    spec: BuildSpec, backend: Backend, cache: Path, out_dir: Path, sources: tuple[Source | None, Source | None]
+) -> Binds:
+    """The step's binds: the cache, out_dir, the NCCL and plugin trees, and (in a container) the site's libfabric,
+    read-only."""
+    read_only = (Path(spec.libfabric_prefix),) if spec.libfabric_prefix and backend.name != "native" else ()
+    return Binds(cache=cache, out=out_dir, extra=tuple(s.tree for s in sources if s), read_only=read_only)
+
+
+def _check_wanted(spec: BuildSpec) -> None:
+    """UsageError for a profile that builds neither NCCL nor a plugin."""
+    if not wanted(spec):
+        raise UsageError(
+            f"profile {spec.profile} builds neither NCCL nor a plugin (nccl: {spec.nccl}, no aws_ofi_nccl_version)",
+            hint="set nccl: source and/or aws_ofi_nccl_version (e.g. --set nccl=source)",
+        )
+
+
+def _up_to_date(spec: BuildSpec, backend: Backend, prefix: Path, view_prefix: Path, out: TextIO) -> Comms:
+    """The prefix already built with this key: said so, and bound for backend."""
+    manifest = read_manifest(prefix / COMMS_MANIFEST)
+    print(f"comms: {prefix} is up to date (built {manifest.get('finished', '?')}); nothing to do", file=out)
+    return _bound(spec, backend, Comms(prefix, view_prefix, manifest, built_now=False))
+
+
+def _run_step(backend: Backend, request: Request, binds: Binds, prefix: Path) -> None:
+    """Run the comms step that builds prefix; its partial directory is removed on every way out."""
     with named_os_errors(prefix.parent, "cache_dir"):
         prefix.parent.mkdir(parents=True, exist_ok=True)
     try:
         backend.run("comms", records.to_dict(request), binds)
     finally:  # a container stopped mid-build cannot clean up after itself
         shutil.rmtree(prefix.with_name(f"{prefix.name}.partial-{request.run_id}"), ignore_errors=True)
-    manifest = read_manifest(done)
-    _summary(manifest, prefix)
-    return _bound(spec, backend, Comms(prefix, view_prefix, manifest, built_now=True))
 
 
 def _host_libraries(spec: BuildSpec, backend: Backend, cache: Path, out: TextIO) -> tuple[Path | None, str]:

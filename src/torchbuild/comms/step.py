@@ -437,13 +437,7 @@ class _Step:
         for sub in ("include", "lib"):
             shutil.copytree(build / sub, self.partial / sub, symlinks=True, dirs_exist_ok=True)
         library = self.partial / "lib" / "libnccl.so.2"
-        code = nccl_version_of(library)
-        if code != version_code(self.spec.nccl_version):
-            raise CommsFailed(
-                f"the NCCL built from {src.origin} reports version code {code}, not "
-                f"{version_code(self.spec.nccl_version)} (nccl_version {self.spec.nccl_version})",
-                hint="set nccl_version to the release of nccl_source",
-            )
+        code = self._nccl_version_code(library, src.origin)
         return {
             "version": self.spec.nccl_version,
             "version_code": code,
@@ -456,6 +450,17 @@ class _Step:
             "seconds": round(time.monotonic() - t0, 1),
             "size_bytes": _size(self.partial / "lib") + _size(self.partial / "include"),
         }
+
+    def _nccl_version_code(self, library: Path, origin: str) -> int:
+        """The version code of the NCCL built from origin; CommsFailed unless it is nccl_version's."""
+        code = nccl_version_of(library)
+        if code != version_code(self.spec.nccl_version):
+            raise CommsFailed(
+                f"the NCCL built from {origin} reports version code {code}, not "
+                f"{version_code(self.spec.nccl_version)} (nccl_version {self.spec.nccl_version})",
+                hint="set nccl_version to the release of nccl_source",
+            )
+        return code
 
     # -- the plugin
 
@@ -471,20 +476,8 @@ class _Step:
             _release_version_file(work, self.spec.aws_ofi_nccl_version)
             # autogen.sh has no #! line in the release archives: run it with sh
             self._call(["sh", "./autogen.sh"], "aws-ofi-nccl autogen.sh", cwd=work)
-        args = [f"--prefix={self.prefix}", "--disable-tests", "--disable-platform-aws"]
-        # their configure adds -isystem <path>/include: never /usr, which breaks g++'s <cstdlib>
-        if str(root) != "/usr":
-            args.append(f"--with-libfabric={root}")
-        args.append(f"--with-cuda={self._cuda_for_configure()}")
-        args += self.spec.aws_ofi_nccl_configure  # the profile's own options, validated by config
-        env = dict(self.env)
-        lib_dir = self._libfabric_dir(root)
-        if lib_dir is not None:
-            env["LDFLAGS"] = f"{env.get('LDFLAGS', '')} -Wl,-rpath,{lib_dir}".strip()
-        lib_dirs = [str(d) for d in (lib_dir, self._from_host(lib_dir)) if d is not None]
-        if len(lib_dirs) > 1:  # the linker must find what libfabric links, as the loader will
-            env["LDFLAGS"] = f"{env['LDFLAGS']} -Wl,-rpath-link,{lib_dirs[1]}"
-            env["LD_LIBRARY_PATH"] = ":".join(p for p in (*lib_dirs, env.get("LD_LIBRARY_PATH", "")) if p)
+        args = self._configure_args(root)
+        env, lib_dirs = self._libfabric_env(root)
         self._call(["./configure", *args], "aws-ofi-nccl configure", cwd=work, env=env)
         used = self._compile(lambda n: ["make", f"-j{n}"], "building aws-ofi-nccl", self.plans["plugin"], work, env)
         library = self._install_plugin(work, env)
@@ -509,6 +502,29 @@ class _Step:
                 p.stat().st_size for p in (self.partial / "lib").glob("libnccl-*") if p.is_file() and not p.is_symlink()
             ),
         }
+
+    def _configure_args(self, root: Path) -> list[str]:
+        """The plugin's configure options: the prefix, the site's libfabric at root, CUDA, then the profile's own."""
+        args = [f"--prefix={self.prefix}", "--disable-tests", "--disable-platform-aws"]
+        # their configure adds -isystem <path>/include: never /usr, which breaks g++'s <cstdlib>
+        if str(root) != "/usr":
+            args.append(f"--with-libfabric={root}")
+        args.append(f"--with-cuda={self._cuda_for_configure()}")
+        args += self.spec.aws_ofi_nccl_configure  # the profile's own options, validated by config
+        return args
+
+    def _libfabric_env(self, root: Path) -> tuple[dict[str, str], list[str]]:
+        """The plugin build's environment, linking the site's libfabric (at root) with an rpath to it, and the
+        library directories it needs: libfabric's own, then the links to host libraries it lacks (_from_host)."""
+        env = dict(self.env)
+        lib_dir = self._libfabric_dir(root)
+        if lib_dir is not None:
+            env["LDFLAGS"] = f"{env.get('LDFLAGS', '')} -Wl,-rpath,{lib_dir}".strip()
+        lib_dirs = [str(d) for d in (lib_dir, self._from_host(lib_dir)) if d is not None]
+        if len(lib_dirs) > 1:  # the linker must find what libfabric links, as the loader will
+            env["LDFLAGS"] = f"{env['LDFLAGS']} -Wl,-rpath-link,{lib_dirs[1]}"
+            env["LD_LIBRARY_PATH"] = ":".join(p for p in (*lib_dirs, env.get("LD_LIBRARY_PATH", "")) if p)
+        return env, lib_dirs
 
     def _libfabric_dir(self, root: Path) -> Path | None:
         """The directory of the site's libfabric.so (None: /usr's, or none found)."""

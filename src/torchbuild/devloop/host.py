@@ -59,17 +59,7 @@ def develop_with(
     own paths in the image or SIF too: an editable install records absolute paths. The log goes
     to <cache>/develop/logs. Every check's failure is named at once (with those already in
     problems, the task's own)."""
-    problems = problems or Problems()
-    problems.check(backend.check)
-    # SourceError when it is no project tree
-    if problems.check(lambda: describe_dir(tree)) is not None and not os.access(tree, os.W_OK):
-        problems.add(SourceError(f"{tree} is not writable: a development install builds in its build/ directory"))
-    venv = (venv or default_venv(spec, tree, cache)).absolute()
-    if problems.check(lambda: check_venv_path(venv)) is not None:
-        problems.check(lambda: writable_dir(venv.parent, "--venv's directory"))
-    logs = problems.check(lambda: writable_dir(cache / "develop" / "logs", "cache_dir"))
-    problems.raise_any()
-    assert logs is not None
+    venv, logs = _check(spec, backend, tree, venv, cache, problems or Problems())
     binds = Binds(cache=cache, out=logs, extra=(tree, venv.parent))
     view = backend.view(binds)
     log = view.out / f"develop-{spec.profile}-{tree.name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
@@ -86,3 +76,21 @@ def develop_with(
     backend.run("develop", records.to_dict(req), binds)
     print(venv, file=out)
     return venv
+
+
+def _check(
+    spec: BuildSpec, backend: Backend, tree: Path, venv: Path | None, cache: Path, problems: Problems
+) -> tuple[Path, Path]:
+    """Check the backend, the tree (a project tree, writable), the venv's path (default_venv's without --venv)
+    and the log directory, every failure named at once; the venv's absolute path and the log directory."""
+    problems.check(backend.check)
+    # SourceError when it is no project tree
+    if problems.check(lambda: describe_dir(tree)) is not None and not os.access(tree, os.W_OK):
+        problems.add(SourceError(f"{tree} is not writable: a development install builds in its build/ directory"))
+    venv = (venv or default_venv(spec, tree, cache)).absolute()
+    if problems.check(lambda: check_venv_path(venv)) is not None:
+        problems.check(lambda: writable_dir(venv.parent, "--venv's directory"))
+    logs = problems.check(lambda: writable_dir(cache / "develop" / "logs", "cache_dir"))
+    problems.raise_any()
+    assert logs is not None
+    return venv, logs

@@ -33,7 +33,7 @@ from torchbuild.profile.config import BuildSpec
 from torchbuild.runtime import compile_job, skbuild
 from torchbuild.runtime.compile_job import CompileJob, now_utc, open_log, path_independent
 from torchbuild.runtime.environment import compile_env
-from torchbuild.runtime.report import mark, read_ninja_log
+from torchbuild.runtime.report import LogMark, mark, read_ninja_log
 from torchbuild.runtime.tree import is_skbuild
 
 BASE_PTH = "torchbuild-base.pth"
@@ -110,30 +110,9 @@ def develop(req: Request, out: TextIO = sys.stdout) -> dict[str, Any]:
         before = mark(ninja_log)
         tee.line(f"torchbuild develop: {tree} into {venv} ({mode}), jobs {job.plan.jobs} ({job.plan.reason})")
         job.zero_ccache()
-        if mode == "pip":
-            # a scikit-build-core tree: its build/ kept and the code generation's include (runtime/skbuild.py)
-            config = skbuild.config_settings(skbuild.project_defines(job.env_vars, {})) if is_skbuild(tree) else []
-            cmd = [
-                str(python),
-                "-m",
-                "pip",
-                "install",
-                "--no-build-isolation",
-                "--no-deps",
-                "-v",
-                *config,
-                "-e",
-                str(tree),
-            ]
-        else:
-            cmd = [str(python), "setup.py", "develop"]
+        cmd = _install_command(python, tree, mode, job)
         job.compile(lambda n: cmd, cwd=str(tree), what=f"the {mode} development install")
-        compiled = [
-            o
-            for step in (read_ninja_log(ninja_log, since=before) if ninja_log.is_file() else [])
-            for o in step.outputs
-            if o.endswith(".o")
-        ]
+        compiled = _compiled_objects(ninja_log, before)
         project = _editable_project(python, tree, venv, job.env)
         record = job.record()
         result = {
@@ -152,6 +131,36 @@ def develop(req: Request, out: TextIO = sys.stdout) -> dict[str, Any]:
         return result
     finally:
         tee.close()
+
+
+def _install_command(python: Path, tree: Path, mode: str, job: CompileJob) -> list[str]:
+    """The development install's command: `pip install -e` (mode pip), else `setup.py develop`."""
+    if mode == "pip":
+        # a scikit-build-core tree: its build/ kept and the code generation's include (runtime/skbuild.py)
+        config = skbuild.config_settings(skbuild.project_defines(job.env_vars, {})) if is_skbuild(tree) else []
+        return [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--no-build-isolation",
+            "--no-deps",
+            "-v",
+            *config,
+            "-e",
+            str(tree),
+        ]
+    return [str(python), "setup.py", "develop"]
+
+
+def _compiled_objects(ninja_log: Path, before: LogMark | None) -> list[str]:
+    """The object files the install compiled: what ninja logged after the mark before."""
+    return [
+        o
+        for step in (read_ninja_log(ninja_log, since=before) if ninja_log.is_file() else [])
+        for o in step.outputs
+        if o.endswith(".o")
+    ]
 
 
 def _job(req: Request, tee: Tee) -> CompileJob:

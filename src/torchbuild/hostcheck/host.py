@@ -908,7 +908,12 @@ def _plan(
     if _read(root, SMT_CONTROL) == "on" and _read(root, SMT_ACTIVE) != "0":
         change(SMT, SMT_CONTROL, "off\n")
     change(PERF_EVENT, PERF_RATE, "1\n")
+    return files, _gpu_plan(root, runner, state), notes
 
+
+def _gpu_plan(root: Path, runner: Runner | None, state: dict[str, Any] | None) -> list[_GpuChange]:
+    """What --apply changes on each GPU: persistence mode where it is off, clocks locked where they are not
+    already (this boot)."""
     gpus: list[_GpuChange] = []
     run = _resolve_runner(root, runner)
     if run is not None:
@@ -919,7 +924,7 @@ def _plan(
             lock = gpu.max_mhz if gpu.max_mhz is not None and gpu.index not in locked else None
             if persistence is not None or lock is not None:
                 gpus.append(_GpuChange(gpu.index, persistence, lock))
-    return files, gpus, notes
+    return gpus
 
 
 def _merge(

@@ -17,16 +17,20 @@ from torchbuild.runtime.tasks import handles_errors, task
 NOT_READY_EXIT = 1
 
 
+# `invoke host-check`'s flags, as `invoke --help host-check` shows them
+_FLAG_HELP = {
+    "root": "read every /sys and /proc path under this directory (default /; pyperf and the GPUs only for /)",
+    "apply": "as root: set governor, turbo, SMT, perf event rate, GPU persistence and clocks, saving the previous values first",
+    "restore": "as root: put back the values --apply saved and remove the state file",
+    "state": "the state file --apply writes and --restore reads (default <root>/var/lib/torchbuild/host-state.json)",
+    "json_": "print the report as JSON (with the changes --apply or --restore made)",
+    "strict": "exit 1 when a setting is not ready (unknown ones do not count)",
+}
+
+
 @task(
     name="host-check",
-    help={
-        "root": "read every /sys and /proc path under this directory (default /; pyperf and the GPUs only for /)",
-        "apply": "as root: set governor, turbo, SMT, perf event rate, GPU persistence and clocks, saving the previous values first",
-        "restore": "as root: put back the values --apply saved and remove the state file",
-        "state": "the state file --apply writes and --restore reads (default <root>/var/lib/torchbuild/host-state.json)",
-        "json_": "print the report as JSON (with the changes --apply or --restore made)",
-        "strict": "exit 1 when a setting is not ready (unknown ones do not count)",
-    },
+    help=_FLAG_HELP,
 )
 @handles_errors
 def host_check(
@@ -54,17 +58,41 @@ def host_check(
     a VM, do not fail it: nothing here can fix them). 25 (HostSetupFailed) only when --apply or
     --restore fails or is run without root; 2 (UsageError) for --apply with --restore.
     """
-    if apply and restore:
-        raise UsageError("--apply and --restore undo each other", hint="give one of them")
-    if not Path(root).is_dir():
-        raise UsageError(f"--root {root} is not a directory", hint="give the directory /sys and /proc are read under")
+    _check_flags(root, apply=apply, restore=restore)
     state_file = user_path(state) if state else hc.default_state_file(root)
+    actions = _change(root, state_file, apply=apply, restore=restore)
+    settings = hc.check(root, state_file=state_file)
+    _print_report(settings, actions, state_file, json_=json_, apply=apply, restore=restore)
+    missing = hc.not_ready(settings)
+    if strict and missing:
+        raise Exit(
+            message=f"host-check: not ready: {', '.join(s.name for s in missing)}",
+            code=NOT_READY_EXIT,
+        )
+
+
+def _change(root: str, state_file: Path, *, apply: bool, restore: bool) -> list[str]:
+    """--apply's or --restore's changes, made (what each did); none without them."""
     actions: list[str] = []
     if apply:
         actions = hc.apply(root, state_file)
     elif restore:
         actions = hc.restore(root, state_file)
-    settings = hc.check(root, state_file=state_file)
+    return actions
+
+
+def _check_flags(root: str, *, apply: bool, restore: bool) -> None:
+    """A UsageError for --apply with --restore, or a --root that is no directory."""
+    if apply and restore:
+        raise UsageError("--apply and --restore undo each other", hint="give one of them")
+    if not Path(root).is_dir():
+        raise UsageError(f"--root {root} is not a directory", hint="give the directory /sys and /proc are read under")
+
+
+def _print_report(
+    settings: list[hc.Setting], actions: list[str], state_file: Path, *, json_: bool, apply: bool, restore: bool
+) -> None:
+    """The report as JSON (with the state file and the changes made), else the changes made and the table."""
     if json_:
         extra: dict[str, object] = {"state_file": str(state_file), "state_saved": state_file.is_file()}
         if apply:
@@ -76,9 +104,3 @@ def host_check(
         if actions:
             print("\n".join(actions), end="\n\n")
         print(hc.render(settings))
-    missing = hc.not_ready(settings)
-    if strict and missing:
-        raise Exit(
-            message=f"host-check: not ready: {', '.join(s.name for s in missing)}",
-            code=NOT_READY_EXIT,
-        )

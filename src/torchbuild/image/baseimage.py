@@ -119,20 +119,27 @@ def make_base_image(
         rootfs = Path(tmp) / "rootfs"
         _debootstrap(debootstrap, suite, arch, rootfs, mirror, components, out)
         _prepare_rootfs(rootfs, ignore_valid_until)
-        ctx = _scratch_context(rootfs)
-        print(f"importing as {tag} ({arch.docker_platform})", file=out, flush=True)
-        engine.build(
-            ctx,
-            tag=tag,
-            labels={
-                f"{LABEL_PREFIX}.base-suite": suite,
-                f"{LABEL_PREFIX}.arch": arch.value,
-                f"{LABEL_PREFIX}.base-mirror": mirror or "debootstrap default",
-            },
-            platform=arch.docker_platform,
-            log=work_dir / f"base-{suite}-{arch}.log",
-            out=out,
-        )
+        _import_rootfs(engine, rootfs, tag, suite, arch, mirror, work_dir, out)
     check_platform(engine, tag, arch)
     print(f"{tag} ready in {time.monotonic() - start:.0f} s", file=out)
     return tag, True
+
+
+def _import_rootfs(
+    engine: Engine, rootfs: Path, tag: str, suite: str, arch: Arch, mirror: str | None, work_dir: Path, out: TextIO
+) -> None:
+    """Import the root filesystem as tag: a scratch image labelled with its suite, arch and mirror."""
+    ctx = _scratch_context(rootfs)
+    print(f"importing as {tag} ({arch.docker_platform})", file=out, flush=True)
+    engine.build(
+        ctx,
+        tag=tag,
+        labels={
+            f"{LABEL_PREFIX}.base-suite": suite,
+            f"{LABEL_PREFIX}.arch": arch.value,
+            f"{LABEL_PREFIX}.base-mirror": mirror or "debootstrap default",
+        },
+        platform=arch.docker_platform,
+        log=work_dir / f"base-{suite}-{arch}.log",
+        out=out,
+    )

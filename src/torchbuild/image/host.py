@@ -855,7 +855,23 @@ def lock_image(
     unlocked = build_image(
         spec, engine, logs_dir=logs_dir, rebuild=rebuild, pull=pull, apt_options=apt_options, out=out, locked=None
     )
-    records = read_image_files(engine, unlocked.image_id, [lockfile.RECORD_DIR, INSTALLED_LIST])
+    lock, installed = _pins_of(spec, engine, unlocked.image_id)
+    raw = lock.dump().encode()
+    locked_by = LockedBy(path, lock, hashlib.sha256(raw).hexdigest())
+    apt, pip = lock.counts()
+    print(f"pinned {apt} apt and {pip} pip packages; building {spec.image_tag} from them", file=out, flush=True)
+    locked = build_image(
+        spec, engine, logs_dir=logs_dir, rebuild=rebuild, apt_options=apt_options, out=out, locked=locked_by
+    )
+    _check_same_packages(engine, locked.image_id, installed, path)
+    sha256, size = lockfile.write(lock, path)
+    assert sha256 == locked_by.sha256
+    return LockOutcome(unlocked, locked, path, sha256, size, apt, pip)
+
+
+def _pins_of(spec: BuildSpec, engine: Engine, image_id: str) -> tuple[Lock, list[str]]:
+    """The lock of the image built without one (from what it recorded), and its installed list."""
+    records = read_image_files(engine, image_id, [lockfile.RECORD_DIR, INSTALLED_LIST])
     listed = records.pop(Path(INSTALLED_LIST).name, None)
     if listed is None:
         raise LockError(f"{spec.image_tag} has no {INSTALLED_LIST}: it was not built by this torchbuild")
@@ -871,14 +887,12 @@ def lock_image(
         base_image_id=base_id,
         torchbuild_version=__version__,
     )
-    raw = lock.dump().encode()
-    locked_by = LockedBy(path, lock, hashlib.sha256(raw).hexdigest())
-    apt, pip = lock.counts()
-    print(f"pinned {apt} apt and {pip} pip packages; building {spec.image_tag} from them", file=out, flush=True)
-    locked = build_image(
-        spec, engine, logs_dir=logs_dir, rebuild=rebuild, apt_options=apt_options, out=out, locked=locked_by
-    )
-    again = read_image_files(engine, locked.image_id, [INSTALLED_LIST])
+    return lock, installed
+
+
+def _check_same_packages(engine: Engine, image_id: str, installed: list[str], path: Path) -> None:
+    """LockError (and no lock written) when the image built from the pins lists other packages than installed."""
+    again = read_image_files(engine, image_id, [INSTALLED_LIST])
     relisted = again.get(Path(INSTALLED_LIST).name, b"").decode().splitlines()
     differences = lockfile.list_differences(installed, relisted)
     if differences:
@@ -887,9 +901,6 @@ def lock_image(
             f"no lock was written to {path}",
             hint="report it: a lock must reproduce the image's packages exactly",
         )
-    sha256, size = lockfile.write(lock, path)
-    assert sha256 == locked_by.sha256
-    return LockOutcome(unlocked, locked, path, sha256, size, apt, pip)
 
 
 # --------------------------------------------------------------------------- build
@@ -911,9 +922,7 @@ def build_image(
     start = time.monotonic()
     platform = spec.arch.docker_platform
     packages = image_packages(spec)
-    python_requirements(spec)  # a bad entry is refused before anything is pulled or built
-    ca_certificates(spec)  # and so is a CA file that is not a PEM certificate
-    require_emulation(spec.arch)
+    _check_inputs(spec)
     base_id = _base_image_id(spec, engine, pull, out)
     args = build_args(spec)
     with tempfile.TemporaryDirectory(prefix="torchbuild-ctx-") as tmp:
@@ -938,13 +947,27 @@ def build_image(
                 out=out,
             )
         except ImageBuildFailed as err:
-            named = _lock_failure(spec, locked, log, err) if locked else err
-            named = _profile_stop(spec, log, err) if named is err else named
+            named = _named_failure(spec, locked, log, err)
             if named is err:
                 raise
             raise named from err
     check_platform(engine, spec.image_tag, spec.arch)
     return ImageResult(spec.image_tag, image_id, False, time.monotonic() - start, log)
+
+
+def _check_inputs(spec: BuildSpec) -> None:
+    """Refuse, before anything is pulled or built, a bad python requirement, a CA file that is no PEM certificate
+    and a foreign arch without emulation."""
+    python_requirements(spec)  # a bad entry is refused before anything is pulled or built
+    ca_certificates(spec)  # and so is a CA file that is not a PEM certificate
+    require_emulation(spec.arch)
+
+
+def _named_failure(spec: BuildSpec, locked: LockedBy | None, log: Path, err: ImageBuildFailed) -> TorchbuildError:
+    """What a failed build means: a lock that does not fit (_lock_failure), a profile value the build stopped at
+    (_profile_stop), else err itself."""
+    named = _lock_failure(spec, locked, log, err) if locked else err
+    return _profile_stop(spec, log, err) if named is err else named
 
 
 def _base_image_id(spec: BuildSpec, engine: Engine, pull: bool, out: TextIO) -> str:

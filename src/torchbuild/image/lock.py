@@ -301,37 +301,9 @@ def from_records(
     by name) and its installed list. Each pin is checked against the installed list: the lock
     holds exactly the versions the image has."""
 
-    def record(name: str) -> bytes | None:
-        return records.get(name)
-
-    base = record("dpkg-base.txt")
-    if base is None:
-        raise LockError(f"the image records no dpkg-base.txt in {RECORD_DIR}: it was built from a lock, or by hand")
-    before = set(base.decode().split())
-    apt = sorted({line.split(" ", 1)[1] for line in installed if line.startswith("dpkg ")} - before)
-    pip: dict[str, tuple[PipPin, ...]] = {}
+    apt = _apt_pins(records, installed)
     primary = pythons[0]
-    for version in pythons:
-        where = f"pip for Python {version}"
-        own = record(f"pip-{version}.sha256")
-        if own is None:
-            raise LockError(f"the image records no pip-{version}.sha256 in {RECORD_DIR}")
-        pins = {"pip": _pip_self_pin(own.decode(), where)}
-        reports = [f"pip-{version}.json", *(["torchbuild.json"] if version == primary else [])]
-        for name in reports:
-            raw = record(name)
-            if raw is not None:  # no requirements: no report
-                skip = {"torchbuild"} if name == "torchbuild.json" else set()
-                pins.update((p.key, p) for p in _report_pins(json.loads(raw), where, skip))
-        venv = venv_of(version, primary)
-        has = installed_pip(installed, venv)
-        for key, pin in pins.items():
-            if has.get(key) != pin.version:
-                raise LockError(f"{where}: the report says {pin.name} {pin.version}, {venv} has {has.get(key)}")
-        unpinned = sorted(set(has) - set(pins) - _ENSUREPIP - {"torchbuild"})
-        if unpinned:
-            raise LockError(f"{where}: {venv} has {', '.join(unpinned)}, which no recorded pip install put there")
-        pip[version] = tuple(sorted(pins.values(), key=lambda p: p.key))
+    pip = {version: _pip_pins(records, installed, version, primary=primary) for version in pythons}
     return Lock(
         profile=profile,
         arch=arch,
@@ -342,6 +314,42 @@ def from_records(
         torchbuild_version=torchbuild_version,
         created=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     )
+
+
+def _apt_pins(records: Mapping[str, bytes], installed: Sequence[str]) -> list[str]:
+    """The apt pins: the installed list's dpkg packages that the base image (dpkg-base.txt) did not have."""
+    base = records.get("dpkg-base.txt")
+    if base is None:
+        raise LockError(f"the image records no dpkg-base.txt in {RECORD_DIR}: it was built from a lock, or by hand")
+    before = set(base.decode().split())
+    return sorted({line.split(" ", 1)[1] for line in installed if line.startswith("dpkg ")} - before)
+
+
+def _pip_pins(
+    records: Mapping[str, bytes], installed: Sequence[str], version: str, *, primary: str
+) -> tuple[PipPin, ...]:
+    """Python version's pip pins (pip itself, its reports' and, for the primary, torchbuild's requirements),
+    checked against what its venv has: the same versions, and nothing no recorded install put there."""
+    where = f"pip for Python {version}"
+    own = records.get(f"pip-{version}.sha256")
+    if own is None:
+        raise LockError(f"the image records no pip-{version}.sha256 in {RECORD_DIR}")
+    pins = {"pip": _pip_self_pin(own.decode(), where)}
+    reports = [f"pip-{version}.json", *(["torchbuild.json"] if version == primary else [])]
+    for name in reports:
+        raw = records.get(name)
+        if raw is not None:  # no requirements: no report
+            skip = {"torchbuild"} if name == "torchbuild.json" else set()
+            pins.update((p.key, p) for p in _report_pins(json.loads(raw), where, skip))
+    venv = venv_of(version, primary)
+    has = installed_pip(installed, venv)
+    for key, pin in pins.items():
+        if has.get(key) != pin.version:
+            raise LockError(f"{where}: the report says {pin.name} {pin.version}, {venv} has {has.get(key)}")
+    unpinned = sorted(set(has) - set(pins) - _ENSUREPIP - {"torchbuild"})
+    if unpinned:
+        raise LockError(f"{where}: {venv} has {', '.join(unpinned)}, which no recorded pip install put there")
+    return tuple(sorted(pins.values(), key=lambda p: p.key))
 
 
 # --------------------------------------------------------------------------- the installed list

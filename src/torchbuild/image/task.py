@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from invoke.context import Context
 
 from torchbuild.core.arch import Arch
@@ -9,7 +11,7 @@ from torchbuild.core.errors import UsageError
 from torchbuild.core.safeio import user_path
 from torchbuild.image.baseimage import DEFAULT_COMPONENTS, make_base_image
 from torchbuild.image.host import build_image, default_lock_path, find_lock, lock_image, push_images
-from torchbuild.profile.config import DEFAULT_PROFILE, cache_dir, default_cache_dir
+from torchbuild.profile.config import DEFAULT_PROFILE, BuildSpec, cache_dir, default_cache_dir
 from torchbuild.runtime.engine import Engine
 from torchbuild.runtime.tasks import HELP, handles_errors, spec_from, task
 
@@ -44,50 +46,69 @@ def image(
     changed. With a lock file present (<profile>.<arch>.lock beside the profile), it installs exactly the lock;
     --lock writes (or refreshes) it."""
 
+    specs = _image_specs(profile, set_, arch, lock_file)
+    engine = Engine.connect()
+    given = user_path(lock_file).absolute() if lock_file else None
+    for spec in specs:
+        if lock:
+            _lock_and_build(spec, engine, given, rebuild=rebuild, pull=pull, apt_options=apt_option or [])
+        else:
+            _build_one(spec, engine, given, rebuild=rebuild, pull=pull, apt_options=apt_option or [])
+    if push:
+        print(f"pushed {push_images(engine, specs)} ({', '.join(s.arch.value for s in specs)})")
+
+
+def _image_specs(profile: str, set_: list[str] | None, arch: str, lock_file: str) -> list[BuildSpec]:
+    """The spec of each arch `invoke image` builds (--arch all: both), after checking --lock-file names one."""
     if lock_file and arch == "all":
         raise UsageError(
             "--lock-file names one lock, --arch all builds two",
             hint="leave --lock-file out: each arch uses <profile>.<arch>.lock beside the profile",
         )
     arches = [a.value for a in Arch] if arch == "all" else [arch]
-    specs = [spec_from(profile, set_, a) for a in arches]
-    engine = Engine.connect()
-    given = user_path(lock_file).absolute() if lock_file else None
-    for spec in specs:
-        logs = cache_dir(spec) / "logs"
-        if lock:
-            done = lock_image(
-                spec,
-                engine,
-                path=given or default_lock_path(spec),
-                logs_dir=logs,
-                rebuild=rebuild,
-                pull=pull,
-                apt_options=apt_option or [],
-            )
-            for what, step in (("without the lock", done.unlocked), ("from the lock", done.locked)):
-                state = "up to date (cache hit)" if step.cached else "built"
-                print(f"{step.tag} {what} {state}: {step.image_id[:19]} in {step.seconds:.1f} s")
-            print(
-                f"lock written: {done.path} ({done.apt} apt and {done.pip} pip pins, {done.size} bytes, "
-                f"sha256 {done.sha256[:16]}...): both images list the same packages"
-            )
-            continue
-        result = build_image(
-            spec,
-            engine,
-            logs_dir=logs,
-            rebuild=rebuild,
-            pull=pull,
-            apt_options=apt_option or [],
-            locked=find_lock(spec, given),
-        )
-        state = "up to date (cache hit)" if result.cached else "built"
-        print(f"{result.tag} {state}: {result.image_id[:19]} in {result.seconds:.1f} s")
-        if result.log:
-            print(f"build log: {result.log}")
-    if push:
-        print(f"pushed {push_images(engine, specs)} ({', '.join(s.arch.value for s in specs)})")
+    return [spec_from(profile, set_, a) for a in arches]
+
+
+def _lock_and_build(
+    spec: BuildSpec, engine: Engine, given: Path | None, *, rebuild: bool, pull: bool, apt_options: list[str]
+) -> None:
+    """`invoke image --lock` for one arch: write the lock, build from it, and print both builds and the lock."""
+    logs = cache_dir(spec) / "logs"
+    done = lock_image(
+        spec,
+        engine,
+        path=given or default_lock_path(spec),
+        logs_dir=logs,
+        rebuild=rebuild,
+        pull=pull,
+        apt_options=apt_options,
+    )
+    for what, step in (("without the lock", done.unlocked), ("from the lock", done.locked)):
+        state = "up to date (cache hit)" if step.cached else "built"
+        print(f"{step.tag} {what} {state}: {step.image_id[:19]} in {step.seconds:.1f} s")
+    print(
+        f"lock written: {done.path} ({done.apt} apt and {done.pip} pip pins, {done.size} bytes, "
+        f"sha256 {done.sha256[:16]}...): both images list the same packages"
+    )
+
+
+def _build_one(
+    spec: BuildSpec, engine: Engine, given: Path | None, *, rebuild: bool, pull: bool, apt_options: list[str]
+) -> None:
+    """`invoke image` for one arch: build it (from its lock when there is one) and print the result."""
+    result = build_image(
+        spec,
+        engine,
+        logs_dir=cache_dir(spec) / "logs",
+        rebuild=rebuild,
+        pull=pull,
+        apt_options=apt_options,
+        locked=find_lock(spec, given),
+    )
+    state = "up to date (cache hit)" if result.cached else "built"
+    print(f"{result.tag} {state}: {result.image_id[:19]} in {result.seconds:.1f} s")
+    if result.log:
+        print(f"build log: {result.log}")
 
 
 @task(

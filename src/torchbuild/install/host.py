@@ -113,24 +113,39 @@ def check_prefix(prefix: Path, force: bool) -> bool:
             hint="venv scripts' shebangs, PATH and apptainer --bind cannot hold them; choose a plain path",
         )
     with named_os_errors(prefix, "--prefix"):
-        if prefix.is_symlink():
-            raise PathError(
-                f"--prefix {prefix} is a symbolic link (to {os.readlink(prefix)})",
-                hint="give the directory it points to as --prefix: a venv records its own path, and torchbuild "
-                "never replaces a link",
-            )
-        if not prefix.exists():
-            writable_dir(prefix.parent, "the parent of --prefix")
+        if _new_or_empty(prefix):
             return False
-        if not prefix.is_dir():
-            raise PathError(f"--prefix {prefix} exists and is not a directory", hint="choose a new directory")
-        if not any(prefix.iterdir()):
-            return False
-        if not (prefix / INSTALL_MANIFEST).is_file():
-            raise PathError(
-                f"--prefix {prefix} is not empty and holds no {INSTALL_MANIFEST}: torchbuild did not make it",
-                hint="choose a new directory (torchbuild never removes what it did not install)",
-            )
+    _check_replaceable(prefix, force)
+    return True
+
+
+def _new_or_empty(prefix: Path) -> bool:
+    """Whether prefix is missing (its parent writable) or an empty directory; False for one holding an install
+    manifest. PathError for a link, a non-directory, or a non-empty directory without that manifest."""
+    if prefix.is_symlink():
+        raise PathError(
+            f"--prefix {prefix} is a symbolic link (to {os.readlink(prefix)})",
+            hint="give the directory it points to as --prefix: a venv records its own path, and torchbuild "
+            "never replaces a link",
+        )
+    if not prefix.exists():
+        writable_dir(prefix.parent, "the parent of --prefix")
+        return True
+    if not prefix.is_dir():
+        raise PathError(f"--prefix {prefix} exists and is not a directory", hint="choose a new directory")
+    if not any(prefix.iterdir()):
+        return True
+    if not (prefix / INSTALL_MANIFEST).is_file():
+        raise PathError(
+            f"--prefix {prefix} is not empty and holds no {INSTALL_MANIFEST}: torchbuild did not make it",
+            hint="choose a new directory (torchbuild never removes what it did not install)",
+        )
+    return False
+
+
+def _check_replaceable(prefix: Path, force: bool) -> None:
+    """PathError unless prefix holds the install torchbuild made at this very path, only that, and --force is
+    given."""
     made = read_install(prefix / INSTALL_MANIFEST)  # a manifest we cannot read is not ours to remove
     if not _same_dir(made.prefix, prefix):
         raise PathError(
@@ -145,7 +160,6 @@ def check_prefix(prefix: Path, force: bool) -> bool:
         )
     with named_os_errors(prefix, "--prefix"):
         _check_only_ours(prefix)
-    return True
 
 
 def _same_dir(recorded: str, prefix: Path) -> bool:
@@ -261,20 +275,13 @@ def install(
     chosen = choose_wheels(wheels, out_dir)
     built_for = wheel_python(chosen)
     links = [_existing_dir(p, "--find-links") for p in find_links]
-    if module_name and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*", module_name):
-        raise UsageError(f"--module-name {module_name!r} is not a module name", hint="letters, digits, . _ + -")
-    runtime_env(spec)  # a runtime_env that clashes with the build's is refused now, not in the step
-    if backend.engine == "native":  # in the image or the SIF the environment runs on the image's glibc
-        elffloor.check_host([w.path for w in chosen])
+    _check_module_name(module_name)
+    _check_runtime(spec, backend, chosen)
     comms = wheel_comms(chosen)
     backend.check()
     out_dir = writable_dir(out_dir, "--out")
     cache = writable_dir(cache_dir(spec), "cache_dir")
-    run_id = uuid.uuid4().hex[:12]
-    stage = out_dir / f"{PARTIAL_PREFIX}{run_id}-wheelhouse"
-    # TMPDIR of the step's processes (ensurepip's and pip's temporary trees): a process stopped
-    # by SIGTERM cleans up nothing, so they go where this call removes them on every way out
-    tmp = out_dir / f"{PARTIAL_PREFIX}{run_id}-tmp"
+    run_id, stage, tmp = _staging_paths(out_dir)
     name, version = module_identity(chosen, module_name)
     # the comms prefix bound at its own path (it may be in another profile's cache_dir)
     binds = Binds(cache=cache, out=out_dir, extra=(prefix, *links, *([comms[0]] if comms else [])))
@@ -295,11 +302,40 @@ def install(
         engine=backend.engine,
         comms=CommsSource(str(comms[0]), str(comms[0]), comms[1]) if comms else None,
     )
+    return _run_and_summarise(backend, request, binds, Staging(prefix, replace, stage, tmp, [w.path for w in chosen]))
+
+
+def _run_and_summarise(backend: Backend, request: InstallRequest, binds: Binds, staging: Staging) -> InstallManifest:
+    """Run the staged install step, then print the summary of the manifest it wrote (and return it)."""
     started = time.monotonic()
-    _run_staged(backend, request, binds, Staging(prefix, replace, stage, tmp, [w.path for w in chosen]))
-    manifest = read_install(prefix / INSTALL_MANIFEST)
+    _run_staged(backend, request, binds, staging)
+    manifest = read_install(staging.prefix / INSTALL_MANIFEST)
     _summary(manifest, time.monotonic() - started)
     return manifest
+
+
+def _check_module_name(module_name: str) -> None:
+    """A UsageError for a --module-name that is no module name (letters, digits, . _ + -)."""
+    if module_name and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*", module_name):
+        raise UsageError(f"--module-name {module_name!r} is not a module name", hint="letters, digits, . _ + -")
+
+
+def _check_runtime(spec: BuildSpec, backend: Backend, chosen: Sequence[WheelFile]) -> None:
+    """Refuse now, not in the step, a runtime_env that clashes with the build's and (natively) wheels this host's
+    glibc cannot run."""
+    runtime_env(spec)  # a runtime_env that clashes with the build's is refused now, not in the step
+    if backend.engine == "native":  # in the image or the SIF the environment runs on the image's glibc
+        elffloor.check_host([w.path for w in chosen])
+
+
+def _staging_paths(out_dir: Path) -> tuple[str, Path, Path]:
+    """A new run id, and the staged wheelhouse and the step's TMPDIR it names under out_dir."""
+    run_id = uuid.uuid4().hex[:12]
+    stage = out_dir / f"{PARTIAL_PREFIX}{run_id}-wheelhouse"
+    # TMPDIR of the step's processes (ensurepip's and pip's temporary trees): a process stopped
+    # by SIGTERM cleans up nothing, so they go where this call removes them on every way out
+    tmp = out_dir / f"{PARTIAL_PREFIX}{run_id}-tmp"
+    return run_id, stage, tmp
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,8 +38,35 @@ def mapped_mpi() -> str | None:
 
 
 def main(argv: list[str]) -> int:
+    via = _load_mpi(argv)
+    path = mapped_mpi()
+    if path is None:
+        print(
+            json.dumps(
+                {"error": "no MPI library could be loaded", "ld_library_path": os.environ.get("LD_LIBRARY_PATH", "")}
+            )
+        )
+        return 3
+    version = _library_version(path)
+    print(
+        json.dumps(
+            {
+                "library": os.path.realpath(path),
+                "mapped": path,
+                "version": version,
+                "via": via,
+                "ld_library_path": os.environ.get("LD_LIBRARY_PATH", ""),
+            }
+        )
+    )
+    return 0
+
+
+def _load_mpi(modules: list[str]) -> str:
+    """Import the modules until one maps an MPI library, else open libmpi by soname; what brought it in ("" for
+    nothing)."""
     via = ""
-    for module in argv:
+    for module in modules:
         try:
             importlib.import_module(module)
         except Exception:
@@ -55,31 +82,16 @@ def main(argv: list[str]) -> int:
                 continue
             via = soname
             break
-    path = mapped_mpi()
-    if path is None:
-        print(
-            json.dumps(
-                {"error": "no MPI library could be loaded", "ld_library_path": os.environ.get("LD_LIBRARY_PATH", "")}
-            )
-        )
-        return 3
+    return via
+
+
+def _library_version(path: str) -> str:
+    """What MPI_Get_library_version of the library at path says (or the code it returned)."""
     lib = ctypes.CDLL(path)
     buf = ctypes.create_string_buffer(MAX_VERSION)
     length = ctypes.c_int(0)
     rc = lib.MPI_Get_library_version(buf, ctypes.byref(length))
-    version = buf.value.decode(errors="replace").strip() if rc == 0 else f"MPI_Get_library_version returned {rc}"
-    print(
-        json.dumps(
-            {
-                "library": os.path.realpath(path),
-                "mapped": path,
-                "version": version,
-                "via": via,
-                "ld_library_path": os.environ.get("LD_LIBRARY_PATH", ""),
-            }
-        )
-    )
-    return 0
+    return buf.value.decode(errors="replace").strip() if rc == 0 else f"MPI_Get_library_version returned {rc}"
 
 
 if __name__ == "__main__":

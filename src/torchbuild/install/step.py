@@ -231,15 +231,7 @@ class _Step:
         mpi4py = wants_mpi4py(self.spec)
         mpicc = self._mpicc(required=not self._site_wheel_offered()) if mpi4py else ""
         self._make_venv()
-        pins = [f"{w.project}=={w.version}" for w in self.req.wheels]
-        house = self.req.wheelhouse
-        built = {w.project: w.version for w in self.req.wheels}
-        self.env.update(keep_built(Path(house, "torchbuild-constraints.txt"), built, str(self.py), self.env))
-        say(f"installing {', '.join(pins)} from the local wheelhouse")
-        self._pip(["install", "--no-index", "--find-links", house, "--no-deps", "--", *pins], "installing the wheels")
-        extra = other_packages(self.spec)
-        say("installing their dependencies" + (f" and {', '.join(extra)}" if extra else ""))
-        self._pip(["install", "--find-links", house, *self.index, "--", *pins, *extra], "installing dependencies")
+        self._install_wheels()
         mpi = self._mpi4py(mpicc) if mpi4py else None
         packages = install_packages(self, option_packages(self.spec))
         self._pip(["check"], "pip check")
@@ -254,12 +246,38 @@ class _Step:
         frozen = self._capture([str(self.py), "-m", "pip", "freeze", "--all"], "pip freeze").splitlines()
         self._hook_activate(env, prepend)
         modulefiles = self._modulefiles(env, prepend)
-        # the interpreter the venv runs on: `python3.13` on PATH may be a pyenv or conda shim
-        python_version, base_python = self._capture(
-            [str(self.py), "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3]); print(sys._base_executable)"],
-            "python",
-        ).splitlines()[:2]
-        manifest = InstallManifest(
+        manifest = self._manifest(started, t0, runtime, mpi, packages, comms, frozen=frozen, modulefiles=modulefiles)
+        write_install(manifest, self.prefix / INSTALL_MANIFEST)
+
+    def _install_wheels(self) -> None:
+        """The built wheels from the wheelhouse only (kept at their versions), then their dependencies and the
+        profile's other runtime packages."""
+        pins = [f"{w.project}=={w.version}" for w in self.req.wheels]
+        house = self.req.wheelhouse
+        built = {w.project: w.version for w in self.req.wheels}
+        self.env.update(keep_built(Path(house, "torchbuild-constraints.txt"), built, str(self.py), self.env))
+        say(f"installing {', '.join(pins)} from the local wheelhouse")
+        self._pip(["install", "--no-index", "--find-links", house, "--no-deps", "--", *pins], "installing the wheels")
+        extra = other_packages(self.spec)
+        say("installing their dependencies" + (f" and {', '.join(extra)}" if extra else ""))
+        self._pip(["install", "--find-links", house, *self.index, "--", *pins, *extra], "installing dependencies")
+
+    def _manifest(
+        self,
+        started: datetime,
+        t0: float,
+        runtime: Mapping[str, str],
+        mpi: MpiRecord | None,
+        packages: tuple[PackageInstallRecord, ...],
+        comms: InstallCommsRecord | None,
+        *,
+        frozen: Sequence[str],
+        modulefiles: tuple[str, str],
+    ) -> InstallManifest:
+        """The install's record (PREFIX/torchbuild-install.json): the interpreter, the wheels, the runtime pieces,
+        pip freeze, the size and the time it took (finished now)."""
+        python_version, base_python = self._base_python()
+        return InstallManifest(
             schema_version=1,
             torchbuild_version=__version__,
             run_id=self.req.run_id,
@@ -272,7 +290,7 @@ class _Step:
             started=started.isoformat(timespec="seconds"),
             finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             duration_s=round(time.monotonic() - t0, 1),
-            wheels=tuple(WheelRecord.of(Path(house, w.file)) for w in self.req.wheels),
+            wheels=tuple(WheelRecord.of(Path(self.req.wheelhouse, w.file)) for w in self.req.wheels),
             runtime_env=dict(runtime),
             runtime_packages=tuple(requirement_of(p) for p in self.spec.runtime_packages),
             runtime_modules=tuple(self.spec.runtime_modules),
@@ -285,7 +303,15 @@ class _Step:
             packages=packages,
             system_site_packages=self.spec.install_system_site_packages,
         )
-        write_install(manifest, self.prefix / INSTALL_MANIFEST)
+
+    def _base_python(self) -> tuple[str, str]:
+        """The version (X.Y.Z) and path of the interpreter the venv runs on."""
+        # the interpreter the venv runs on: `python3.13` on PATH may be a pyenv or conda shim
+        python_version, base_python = self._capture(
+            [str(self.py), "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3]); print(sys._base_executable)"],
+            "python",
+        ).splitlines()[:2]
+        return python_version, base_python
 
     def _modulefiles(self, env: Mapping[str, str], prepend: Mapping[str, Sequence[str]]) -> tuple[str, str]:
         """The Lmod and Tcl modulefiles in PREFIX/modulefiles; their paths under the prefix."""

@@ -132,18 +132,7 @@ def add_wheels(
     name and other content is a WheelhouseConflict; one whose ELF floor is above the house's
     floor (glibc_floor, libstdcxx_floor: the site profile's) a FloorError. Returns the paths of
     the wheels added. Nothing is copied when a check fails."""
-    incoming: list[WheelFile] = []
-    for w in (WheelFile.read(user_path(p).resolve()) for p in wheels):
-        twin = next((x for x in incoming if x.path.name == w.path.name), None)
-        if twin is None:
-            incoming.append(w)
-        elif twin.path != w.path and sha256_file(twin.path) != sha256_file(w.path):
-            raise WheelhouseConflict(
-                f"two different wheels named {w.path.name}: {twin.path} and {w.path}",
-                hint="give one of them; a wheel's name must say what it holds",
-            )
-    if not incoming:
-        raise UsageError("no wheels to add", hint="give --wheel W (repeatable), or build one into --out first")
+    incoming = _distinct_wheels(wheels)
     check_floor(incoming, *floor)
     made = [d for d in (dest, *dest.parents) if not d.exists()]  # what a failure removes again
     with named_os_errors(dest, "the wheelhouse"):
@@ -162,6 +151,24 @@ def add_wheels(
                 write_index(dest)  # the pages as they were, where the index was half rewritten
         raise
     return added
+
+
+def _distinct_wheels(wheels: Sequence[Path]) -> list[WheelFile]:
+    """The wheels to add, read, each name once (the same file or content given twice counts once);
+    WheelhouseConflict for two different wheels of one name, UsageError for none."""
+    incoming: list[WheelFile] = []
+    for w in (WheelFile.read(user_path(p).resolve()) for p in wheels):
+        twin = next((x for x in incoming if x.path.name == w.path.name), None)
+        if twin is None:
+            incoming.append(w)
+        elif twin.path != w.path and sha256_file(twin.path) != sha256_file(w.path):
+            raise WheelhouseConflict(
+                f"two different wheels named {w.path.name}: {twin.path} and {w.path}",
+                hint="give one of them; a wheel's name must say what it holds",
+            )
+    if not incoming:
+        raise UsageError("no wheels to add", hint="give --wheel W (repeatable), or build one into --out first")
+    return incoming
 
 
 def check_floor(incoming: Sequence[WheelFile], glibc_floor: str, libstdcxx_floor: str) -> None:

@@ -27,23 +27,27 @@ from torchbuild.runtime.tasks import HELP, handles_errors, spec_from, task
 OUT_HELP = "the directory of built wheels (default ./out); staging files go there too"
 
 
+# `invoke wheelhouse`'s flags, as `invoke --help wheelhouse` shows them
+_FLAG_HELP = {
+    "dest": "the wheelhouse directory (created if missing; wheels already there stay)",
+    "wheel": "a wheel to add (repeatable; default: every wheel in --out)",
+    "out": OUT_HELP,
+    "mix_local_versions": "allow one project with several local labels (2.6.0+gh200 next to 2.6.0+cpu)",
+    "list_": "list the wheels in --dest as avail_wheels does (name, version, python, arch); adds nothing",
+    "name": "with --list: a name or glob to show (repeatable; default all)",
+    "version": "with --list: a version or glob to show (repeatable), e.g. '2.6*'",
+    "python": "with --list: only wheels Python X.Y installs (cp311, py3); with --add-mpi4py: the interpreter",
+    "arch": "with --list: x86_64, aarch64, ... (pure-Python wheels, arch generic, are shown for any)",
+    "all_versions": "with --list: every version of each name, not only the newest",
+    "add_mpi4py": "build an mpi4py wheel with the profile's MPI (its mpicc, on PATH) and add it to --dest",
+    "find_links": "with --add-mpi4py: a directory holding the mpi4py sdist, for a host without an index",
+    "profile": HELP["profile"],
+    "set_": HELP["set_"],
+}
+
+
 @task(
-    help={
-        "dest": "the wheelhouse directory (created if missing; wheels already there stay)",
-        "wheel": "a wheel to add (repeatable; default: every wheel in --out)",
-        "out": OUT_HELP,
-        "mix_local_versions": "allow one project with several local labels (2.6.0+gh200 next to 2.6.0+cpu)",
-        "list_": "list the wheels in --dest as avail_wheels does (name, version, python, arch); adds nothing",
-        "name": "with --list: a name or glob to show (repeatable; default all)",
-        "version": "with --list: a version or glob to show (repeatable), e.g. '2.6*'",
-        "python": "with --list: only wheels Python X.Y installs (cp311, py3); with --add-mpi4py: the interpreter",
-        "arch": "with --list: x86_64, aarch64, ... (pure-Python wheels, arch generic, are shown for any)",
-        "all_versions": "with --list: every version of each name, not only the newest",
-        "add_mpi4py": "build an mpi4py wheel with the profile's MPI (its mpicc, on PATH) and add it to --dest",
-        "find_links": "with --add-mpi4py: a directory holding the mpi4py sdist, for a host without an index",
-        "profile": HELP["profile"],
-        "set_": HELP["set_"],
-    },
+    help=_FLAG_HELP,
     iterable=["wheel", "name", "version", "find_links", "set_"],
 )
 @handles_errors
@@ -80,14 +84,26 @@ def wheelhouse(
         links = [Path(f) for f in find_links or []]
         added = build_mpi4py_wheel(spec, target, python=python, find_links=links)
     else:
-        wheels = [Path(w) for w in wheel or []] or [w.path for w in wheels_in(user_path(out).absolute())]
-        if not wheels:
-            raise UsageError(f"no wheels in {out}", hint="build one first, or give --wheel W")
-        # the house's floor: the site profile's, where one is given
-        named = profile or set_ or os.environ.get("TORCHBUILD_PROFILE")
-        house = spec_from(profile, set_, None) if named else None
-        floor = (house.glibc_floor, house.libstdcxx_floor) if house else ("", "")
-        added = add_wheels(target, wheels, allow_mixed=mix_local_versions, floor=floor)
+        added = _add_built_wheels(target, wheel, out, profile, set_, mix_local_versions=mix_local_versions)
+    _print_added(target, added)
+
+
+def _add_built_wheels(
+    target: Path, wheel: list[str] | None, out: str, profile: str, set_: list[str] | None, *, mix_local_versions: bool
+) -> list[Path]:
+    """Add --wheel (default: every wheel in --out) to the house, above the site profile's floor where one is named."""
+    wheels = [Path(w) for w in wheel or []] or [w.path for w in wheels_in(user_path(out).absolute())]
+    if not wheels:
+        raise UsageError(f"no wheels in {out}", hint="build one first, or give --wheel W")
+    # the house's floor: the site profile's, where one is given
+    named = profile or set_ or os.environ.get("TORCHBUILD_PROFILE")
+    house = spec_from(profile, set_, None) if named else None
+    floor = (house.glibc_floor, house.libstdcxx_floor) if house else ("", "")
+    return add_wheels(target, wheels, allow_mixed=mix_local_versions, floor=floor)
+
+
+def _print_added(target: Path, added: list[Path]) -> None:
+    """Name each wheel added, then the house's size, its index and how to install from it."""
     for p in added:
         print(f"added {console.printable(p.name)}")
     print(console.printable(f"{len(wheels_in_house(target))} wheels in {target}; index: {target / 'simple'}"))

@@ -1114,6 +1114,8 @@ def _check_ccache_remote(values: Mapping[str, Any], where: Mapping[str, str]) ->
 
 
 def _check_cuda(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
+    """ProfileError for a cuda_arch_list without cuda_version, or the reverse, or a cuda_version other than the
+    base image's CUDA."""
     cuda = bool(values["cuda_version"])
     if values["cuda_arch_list"] and not cuda:
         fail(
@@ -1385,6 +1387,19 @@ def resolve(
         cli.values["arch"] = Arch.parse(arch).value if arch != "host" else "host"
     layers.append(cli)
 
+    merged, origins = _merged(keys, layers)
+    merged["profile"] = path.stem
+    origins["profile"] = str(path)
+    merged["arch"] = _target_arch(merged["arch"], host, origins)
+    _with_torch_version_modules(merged, origins)
+    _cross_check(merged, origins, merged["arch"])
+    _check_version(merged, origins)
+    return BuildSpec(**merged, origins=MappingProxyType(origins))
+
+
+def _merged(keys: Mapping[str, KeySpec], layers: Sequence[_Layer]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Every key's value and where it was set: the defaults, then each layer over them (maps merge entry by
+    entry)."""
     merged: dict[str, Any] = _checked({k: s.default for k, s in keys.items()}, lambda _: "defaults.yaml")
     merged["cache_dir"] = default_cache_dir()
     origins: dict[str, str] = {k: "defaults.yaml" for k in keys}
@@ -1394,9 +1409,13 @@ def resolve(
                 value = MappingProxyType({**merged[key], **value})  # maps merge entry by entry
             merged[key] = value
             origins[key] = layer.where(key)
-    merged["profile"] = path.stem
-    origins["profile"] = str(path)
-    if merged["arch"] == "host":
+    return merged, origins
+
+
+def _target_arch(arch: str, host: Arch | None, origins: Mapping[str, str]) -> Arch:
+    """The arch to build for: the profile's, or this host's for 'host' (a ProfileError where torchbuild builds
+    for no such machine)."""
+    if arch == "host":
         if host is None:
             hint = "set arch: aarch64 or x86_64 in the profile, or pass --arch (the target's, not this host's)"
             fail(
@@ -1405,12 +1424,8 @@ def resolve(
                 f"'host' is this machine, a {host_machine()}, which torchbuild does not build for",
                 hint,
             )
-        merged["arch"] = host.value
-    merged["arch"] = Arch(merged["arch"])
-    _with_torch_version_modules(merged, origins)
-    _cross_check(merged, origins, merged["arch"])
-    _check_version(merged, origins)
-    return BuildSpec(**merged, origins=MappingProxyType(origins))
+        arch = host.value
+    return Arch(arch)
 
 
 def spec_from_dict(data: Mapping[str, Any], label: str = "spec") -> BuildSpec:

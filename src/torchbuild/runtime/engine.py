@@ -178,19 +178,7 @@ class Engine:
         seen = _BuildOutput()
         with log.open("w") as logf, engine_lost(f"while it built {tag}"):
             try:
-                stream = self.client.api.build(
-                    path=str(context),
-                    dockerfile=dockerfile,
-                    tag=tag,
-                    buildargs=dict(buildargs or {}),
-                    labels=dict(labels or {}),
-                    platform=platform,
-                    nocache=nocache,
-                    rm=True,
-                    forcerm=True,
-                    pull=False,
-                    decode=True,
-                )
+                stream = self._build_stream(context, dockerfile, tag, buildargs, labels, platform, nocache)
                 for chunk in _chunks(stream):
                     error = seen.take(chunk, logf, out)
                     if error is not None:
@@ -202,6 +190,32 @@ class Engine:
             attrs = self.image_attrs(tag)
             return str(attrs["Id"]) if attrs else ""
         return seen.image_id
+
+    def _build_stream(
+        self,
+        context: Path,
+        dockerfile: str,
+        tag: str,
+        buildargs: Mapping[str, str] | None,
+        labels: Mapping[str, str] | None,
+        platform: str | None,
+        nocache: bool,
+    ) -> Any:
+        """The engine's decoded output of building context/dockerfile into tag: no pull, and intermediate
+        containers removed even when a step fails (forcerm)."""
+        return self.client.api.build(
+            path=str(context),
+            dockerfile=dockerfile,
+            tag=tag,
+            buildargs=dict(buildargs or {}),
+            labels=dict(labels or {}),
+            platform=platform,
+            nocache=nocache,
+            rm=True,
+            forcerm=True,
+            pull=False,
+            decode=True,
+        )
 
     def save(self, ref: str, dest: Path) -> int:
         """`docker save ref > dest` (a docker-archive), streamed to disk; returns its size."""
@@ -237,30 +251,12 @@ class Engine:
         cap_add, devices and security_opt are for the apptainer-builder only (never --privileged).
         """
         name = f"torchbuild-{uuid.uuid4().hex[:12]}"
-        api = self.client.api
         cid = None
         self.remove_exited_runs()
         try:
             host_config = self._host_config(mounts, read_only, memory_limit, cap_add, devices, security_opt)
-            created = api.create_container(
-                image,
-                command,
-                name=name,
-                user=user,
-                environment=dict(environment),
-                working_dir=workdir,
-                labels={"org.torchbuild.run": "1"},
-                host_config=host_config,
-                platform=platform,
-            )
-            cid = created["Id"]
-            container = self.client.containers.get(cid)
-            container.start()
-            for chunk in container.logs(stream=True, follow=True):
-                out.write(chunk.decode(errors="replace"))
-                out.flush()
-            result = container.wait()
-            return int(result.get("StatusCode", 1))
+            cid = self._create(image, command, name, user, environment, workdir, host_config, platform)
+            return self._follow(cid, out)
         except (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
             raise EngineUnavailable(
                 f"the Docker engine at {engine_address()} went away while container {name} ran: {_short(exc)}",
@@ -269,7 +265,42 @@ class Engine:
         finally:
             if cid is not None:  # an engine that went away took its containers (or keeps them: live-restore)
                 with contextlib.suppress(docker.errors.NotFound, requests.exceptions.ConnectionError):
-                    api.remove_container(cid, force=True)
+                    self.client.api.remove_container(cid, force=True)
+
+    def _create(
+        self,
+        image: str,
+        command: list[str],
+        name: str,
+        user: str,
+        environment: Mapping[str, str],
+        workdir: str,
+        host_config: dict[str, Any],
+        platform: str | None,
+    ) -> str:
+        """Create run's container, labelled as a torchbuild run (remove_exited_runs finds it); its id."""
+        created = self.client.api.create_container(
+            image,
+            command,
+            name=name,
+            user=user,
+            environment=dict(environment),
+            working_dir=workdir,
+            labels={"org.torchbuild.run": "1"},
+            host_config=host_config,
+            platform=platform,
+        )
+        return str(created["Id"])
+
+    def _follow(self, cid: str, out: TextIO) -> int:
+        """Start container cid, copy its output to out as it comes, and return its exit code."""
+        container = self.client.containers.get(cid)
+        container.start()
+        for chunk in container.logs(stream=True, follow=True):
+            out.write(chunk.decode(errors="replace"))
+            out.flush()
+        result = container.wait()
+        return int(result.get("StatusCode", 1))
 
     def remove_exited_runs(self) -> list[str]:
         """Remove the exited containers of earlier runs (label org.torchbuild.run): run() removes

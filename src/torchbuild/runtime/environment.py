@@ -198,28 +198,11 @@ def _compile_env(
         "USE_CUDA": _flag(spec.cuda),
     }
     if spec.cuda:
-        nvcc_flags = list(spec.cuda_flags)
-        threads = spec.nvcc_threads if nvcc_threads is None else nvcc_threads
-        if threads:
-            nvcc_flags += ["--threads", str(threads)]
-        env.update(
-            {
-                "CUDA_HOME": home,
-                "CUDACXX": f"{home}/bin/nvcc",
-                "TORCH_CUDA_ARCH_LIST": ";".join(spec.cuda_arch_list),
-                **({"CMAKE_CUDA_COMPILER_LAUNCHER": "ccache"} if launcher else {}),
-            }
-        )
-        if nvcc_flags:
-            env["TORCH_NVCC_FLAGS"] = shlex.join(nvcc_flags)
+        env.update(_cuda_env(spec, nvcc_threads, home, launcher=launcher))
     env["BLAS"] = BLAS_NAMES[spec.blas]
     if spec.mkl_threading:
         env["MKL_THREADING"] = spec.mkl_threading
-    env["USE_DISTRIBUTED"] = _flag(bool(spec.distributed))
-    for backend in ("gloo", "nccl", "mpi", "ucc"):
-        env[f"USE_{backend.upper()}"] = _flag(backend in spec.distributed)
-    if "nccl" in spec.distributed:
-        env["USE_SYSTEM_NCCL"] = _flag(spec.nccl != "bundled")
+    env.update(_distributed_env(spec))
     for var, flags in (("CFLAGS", spec.cflags), ("CXXFLAGS", spec.cxxflags), ("LDFLAGS", spec.ldflags)):
         if flags:
             env[var] = shlex.join(flags)
@@ -235,6 +218,34 @@ def _compile_env(
     env.update(remote_cache.storage_env(spec.ccache_remote, spec.ccache_remote_readonly))
     env.update(spec.switches)  # explicit switches win over derived values
     env.update(spec.env)
+    return env
+
+
+def _cuda_env(spec: BuildSpec, nvcc_threads: int | None, home: str, *, launcher: bool) -> dict[str, str]:
+    """_compile_env's CUDA variables: the toolkit at home, the arch list, ccache for nvcc (with launcher) and
+    nvcc's flags (with --threads: nvcc_threads, else the profile's)."""
+    nvcc_flags = list(spec.cuda_flags)
+    threads = spec.nvcc_threads if nvcc_threads is None else nvcc_threads
+    if threads:
+        nvcc_flags += ["--threads", str(threads)]
+    env = {
+        "CUDA_HOME": home,
+        "CUDACXX": f"{home}/bin/nvcc",
+        "TORCH_CUDA_ARCH_LIST": ";".join(spec.cuda_arch_list),
+        **({"CMAKE_CUDA_COMPILER_LAUNCHER": "ccache"} if launcher else {}),
+    }
+    if nvcc_flags:
+        env["TORCH_NVCC_FLAGS"] = shlex.join(nvcc_flags)
+    return env
+
+
+def _distributed_env(spec: BuildSpec) -> dict[str, str]:
+    """_compile_env's USE_DISTRIBUTED, a USE_<backend> for each backend, and USE_SYSTEM_NCCL with NCCL."""
+    env = {"USE_DISTRIBUTED": _flag(bool(spec.distributed))}
+    for backend in ("gloo", "nccl", "mpi", "ucc"):
+        env[f"USE_{backend.upper()}"] = _flag(backend in spec.distributed)
+    if "nccl" in spec.distributed:
+        env["USE_SYSTEM_NCCL"] = _flag(spec.nccl != "bundled")
     return env
 
 

@@ -612,13 +612,7 @@ def for_build(
     "configure_s", "targets_s"}. Exactly one of wheel and preflight. ccache_remote: the
     CcacheRemoteRecord's fields, when the profile has a ccache_remote; floor: the wheel's ELF floor."""
     data: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "torchbuild_version": __version__,
-        "kind": "wheel" if wheel is not None else "preflight",
-        "run_id": run_id,
-        "profile": spec.profile,
-        "profile_hash": spec.hash,
-        "resolved_profile": spec.to_dict(),
+        **_identity(spec, run_id, kind="wheel" if wheel is not None else "preflight"),
         "engine": "native",
         **provenance,
         "toolchain": dict(toolchain),
@@ -627,13 +621,47 @@ def for_build(
         "started": started,
         "finished": finished,
         "duration_s": round(seconds, 1),
-        "ccache": {
-            "hits": ccache[0],
-            "misses": ccache[1],
-            "hit_rate": round(ccache[2], 4),
-            **({"remote": dict(ccache_remote)} if ccache_remote else {}),
-        },
+        "ccache": _ccache_record(ccache, ccache_remote),
         "log": log,
+        **_results(report, wheel, preflight, companion=companion, reproducibility=reproducibility, floor=floor),
+    }
+    return _structure(data)
+
+
+def _identity(spec: BuildSpec, run_id: str, *, kind: str) -> dict[str, Any]:
+    """for_build's first keys: the schema, this torchbuild, the kind, the run and the resolved profile."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "torchbuild_version": __version__,
+        "kind": kind,
+        "run_id": run_id,
+        "profile": spec.profile,
+        "profile_hash": spec.hash,
+        "resolved_profile": spec.to_dict(),
+    }
+
+
+def _ccache_record(ccache: tuple[int, int, float], remote: Mapping[str, Any] | None) -> dict[str, Any]:
+    """for_build's ccache record: hits, misses, hit rate (ccache's tuple) and the remote's fields, when there is one."""
+    return {
+        "hits": ccache[0],
+        "misses": ccache[1],
+        "hit_rate": round(ccache[2], 4),
+        **({"remote": dict(remote)} if remote else {}),
+    }
+
+
+def _results(
+    report: Mapping[str, Any] | None,
+    wheel: Path | None,
+    preflight: Mapping[str, Any] | None,
+    *,
+    companion: Mapping[str, Any] | None,
+    reproducibility: Mapping[str, Any] | None,
+    floor: FloorRecord | None,
+) -> dict[str, Any]:
+    """for_build's last keys: the report, the wheel (read here) or the preflight, and the optional records."""
+    return {
         "report": dict(report) if report else None,
         "wheel": records.to_dict(WheelRecord.of(wheel)) if wheel is not None else None,
         "preflight": dict(preflight) if preflight is not None else None,
@@ -641,7 +669,6 @@ def for_build(
         **({"reproducibility": dict(reproducibility)} if reproducibility is not None else {}),
         **({"floor": records.to_dict(floor)} if floor is not None else {}),
     }
-    return _structure(data)
 
 
 # --------------------------------------------------------------------------- files

@@ -706,6 +706,13 @@ def follow(
             hint=f"follow its log with `tail -f {submitted.log}`; cancel it with `{scheduler.cancel_tool} {job_id}`",
         ) from None
     _print_new(submitted.log, pos, out)
+    _check_ended(scheduler, submitted, status, out)
+    return status
+
+
+def _check_ended(scheduler: Scheduler, submitted: Submitted, status: JobStatus, out: TextIO) -> None:
+    """Print how the finished job ended; JobFailed, with its log's tail, unless it completed with exit code 0."""
+    job_id = submitted.job_id
     ran = f" after {status.ran_s:.0f} s" if status.ran_s is not None else ""
     print(f"job {job_id} {status.state} (exit code {status.exit_code}){ran}", file=out, flush=True)
     if status.state != "COMPLETED" or status.exit_code != 0:  # cancelled while pending: 0:0
@@ -715,7 +722,6 @@ def follow(
             hint=f"fix what the log names, then submit again: finished steps are skipped (script: {submitted.script})",
             job_exit=status.exit_code,
         )
-    return status
 
 
 def _print_new(log: Path, pos: int, out: TextIO) -> int:

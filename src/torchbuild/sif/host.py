@@ -638,16 +638,24 @@ def build_sif(
     image_id, image_size = str(attrs["Id"]), int(attrs.get("Size") or 0)  # type: ignore[call-overload]
     out_dir = out_dir.resolve()
     final = out_dir / sif_filename(spec)
-    if final.exists() and not rebuild:
-        chosen = choose_compression(requested, apptainer.build_flags())
-        if _sif_is_current(spec, apptainer.labels(final), image_id, chosen, comms):
-            link = link_default(spec, final)
-            size = final.stat().st_size
-            return SifResult(
-                final, True, time.monotonic() - start, size, image_size, link=link, compression=str(chosen)
-            )
+    current = None if rebuild else _current_sif(spec, apptainer, final, image_id, image_size, requested, comms, start)
+    if current is not None:
+        return current
     job = _plan_conversion(spec, apptainer, image_size, final, requested)
     save_seconds, build_seconds = _convert(spec, engine, apptainer, job, image_id, image_size, comms, out)
+    return _converted_sif(spec, final, start, image_size, save_seconds, build_seconds, job)
+
+
+def _converted_sif(
+    spec: BuildSpec,
+    final: Path,
+    start: float,
+    image_size: int,
+    save_seconds: float,
+    build_seconds: float,
+    job: _Conversion,
+) -> SifResult:
+    """The result for the SIF just converted from the image at final."""
     link = link_default(spec, final)
     return SifResult(
         final,
@@ -661,6 +669,28 @@ def build_sif(
         link,
         str(job.chosen),
     )
+
+
+def _current_sif(
+    spec: BuildSpec,
+    apptainer: Apptainer,
+    final: Path,
+    image_id: str,
+    image_size: int,
+    requested: Compression | None,
+    comms: tuple[Path, Mapping[str, Any]] | None,
+    start: float,
+) -> SifResult | None:
+    """The result for a SIF at final already made from the image (image_id) with the same runtime keys, comms and
+    compression; None when there is none or it is not current."""
+    if not final.exists():
+        return None
+    chosen = choose_compression(requested, apptainer.build_flags())
+    if not _sif_is_current(spec, apptainer.labels(final), image_id, chosen, comms):
+        return None
+    link = link_default(spec, final)
+    size = final.stat().st_size
+    return SifResult(final, True, time.monotonic() - start, size, image_size, link=link, compression=str(chosen))
 
 
 def _sif_is_current(

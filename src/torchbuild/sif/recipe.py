@@ -582,19 +582,9 @@ def build_from_recipe(
     try:
         with interrupts_unwind():
             context, digest = _context(spec, run.work, bootstrap)
-            if final.exists() and not rebuild:
-                chosen = choose_compression(requested, apptainer.build_flags())
-                if _recipe_sif_is_current(spec, apptainer.labels(final), digest, chosen):
-                    size = final.stat().st_size
-                    return SifResult(
-                        final,
-                        True,
-                        time.monotonic() - start,
-                        size,
-                        0,
-                        link=link_default(spec, final),
-                        compression=str(chosen),
-                    )
+            current = _current_sif(spec, apptainer, final, digest, requested, start) if not rebuild else None
+            if current is not None:
+                return current
             plan = _plan_recipe_build(spec, apptainer, bootstrap, run, context, digest, requested)
             build_seconds = _run_recipe_build(apptainer, bootstrap, run, plan, out)
     except KeyboardInterrupt:
@@ -602,6 +592,11 @@ def build_from_recipe(
     finally:
         run.partial.unlink(missing_ok=True)
         remove_tree(run.work)
+    return _built_sif(spec, final, start, build_seconds, plan)
+
+
+def _built_sif(spec: BuildSpec, final: Path, start: float, build_seconds: float, plan: _RecipePlan) -> SifResult:
+    """The result for the SIF just built at final."""
     return SifResult(
         final,
         False,
@@ -612,6 +607,33 @@ def build_from_recipe(
         log=plan.log,
         link=link_default(spec, final),
         compression=str(plan.chosen),
+    )
+
+
+def _current_sif(
+    spec: BuildSpec,
+    apptainer: Apptainer,
+    final: Path,
+    digest: str,
+    requested: Compression | None,
+    start: float,
+) -> SifResult | None:
+    """The result for a SIF at final already built from this recipe (its labels: the digest, the compression);
+    None when there is none or it is not current."""
+    if not final.exists():
+        return None
+    chosen = choose_compression(requested, apptainer.build_flags())
+    if not _recipe_sif_is_current(spec, apptainer.labels(final), digest, chosen):
+        return None
+    size = final.stat().st_size
+    return SifResult(
+        final,
+        True,
+        time.monotonic() - start,
+        size,
+        0,
+        link=link_default(spec, final),
+        compression=str(chosen),
     )
 
 

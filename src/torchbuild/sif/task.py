@@ -56,6 +56,12 @@ def sif(
     if from_recipe:
         _from_recipe(spec, user_path(out), apptainer, rebuild, compression, write_definition_)
         return
+    _from_image(spec, out, apptainer, rebuild, compression)
+
+
+def _from_image(spec: BuildSpec, out: str, apptainer: str, rebuild: bool, compression: str) -> None:
+    """Convert the profile's toolchain image (with the comms stack built in it, when the profile wants one) into
+    the SIF and print what was made."""
     engine = Engine.connect()
     runner = locate(spec, apptainer, engine=lambda: engine)
     carried = None
