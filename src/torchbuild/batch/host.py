@@ -154,13 +154,7 @@ def submit_build(
     nodes > 1: the job holds that many nodes and spreads its compiles over them (spread.py)."""
     from torchbuild.source.fetch import looks_like_url
 
-    check_nodes(nodes, runtime.engine, runtime.apptainer)
-    scheduler, account = _check_job_request(spec, options, dependency)
-    jobplaces.check_required(spec)
-    engine_args = runtime.args(spec)
-    if nodes > 1:
-        scheduler = spread_scheduler_for(spec.scheduler, nodes)
-        options = _spread_options(spec, options, nodes)
+    scheduler, account, options, engine_args = _job_setup(spec, runtime, options, dependency, nodes)
     outp = user_path(out_dir or "out").absolute()
     directive_path(outp / "logs", scheduler.name)  # before anything is fetched
     cache = _check_job_places(spec, outp)
@@ -190,6 +184,22 @@ def submit_build(
     if wait:
         follow(scheduler, submitted, out)
     return submitted
+
+
+def _job_setup(
+    spec: BuildSpec, runtime: Runtime, options: BuildOptions, dependency: str, nodes: int
+) -> tuple[Scheduler, str, BuildOptions, list[str]]:
+    """The job's checks before anything is fetched: its nodes, keys, required keys and where
+    it builds; the scheduler (spread over nodes > 1, with the build options sized to them),
+    the account and the build's engine flags."""
+    check_nodes(nodes, runtime.engine, runtime.apptainer)
+    scheduler, account = _check_job_request(spec, options, dependency)
+    jobplaces.check_required(spec)
+    engine_args = runtime.args(spec)
+    if nodes > 1:
+        scheduler = spread_scheduler_for(spec.scheduler, nodes)
+        options = _spread_options(spec, options, nodes)
+    return scheduler, account, options, engine_args
 
 
 _MOUNTED_HINT = "move it to a file system the compute nodes mount (ARCHER2: your project's /work)"
@@ -568,6 +578,19 @@ def submit_run(
     if shutil.which(scheduler.submit_tool) is None:
         raise scheduler.missing()
     writable_dir(request.out, "--out")
+    submitted = _submit_run_script(scheduler, job, text)
+    print(
+        f"submitted {scheduler.name} job {submitted.job_id}: {job.name}\n  script {submitted.script}\n  log    {submitted.log}",
+        file=out,
+    )
+    if wait:
+        follow(scheduler, submitted, out)
+    return submitted
+
+
+def _submit_run_script(scheduler: Scheduler, job: Job, text: str) -> Submitted:
+    """The run job's script written beside its logs (never over another job's) and submitted;
+    the script is removed again when the submission fails."""
     script = scheduler.script_path(job)
     with named_os_errors(job.logs, "writing the batch script"):
         if script.exists() or scheduler.log_path(job).exists():  # another job's: never overwritten
@@ -582,8 +605,4 @@ def submit_run(
     except BaseException:
         script.unlink(missing_ok=True)
         raise
-    submitted = Submitted(job_id, script, scheduler.log_path(job, job_id))
-    print(f"submitted {scheduler.name} job {job_id}: {job.name}\n  script {script}\n  log    {submitted.log}", file=out)
-    if wait:
-        follow(scheduler, submitted, out)
-    return submitted
+    return Submitted(job_id, script, scheduler.log_path(job, job_id))
