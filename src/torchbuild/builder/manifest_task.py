@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import stat
 from pathlib import Path
 
@@ -12,9 +13,10 @@ from invoke.exceptions import Exit
 from torchbuild.builder import repro
 from torchbuild.core.console import printable
 from torchbuild.core.errors import WheelError, named_os_errors
+from torchbuild.core.options import option, positional
 from torchbuild.core.safeio import user_path
 from torchbuild.runtime import manifest as mf
-from torchbuild.runtime.tasks import handles_errors, task
+from torchbuild.runtime.tasks import options_task
 from torchbuild.verify.host import check_wheel_file
 
 # `invoke manifest diff` when the manifests differ. Not 1: invoke exits 1 for its own errors
@@ -24,25 +26,33 @@ DIFFERENT = 99
 FILE_HELP = "a *.manifest.json that `invoke build` wrote (next to the wheel, or preflight-*.manifest.json)"
 
 
-@task(help={"file": FILE_HELP})
-@handles_errors
-def show(c: Context, file: str) -> None:
+@dataclasses.dataclass(frozen=True)
+class ManifestFile:
+    """The manifest `invoke manifest show` prints."""
+
+    file: str = positional(FILE_HELP)
+
+
+@dataclasses.dataclass(frozen=True)
+class ManifestPair:
+    """The two manifests (or wheels) `invoke manifest diff` compares, and how much of them."""
+
+    a: str = positional(FILE_HELP + ", or a wheel")
+    b: str = positional("the manifest (or wheel) to compare it with")
+    all_: bool = option(False, "also compare " + ", ".join(mf.PER_RUN))
+
+
+@options_task(models={"given": ManifestFile})
+def show(c: Context, given: ManifestFile) -> None:
     """Print one build's manifest as tables.
 
     Source commit, patches, every profile key, image and its inputs, tool versions,
     environment, wheel sha256 (or preflight canaries), jobs, ccache and durations."""
-    print(mf.show(mf.read(user_path(file))))
+    print(mf.show(mf.read(user_path(given.file))))
 
 
-@task(
-    help={
-        "a": FILE_HELP + ", or a wheel",
-        "b": "the manifest (or wheel) to compare it with",
-        "all_": "also compare " + ", ".join(mf.PER_RUN),
-    }
-)
-@handles_errors
-def diff(c: Context, a: str, b: str, all_: bool = False) -> None:
+@options_task(models={"given": ManifestPair})
+def diff(c: Context, given: ManifestPair) -> None:
     """Compare two manifests, or two wheels; exit 0 when identical, 99 when they differ.
 
     Manifests: each differing field is named by its dotted path (resolved_profile.cxxflags,
@@ -52,13 +62,13 @@ def diff(c: Context, a: str, b: str, all_: bool = False) -> None:
     timestamp, mode, compression, position in the archive).
     Exit status: 0 when identical ("identical" is printed), 99 when they differ, any other
     non-zero on an error (a named error's code: 2 for a bad option or a missing argument)."""
-    pa, pb = user_path(a), user_path(b)
+    pa, pb = user_path(given.a), user_path(given.b)
     if pa.suffix == ".whl" or pb.suffix == ".whl":
         _diff_wheels(pa, pb)
         return
     ma, mb = mf.read(pa), mf.read(pb)
-    differences = mf.diff(ma, mb, everything=all_)
-    print(mf.show_diff(differences, pa, pb, everything=all_))
+    differences = mf.diff(ma, mb, everything=given.all_)
+    print(mf.show_diff(differences, pa, pb, everything=given.all_))
     if ma.wheel and mb.wheel and ma.wheel.sha256 != mb.wheel.sha256:
         _diff_wheels_beside(pa.parent / ma.wheel.name, pb.parent / mb.wheel.name)
     if differences:

@@ -3,9 +3,12 @@ changed objects recompile)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from invoke.context import Context
 
 from torchbuild.core.errors import UsageError, writable_dir
+from torchbuild.core.options import option
 from torchbuild.core.problems import Problems
 from torchbuild.core.safeio import user_path
 from torchbuild.devloop.host import develop_with
@@ -14,19 +17,20 @@ from torchbuild.runtime.options import NOT_COMPILE_OPTIONS, BuildOptions
 from torchbuild.runtime.tasks import Launch, launch_task
 
 
-@launch_task(
-    help={
-        "source": "the tree to install in development mode (a PyTorch checkout, or any setup.py project)",
-        "venv": "the venv to install into (made if missing; default <cache_dir>/venvs/develop-<profile>-<tree>-<hash>)",
-    },
-    models={"options": BuildOptions},
-    exclude=NOT_COMPILE_OPTIONS,
-)
-def develop(
-    c: Context, launch: Launch, source: str = "", venv: str = "", *, options: BuildOptions, problems: Problems
-) -> None:
+@dataclasses.dataclass(frozen=True)
+class DevelopTree:
+    """`invoke develop`'s own options: the tree and the venv it goes into (--jobs and --no-retry are BuildOptions')."""
+
+    source: str = option("", "the tree to install in development mode (a PyTorch checkout, or any setup.py project)")
+    venv: str = option(
+        "", "the venv to install into (made if missing; default <cache_dir>/venvs/develop-<profile>-<tree>-<hash>)"
+    )
+
+
+@launch_task(models={"given": DevelopTree, "options": BuildOptions}, exclude=NOT_COMPILE_OPTIONS)
+def develop(c: Context, launch: Launch, given: DevelopTree, *, options: BuildOptions, problems: Problems) -> None:
     """Install a tree in a venv in development mode (pip install -e, setup.py develop before 2.8); prints the venv's path."""
-    if not source:
+    if not given.source:
         raise UsageError(
             "--source is required", hint="invoke develop --source ~/dev/pytorch (`invoke source --dest` fetches one)"
         )
@@ -41,8 +45,8 @@ def develop(
     develop_with(
         spec,
         backend,
-        user_path(source).absolute(),
-        user_path(venv) if venv else None,
+        user_path(given.source).absolute(),
+        user_path(given.venv) if given.venv else None,
         cache,
         jobs=options.jobs,
         oom_retry=options.oom_retry,

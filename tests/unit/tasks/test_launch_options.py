@@ -130,3 +130,21 @@ def test_an_unusable_output_or_cache_path_is_named(tmp_path, case, args, error, 
     assert res.returncode == code, res.stdout + res.stderr
     assert error in res.stderr and words in res.stderr and "Traceback" not in res.stderr
     assert (tmp_path / "file").read_text() == "a file, not a directory\n"
+
+
+def test_the_profile_choice_is_declared_once_and_leads_the_launch_options():
+    """--profile, --arch and --set are ProfileChoice's fields (runtime/options.py): LaunchOptions
+    inherits them as its first three, so build's short flags stay, and the tasks that only resolve
+    the profile (config, source, patches without --arch) take them with the same help."""
+    from torchbuild.core.options import flags
+    from torchbuild.runtime.options import LaunchOptions, ProfileChoice
+    from torchbuild.tasks import ns
+
+    choice = flags(ProfileChoice)
+    assert [f.name for f in choice] == ["profile", "arch", "set_"]
+    assert flags(LaunchOptions)[:3] == choice
+    helps = {f.name: f.help for f in choice}
+    for task, names in {"config": choice, "source": choice, "patches": choice[::2]}.items():
+        args = {a.name: a for a in ns[task].get_arguments()}
+        assert {n.name: args[n.name].help for n in names} == {n.name: helps[n.name] for n in names}, task
+        assert ("arch" in args) == (task != "patches")
