@@ -2,24 +2,43 @@
 a flag with its help, and a batch job's argv back): where a step runs (LaunchOptions: every task
 that launches a step) and what a compile asks (BuildOptions: build, and comms and develop less
 NOT_COMPILE_OPTIONS). Here, under the features, so that runtime/tasks.py and comms/devloop take
-them without importing builder/."""
+them without importing builder/. ProfileChoice (the profile, its arch and --set overrides) is
+LaunchOptions' first three fields, and the whole of what a task that only resolves the profile
+takes (config, source, patches: models={"choice": ProfileChoice})."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
+from torchbuild.core.errors import ProfileError
 from torchbuild.core.options import option
-from torchbuild.profile.config import DEFAULT_PROFILE, parse_jobs_option
+from torchbuild.profile.config import DEFAULT_PROFILE, BuildSpec, find_profile, parse_jobs_option, resolve
 from torchbuild.runtime.backends import ENGINE_HELP
 
 _RETRY_HELP = "fail with OutOfMemory at the first out-of-memory kill instead of resuming with fewer jobs"
 
 
+def profile_name(profile: str) -> str:
+    """--profile, else the profile baked into the image or SIF ($TORCHBUILD_PROFILE), else the default."""
+    return profile or os.environ.get("TORCHBUILD_PROFILE") or DEFAULT_PROFILE
+
+
+def spec_from(profile: str, set_: list[str] | None, arch: str | None) -> BuildSpec:
+    name = profile_name(profile)
+    if not profile and os.environ.get("TORCHBUILD_PROFILE"):
+        try:
+            find_profile(name)
+        except ProfileError as exc:  # say where the name came from: no --profile was given
+            raise ProfileError(f"$TORCHBUILD_PROFILE: {exc.message}", hint=exc.hint) from None
+    return resolve(name, set_ or [], arch=arch or None)
+
+
 @dataclasses.dataclass(frozen=True)
-class LaunchOptions:
-    """The options of every task that runs a step natively, in the image or in the SIF: the
-    profile, its overrides and where the step runs (runtime/tasks.py Launch; a batch job passes
-    where its build runs on as to_argv of these)."""
+class ProfileChoice:
+    """The profile a task resolves: its name or file, the arch and the --set overrides. In this
+    order: LaunchOptions inherits them as its first fields, and invoke picks a task's short flags
+    in the order of its parameters."""
 
     profile: str = option(
         "",
@@ -31,6 +50,18 @@ class LaunchOptions:
     set_: tuple[str, ...] = option(
         (), "override a profile key: --set key=value (repeatable; maps: --set switches.USE_MPI=1)"
     )
+
+    def spec(self) -> BuildSpec:
+        """The resolved profile (spec_from)."""
+        return spec_from(self.profile, list(self.set_), self.arch)
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchOptions(ProfileChoice):
+    """The options of every task that runs a step natively, in the image or in the SIF: the
+    profile, its overrides (ProfileChoice's fields, first) and where the step runs
+    (runtime/tasks.py Launch; a batch job passes where its build runs on as to_argv of these)."""
+
     in_container: bool = option(
         False, "run in a container: short for --engine docker (default: natively, on this machine)"
     )

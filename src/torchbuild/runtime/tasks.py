@@ -28,7 +28,6 @@ from torchbuild.core.console import printable as console_printable
 from torchbuild.core.dirs import removing_made_dirs
 from torchbuild.core.errors import (
     PathError,
-    ProfileError,
     TorchbuildError,
     UsageError,
     debug_enabled,
@@ -38,17 +37,19 @@ from torchbuild.core.errors import (
 )
 from torchbuild.core.options import flags, from_flags
 from torchbuild.core.safeio import not_an_option
-from torchbuild.profile.config import DEFAULT_PROFILE, BuildSpec, find_profile, resolve
+from torchbuild.profile.config import BuildSpec
 from torchbuild.runtime.backends import Backend, Options, choose, engine_for
 from torchbuild.runtime.flags import derive
-from torchbuild.runtime.options import LaunchOptions
+from torchbuild.runtime.options import LaunchOptions, ProfileChoice
+from torchbuild.runtime.options import profile_name as profile_name  # re-exported: the tasks import them here
+from torchbuild.runtime.options import spec_from as spec_from
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_PROFILE_FLAGS = ("profile", "set_", "arch")
-# the launch options' help, from their declarations (builder/host.py LaunchOptions)
-HELP = {f.name: f.help for f in flags(LaunchOptions) if f.name in _PROFILE_FLAGS}
-RUNTIME_HELP = {f.name: f.help for f in flags(LaunchOptions) if f.name not in _PROFILE_FLAGS}
+# the launch options' help, from their declarations (runtime/options.py): the profile's
+# (ProfileChoice: profile, arch, set_), then where the step runs (the rest of LaunchOptions)
+HELP = {f.name: f.help for f in flags(ProfileChoice)}
+RUNTIME_HELP = {f.name: f.help for f in flags(LaunchOptions) if f.name not in HELP}
 # runtime options only some tasks take (read by backend_from when the task has them)
 EXTRA_RUNTIME = ("host_mpi",)
 
@@ -131,21 +132,6 @@ def handles_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def profile_name(profile: str) -> str:
-    """--profile, else the profile baked into the image or SIF ($TORCHBUILD_PROFILE), else the default."""
-    return profile or os.environ.get("TORCHBUILD_PROFILE") or DEFAULT_PROFILE
-
-
-def spec_from(profile: str, set_: list[str] | None, arch: str | None) -> BuildSpec:
-    name = profile_name(profile)
-    if not profile and os.environ.get("TORCHBUILD_PROFILE"):
-        try:
-            find_profile(name)
-        except ProfileError as exc:  # say where the name came from: no --profile was given
-            raise ProfileError(f"$TORCHBUILD_PROFILE: {exc.message}", hint=exc.hint) from None
-    return resolve(name, set_ or [], arch=arch or None)
-
-
 def backend_from(spec: BuildSpec, given: Mapping[str, Any]) -> Backend:
     """The backend a task's runtime options name (given: the task's locals(); the keys of
     RUNTIME_HELP are read): --engine checked by engine_for, options the engine cannot honour
@@ -159,10 +145,8 @@ def backend_from(spec: BuildSpec, given: Mapping[str, Any]) -> Backend:
 
 @dataclass(frozen=True)
 class Launch(LaunchOptions):
-    """The launch options (LaunchOptions: their flags and help) as a task gets them."""
-
-    def spec(self) -> BuildSpec:
-        return spec_from(self.profile, list(self.set_), self.arch)
+    """The launch options (LaunchOptions: their flags and help) as a task gets them; spec() is
+    ProfileChoice's."""
 
     @property
     def runtime(self) -> str:
