@@ -24,8 +24,8 @@ from torchbuild.core.options import option, to_argv
 from torchbuild.core.safeio import user_path
 from torchbuild.profile.config import RUN_JOB_KEYS, BuildSpec
 from torchbuild.profile.keys import key_option
-from torchbuild.runtime.options import BuildOptions
-from torchbuild.runtime.tasks import HELP, options_task, spec_from
+from torchbuild.runtime.options import BuildOptions, ProfileChoice
+from torchbuild.runtime.tasks import options_task, spec_from
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +76,7 @@ class JobRun:
 
 # submit's option models, by the parameter that takes each (its signature orders the flags)
 _MODELS: dict[str, type] = {
+    "choice": ProfileChoice,
     "how": JobHow,
     "runtime": Runtime,
     "where": BuildInputs,
@@ -90,7 +91,6 @@ _MODELS: dict[str, type] = {
     keys="job",
     exclude=("progress", "resume"),  # the job's build shows lines and always resumes
     help={
-        **HELP,
         "source": SOURCE_HELP + "; a git source is fetched and patched here, before submitting",
         "out": "output directory for the wheel, manifest, logs and the job's script (default ./out)",
         "preflight": "the job runs the preflight (configure, targets, canaries) instead of the wheel build",
@@ -98,13 +98,10 @@ _MODELS: dict[str, type] = {
         "cpus": "cores for the job (default: the profile's `cpus`; with --run, run_job's)",
         "gpus": "GPUs for the job (default: the profile's `gpus`); with the SIF, > 0 adds --nv",
     },
-    iterable=["set_"],
 )
 def submit(
     c: Context,
-    profile: str = "",
-    arch: str = "",
-    set_: list[str] | None = None,
+    choice: ProfileChoice,
     *,
     job: Mapping[str, str],
     how: JobHow,
@@ -123,7 +120,7 @@ def submit(
         build_flags = [*to_argv(where, ("out",)), *to_argv(options), *to_argv(build_run, ("progress",))]
         _check_run_options(runtime, job_run, build_flags)  # --out is the run job's too
     modules = {"runtime_modules" if run else "modules": list(how.module)}
-    spec = _job_spec(profile, arch, set_, job, modules=modules, module_purge=how.module_purge, directive=how.directive)
+    spec = _job_spec(choice, job, modules=modules, module_purge=how.module_purge, directive=how.directive)
     if run:
         return _submit_run(spec, job_run, where.out, c.remainder or "")
     submit_build(
@@ -186,9 +183,7 @@ def _job_key(key: str, run: bool) -> str:
 
 
 def _job_spec(
-    profile: str,
-    arch: str,
-    set_: list[str] | None,
+    choice: ProfileChoice,
     job_options: Mapping[str, str],
     *,
     modules: Mapping[str, list[str]],
@@ -198,7 +193,7 @@ def _job_spec(
     """The profile with --set, then each job option given (a profile key with a flag) as a --set of its key;
     --module replaces the profile's modules (runtime_modules for a run job: the key modules names),
     --directive adds to its directives."""
-    sets = list(set_ or [])
+    profile, arch, sets = choice.profile, choice.arch, list(choice.set_)
     run = "runtime_modules" in modules  # a run job: its own cpus, mem... are run_job's entries
     sets += [f"{_job_key(key, run)}={value}" for key, value in job_options.items() if value]
     sets += [f"{key}={json.dumps(given)}" for key, given in modules.items() if given]

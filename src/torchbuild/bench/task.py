@@ -11,6 +11,7 @@ from invoke.context import Context
 from torchbuild.bench.step import DEFAULT_REPO, Request, check_venv
 from torchbuild.core import records
 from torchbuild.core.errors import SourceError, UsageError, writable_dir
+from torchbuild.core.options import option
 from torchbuild.core.problems import Problems
 from torchbuild.core.safeio import user_path
 from torchbuild.profile.config import cache_dir
@@ -19,49 +20,48 @@ from torchbuild.runtime.tasks import Launch, launch_task
 from torchbuild.source.fetch import describe_dir, fetch_git, looks_like_url
 
 
-@launch_task(
-    help={
-        "venv": "the venv with the built torch (the prefix of `invoke install`, or the venv `invoke develop` printed)",
-        "benchmark": f"torchbench: a local tree or a git URL (default {DEFAULT_REPO})",
-        "ref": "git ref of a --benchmark URL (default main)",
-        "model": "a model for torchbench's install.py (repeatable; default: what install.py installs by default)",
-        "no_install": "skip the install (it is there already)",
-        "script": "the script --args are given to (default run.py)",
-        "args": "arguments for the script, one shell-quoted string (e.g. 'resnet50 -d cpu -t eval'); empty: install only",
-    },
-    iterable=["model"],
-)
-def bench(
-    c: Context,
-    launch: Launch,
-    venv: str = "",
-    benchmark: str = "",
-    ref: str = "main",
-    model: list[str] | None = None,
-    no_install: bool = False,
-    script: str = "run.py",
-    args: str = "",
-) -> None:
+@dataclass(frozen=True)
+class BenchFlags:
+    """`invoke bench`'s own flags (the launch options' come with @launch_task): the venv, the benchmark tree,
+    the install and what to run."""
+
+    venv: str = option(
+        "", "the venv with the built torch (the prefix of `invoke install`, or the venv `invoke develop` printed)"
+    )
+    benchmark: str = option("", f"torchbench: a local tree or a git URL (default {DEFAULT_REPO})")
+    ref: str = option("main", "git ref of a --benchmark URL (default main)")
+    model: tuple[str, ...] = option(
+        (), "a model for torchbench's install.py (repeatable; default: what install.py installs by default)"
+    )
+    no_install: bool = option(False, "skip the install (it is there already)")
+    script: str = option("run.py", "the script --args are given to (default run.py)")
+    args: str = option(
+        "", "arguments for the script, one shell-quoted string (e.g. 'resnet50 -d cpu -t eval'); empty: install only"
+    )
+
+
+@launch_task(models={"given": BenchFlags})
+def bench(c: Context, launch: Launch, given: BenchFlags) -> None:
     """Install torchbench against the built torch without letting pip replace it, and run it with --args."""
-    if not venv:
+    if not given.venv:
         raise UsageError("--venv is required", hint="invoke bench --venv ~/envs/torch-2.6 --args 'resnet50 -d cpu'")
-    origin = benchmark or DEFAULT_REPO
-    checked = _check_local(launch, venv, args, origin, script)
-    tree = _benchmark_tree(origin, ref, checked)
+    origin = given.benchmark or DEFAULT_REPO
+    checked = _check_local(launch, given.venv, given.args, origin, given.script)
+    tree = _benchmark_tree(origin, given.ref, checked)
     cache, prefix = checked.cache, checked.prefix
     # the venv and the tree at their own paths (a venv is not relocatable)
     binds = Binds(cache=cache, out=writable_dir(cache / "bench", "cache_dir"), extra=(tree, prefix))
-    req = _request(checked, tree, install=not no_install, model=model, script=script)
+    req = _request(checked, tree, install=not given.no_install, model=given.model, script=given.script)
     checked.backend.run("bench", records.to_dict(req), binds)
 
 
-def _request(checked: _Checked, tree: Path, *, install: bool, model: list[str] | None, script: str) -> Request:
+def _request(checked: _Checked, tree: Path, *, install: bool, model: tuple[str, ...], script: str) -> Request:
     """The bench step's request: the venv, the tree, whether to install (with which models), and what to run."""
     return Request(
         venv=str(checked.prefix),
         benchmark=str(tree),
         install=install,
-        install_args=tuple(model or ()),
+        install_args=model,
         script=script,
         args=checked.words,
     )

@@ -2,46 +2,44 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from invoke.context import Context
 from invoke.exceptions import Exit
 
 from torchbuild.core.errors import UsageError
+from torchbuild.core.options import option
 from torchbuild.core.safeio import user_path
 from torchbuild.hostcheck import host as hc
-from torchbuild.runtime.tasks import handles_errors, task
+from torchbuild.runtime.tasks import options_task
 
 # `invoke host-check --strict` when a setting is not ready. The report itself is no failure:
 # HostSetupFailed's 25 stays for --apply/--restore failing, and 2..27 for the named errors.
 NOT_READY_EXIT = 1
 
 
-# `invoke host-check`'s flags, as `invoke --help host-check` shows them
-_FLAG_HELP = {
-    "root": "read every /sys and /proc path under this directory (default /; pyperf and the GPUs only for /)",
-    "apply": "as root: set governor, turbo, SMT, perf event rate, GPU persistence and clocks, saving the previous values first",
-    "restore": "as root: put back the values --apply saved and remove the state file",
-    "state": "the state file --apply writes and --restore reads (default <root>/var/lib/torchbuild/host-state.json)",
-    "json_": "print the report as JSON (with the changes --apply or --restore made)",
-    "strict": "exit 1 when a setting is not ready (unknown ones do not count)",
-}
+@dataclasses.dataclass(frozen=True)
+class HostCheckFlags:
+    """`invoke host-check`'s flags: where the host is read, whether to change it, and how to report."""
+
+    root: str = option(
+        "/", "read every /sys and /proc path under this directory (default /; pyperf and the GPUs only for /)"
+    )
+    apply: bool = option(
+        False,
+        "as root: set governor, turbo, SMT, perf event rate, GPU persistence and clocks, saving the previous values first",
+    )
+    restore: bool = option(False, "as root: put back the values --apply saved and remove the state file")
+    state: str = option(
+        "", "the state file --apply writes and --restore reads (default <root>/var/lib/torchbuild/host-state.json)"
+    )
+    json_: bool = option(False, "print the report as JSON (with the changes --apply or --restore made)")
+    strict: bool = option(False, "exit 1 when a setting is not ready (unknown ones do not count)")
 
 
-@task(
-    name="host-check",
-    help=_FLAG_HELP,
-)
-@handles_errors
-def host_check(
-    c: Context,
-    root: str = "/",
-    apply: bool = False,
-    restore: bool = False,
-    state: str = "",
-    json_: bool = False,
-    strict: bool = False,
-) -> None:
+@options_task(models={"given": HostCheckFlags}, name="host-check")
+def host_check(c: Context, given: HostCheckFlags) -> None:
     """Report what torchbench's machine_config checks: CPU governor, turbo, SMT, C-states, isolated CPUs, GPU persistence and clocks.
 
     Each setting gets a verdict (ready, not ready, unknown) and the command that fixes it; the
@@ -58,13 +56,14 @@ def host_check(
     a VM, do not fail it: nothing here can fix them). 25 (HostSetupFailed) only when --apply or
     --restore fails or is run without root; 2 (UsageError) for --apply with --restore.
     """
+    root, apply, restore = given.root, given.apply, given.restore
     _check_flags(root, apply=apply, restore=restore)
-    state_file = user_path(state) if state else hc.default_state_file(root)
+    state_file = user_path(given.state) if given.state else hc.default_state_file(root)
     actions = _change(root, state_file, apply=apply, restore=restore)
     settings = hc.check(root, state_file=state_file)
-    _print_report(settings, actions, state_file, json_=json_, apply=apply, restore=restore)
+    _print_report(settings, actions, state_file, json_=given.json_, apply=apply, restore=restore)
     missing = hc.not_ready(settings)
-    if strict and missing:
+    if given.strict and missing:
         raise Exit(
             message=f"host-check: not ready: {', '.join(s.name for s in missing)}",
             code=NOT_READY_EXIT,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -11,7 +12,9 @@ from invoke.context import Context
 
 from torchbuild.core import console
 from torchbuild.core.errors import PathError, UsageError
+from torchbuild.core.options import like, option, positional
 from torchbuild.core.safeio import user_path
+from torchbuild.install.task import InstallFlags
 from torchbuild.install.wheelhouse import (
     COLUMNS,
     ListFilter,
@@ -22,69 +25,62 @@ from torchbuild.install.wheelhouse import (
     wheels_in,
     wheels_in_house,
 )
-from torchbuild.runtime.tasks import HELP, handles_errors, spec_from, task
-
-OUT_HELP = "the directory of built wheels (default ./out); staging files go there too"
-
-
-# `invoke wheelhouse`'s flags, as `invoke --help wheelhouse` shows them
-_FLAG_HELP = {
-    "dest": "the wheelhouse directory (created if missing; wheels already there stay)",
-    "wheel": "a wheel to add (repeatable; default: every wheel in --out)",
-    "out": OUT_HELP,
-    "mix_local_versions": "allow one project with several local labels (2.6.0+gh200 next to 2.6.0+cpu)",
-    "list_": "list the wheels in --dest as avail_wheels does (name, version, python, arch); adds nothing",
-    "name": "with --list: a name or glob to show (repeatable; default all)",
-    "version": "with --list: a version or glob to show (repeatable), e.g. '2.6*'",
-    "python": "with --list: only wheels Python X.Y installs (cp311, py3); with --add-mpi4py: the interpreter",
-    "arch": "with --list: x86_64, aarch64, ... (pure-Python wheels, arch generic, are shown for any)",
-    "all_versions": "with --list: every version of each name, not only the newest",
-    "add_mpi4py": "build an mpi4py wheel with the profile's MPI (its mpicc, on PATH) and add it to --dest",
-    "find_links": "with --add-mpi4py: a directory holding the mpi4py sdist, for a host without an index",
-    "profile": HELP["profile"],
-    "set_": HELP["set_"],
-}
+from torchbuild.runtime.options import ProfileChoice
+from torchbuild.runtime.tasks import options_task, spec_from
 
 
-@task(
-    help=_FLAG_HELP,
-    iterable=["wheel", "name", "version", "find_links", "set_"],
-)
-@handles_errors
-def wheelhouse(
-    c: Context,
-    dest: str,
-    wheel: list[str] | None = None,
-    out: str = "out",
-    mix_local_versions: bool = False,
-    list_: bool = False,
-    name: list[str] | None = None,
-    version: list[str] | None = None,
-    python: str = "",
-    arch: str = "",
-    all_versions: bool = False,
-    add_mpi4py: bool = False,
-    find_links: list[str] | None = None,
-    profile: str = "",
-    set_: list[str] | None = None,
-) -> None:
+@dataclasses.dataclass(frozen=True)
+class WheelhouseFlags:
+    """`invoke wheelhouse`'s flags: the house, the wheels added to it, --list's filters, --add-mpi4py, and the
+    site profile (its floor, its MPI; no --arch: --arch here filters --list)."""
+
+    dest: str = positional("the wheelhouse directory (created if missing; wheels already there stay)")
+    wheel: tuple[str, ...] = option((), "a wheel to add (repeatable; default: every wheel in --out)")
+    out: str = like(InstallFlags, "out")
+    mix_local_versions: bool = option(
+        False, "allow one project with several local labels (2.6.0+gh200 next to 2.6.0+cpu)"
+    )
+    list_: bool = option(
+        False, "list the wheels in --dest as avail_wheels does (name, version, python, arch); adds nothing"
+    )
+    name: tuple[str, ...] = option((), "with --list: a name or glob to show (repeatable; default all)")
+    version: tuple[str, ...] = option((), "with --list: a version or glob to show (repeatable), e.g. '2.6*'")
+    python: str = option(
+        "", "with --list: only wheels Python X.Y installs (cp311, py3); with --add-mpi4py: the interpreter"
+    )
+    arch: str = option("", "with --list: x86_64, aarch64, ... (pure-Python wheels, arch generic, are shown for any)")
+    all_versions: bool = option(False, "with --list: every version of each name, not only the newest")
+    add_mpi4py: bool = option(
+        False, "build an mpi4py wheel with the profile's MPI (its mpicc, on PATH) and add it to --dest"
+    )
+    find_links: tuple[str, ...] = option(
+        (), "with --add-mpi4py: a directory holding the mpi4py sdist, for a host without an index"
+    )
+    profile: str = like(ProfileChoice, "profile")
+    set_: tuple[str, ...] = like(ProfileChoice, "set_")
+
+
+@options_task(models={"given": WheelhouseFlags})
+def wheelhouse(c: Context, given: WheelhouseFlags) -> None:
     """Collect built wheels into a directory with a PEP 503 simple index, or list it (--list).
 
     `pip install --no-index --find-links DEST torch` (or --index-url file://DEST/simple). --list prints what the
     Alliance's avail_wheels prints; --add-mpi4py builds mpi4py once against the site's MPI for jobs and installs."""
-    target = user_path(dest, "--dest").absolute()
-    if list_:
-        wanted = ListFilter(tuple(name or ()), tuple(version or ()), python, arch, all_versions)
+    target = user_path(given.dest, "--dest").absolute()
+    if given.list_:
+        wanted = ListFilter(given.name, given.version, given.python, given.arch, given.all_versions)
         _print_listing(target, wanted)
         return
-    if name or version or arch or all_versions:
+    if given.name or given.version or given.arch or given.all_versions:
         raise UsageError("--name, --version, --arch and --all-versions filter --list", hint="add --list")
-    if add_mpi4py:
+    profile, set_ = given.profile, list(given.set_)
+    if given.add_mpi4py:
         spec = spec_from(profile, set_, None)
-        links = [Path(f) for f in find_links or []]
-        added = build_mpi4py_wheel(spec, target, python=python, find_links=links)
+        links = [Path(f) for f in given.find_links]
+        added = build_mpi4py_wheel(spec, target, python=given.python, find_links=links)
     else:
-        added = _add_built_wheels(target, wheel, out, profile, set_, mix_local_versions=mix_local_versions)
+        wheel = list(given.wheel)
+        added = _add_built_wheels(target, wheel, given.out, profile, set_, mix_local_versions=given.mix_local_versions)
     _print_added(target, added)
 
 

@@ -16,6 +16,9 @@ from torchbuild.core.options import option
 from torchbuild.profile.config import DEFAULT_PROFILE, BuildSpec, find_profile, parse_jobs_option, resolve
 from torchbuild.runtime.backends import ENGINE_HELP
 
+_PROFILE_HELP = (
+    "profile name (configs/profiles) or path to a .yaml file; default $TORCHBUILD_PROFILE, else " + DEFAULT_PROFILE
+)
 _RETRY_HELP = "fail with OutOfMemory at the first out-of-memory kill instead of resuming with fewer jobs"
 
 
@@ -40,10 +43,7 @@ class ProfileChoice:
     order: LaunchOptions inherits them as its first fields, and invoke picks a task's short flags
     in the order of its parameters."""
 
-    profile: str = option(
-        "",
-        "profile name (configs/profiles) or path to a .yaml file; default $TORCHBUILD_PROFILE, else " + DEFAULT_PROFILE,
-    )
+    profile: str = option("", _PROFILE_HELP)
     arch: str = option(
         "", "target architecture: x86_64 or aarch64 (default: the profile's, else this host's); image takes all"
     )
@@ -54,6 +54,15 @@ class ProfileChoice:
     def spec(self) -> BuildSpec:
         """The resolved profile (spec_from)."""
         return spec_from(self.profile, list(self.set_), self.arch)
+
+
+@dataclasses.dataclass(frozen=True)
+class NamedProfileChoice(ProfileChoice):
+    """ProfileChoice whose --profile defaults to the default profile by its name rather than to ""
+    (which spec_from reads as $TORCHBUILD_PROFILE, else the default): `invoke image` and `invoke sif`
+    have always defaulted so. The same flag and help, the same place among the fields."""
+
+    profile: str = option(DEFAULT_PROFILE, _PROFILE_HELP)
 
 
 @dataclasses.dataclass(frozen=True)

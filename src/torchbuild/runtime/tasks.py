@@ -437,10 +437,12 @@ def options_task(
     exclude: Iterable[str] = (),
     help: Mapping[str, str] = {},
     iterable: Iterable[str] = (),
+    name: str = "",
 ) -> Callable[[F], TorchbuildTask]:
     """@task whose flags come from models (runtime/flags.py derive): each parameter of the body
     named in models is that model, built from its fields' flags; the one named keys is the
-    profile-key flags given (key -> text). help adds to or overrides the declared help."""
+    profile-key flags given (key -> text). help adds to or overrides the declared help; name is
+    the task's name where it is not the function's (host-check)."""
 
     def decorate(fn: F) -> TorchbuildTask:
         derived = derive(fn, models, keys, exclude)
@@ -452,7 +454,10 @@ def options_task(
         body.__signature__ = inspect.Signature(derived.params)  # type: ignore[attr-defined]
         helps = {**derived.help, **help}
         repeatable = [*derived.repeatable, *iterable]
-        made: TorchbuildTask = invoke_task(klass=TorchbuildTask, help=helps, iterable=repeatable)(handles_errors(body))
+        options: dict[str, Any] = {"klass": TorchbuildTask, "help": helps, "iterable": repeatable}
+        if name:
+            options["name"] = name
+        made: TorchbuildTask = invoke_task(**options)(handles_errors(body))
         return made
 
     return decorate

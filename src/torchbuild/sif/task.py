@@ -2,59 +2,67 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from invoke.context import Context
 
 from torchbuild.comms.host import comms as build_comms
 from torchbuild.core.errors import EngineUnavailable, ToolMissing, UsageError
+from torchbuild.core.options import like, option
 from torchbuild.core.safeio import user_path
-from torchbuild.profile.config import DEFAULT_PROFILE, BuildSpec, cache_dir
+from torchbuild.profile.config import BuildSpec, cache_dir
 from torchbuild.profile.config import wanted as comms_wanted
 from torchbuild.runtime.apptainer import host_apptainer, locate, sif_filename
 from torchbuild.runtime.backends import Options, choose
 from torchbuild.runtime.engine import Engine
-from torchbuild.runtime.tasks import HELP, handles_errors, spec_from, task
+from torchbuild.runtime.options import LaunchOptions, NamedProfileChoice
+from torchbuild.runtime.tasks import options_task
 from torchbuild.sif.host import SifResult, build_sif
 from torchbuild.sif.recipe import bootstrap_for, build_from_recipe, write_definition
 
 
-@task(
-    help={
-        **HELP,
-        "out": "directory for torch-build-<profile>-<arch>.sif (default: the current directory)",
-        "apptainer": "auto (this host's apptainer, else the apptainer-builder container), host or docker",
-        "rebuild": "convert again even when the SIF already comes from the current image",
-        "compression": "squashfs compression, ALGORITHM[:LEVEL]: gzip (default, level 6; every Apptainer and "
+@dataclasses.dataclass(frozen=True)
+class SifFlags:
+    """`invoke sif`'s own flags (the profile's are NamedProfileChoice's): where the SIF goes, which apptainer
+    makes it, and how."""
+
+    out: str = option(".", "directory for torch-build-<profile>-<arch>.sif (default: the current directory)")
+    apptainer: str = like(LaunchOptions, "apptainer")
+    rebuild: bool = option(False, "convert again even when the SIF already comes from the current image")
+    compression: str = option(
+        "",
+        "squashfs compression, ALGORITHM[:LEVEL]: gzip (default, level 6; every Apptainer and "
         "Singularity runs it) or zstd (level 3; faster, but only Apptainer 1.4+ runs the SIF)",
-        "from_recipe": "build the SIF from the toolchain recipe with Apptainer alone (no Docker, no image): "
+    )
+    from_recipe: bool = option(
+        False,
+        "build the SIF from the toolchain recipe with Apptainer alone (no Docker, no image): "
         "the profile's sif_bootstrap says whether the base comes from a registry (docker) or a Debian/Ubuntu "
         "mirror (debootstrap)",
-        "write_definition_": "with --from-recipe: write the Apptainer definition and its build context to this "
+    )
+    write_definition_: str = option(
+        "",
+        "with --from-recipe: write the Apptainer definition and its build context to this "
         "directory and stop (to review it, or build it by hand there)",
-    },
-    iterable=["set_"],
+    )
+
+
+@options_task(
+    models={"choice": NamedProfileChoice, "given": SifFlags},
+    # a real difference, not a second declaration: sif has no --engine, and its builder is the
+    # apptainer-builder container, so --apptainer's help says so instead of LaunchOptions'
+    help={"apptainer": "auto (this host's apptainer, else the apptainer-builder container), host or docker"},
 )
-@handles_errors
-def sif(
-    c: Context,
-    profile: str = DEFAULT_PROFILE,
-    arch: str = "",
-    set_: list[str] | None = None,
-    out: str = ".",
-    apptainer: str = "auto",
-    rebuild: bool = False,
-    compression: str = "",
-    from_recipe: bool = False,
-    write_definition_: str = "",
-) -> None:
+def sif(c: Context, choice: NamedProfileChoice, given: SifFlags) -> None:
     """Convert the profile's toolchain image (built by `invoke image`) into an Apptainer SIF, or
     build the SIF from the toolchain recipe with Apptainer alone (--from-recipe)."""
-    spec = spec_from(profile, set_, arch)
-    if write_definition_ and not from_recipe:
+    spec = choice.spec()
+    out, apptainer, rebuild, compression = given.out, given.apptainer, given.rebuild, given.compression
+    if given.write_definition_ and not given.from_recipe:
         raise UsageError("--write-definition writes the recipe's definition", hint="add --from-recipe")
-    if from_recipe:
-        _from_recipe(spec, user_path(out), apptainer, rebuild, compression, write_definition_)
+    if given.from_recipe:
+        _from_recipe(spec, user_path(out), apptainer, rebuild, compression, given.write_definition_)
         return
     _from_image(spec, out, apptainer, rebuild, compression)
 
