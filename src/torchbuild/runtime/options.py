@@ -60,9 +60,12 @@ class ProfileChoice:
 class NamedProfileChoice(ProfileChoice):
     """ProfileChoice whose --profile defaults to the default profile by its name rather than to ""
     (which spec_from reads as $TORCHBUILD_PROFILE, else the default): `invoke image` and `invoke sif`
-    have always defaulted so. The same flag and help, the same place among the fields."""
+    have always defaulted so: they run on the host, where no image or SIF has baked a profile in.
+    The same flag and place among the fields; its help names that default."""
 
-    profile: str = option(DEFAULT_PROFILE, _PROFILE_HELP)
+    profile: str = option(
+        DEFAULT_PROFILE, "profile name (configs/profiles) or path to a .yaml file; default " + DEFAULT_PROFILE
+    )
 
 
 @dataclasses.dataclass(frozen=True)
