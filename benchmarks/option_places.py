@@ -47,7 +47,7 @@ GENERATED_MARK = "generated from"
 OPTION_CLASSES = {"BuildSpec", "Launch", "BuildOptions", "Runtime"}
 MODEL_CALLS = {"key", "option", "positional"}
 DERIVED_CALLS = {"key_option", "like"}
-ARGV_FUNCTIONS = {"build_option_args", "_make_job", "_comms_first", "_profile_argv", "args"}
+ARGV_FUNCTIONS = {"_make_job", "_comms_first", "_profile_argv", "args"}
 
 
 def _name(text: str, field: bool = False) -> str:

@@ -1,7 +1,7 @@
 """The profile's checks of the comms keys (nccl, nccl_version, aws_ofi_nccl_*, libfabric_prefix)
 against what comms knows: the known-bad combinations and the plugin's build needs (table.py),
 the archs an NCCL release can target (nccl_arch.py). profile/config.py runs `check` among its
-rules that involve more than one key (its FEATURE_CHECKS slot, filled by torchbuild.tasks:
+rules that involve more than one key (its COMMS_CHECK slot, filled by torchbuild.tasks:
 the profile layer may not import a feature), so `invoke config`, `invoke comms` and the build
 refuse a profile before anything is fetched or built."""
 
